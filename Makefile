@@ -1,0 +1,53 @@
+# packtrain — two commands on a fresh machine:
+#   make run    set up .venv if missing, run the whole pipeline on embedded defaults
+#   make test   set up .venv (and .venv-airflow) if missing, run the tests
+PYTHON      ?= python3
+TORCH_SPEC  ?= torch==2.13.0
+VENV        := .venv
+AF_VENV     := .venv-airflow
+PY          := $(VENV)/bin/python
+STAMP       := $(VENV)/.packtrain-installed
+AF_STAMP    := $(AF_VENV)/.airflow-installed
+CONSTRAINTS := constraints.txt
+RECIPE      ?= tiny-cpu
+export DVC_NO_ANALYTICS := 1
+export MLFLOW_DISABLE_TELEMETRY := true
+export DO_NOT_TRACK := 1
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: run test setup setup-airflow lint clean bench-pack lock
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml $(CONSTRAINTS)
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q "$(TORCH_SPEC)"
+	$(PY) -m pip install -q -c $(CONSTRAINTS) -e '.[dev,deepspeed]'
+	@touch $(STAMP)
+
+setup-airflow: $(AF_STAMP)
+
+$(AF_STAMP): pyproject.toml
+	@test -x $(AF_VENV)/bin/python || $(PYTHON) -m venv $(AF_VENV)
+	$(AF_VENV)/bin/python -m pip install -q "$(TORCH_SPEC)"
+	$(AF_VENV)/bin/python -m pip install -q -e '.[airflow,dev]' "pytest>=8"
+	@touch $(AF_STAMP)
+
+run: $(STAMP)
+	$(VENV)/bin/packtrain run --recipe $(RECIPE)
+
+test: $(STAMP) $(AF_STAMP)
+	$(PY) -m pytest -q tests
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check src tests components pipelines bench
+
+bench-pack: $(STAMP)
+	$(PY) bench/pack_speed_suite.py
+
+# Refresh the committed constraints from the current venv (after a deliberate upgrade).
+lock: $(STAMP)
+	$(PY) -m pip freeze --exclude-editable | grep -v '^torch==' > $(CONSTRAINTS)
+
+clean:
+	rm -rf $(VENV) $(AF_VENV) .packtrain

@@ -1,0 +1,92 @@
+"""`packtrain <command>`: one subcommand per stage plus run/pipeline/gate/compare/plan/mlflow.
+
+Each command lives in `packtrain.commands.<name>` with two functions:
+`add_arguments(parser)` (cheap, no heavy imports) and `run(cfg, args) -> int` (imports what it needs).
+Every command takes `--recipe NAME|PATH` (default tiny-cpu) and repeated `--set dotted.key=value`.
+Bad input ends with `error: <message>` on stderr and a non-zero exit code, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+
+COMMANDS: dict[str, str] = {
+    "ingest": "read a .txt/.jsonl/.parquet source (or the default corpus) into a documents table",
+    "validate": "run the Great Expectations suite on the documents table",
+    "tokenize": "train/load a BPE tokenizer and write memory-mappable token ids",
+    "pack": "bin-pack documents into fixed token budgets",
+    "train": "train the model on packed batches (AMP, checkpointing, ZeRO)",
+    "evaluate": "held-out loss/perplexity on packed batches, generation samples",
+    "register": "log + register the model in MLflow, move champion/challenger alias",
+    "run": "the whole DAG locally through kfp.local on the recipe",
+    "pipeline": "compile or submit the Kubeflow pipeline",
+    "gate": "fail when a candidate run regresses against a baseline",
+    "compare": "side-by-side table and HTML report of MLflow runs",
+    "plan": "predict peak GPU memory and choose the token budget",
+    "mlflow": "MLflow helpers (replay buffered metrics)",
+}
+
+
+def _module(name: str):
+    return importlib.import_module(f"packtrain.commands.{name}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from packtrain import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="packtrain",
+        description="LM training pipeline built for full GPU utilization.",
+    )
+    parser.add_argument("--version", action="version", version=f"packtrain {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, help_text in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.add_argument("--recipe", default="tiny-cpu", help="recipe name in recipes/ or a YAML path")
+        p.add_argument(
+            "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+            help="override a config value, e.g. --set pack.budget=4096 (repeatable)",
+        )
+        try:
+            mod = _module(name)
+        except ModuleNotFoundError:
+            continue
+        mod.add_arguments(p)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("DVC_NO_ANALYTICS", "1")
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    os.environ.setdefault("DO_NOT_TRACK", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from packtrain.errors import PacktrainError
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not args.command:
+        parser.print_help()
+        return 2
+    try:
+        mod = _module(args.command)
+    except ModuleNotFoundError:
+        print(f"error: command {args.command!r} is not available in this build", file=sys.stderr)
+        return 2
+    try:
+        from packtrain.config import load_run_config
+
+        cfg = load_run_config(args.recipe, args.overrides)
+        return int(mod.run(cfg, args) or 0)
+    except PacktrainError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,102 @@
+"""The root run config: one typed section per stage, loaded from `recipes/<name>.yaml` plus `--set` overrides.
+
+Each stage receives only its own section (`cfg.pack`, `cfg.train`, ...), never the whole `RunConfig`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field, ValidationError
+
+from packtrain.config.base import (
+    StrictModel,
+    apply_overrides,
+    flatten,
+    format_validation_error,
+    read_yaml,
+)
+from packtrain.config.data import IngestConfig, TokenizeConfig, ValidateConfig
+from packtrain.config.evaluate import EvalConfig, RegisterConfig
+from packtrain.config.packing import PackConfig
+from packtrain.config.pipeline import PipelineConfig, PlanConfig
+from packtrain.config.tracking import TelemetryConfig, TrackingConfig
+from packtrain.config.train import CheckpointConfig, DeepSpeedOptions, ModelConfig, TrainConfig
+from packtrain.errors import ConfigError
+
+__all__ = [
+    "RunConfig", "load_run_config", "recipe_dir", "list_recipes", "IngestConfig", "ValidateConfig",
+    "TokenizeConfig", "PackConfig", "ModelConfig", "TrainConfig", "CheckpointConfig", "DeepSpeedOptions",
+    "TelemetryConfig", "TrackingConfig", "EvalConfig", "RegisterConfig", "PipelineConfig", "PlanConfig",
+    "flatten",
+]
+
+
+class RunConfig(StrictModel):
+    """A whole run. `workdir` holds every stage's outputs (see packtrain.paths)."""
+
+    name: str = "tiny-cpu"
+    workdir: str = "data"
+    ingest: IngestConfig = IngestConfig()
+    validate_: ValidateConfig = Field(ValidateConfig(), alias="validate")
+    tokenize: TokenizeConfig = TokenizeConfig()
+    pack: PackConfig = PackConfig()
+    model: ModelConfig = ModelConfig()
+    train: TrainConfig = TrainConfig()
+    evaluate: EvalConfig = EvalConfig()
+    register_: RegisterConfig = Field(RegisterConfig(), alias="register")
+    telemetry: TelemetryConfig = TelemetryConfig()
+    tracking: TrackingConfig = TrackingConfig()
+    pipeline: PipelineConfig = PipelineConfig()
+    plan: PlanConfig = PlanConfig()
+
+    model_config = {**StrictModel.model_config, "populate_by_name": True, "protected_namespaces": ()}
+
+    # `validate` and `register` shadow BaseModel attributes, so the fields are `validate_`/`register_`
+    # in Python and `validate`/`register` in YAML, --set and to_dict().
+
+    def to_dict(self) -> dict:
+        return self.model_dump(mode="json", by_alias=True)
+
+    def to_yaml(self, path: Path) -> None:
+        import yaml
+
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        tmp.write_text(yaml.safe_dump(self.to_dict(), sort_keys=False), encoding="utf-8")
+        tmp.replace(path)
+
+
+def recipe_dir() -> Path:
+    """`recipes/` of the checkout (development) or the copy shipped inside the package."""
+    here = Path(__file__).resolve()
+    repo = here.parents[3] / "recipes"
+    return repo if repo.is_dir() else here.parents[1] / "recipes"
+
+
+def list_recipes() -> list[Path]:
+    return sorted(recipe_dir().glob("*.yaml"))
+
+
+def load_run_config(recipe: str | Path = "tiny-cpu", overrides: list[str] | None = None) -> RunConfig:
+    """Load `recipes/<recipe>.yaml` (or a path), apply dotted overrides, validate.
+
+    >>> load_run_config("tiny-cpu", ["pack.budget=512"]).pack.budget
+    512
+    """
+    path = Path(recipe)
+    if not (path.suffix in (".yaml", ".yml") or path.exists()):
+        path = recipe_dir() / f"{recipe}.yaml"
+        if not path.exists():
+            names = ", ".join(p.stem for p in list_recipes())
+            raise ConfigError(f"unknown recipe {recipe!r} (available: {names}, or a path to a .yaml file)")
+    data = read_yaml(path)
+    origin = f"recipe {path.name}"
+    if overrides:
+        data = apply_overrides(data, overrides)
+        origin += " + --set " + " ".join(overrides)
+    data.setdefault("name", path.stem)
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(format_validation_error(e, RunConfig, origin)) from None

@@ -1,0 +1,62 @@
+"""Configs of the data stages: ingest, validate, tokenize."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from packtrain.config.base import StrictModel
+
+
+class IngestConfig(StrictModel):
+    """Where documents come from and how a source splits into documents."""
+
+    source: str | None = None
+    """A .txt/.jsonl/.parquet file or a folder of them. None → the default corpus (Python stdlib text)."""
+    txt_mode: Literal["file", "paragraph"] = "file"
+    """.txt sources: one document per file, or one per blank-line-separated block."""
+    text_field: str = "text"
+    """JSON field (.jsonl) or column (.parquet) holding the text."""
+    default_corpus_mb: float = Field(24.0, gt=0)
+    """Target size of the default corpus in MB of UTF-8 text (≥ 20 MB keeps the long tail real)."""
+    max_doc_chars: int = Field(50_000_000, gt=0)
+    """Documents longer than this are rejected at ingest (a single 100 MB document is almost always a bug)."""
+    max_docs: int | None = Field(None, gt=0)
+    """Keep only the first N documents in deterministic order (small runs, tests)."""
+
+
+class ValidateConfig(StrictModel):
+    """Thresholds of the Great Expectations suite for text corpora."""
+
+    min_rows: int = Field(10, ge=1)
+    min_chars: int = Field(1, ge=0)
+    max_chars: int = Field(5_000_000, ge=1)
+    length_mostly: float = Field(0.99, gt=0, le=1)
+    """Fraction of documents whose length must lie in [min_chars, max_chars]."""
+    max_duplicate_ratio: float = Field(0.05, ge=0, le=1)
+    """Duplicate texts / rows must not exceed this."""
+    max_offending_ids: int = Field(20, ge=0)
+    """How many offending doc_ids the report lists per expectation."""
+
+    @model_validator(mode="after")
+    def _range(self):
+        if self.min_chars > self.max_chars:
+            raise ValueError(f"min_chars ({self.min_chars}) must be ≤ max_chars ({self.max_chars})")
+        return self
+
+
+class TokenizeConfig(StrictModel):
+    """Tokenizer training/loading and the token store."""
+
+    tokenizer_dir: str | None = None
+    """A local directory with a saved tokenizer. None → train a byte-level BPE on the corpus."""
+    vocab_size: int = Field(4096, ge=260, le=1 << 20)
+    train_chars: int = Field(8_000_000, gt=0)
+    """Characters of corpus used to train the BPE (enough for a stable vocab, bounded time)."""
+    eval_fraction: float = Field(0.02, ge=0, lt=1)
+    """Documents held out for evaluation, chosen by a hash of doc_id (deterministic, never trained on)."""
+    append_eos: bool = True
+    """Append EOS to every document so the model learns to stop; the EOS counts as a document token."""
+    workers: int = Field(2, ge=1)
+    batch_docs: int = Field(2000, ge=1)

@@ -1,0 +1,26 @@
+"""Config of the pack stage."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from packtrain.config.base import StrictModel
+
+
+class PackConfig(StrictModel):
+    """How documents are bin-packed into fixed token budgets."""
+
+    budget: int = Field(2048, ge=2)
+    """Tokens per pack (= one row of a micro-batch)."""
+    strategy: Literal["bfd", "ffd", "sequential"] = "bfd"
+    """bfd: best-fit-decreasing (segment tree, O(N log L)); ffd: first-fit-decreasing; sequential: in order."""
+    window: int = Field(200_000, ge=1)
+    """Documents per streaming window that bfd/ffd sort and pack together (≥ 100k keeps fill ≥ 99.9%)."""
+    overlong: Literal["split", "truncate"] = "split"
+    """Documents longer than the budget: split into continuation chunks, or truncate (dropped tokens counted)."""
+    seed: int = 0
+    """Shuffles the order of packs (not their content); packing is deterministic for a seed."""
+    min_doc_tokens: int = Field(1, ge=1)
+    """Documents shorter than this (e.g. only an EOS) are dropped and counted."""

@@ -1,0 +1,1 @@
+"""Data stages: ingest (documents table), validate (Great Expectations), tokenize (token store)."""

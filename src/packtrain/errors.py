@@ -1,0 +1,43 @@
+"""User-facing errors: a clear message and an exit code, never a traceback.
+
+Every stage raises `PacktrainError` (or a subclass) for bad input; the CLI prints the message and exits with
+`exit_code`. Exit codes: 2 bad config/usage, 3 bad input data, 4 validation failed, 5 missing data,
+1 regression (gate) / generic failure.
+"""
+
+from __future__ import annotations
+
+
+class PacktrainError(Exception):
+    """An error the user can act on. `str(err)` names the file, field or value and what is allowed."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, exit_code: int | None = None):
+        super().__init__(message)
+        if exit_code is not None:
+            self.exit_code = exit_code
+
+
+class ConfigError(PacktrainError):
+    """A recipe or override is wrong: unknown key, bad type, value out of range."""
+
+    exit_code = 2
+
+
+class InputDataError(PacktrainError):
+    """Input data is unusable: empty, not UTF-8, malformed line, missing column, corrupt file."""
+
+    exit_code = 3
+
+
+class ValidationFailed(PacktrainError):
+    """The Great Expectations suite failed; the message names the failed expectations and the report."""
+
+    exit_code = 4
+
+
+class MissingDataError(PacktrainError):
+    """An expected upstream output or metric does not exist."""
+
+    exit_code = 5

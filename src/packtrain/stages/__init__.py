@@ -1,0 +1,33 @@
+"""Stage runners: the one entry point per stage that every adapter calls.
+
+The CLI (`packtrain <stage>`), the KFP components, `dvc.yaml` (through the CLI) and the Airflow DAG all call
+these functions, so a stage behaves the same everywhere. A runner takes the whole `RunConfig` (for tracking
+and telemetry), passes only its own section to the library function, opens the stage's MLflow run
+(`packtrain.tracking.stage_run`, run name = stage name), writes its stats JSON and returns the stats dict.
+Every input and output is a directory:
+
+    run_ingest(cfg, out_dir)                                   → out_dir/documents.parquet, ingest_stats.json
+    run_validate(cfg, docs_dir, out_dir)                       → out_dir/report.json, data_docs/  (raises ValidationFailed)
+    run_tokenize(cfg, docs_dir, out_dir)                       → token store (packtrain.data.token_store) in out_dir
+    run_pack(cfg, tokens_dir, out_dir)                         → out_dir/train/, out_dir/eval/, pack_stats.json
+    run_train(cfg, packs_dir, tokens_dir, out_dir, resume=False) → out_dir/model/, train_result.json, checkpoints/
+    run_evaluate(cfg, model_dir, packs_dir, out_dir)           → out_dir/eval_result.json, samples.json
+    run_register(cfg, model_dir, eval_dir, train_dir, out_dir) → out_dir/register_result.json
+
+Default directories come from `packtrain.paths.RunPaths(cfg.workdir)`: <workdir>/<stage>/.
+Each runner lives in `packtrain.stages.<stage>` and is imported lazily.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+STAGE_FUNCS = {s: f"run_{s}" for s in ("ingest", "validate", "tokenize", "pack", "train", "evaluate", "register")}
+
+
+def get_runner(stage: str):
+    """`get_runner("pack")` → packtrain.stages.pack.run_pack."""
+    if stage not in STAGE_FUNCS:
+        raise KeyError(f"unknown stage {stage!r} (stages: {', '.join(STAGE_FUNCS)})")
+    mod = importlib.import_module(f"packtrain.stages.{stage}")
+    return getattr(mod, STAGE_FUNCS[stage])

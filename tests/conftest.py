@@ -1,0 +1,31 @@
+"""Shared fixtures. Real parts only: MLflow on sqlite in tmp, real DVC repos, real GX, real transformers."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("DVC_NO_ANALYTICS", "1")
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+os.environ.setdefault("DO_NOT_TRACK", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("GX_ANALYTICS_ENABLED", "False")
+
+
+@pytest.fixture(autouse=True)
+def _isolated_mlflow(monkeypatch, tmp_path):
+    """No test writes to a shared MLflow store or inherits a parent run by accident."""
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv("PACKTRAIN_PARENT_RUN_ID", raising=False)
+    yield
+    try:
+        import sys
+
+        if "mlflow" in sys.modules:
+            import mlflow
+
+            while mlflow.active_run() is not None:
+                mlflow.end_run()
+    except Exception:
+        pass

@@ -1,0 +1,65 @@
+"""Recipes load against the schema; bad keys and values fail at load time naming field, value, allowed."""
+
+from __future__ import annotations
+
+import pytest
+
+from packtrain.config import list_recipes, load_run_config
+from packtrain.errors import ConfigError
+
+
+@pytest.mark.parametrize("path", list_recipes(), ids=lambda p: p.stem)
+def test_every_recipe_loads(path):
+    cfg = load_run_config(path)
+    assert cfg.name == path.stem
+    assert cfg.pack.budget >= 2
+
+
+def test_override_changes_value_and_type_is_checked():
+    cfg = load_run_config("tiny-cpu", ["pack.budget=1024", "train.precision=bf16", "validate.min_rows=3"])
+    assert (cfg.pack.budget, cfg.train.precision, cfg.validate_.min_rows) == (1024, "bf16", 3)
+    assert cfg.to_dict()["validate"]["min_rows"] == 3
+
+
+def test_typo_key_names_field_and_allowed_keys():
+    with pytest.raises(ConfigError) as e:
+        load_run_config("tiny-cpu", ["pack.budgett=4096"])
+    assert "pack.budgett" in str(e.value) and "budget" in str(e.value) and "unknown key" in str(e.value)
+
+
+def test_wrong_type_names_field_and_value():
+    with pytest.raises(ConfigError) as e:
+        load_run_config("tiny-cpu", ["pack.budget=abc"])
+    assert "pack.budget" in str(e.value) and "'abc'" in str(e.value)
+
+
+def test_bad_choice_lists_allowed_values():
+    with pytest.raises(ConfigError) as e:
+        load_run_config("tiny-cpu", ["pack.strategy=best"])
+    msg = str(e.value)
+    assert "pack.strategy" in msg and "'bfd'" in msg and "'sequential'" in msg
+
+
+def test_recipe_file_with_typo_key(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("pack:\n  budget: 512\ntrian:\n  max_steps: 3\n")
+    with pytest.raises(ConfigError) as e:
+        load_run_config(bad)
+    assert "trian" in str(e.value) and "train" in str(e.value)
+
+
+def test_unknown_recipe_lists_available():
+    with pytest.raises(ConfigError) as e:
+        load_run_config("no-such-recipe")
+    assert "tiny-cpu" in str(e.value)
+
+
+def test_malformed_override():
+    with pytest.raises(ConfigError):
+        load_run_config("tiny-cpu", ["pack.budget"])
+
+
+def test_cross_field_rule():
+    with pytest.raises(ConfigError) as e:
+        load_run_config("tiny-cpu", ["model.hidden_size=65"])
+    assert "divisible" in str(e.value)
