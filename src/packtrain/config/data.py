@@ -24,6 +24,9 @@ class IngestConfig(StrictModel):
     """Documents longer than this are rejected at ingest (a single 100 MB document is almost always a bug)."""
     max_docs: int | None = Field(None, gt=0)
     """Keep only the first N documents in deterministic order (small runs, tests)."""
+    unsupported: Literal["error", "skip"] = "error"
+    """Folder sources: files that are not .txt/.jsonl/.parquet (hidden files aside) are an error naming
+    them (default: silently dropped data is a classic pipeline bug), or skipped with a warning listing them."""
 
 
 class ValidateConfig(StrictModel):

@@ -30,5 +30,12 @@ class TrackingConfig(StrictModel):
     """None → sqlite:///<workdir>/mlflow.db."""
     experiment: str = "packtrain"
     system_metrics: bool = True
+    """Also run MLflow's own system-metrics monitor (system/cpu_utilization_percentage, system/gpu_*, ...)."""
+    system_metrics_interval_s: float = Field(5.0, gt=0)
+    """Sampling interval of MLflow's system metrics (MLflow's default is 10 s)."""
+    flush_interval_s: float = Field(2.0, ge=0)
+    """Per-step metrics (StageRun.log_step) are sent in one batch at most this often; 0 → every step."""
+    retry_after_s: float = Field(5.0, ge=0)
+    """After the store is found unreachable, calls go straight to the buffer for this long before retrying."""
     buffer_dir: str | None = None
     """Where metrics are buffered while the server is unreachable; None → <workdir>/mlflow-buffer."""

@@ -86,6 +86,8 @@ class TrainConfig(StrictModel):
     seed: int = 0
     loss: Literal["standard", "chunked"] = "standard"
     """chunked: compute the LM head + cross-entropy in chunks so full logits are never materialized."""
+    loss_chunk_tokens: int = Field(2048, ge=1)
+    """Tokens per chunk for loss: chunked ((chunk, vocab) fp32 logits live at a time: 2048 × 32768 → 256 MiB)."""
     checkpoint: CheckpointConfig = CheckpointConfig()
     deepspeed: DeepSpeedOptions = DeepSpeedOptions()
     log_every: int = Field(1, ge=1)

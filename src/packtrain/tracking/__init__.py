@@ -1,12 +1,25 @@
 """MLflow tracking for every stage: `with stage_run("pack", cfg, ...) as run: run.log_stats(...)`.
 
-One parent run per pipeline run, one nested run per stage (run name = stage name). The parent is found
-through the environment variable PACKTRAIN_PARENT_RUN_ID (set by `packtrain run`, the KFP components and
-the Airflow DAG); without it a stage run is top-level. Tracking URI: MLFLOW_TRACKING_URI if set, else
-`cfg.tracking.tracking_uri`, else sqlite:///<workdir>/mlflow.db. `cfg.tracking.enabled=false` turns all
-of it into no-ops (the stage still runs).
+One parent run per pipeline run (`start_pipeline_run` / `end_pipeline_run`), one nested run per stage (run
+name = stage name). The parent is found through the environment variable PACKTRAIN_PARENT_RUN_ID (set by
+`start_pipeline_run`, inherited by `packtrain run`'s stages, the KFP components and the Airflow DAG);
+without it a stage run is top-level. Tracking URI: MLFLOW_TRACKING_URI if set, else
+`cfg.tracking.tracking_uri`, else sqlite:///<workdir>/mlflow.db. `cfg.tracking.enabled=false` (and every
+rank but 0) turns all of it into no-ops (the stage still runs). When the store is unreachable, calls are
+buffered to <workdir>/mlflow-buffer and replayed when it returns (`packtrain mlflow replay` replays leftovers).
 """
 
-from packtrain.tracking.run import StageRun, resolve_tracking_uri, stage_run
+from packtrain.tracking.buffer import ReplayResult, replay_dir
+from packtrain.tracking.context import is_rank_zero
+from packtrain.tracking.run import (
+    PARENT_ENV,
+    StageRun,
+    buffer_dir_for,
+    end_pipeline_run,
+    resolve_tracking_uri,
+    stage_run,
+    start_pipeline_run,
+)
 
-__all__ = ["StageRun", "stage_run", "resolve_tracking_uri"]
+__all__ = ["StageRun", "stage_run", "resolve_tracking_uri", "start_pipeline_run", "end_pipeline_run",
+           "buffer_dir_for", "replay_dir", "ReplayResult", "is_rank_zero", "PARENT_ENV"]

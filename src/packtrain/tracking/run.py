@@ -1,21 +1,47 @@
-"""The stage-run context manager. mlflow is imported lazily, only when tracking is enabled."""
+"""Pipeline and stage runs: `with stage_run("pack", cfg, section=cfg.pack) as run: run.log_stats(...)`.
+
+    start_pipeline_run(cfg) -> run_id          parent run "pipeline"; exports PACKTRAIN_PARENT_RUN_ID
+      stage_run("ingest", cfg, ...)            nested run "ingest" (tag mlflow.parentRunId)
+      stage_run("train", cfg, ...)             ... one per stage, in this or a child process
+    end_pipeline_run(run_id, "FINISHED")
+
+Every call goes through `BufferedClient` (packtrain.tracking.buffer): when the store is unreachable ops are
+buffered to <workdir>/mlflow-buffer (cfg.tracking.buffer_dir) and replayed when it returns. Only rank 0
+logs (RANK / LOCAL_RANK); other ranks and `tracking.enabled: false` get a `StageRun` whose methods do nothing.
+MLflow's own system metrics (cpu/memory/disk/network/GPU under system/...) run on a separate monitor.
+"""
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import json
+import logging
+import numbers
 import os
-import socket
-import subprocess
+import re
+import shutil
+import tempfile
+import threading
+import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from packtrain.config import RunConfig, flatten
+from packtrain.tracking.buffer import PENDING, BufferedClient, short_http
+from packtrain.tracking.context import base_tags, git_sha, is_rank_zero  # noqa: F401 (git_sha re-exported)
 
+log = logging.getLogger(__name__)
 PARENT_ENV = "PACKTRAIN_PARENT_RUN_ID"
+STATUSES = ("FINISHED", "FAILED", "KILLED")
+_clients: dict[tuple[str, str], BufferedClient] = {}
+_clients_lock = threading.Lock()
+_pipeline_clients: dict[str, BufferedClient] = {}
 
 
 def resolve_tracking_uri(cfg: RunConfig) -> str:
+    """MLFLOW_TRACKING_URI, else cfg.tracking.tracking_uri, else sqlite:///<workdir>/mlflow.db."""
     env = os.environ.get("MLFLOW_TRACKING_URI")
     if env:
         return env
@@ -26,47 +52,139 @@ def resolve_tracking_uri(cfg: RunConfig) -> str:
     return f"sqlite:///{db}"
 
 
-def git_sha() -> str | None:
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5)
-        return out.stdout.strip() or None if out.returncode == 0 else None
-    except (OSError, subprocess.TimeoutExpired):
+def buffer_dir_for(cfg: RunConfig) -> Path:
+    """cfg.tracking.buffer_dir, else <workdir>/mlflow-buffer."""
+    return Path(cfg.tracking.buffer_dir or Path(cfg.workdir) / "mlflow-buffer").resolve()
+
+
+def get_client(cfg: RunConfig) -> BufferedClient:
+    """One BufferedClient per (store, buffer dir) per process, closed at exit."""
+    key = (resolve_tracking_uri(cfg), str(buffer_dir_for(cfg)))
+    with _clients_lock:
+        if key not in _clients:
+            _clients[key] = BufferedClient(key[0], key[1], retry_after_s=cfg.tracking.retry_after_s)
+        return _clients[key]
+
+
+@atexit.register
+def _close_clients() -> None:
+    for c in list(_clients.values()):
+        with contextlib.suppress(Exception):
+            c.close()
+
+
+_KEY_BAD = re.compile(r"[^A-Za-z0-9_\-. :/]")
+
+
+def _num(v: Any) -> float | None:
+    if isinstance(v, bool):
         return None
+    if isinstance(v, numbers.Real):
+        return float(v)
+    item = getattr(v, "item", None)  # numpy / torch scalars
+    if callable(item) and getattr(v, "ndim", 1) == 0:
+        try:
+            return float(item())
+        except (TypeError, ValueError):
+            return None
+    return None
 
 
 class StageRun:
-    """Handle to one stage's MLflow run. Every method is a no-op when tracking is disabled."""
+    """Handle to one MLflow run. Every method is a no-op when tracking is disabled (or rank ≠ 0).
 
-    def __init__(self, mlflow_mod, run_id: str | None):
-        self._mlflow = mlflow_mod
-        self.run_id = run_id
+    Per-step metrics from `log_step` are batched for `flush_interval_s` (one log_batch call instead of
+    one per step: ~5 ms per call on sqlite) and flushed when the run ends.
+    """
+
+    def __init__(self, client: BufferedClient | None = None, run_id: str | None = None, stage: str = "",
+                 flush_interval_s: float = 2.0):
+        self._client = client
+        self._run_id = run_id
+        self.stage = stage
+        self.flush_interval_s = flush_interval_s
+        self._steps: list[list] = []
+        self._last_flush = time.monotonic()
 
     @property
     def enabled(self) -> bool:
-        return self._mlflow is not None
+        return self._client is not None and self._run_id is not None
 
+    @property
+    def run_id(self) -> str | None:
+        """The MLflow run id (a `pending-...` id until a run created while the store was down is replayed)."""
+        return self._client.resolve(self._run_id) if self._client is not None else self._run_id
+
+    @property
+    def client(self) -> BufferedClient | None:
+        return self._client
+
+    # -- params, metrics, tags -----------------------------------------------------------------------------
     def log_params(self, params: Mapping[str, Any]) -> None:
         if self.enabled and params:
-            clean = {k: ("" if v is None else str(v))[:6000] for k, v in params.items()}
-            self._mlflow.log_params(clean)
+            clean = {_KEY_BAD.sub("_", k): ("" if v is None else str(v))[:6000] for k, v in params.items()}
+            self._client.log_batch(self._run_id, params=clean)
 
-    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+    def log_metrics(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
+        """Numeric values (int, float, numpy/torch scalars) now, in one call; others are ignored."""
         if not self.enabled:
             return
-        num = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-        if num:
-            self._mlflow.log_metrics(num, step=step)
+        rows = self._rows(metrics, step)
+        if rows:
+            self._client.log_batch(self._run_id, metrics=rows)
+
+    def log_step(self, metrics: Mapping[str, Any], step: int) -> None:
+        """Per-step metrics (loss, lr, tokens/s, MFU, memory); sent every `flush_interval_s` or 1000 values."""
+        if not self.enabled:
+            return
+        self._steps.extend(self._rows(metrics, step))
+        if len(self._steps) >= 1000 or time.monotonic() - self._last_flush >= self.flush_interval_s:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.enabled and self._steps:
+            rows, self._steps = self._steps, []
+            self._client.log_batch(self._run_id, metrics=rows)
+        self._last_flush = time.monotonic()
+
+    @staticmethod
+    def _rows(metrics: Mapping[str, Any], step: int | None) -> list[list]:
+        ts = int(time.time() * 1000)
+        out = []
+        for k, v in metrics.items():
+            x = _num(v)
+            if x is not None:
+                out.append([_KEY_BAD.sub("_", str(k)), x, ts, int(step or 0)])
+        return out
 
     def set_tags(self, tags: Mapping[str, Any]) -> None:
         if self.enabled and tags:
-            self._mlflow.set_tags({k: str(v) for k, v in tags.items() if v is not None})
+            clean = {_KEY_BAD.sub("_", k): str(v)[:8000] for k, v in tags.items() if v is not None}
+            if clean:
+                self._client.log_batch(self._run_id, tags=clean)
 
+    def tag_violations(self, violations: list[str]) -> None:
+        """Threshold violations (packtrain.telemetry.thresholds) as tags packtrain.violation.<name>."""
+        from packtrain.telemetry.thresholds import violation_tags
+
+        self.set_tags(violation_tags(violations))
+
+    # -- artifacts and datasets ----------------------------------------------------------------------------
     def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
+        """A file or a directory (its contents) under `artifact_path`."""
         if self.enabled and Path(path).exists():
-            if Path(path).is_dir():
-                self._mlflow.log_artifacts(str(path), artifact_path=artifact_path)
-            else:
-                self._mlflow.log_artifact(str(path), artifact_path=artifact_path)
+            self._client.log_artifact(self._run_id, path, artifact_path)
+
+    def log_json(self, obj: Any, name: str, artifact_path: str | None = None) -> None:
+        """`obj` as pretty JSON artifact `<artifact_path>/<name>` (e.g. name="pack_stats.json")."""
+        if not self.enabled:
+            return
+        tmp = Path(tempfile.mkdtemp(prefix="packtrain-json-"))
+        try:
+            (tmp / name).write_text(json.dumps(obj, indent=2, default=str) + "\n", encoding="utf-8")
+            self.log_artifact(tmp / name, artifact_path)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
 
     def log_stats(self, stats: Mapping[str, Any], prefix: str = "", artifacts: list[Path] = ()) -> None:
         """Numeric leaves of a stats dict become metrics (dotted names); files become artifacts."""
@@ -76,15 +194,87 @@ class StageRun:
             self.log_artifact(a)
 
     def log_dataset(self, path: str | Path, name: str, digest: str | None, context: str = "input") -> None:
-        """Record a dataset read by this stage via mlflow.log_input, with the DVC md5 as digest."""
+        """A dataset this stage read: mlflow.log_input with the DVC md5 as digest + tag
+        `packtrain.dataset.<name>.md5`. Call once per dataset read."""
         if not self.enabled:
             return
-        from mlflow.data.meta_dataset import MetaDataset
-        from mlflow.data.filesystem_dataset_source import FileSystemDatasetSource
+        digest = (digest or "unknown")[:36]
+        self._client.log_input(self._run_id, name, digest, str(Path(path).resolve()), context)
+        self.set_tags({f"packtrain.dataset.{name}.md5": digest, f"packtrain.dataset.{name}.path": str(path)})
 
-        src = FileSystemDatasetSource(uri=str(Path(path).resolve()))
-        ds = MetaDataset(source=src, name=name, digest=(digest or "unknown")[:36])
-        self._mlflow.log_input(ds, context=context)
+    def log_report(self, report: Any, prefix: str = "summary.") -> None:
+        """A `packtrain.telemetry.report.TelemetryReport`: summary metrics, violation tags, JSON + PNGs."""
+        if not self.enabled:
+            return
+        self.flush()
+        self.log_metrics({f"{prefix}{k}": v for k, v in report.summary.items()})
+        self.tag_violations(report.violations)
+        for f in report.files:
+            self.log_artifact(f, "plots" if Path(f).suffix == ".png" else "telemetry")
+
+
+# -- system metrics --------------------------------------------------------------------------------------
+def _start_system_metrics(run_id: str, uri: str, interval_s: float):
+    try:
+        from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+        # its INFO lines ("Started monitoring system metrics." x4 per run) drown the stage's own output
+        logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)
+        mon = SystemMetricsMonitor(run_id, sampling_interval=interval_s, samples_before_logging=1,
+                                   tracking_uri=uri)
+        mon.start()
+        return mon
+    except Exception as e:  # psutil missing, ...: never fail a stage over it
+        log.warning("MLflow system metrics not started: %s", e)
+        return None
+
+
+def _stop_system_metrics(mon, timeout_s: float = 5.0) -> None:
+    """finish() joins the monitor thread, which may be inside a slow HTTP call: bound it."""
+    if mon is None:
+        return
+    t = threading.Thread(target=mon.finish, name="packtrain-sysmetrics-stop", daemon=True)
+    t.start()
+    t.join(timeout_s)
+    if t.is_alive():
+        log.warning("MLflow system metrics monitor did not stop within %.0f s; left to exit with the process",
+                    timeout_s)
+
+
+# -- runs ------------------------------------------------------------------------------------------------
+def start_pipeline_run(cfg: RunConfig) -> str | None:
+    """Open the parent run of a pipeline run and export PACKTRAIN_PARENT_RUN_ID for its stages.
+
+    Params: the whole run config, flattened (`pack.budget`, `train.lr`, ...). Returns the run id
+    (`pending-...` while the store is unreachable), or None when tracking is off or rank ≠ 0.
+    """
+    if not cfg.tracking.enabled or not is_rank_zero():
+        return None
+    client = get_client(cfg)
+    run_id = client.create_run(cfg.tracking.experiment, "pipeline", base_tags("pipeline", cfg.name))
+    handle = StageRun(client, run_id, "pipeline")
+    handle.log_params(flatten(cfg.to_dict()))
+    os.environ[PARENT_ENV] = run_id
+    _pipeline_clients[run_id] = client
+    return run_id
+
+
+def end_pipeline_run(run_id: str | None, status: str = "FINISHED", cfg: RunConfig | None = None) -> None:
+    """Close the parent run (FINISHED | FAILED | KILLED) and stop exporting it to stages.
+
+    In the process that started it `cfg` is optional; elsewhere pass the run's `cfg` (store + buffer dir).
+    """
+    if status not in STATUSES:
+        raise ValueError(f"status {status!r} is not one of {STATUSES}")
+    if not run_id or not is_rank_zero():
+        return
+    client = get_client(cfg) if cfg is not None else _pipeline_clients.get(run_id)
+    if client is None:
+        raise ValueError(f"end_pipeline_run({run_id!r}): not started in this process; pass cfg=")
+    client.set_terminated(run_id, status)
+    _pipeline_clients.pop(run_id, None)
+    if os.environ.get(PARENT_ENV) == run_id:
+        del os.environ[PARENT_ENV]
 
 
 @contextlib.contextmanager
@@ -92,37 +282,49 @@ def stage_run(stage: str, cfg: RunConfig, section: Any = None, tags: Mapping[str
               ) -> Iterator[StageRun]:
     """Open the MLflow run of one stage (nested under PACKTRAIN_PARENT_RUN_ID when set).
 
-    Params: the stage's own config section, flattened. Tags: stage, recipe, git sha, host, KFP/Airflow
-    run ids when present. A failing stage ends its run with status FAILED and re-raises.
+    Params: the stage's own config section, flattened (`pack.budget`, ...). Tags: `base_tags` (stage,
+    recipe, git sha, host, GPU, KFP/Airflow run ids) + `tags`. The run is also the active fluent run, so
+    `mlflow.<flavor>.log_model` inside the block attaches to it. A failing stage ends its run FAILED
+    (KILLED on Ctrl-C) and re-raises.
     """
-    if not cfg.tracking.enabled:
-        yield StageRun(None, None)
+    if not cfg.tracking.enabled or not is_rank_zero():
+        yield StageRun(None, None, stage)
         return
     import mlflow
 
-    mlflow.set_tracking_uri(resolve_tracking_uri(cfg))
-    mlflow.set_experiment(cfg.tracking.experiment)
+    client = get_client(cfg)
+    run_tags = base_tags("stage", cfg.name, stage)
     parent = os.environ.get(PARENT_ENV)
-    base_tags = {
-        "packtrain.stage": stage,
-        "packtrain.recipe": cfg.name,
-        "mlflow.source.git.commit": git_sha(),
-        "host": socket.gethostname(),
-        "kfp.run_id": os.environ.get("KFP_RUN_ID"),
-        "airflow.run_id": os.environ.get("AIRFLOW_CTX_DAG_RUN_ID"),
-    }
     if parent:
-        base_tags["mlflow.parentRunId"] = parent
-    run = mlflow.start_run(run_name=stage, tags={k: str(v) for k, v in base_tags.items() if v})
-    handle = StageRun(mlflow, run.info.run_id)
+        run_tags["mlflow.parentRunId"] = client.resolve(parent)
+    run_id = client.create_run(cfg.tracking.experiment, stage, run_tags)
+    handle = StageRun(client, run_id, stage, cfg.tracking.flush_interval_s)
+    fluent = monitor = None
+    if not run_id.startswith(PENDING):
+        mlflow.set_tracking_uri(client.uri)
+        with short_http(client.uri, 5), contextlib.suppress(Exception):
+            fluent = mlflow.start_run(run_id=run_id, nested=mlflow.active_run() is not None,
+                                      log_system_metrics=False)
+        if cfg.tracking.system_metrics:
+            monitor = _start_system_metrics(run_id, client.uri, cfg.tracking.system_metrics_interval_s)
+    status = "FINISHED"
     try:
         if section is not None:
             data = section.model_dump(mode="json") if hasattr(section, "model_dump") else dict(section)
             handle.log_params({f"{stage}.{k}": v for k, v in flatten(data).items()})
         handle.set_tags(dict(tags or {}))
         yield handle
-    except BaseException:
-        mlflow.end_run(status="FAILED")
+    except KeyboardInterrupt:
+        status = "KILLED"
         raise
-    else:
-        mlflow.end_run(status="FINISHED")
+    except BaseException:
+        status = "FAILED"
+        raise
+    finally:
+        handle.flush()
+        _stop_system_metrics(monitor)
+        client.set_terminated(run_id, status)
+        active = mlflow.active_run()
+        if fluent is not None and active is not None and active.info.run_id == run_id:
+            with short_http(client.uri, 2), contextlib.suppress(Exception):
+                mlflow.end_run(status)

@@ -1,0 +1,377 @@
+"""Side-by-side GPU benchmark: packtrain against what users do today, same model, data and budget, one run.
+
+    python bench/gpu_bench.py --model 350m --steps 30 --out bench/results/gpu_bench_350m.json
+
+Variants (each trains the same random-init Llama for `--steps` optimizer steps after `--warmup`, bf16):
+  a  pad         every document padded to the budget, one document per row        (HF "max_length" padding)
+  b  dynamic     `rows` random documents per step padded to the longest of them   (HF default collator)
+  c  group       like b, documents grouped by length in mega-batches               (HF group_by_length)
+  d  concat      documents concatenated and cut into rows; NOT isolated            (run_clm "group_texts")
+  e  hf_packed   BFD packs, transformers SDPA + position_ids, no mask (isolated)  (TRL padding_free)
+  f  packtrain   BFD packs, flattened (1, T), varlen attention, torch.compile, fused/chunked loss,
+                 fused AdamW, pinned prefetch — packtrain's training path.
+
+Every variant gets `rows` rows of at most `budget` tokens per micro-batch, so the slot budget is the same.
+Reported per variant: real tok/s (non-padding tokens that carry loss), useful MFU (6N per real token +
+attention within documents, Σ sᵢ²), dense MFU (6N per slot token + attention over the full rows), NVML
+utilization, peak allocated/reserved memory, fragmentation (1 − alloc/reserved at peak), fill, isolation error
+(max |logit difference| of one document inside its batch vs. alone), recompiles. Needs CUDA; prints a table
+last and writes a JSON list of rows to --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import sys
+import threading
+import time
+from pathlib import Path
+
+os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+import numpy as np  # noqa: E402
+
+SIZES = {  # the recipes' model sections, repeated so the bench needs no pydantic/yaml on the GPU box
+    "125m": dict(hidden_size=768, intermediate_size=2048, num_hidden_layers=12, num_attention_heads=12),
+    "350m": dict(hidden_size=1024, intermediate_size=2816, num_hidden_layers=24, num_attention_heads=16),
+    "1b": dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=16, num_attention_heads=16),
+}
+VARIANTS = {"a": "pad", "b": "dynamic", "c": "group", "d": "concat", "e": "hf_packed", "f": "packtrain"}
+ISOLATED = {"pad": True, "dynamic": True, "group": True, "concat": False, "hf_packed": True, "packtrain": True}
+
+
+# ----------------------------------------------------------------------------------------------- data
+def make_lengths(kind: str, n: int, budget: int, seed: int, corpus_lengths: str | None) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    if kind == "corpus":
+        lens = np.load(corpus_lengths)
+        lens = lens[rng.permutation(len(lens))][:n]
+    else:  # lognormal, median 300, sigma 1 (the anchors' distribution)
+        lens = np.exp(rng.normal(np.log(300), 1.0, n))
+    return np.clip(lens.astype(np.int64), 16, budget)
+
+
+def doc_tokens(lengths: np.ndarray, vocab: int, seed: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed + 1)
+    return [rng.integers(0, vocab, int(n), dtype=np.int64) for n in lengths]
+
+
+def bfd_packs(lengths: np.ndarray, budget: int) -> list[list[int]]:
+    from packtrain.packing import pack_lengths
+
+    plan = pack_lengths(lengths, budget, strategy="bfd")
+    return [[int(d) for d in docs] for docs in plan.doc_indices()]
+
+
+# -------------------------------------------------------------------------------------- batch builders
+# Every builder yields dicts of CPU tensors: input_ids/labels/(attention_mask|position_ids) shaped (rows, S),
+# plus "real" (loss-carrying tokens), "slot" (rows * S) and "seq_lens" (document lengths, for useful FLOPs).
+def _rows_batch(docs, S, pad_id, with_mask):
+    import torch
+
+    ids = torch.full((len(docs), S), pad_id, dtype=torch.long)
+    lab = torch.full((len(docs), S), -100, dtype=torch.long)
+    mask = torch.zeros((len(docs), S), dtype=torch.long)
+    for r, d in enumerate(docs):
+        t = torch.from_numpy(d[:S])
+        ids[r, : len(t)] = t
+        lab[r, : len(t)] = t
+        lab[r, 0] = -100
+        mask[r, : len(t)] = 1
+    out = {"input_ids": ids, "labels": lab, "attention_mask": mask}
+    out["real"] = int((lab != -100).sum())
+    out["slot"] = len(docs) * S
+    out["seq_lens"] = [min(len(d), S) for d in docs]
+    return out
+
+
+def batches_padded(kind, docs, rows, budget, pad_id, n_steps, seed):
+    rng = np.random.default_rng(seed)
+    order = rng.permutation(len(docs))
+    if kind == "group":  # HF group_by_length: megabatches of 50·rows sorted by length, then chunked
+        mb = 50 * rows
+        order = np.concatenate([sorted(order[i: i + mb], key=lambda j: -len(docs[j]))
+                                for i in range(0, len(order), mb)])
+    out = []
+    for s in range(n_steps):
+        sel = [docs[j] for j in order[s * rows: (s + 1) * rows]]
+        S = budget if kind == "pad" else max(len(d) for d in sel)
+        out.append(_rows_batch(sel, S, pad_id, with_mask=True))
+    if kind == "group":
+        rng.shuffle(out)
+    return out
+
+
+def batches_concat(docs, rows, budget, n_steps):
+    import torch
+
+    stream = np.concatenate(docs[: n_steps * rows * budget // 100 + 1000])
+    out = []
+    for s in range(n_steps):
+        chunk = torch.from_numpy(stream[s * rows * budget: (s + 1) * rows * budget].copy()).view(rows, budget)
+        lab = chunk.clone()
+        lab[:, 0] = -100
+        out.append({"input_ids": chunk, "labels": lab, "real": int((lab != -100).sum()), "slot": rows * budget,
+                    "seq_lens": [budget] * rows, "causal_full": True})
+    return out
+
+
+def batches_packed_rows(docs, packs, rows, budget, n_steps):
+    """(rows, budget) packed rows with position_ids restarting per document; padding only at row tails."""
+    import torch
+
+    out = []
+    for s in range(n_steps):
+        ids = torch.zeros((rows, budget), dtype=torch.long)
+        pos = torch.zeros((rows, budget), dtype=torch.long)
+        lab = torch.full((rows, budget), -100, dtype=torch.long)
+        seq_lens = []
+        for r, pack in enumerate(packs[s * rows: (s + 1) * rows]):
+            o = 0
+            for j in pack:
+                d = torch.from_numpy(docs[j])
+                n = len(d)
+                ids[r, o: o + n] = d
+                lab[r, o + 1: o + n] = d[1:]
+                pos[r, o: o + n] = torch.arange(n)
+                o += n
+                seq_lens.append(n)
+            if o < budget:  # tail padding as its own segment
+                pos[r, o:] = torch.arange(budget - o)
+        out.append({"input_ids": ids, "position_ids": pos, "labels": lab, "real": int((lab != -100).sum()),
+                    "slot": rows * budget, "seq_lens": seq_lens})
+    return out
+
+
+# ------------------------------------------------------------------------------------------ measuring
+class NvmlSampler:
+    """Samples GPU utilization % every `interval` s in a thread (NVML 'a kernel was running')."""
+
+    def __init__(self, interval=0.2):
+        self.interval, self.samples, self._stop = interval, [], threading.Event()
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self._h = pynvml.nvmlDeviceGetHandleByIndex(int(os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0] or 0))
+            self._nvml = pynvml
+        except Exception:  # noqa: BLE001 - NVML missing: report None
+            self._nvml = None
+
+    def __enter__(self):
+        if self._nvml:
+            self._t = threading.Thread(target=self._run, daemon=True)
+            self._t.start()
+        return self
+
+    def _run(self):
+        while not self._stop.wait(self.interval):
+            self.samples.append(self._nvml.nvmlDeviceGetUtilizationRates(self._h).gpu)
+
+    def __exit__(self, *exc):
+        self._stop.set()
+
+    def median(self):
+        return float(np.median(self.samples)) / 100 if self.samples else None
+
+
+def train_flops(n_nonembed, n_layers, hidden, vocab, tokens, attn_pairs_sum):
+    """fwd+bwd FLOPs: 6·(N_nonembed + LM head)·tokens + 6·2·hidden·layers·Σ(causal pairs)."""
+    return 6.0 * (n_nonembed + hidden * vocab) * tokens + 12.0 * hidden * n_layers * attn_pairs_sum
+
+
+def causal_pairs(lengths) -> float:
+    return float(sum(n * (n + 1) / 2 for n in lengths))
+
+
+# -------------------------------------------------------------------------------------- HF variants
+def build_hf(size, vocab, attn, device, seed, max_pos):
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=vocab, max_position_embeddings=max_pos, tie_word_embeddings=True,
+                      use_cache=False, attn_implementation=attn, **SIZES[size])
+    with torch.device(device):
+        model = LlamaForCausalLM(cfg)
+    return model
+
+
+def run_hf_variant(name, model, batches, steps, warmup, device):
+    import torch
+
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    model.train()
+
+    def step(b):
+        kw = {k: v.to(device, non_blocking=True) for k, v in b.items()
+              if k in ("input_ids", "labels", "attention_mask", "position_ids")}
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(**kw, use_cache=False).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss
+
+    for b in batches[:warmup]:
+        step(b)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    with NvmlSampler() as nv:
+        t0 = time.perf_counter()
+        for b in batches[warmup: warmup + steps]:
+            loss = step(b)
+        torch.cuda.synchronize()
+        dt = time.perf_counter() - t0
+    del opt
+    return dt, nv.median(), float(loss)
+
+
+# --------------------------------------------------------------------------------- packtrain variant
+def run_packtrain_variant(size, vocab, docs, packs, rows, budget, steps, warmup, device, seed, args):
+    """packtrain's own training path: its model builder, attention backend, techniques and loss."""
+    import torch
+
+    from packtrain.bench_support import packtrain_bench_step  # the train room's fast path
+
+    return packtrain_bench_step(size_kwargs=SIZES[size], vocab=vocab, docs=docs, packs=packs, rows=rows,
+                                budget=budget, steps=steps, warmup=warmup, device=device, seed=seed,
+                                attention=args.attention, compile=not args.no_compile, loss=args.loss,
+                                sampler_cls=NvmlSampler)
+
+
+def isolation_error(model, batch, device, kind):
+    """Max |logits(doc inside batch) − logits(doc alone)| in bf16 for the first document of row 0 that does
+    not start the row (so an unisolated model sees a preceding document)."""
+    import torch
+
+    model.eval()
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+        ids = batch["input_ids"][:1].to(device)
+        kw = {"input_ids": ids, "use_cache": False}
+        if "position_ids" in batch:
+            kw["position_ids"] = batch["position_ids"][:1].to(device)
+            pos = batch["position_ids"][0]
+            starts = (pos == 0).nonzero().flatten().tolist()
+            s0 = starts[1] if len(starts) > 1 else 0
+            n = (starts[2] if len(starts) > 2 else int(ids.shape[1])) - s0
+        elif kind == "concat":
+            s0, n = 512, 256  # arbitrary window inside the stream: what an unisolated doc sees
+        else:
+            kw["attention_mask"] = batch["attention_mask"][:1].to(device)
+            s0, n = 0, int(batch["attention_mask"][0].sum())
+        full = model(**kw).logits[0, s0: s0 + n].float()
+        alone = model(input_ids=ids[:, s0: s0 + n], use_cache=False).logits[0].float()
+    model.train()
+    return float((full - alone).abs().max())
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", choices=list(SIZES), default="350m")
+    p.add_argument("--variants", default="abcdef")
+    p.add_argument("--data", choices=["lognormal", "corpus"], default="lognormal")
+    p.add_argument("--corpus-lengths", default="bench/data/corpus_lengths.npy")
+    p.add_argument("--budget", type=int, default=2048)
+    p.add_argument("--rows", type=int, default=8)
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--vocab", type=int, default=32768)
+    p.add_argument("--peak-tflops", type=float, default=790.0)
+    p.add_argument("--attention", default="varlen")
+    p.add_argument("--loss", default="chunked")
+    p.add_argument("--no-compile", action="store_true")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=None)
+    args = p.parse_args(argv)
+
+    import torch
+
+    device = torch.device("cuda")
+    n_steps = args.steps + args.warmup
+    n_docs = max(20000, n_steps * args.rows * 12)
+    lengths = make_lengths(args.data, n_docs, args.budget, args.seed, args.corpus_lengths)
+    docs = doc_tokens(lengths, args.vocab, args.seed)
+    packs = bfd_packs(lengths, args.budget)
+    rng = np.random.default_rng(args.seed)
+    packs = [packs[i] for i in rng.permutation(len(packs))]
+    hidden, layers = SIZES[args.model]["hidden_size"], SIZES[args.model]["num_hidden_layers"]
+    inter = SIZES[args.model]["intermediate_size"]
+    n_nonembed = layers * (4 * hidden * hidden + 3 * hidden * inter + 2 * hidden) + hidden
+    peak = args.peak_tflops * 1e12
+    command = "python " + " ".join([sys.argv[0], *(argv or sys.argv[1:])])
+    rows_out = []
+    for letter in args.variants:
+        name = VARIANTS[letter]
+        torch.manual_seed(args.seed)
+        gc.collect()
+        torch.cuda.empty_cache()
+        try:
+            if name == "packtrain":
+                res = run_packtrain_variant(args.model, args.vocab, docs, packs, args.rows, args.budget,
+                                            args.steps, args.warmup, device, args.seed, args)
+                dt, util, loss = res["seconds"], res["nvml_util"], res["loss"]
+                real, slot, seq_lens = res["real_tokens"], res["slot_tokens"], res["seq_lens"]
+                iso, recompiles = res["isolation_err"], res.get("recompiles")
+            else:
+                if name in ("pad", "dynamic", "group"):
+                    batches = batches_padded(name, docs, args.rows, args.budget, 0, n_steps, args.seed)
+                elif name == "concat":
+                    batches = batches_concat(docs, args.rows, args.budget, n_steps)
+                else:
+                    batches = batches_packed_rows(docs, packs, args.rows, args.budget, n_steps)
+                model = build_hf(args.model, args.vocab, "sdpa", device, args.seed, args.budget * 2)
+                dt, util, loss = run_hf_variant(name, model, batches, args.steps, args.warmup, device)
+                meas = batches[args.warmup:]
+                real = sum(b["real"] for b in meas)
+                slot = sum(b["slot"] for b in meas)
+                seq_lens = [n for b in meas for n in b["seq_lens"]]
+                iso = isolation_error(model, batches[0], device, name)
+                recompiles = 0
+                del model
+            alloc = torch.cuda.max_memory_allocated() / 2**30
+            reserved = torch.cuda.max_memory_reserved() / 2**30
+            useful = train_flops(n_nonembed, layers, hidden, args.vocab, real, causal_pairs(seq_lens))
+            slot_rows = slot // max(args.budget, 1)
+            dense = train_flops(n_nonembed, layers, hidden, args.vocab, slot,
+                                slot_rows * causal_pairs([args.budget]))
+            row = {"variant": name, "model": args.model, "data": args.data, "isolated": ISOLATED[name],
+                   "real_tok_per_s": real / dt, "slot_tok_per_s": slot / dt,
+                   "useful_mfu": useful / dt / peak, "dense_mfu": dense / dt / peak,
+                   "nvml_util": util, "peak_alloc_gib": alloc, "peak_reserved_gib": reserved,
+                   "fragmentation": 1 - alloc / reserved if reserved else None, "fill": real / slot,
+                   "isolation_err": iso, "recompiles": recompiles, "final_loss": loss,
+                   "steps": args.steps, "rows": args.rows, "budget": args.budget, "command": command}
+        except Exception as e:  # noqa: BLE001 - one variant failing must not lose the others
+            import traceback
+
+            traceback.print_exc()
+            row = {"variant": name, "model": args.model, "error": f"{type(e).__name__}: {e}", "command": command}
+        rows_out.append(row)
+        print(json.dumps(row), flush=True)
+    machine = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "host": platform.node(),
+               "peak_tflops": args.peak_tflops}
+    for r in rows_out:
+        r["machine"] = machine
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(rows_out, indent=2))
+    print(f"\n{'variant':<10} {'iso':>4} {'real tok/s':>11} {'useful MFU':>10} {'dense MFU':>9} {'util':>5} "
+          f"{'alloc GiB':>9} {'resv GiB':>8} {'frag':>5} {'fill':>6} {'iso err':>8}")
+    for r in rows_out:
+        if "error" in r:
+            print(f"{r['variant']:<10} ERROR {r['error'][:90]}")
+            continue
+        u = "-" if r["nvml_util"] is None else f"{r['nvml_util']:.2f}"
+        print(f"{r['variant']:<10} {'yes' if r['isolated'] else 'no':>4} {r['real_tok_per_s']:>11,.0f} "
+              f"{r['useful_mfu']:>10.3f} {r['dense_mfu']:>9.3f} {u:>5} {r['peak_alloc_gib']:>9.1f} "
+              f"{r['peak_reserved_gib']:>8.1f} {r['fragmentation']:>5.2f} {r['fill']:>6.3f} {r['isolation_err']:>8.4f}")
+
+
+if __name__ == "__main__":
+    main()

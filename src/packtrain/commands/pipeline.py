@@ -1,0 +1,70 @@
+"""`packtrain pipeline compile | submit | pytorchjob`: the KFP pipeline for a cluster.
+
+    packtrain pipeline compile [--out pipelines/packtrain_pipeline.yaml]
+    packtrain pipeline submit --host http://ml-pipeline-ui.kubeflow:80 [--schedule "0 0 3 * * 1"] --recipe 1b-h200
+    packtrain pipeline pytorchjob --nodes 4 --gpus-per-node 8 [--kind trainjob] [--out job.yaml] --recipe 1b-h200
+
+The IR depends on the recipe's `pipeline` section only (images, GPUs, requests, secret); the whole
+RunConfig travels as the run-time parameter `config` (submit passes it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="action", metavar="ACTION")
+    c = sub.add_parser("compile", help="compile the KFP pipeline to IR YAML")
+    c.add_argument("--out", default="pipelines/packtrain_pipeline.yaml", help="output YAML path")
+    s = sub.add_parser("submit", help="submit one run, or a recurring run with --schedule, to a KFP cluster")
+    s.add_argument("--host", help="KFP API endpoint (default: pipeline.kfp_host of the recipe)")
+    s.add_argument("--schedule", nargs="?", const="", default=None, metavar="CRON",
+                   help="6-field cron, seconds first, e.g. '0 0 3 * * 1' (bare --schedule: pipeline.schedule)")
+    s.add_argument("--experiment", help="KFP experiment (default: tracking.experiment)")
+    s.add_argument("--data-version", default="", help="DVC md5 of the source data (part of the cache key)")
+    s.add_argument("--namespace", default=None, help="Kubernetes namespace of the KFP profile")
+    j = sub.add_parser("pytorchjob", help="emit a multi-node PyTorchJob / TrainJob YAML running packtrain train")
+    j.add_argument("--nodes", type=int, default=None, help="nodes (default: pipeline.nodes)")
+    j.add_argument("--gpus-per-node", type=int, default=None, help="GPUs per node (default: pipeline.gpus)")
+    j.add_argument("--kind", choices=["pytorchjob", "trainjob"], default="pytorchjob",
+                   help="kubeflow.org/v1 PyTorchJob or Kubeflow Trainer v2 TrainJob")
+    j.add_argument("--namespace", default="kubeflow")
+    j.add_argument("--out", default="-", help="output path ('-' = stdout)")
+
+
+def run(cfg, args: argparse.Namespace) -> int:
+    from packtrain.errors import ConfigError
+
+    if args.action == "compile":
+        from packtrain.pipeline.kfp_ops import compile_pipeline
+
+        path = compile_pipeline(args.out, cfg.pipeline)
+        print(f"compiled {path}")
+        return 0
+    if args.action == "submit":
+        from packtrain.pipeline.kfp_ops import submit
+
+        schedule = (args.schedule or cfg.pipeline.schedule) if args.schedule is not None else None
+        res = submit(args.host or cfg.pipeline.kfp_host or "", cfg, schedule, experiment=args.experiment,
+                     data_version=args.data_version, namespace=args.namespace)
+        for k, v in res.items():
+            print(f"{k}: {v}")
+        return 0
+    if args.action == "pytorchjob":
+        from pathlib import Path
+
+        from packtrain.paths import atomic_write_text
+        from packtrain.pipeline.multinode import build_job, dump_job
+
+        nodes = args.nodes if args.nodes is not None else cfg.pipeline.nodes
+        gpus = args.gpus_per_node if args.gpus_per_node is not None else max(cfg.pipeline.gpus, 1)
+        text = dump_job(build_job(cfg, nodes, gpus, args.kind, namespace=args.namespace))
+        if args.out == "-":
+            sys.stdout.write(text)
+        else:
+            atomic_write_text(Path(args.out), text)
+            print(f"wrote {args.out}: {args.kind} with {nodes} node(s) × {gpus} GPU(s)", file=sys.stderr)
+        return 0
+    raise ConfigError("packtrain pipeline: choose an action: compile, submit or pytorchjob")

@@ -1,0 +1,65 @@
+"""`packtrain train [--packs DIR] [--tokens DIR] [--out DIR] [--resume] [--gpus N]`.
+
+`--gpus N` (N > 1) re-executes this command through torchrun (`python -m torch.distributed.run --standalone
+--nproc_per_node N`), one process per GPU; the DeepSpeed engine uses the same launcher (deepspeed.initialize
+reads torchrun's RANK/WORLD_SIZE/MASTER_ADDR). Only rank 0 opens the MLflow run and writes the outputs.
+Without CUDA the N processes train on the CPU over gloo (for testing the launch path).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--packs", metavar="DIR", help="pack stage output holding train/ (default <workdir>/pack)")
+    parser.add_argument("--tokens", metavar="DIR",
+                        help="tokenize stage output holding tokenizer/ (default <workdir>/tokenize)")
+    parser.add_argument("--out", metavar="DIR", help="output dir (default <workdir>/train)")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue from the newest valid checkpoint in <out>/checkpoints")
+    parser.add_argument("--gpus", type=int, default=1, metavar="N",
+                        help="data-parallel processes (one per GPU) launched through torchrun (default 1)")
+
+
+def launcher_command(args: argparse.Namespace) -> list[str]:
+    """The torchrun command line that runs this same command once per GPU (without --gpus)."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.gpus}",
+           "-m", "packtrain.cli", "train", "--recipe", str(args.recipe)]
+    for o in args.overrides:
+        cmd += ["--set", o]
+    for flag in ("packs", "tokens", "out"):
+        if getattr(args, flag):
+            cmd += [f"--{flag}", str(getattr(args, flag))]
+    if args.resume:
+        cmd.append("--resume")
+    return cmd
+
+
+def run(cfg, args) -> int:
+    from pathlib import Path
+
+    from packtrain.errors import ConfigError
+    from packtrain.paths import RunPaths
+
+    if args.gpus < 1:
+        raise ConfigError(f"--gpus {args.gpus}: must be ≥ 1")
+    if args.gpus > 1 and "LOCAL_RANK" not in os.environ:
+        import subprocess
+
+        return subprocess.call(launcher_command(args))
+    from packtrain.stages.train import run_train
+
+    paths = RunPaths(Path(cfg.workdir))
+    out = Path(args.out) if args.out else paths.train_dir
+    s = run_train(cfg, args.packs or paths.pack_dir, args.tokens or paths.tokenize_dir, out, resume=args.resume)
+    if int(os.environ.get("RANK", "0")) == 0:
+        tp = s.get("throughput") or {}
+        first = s["loss_curve"][0] if s["loss_curve"] else float("nan")
+        print(f"train: {s['steps']} steps ({s['setup']['attention']}, {s['setup']['precision']}, "
+              f"{s['setup']['engine']}), loss {first:.4f} → {s['final_loss']:.4f}, {s['tokens']:,} tokens, "
+              f"{tp.get('real_tokens_per_s', 0) * s['setup']['world_size']:,.0f} tok/s, "
+              f"recompiles {s['recompiles']}, skipped {s['skipped_steps']} → {s['model_dir']}")
+    return 0

@@ -1,0 +1,199 @@
+"""ingest: a source (or the default corpus) → `documents.parquet`, the table every later stage reads.
+
+    documents.parquet   doc_id int64 (0..n-1, in order) | text string | source string | n_chars int64
+
+    >>> # folder/{a.txt: "hi", b.jsonl: '{"text": "x"}\\n{"text": "yz"}\\n'}
+    >>> # → doc_id [0, 1, 2], text ["hi", "x", "yz"], source ["a.txt", "b.jsonl:1", "b.jsonl:2"], n_chars [2, 1, 2]
+
+Order and ids are deterministic: files in sorted relative-path order, documents in file order; the same
+source gives a byte-identical table (same pyarrow version). The table is streamed to a temp file in
+batches (≤ 4,096 documents or 64 MB) and renamed into place, so a failed ingest leaves no table behind and
+the source is only ever read. Duplicates are kept (validate reports them).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from packtrain.config import IngestConfig
+from packtrain.data.corpus import select_default_corpus
+from packtrain.data.sources import (
+    SourceFile,
+    discover_files,
+    read_jsonl,
+    read_parquet,
+    read_txt,
+    too_long_error,
+)
+from packtrain.errors import InputDataError
+
+DOCUMENTS_FILE = "documents.parquet"
+_FLUSH_DOCS, _FLUSH_BYTES = 4096, 64 << 20
+
+
+@dataclass
+class IngestStats:
+    """What ingest wrote. `length_chars` holds min/p50/p90/p99/max/mean document length in characters."""
+
+    documents: int
+    chars: int
+    bytes_utf8: int
+    files: int
+    source: str
+    source_kind: str  # "default" | "txt" | "jsonl" | "parquet" | "folder"
+    output: str
+    files_by_type: dict[str, int] = field(default_factory=dict)
+    skipped_files: list[str] = field(default_factory=list)
+    length_chars: dict[str, float] = field(default_factory=dict)
+    stopped_at_max_docs: bool = False
+    seconds: float = 0.0
+    default_corpus: dict | None = None
+    input_files: dict[str, Path] = field(default_factory=dict, repr=False)
+    """Files read, keyed by their `source` name (for the DVC-style md5 of exactly what was read)."""
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d.pop("input_files")
+        return d
+
+
+def length_summary(lengths: list[int]) -> dict[str, float]:
+    """{'min', 'p50', 'p90', 'p99', 'max', 'mean'} of a list of lengths (numpy 'linear' percentiles)."""
+    import numpy as np
+
+    if not lengths:
+        return {}
+    a = np.asarray(lengths, dtype=np.int64)
+    p50, p90, p99 = np.percentile(a, [50, 90, 99])
+    return {"min": int(a.min()), "p50": round(float(p50), 1), "p90": round(float(p90), 1),
+            "p99": round(float(p99), 1),
+            "max": int(a.max()), "mean": round(float(a.mean()), 1)}
+
+
+class _DocWriter:
+    """Streams rows into a parquet temp file; `commit()` renames it into place, `abort()` removes it."""
+
+    def __init__(self, final: Path):
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        self._pa = pa
+        self.schema = pa.schema([("doc_id", pa.int64()), ("text", pa.string()),
+                                 ("source", pa.string()), ("n_chars", pa.int64())])
+        self.final = final
+        self.tmp = final.with_name(f".{final.name}.tmp")
+        self.writer = pq.ParquetWriter(self.tmp, self.schema, compression="zstd")
+        self.cols: dict[str, list] = {n: [] for n in self.schema.names}
+        self.buffered = 0
+        self.n = 0
+
+    def add(self, text: str, source: str) -> None:
+        self.cols["doc_id"].append(self.n)
+        self.cols["text"].append(text)
+        self.cols["source"].append(source)
+        self.cols["n_chars"].append(len(text))
+        self.n += 1
+        self.buffered += len(text)
+        if len(self.cols["doc_id"]) >= _FLUSH_DOCS or self.buffered >= _FLUSH_BYTES:
+            self._flush()
+
+    def _flush(self) -> None:
+        if self.cols["doc_id"]:
+            self.writer.write_table(self._pa.table(self.cols, schema=self.schema))
+            self.cols = {n: [] for n in self.schema.names}
+            self.buffered = 0
+
+    def commit(self) -> None:
+        self._flush()
+        self.writer.close()
+        os.replace(self.tmp, self.final)
+
+    def abort(self) -> None:
+        try:
+            self.writer.close()
+        finally:
+            self.tmp.unlink(missing_ok=True)
+
+
+def ingest_documents(source: str | Path | None, dst_dir: str | Path, cfg: IngestConfig) -> IngestStats:
+    """Read `source` (None → the default corpus, `packtrain.data.corpus`) into `dst_dir/documents.parquet`.
+
+    Raises InputDataError (file, line/row, field, value, what is allowed) for: a missing/unsupported source,
+    an empty file or folder, non-UTF-8 bytes (byte offset), malformed JSONL (line number), a missing text
+    field/column, a non-string value, a document over `cfg.max_doc_chars`, unsupported files in a folder
+    (unless `cfg.unsupported == "skip"`). 24 MB default corpus: ≈2 s on one core.
+    """
+    from tqdm import tqdm
+
+    t0 = time.perf_counter()
+    dst_dir = Path(dst_dir)
+    final = dst_dir / DOCUMENTS_FILE
+    default = None
+    if source is None:
+        default = select_default_corpus(cfg.default_corpus_mb)
+        files = [SourceFile(f.path, f.source, "txt", f.n_bytes) for f in default.files]
+        skipped: list[str] = []
+        label, kind = f"default corpus ({default.python} standard library)", "default"
+    else:
+        src = Path(source)
+        disc = discover_files(src, cfg.unsupported)
+        files, skipped = disc.files, disc.skipped
+        label, kind = str(src), ("folder" if src.is_dir() else files[0].kind)
+        out = final.resolve()
+        if any(f.path.resolve() == out for f in files):
+            raise InputDataError(f"source {src} contains the output {final}: choose another --out")
+        if skipped:
+            print(f"warning: ingest skipped {len(skipped)} unsupported file(s) in {src}: "
+                  + ", ".join(skipped[:10]) + (" ..." if len(skipped) > 10 else ""), file=sys.stderr)
+    if not files:
+        raise InputDataError(f"{label}: no files to ingest")
+
+    dst_dir.mkdir(parents=True, exist_ok=True)
+    writer = _DocWriter(final)
+    lengths: list[int] = []
+    by_type: dict[str, int] = {}
+    read: dict[str, Path] = {}
+    n_bytes = 0
+    stopped = False
+    bar = tqdm(total=sum(f.n_bytes for f in files), unit="B", unit_scale=True, desc="ingest",
+               file=sys.stderr, delay=2.0, leave=False)
+    try:
+        for f in files:
+            read[f.name] = f.path
+            key = Path(f.name).suffix if kind == "default" else f.kind
+            by_type[key] = by_type.get(key, 0) + 1
+            if f.kind == "txt":
+                docs = read_txt(f, cfg.txt_mode, cfg.max_doc_chars, bar.update)
+            elif f.kind == "jsonl":
+                docs = read_jsonl(f, cfg.text_field, bar.update)
+            else:
+                docs = read_parquet(f, cfg.text_field, bar.update)
+            for text, where in docs:
+                if len(text) > cfg.max_doc_chars:
+                    raise too_long_error(f, where, len(text), cfg.max_doc_chars)
+                writer.add(text, where)
+                lengths.append(len(text))
+                n_bytes += len(text.encode("utf-8")) if not text.isascii() else len(text)
+                if cfg.max_docs is not None and writer.n >= cfg.max_docs:
+                    stopped = True
+                    break
+            if stopped:
+                break
+        if writer.n == 0:
+            raise InputDataError(f"{label}: no documents found")
+        writer.commit()
+    except BaseException:
+        writer.abort()
+        raise
+    finally:
+        bar.close()
+    return IngestStats(
+        documents=writer.n, chars=sum(lengths), bytes_utf8=n_bytes, files=len(read), source=label,
+        source_kind=kind, output=str(final), files_by_type=by_type, skipped_files=skipped,
+        length_chars=length_summary(lengths), stopped_at_max_docs=stopped,
+        seconds=round(time.perf_counter() - t0, 3),
+        default_corpus=default.provenance() if default else None, input_files=read)

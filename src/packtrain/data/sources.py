@@ -1,0 +1,232 @@
+"""Finding and reading the documents of a source: `.txt`, `.jsonl`, `.parquet` files or a folder of them.
+
+Every reader yields `(text, locator)` pairs; the locator goes into the documents table's `source` column
+and says where the document came from:
+
+    .txt  file mode        "notes/a.txt"          (one document per file, text kept byte-for-byte)
+    .txt  paragraph mode   "notes/a.txt:12"       (blank-line-separated block starting on line 12)
+    .jsonl                 "dump.jsonl:3"         (line 3, field cfg.text_field)
+    .parquet               "part-0.parquet#41"    (row 41, column cfg.text_field)
+
+Bad input raises `InputDataError` naming the file, line/row, field and value, and what is allowed. Rules:
+an empty or whitespace-only file is an error (it is almost always a broken export); an empty string value
+inside a .jsonl/.parquet is accepted here and reported by `packtrain validate`; null is an error.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from packtrain.errors import InputDataError
+
+Kind = Literal["txt", "jsonl", "parquet"]
+SUPPORTED: dict[str, Kind] = {".txt": "txt", ".jsonl": "jsonl", ".parquet": "parquet"}
+ALLOWED = ", ".join(SUPPORTED)
+BOM = b"\xef\xbb\xbf"
+Progress = Callable[[int], None]
+
+
+@dataclass(frozen=True)
+class SourceFile:
+    """One input file. `name` is what the `source` column shows (path relative to the source folder)."""
+
+    path: Path
+    name: str
+    kind: Kind
+    n_bytes: int
+
+
+@dataclass
+class Discovery:
+    files: list[SourceFile]
+    skipped: list[str]  # unsupported files skipped (ingest.unsupported=skip), relative names
+
+
+def discover_files(source: Path, unsupported: Literal["error", "skip"] = "error") -> Discovery:
+    """The files of a source in deterministic order (sorted relative posix paths; hidden entries ignored).
+
+    >>> # folder/{b.jsonl, a.txt, sub/c.parquet, .DS_Store} → [a.txt, b.jsonl, sub/c.parquet]
+    """
+    if not source.exists():
+        raise InputDataError(f"source {source} does not exist (expected a {ALLOWED} file or a folder of them)")
+    if source.is_file():
+        kind = SUPPORTED.get(source.suffix.lower())
+        if kind is None:
+            raise InputDataError(
+                f"source {source}: unsupported file type {source.suffix or '(no suffix)'!r} (allowed: {ALLOWED})")
+        return Discovery([SourceFile(source, source.name, kind, source.stat().st_size)], [])
+    files: list[SourceFile] = []
+    bad: list[str] = []
+    for dirpath, dirnames, filenames in os.walk(source):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        for fname in sorted(filenames):
+            if fname.startswith("."):
+                continue
+            path = Path(dirpath) / fname
+            rel = path.relative_to(source).as_posix()
+            kind = SUPPORTED.get(path.suffix.lower())
+            if kind is None:
+                bad.append(rel)
+            else:
+                files.append(SourceFile(path, rel, kind, path.stat().st_size))
+    files.sort(key=lambda f: f.name)
+    bad.sort()
+    if not files and not bad:
+        raise InputDataError(f"source folder {source} is empty: no {ALLOWED} files found (hidden files are ignored)")
+    if bad and unsupported == "error":
+        shown = ", ".join(bad[:10]) + (f", ... ({len(bad) - 10} more)" if len(bad) > 10 else "")
+        raise InputDataError(
+            f"source folder {source}: {len(bad)} file(s) of unsupported type: {shown} (allowed: {ALLOWED}); "
+            "remove them or pass --set ingest.unsupported=skip to ingest the supported files and skip these")
+    if not files:
+        raise InputDataError(
+            f"source folder {source} has no {ALLOWED} files; {len(bad)} unsupported file(s) skipped: "
+            + ", ".join(bad[:10]))
+    return Discovery(files, bad)
+
+
+def decode_utf8(data: bytes, where: str, base_offset: int = 0) -> str:
+    """Strict UTF-8 (a leading BOM is dropped); the error names the byte offset and the byte."""
+    skip = 3 if data.startswith(BOM) else 0
+    try:
+        return data[skip:].decode("utf-8")
+    except UnicodeDecodeError as e:
+        off = base_offset + skip + e.start
+        bad = data[skip + e.start: skip + e.start + 4].hex(" ")
+        raise InputDataError(
+            f"{where}: not valid UTF-8 at byte offset {off} (bytes {bad}: {e.reason}); "
+            "only UTF-8 text is allowed: re-encode the file, e.g. `iconv -f latin1 -t utf-8`") from None
+
+
+def read_txt(f: SourceFile, mode: Literal["file", "paragraph"], max_chars: int,
+             progress: Progress | None = None) -> Iterator[tuple[str, str]]:
+    """One document per file, or one per blank-line-separated block (blocks keep their inner newlines)."""
+    if mode == "file" and f.n_bytes > 4 * max_chars:  # UTF-8 needs ≤ 4 bytes per char: surely too long
+        raise too_long_error(f, f.name, f.n_bytes, max_chars, approx=True)
+    data = f.path.read_bytes()
+    if not data.strip():
+        what = "0 bytes" if not data else f"{len(data)} bytes of whitespace only"
+        raise InputDataError(f"{f.path}: empty file ({what}); every .txt file must hold at least one document")
+    text = decode_utf8(data, str(f.path))
+    if progress:
+        progress(len(data))
+    if mode == "file":
+        yield text, f.name
+        return
+    block: list[str] = []
+    start = 0
+    for lineno, line in enumerate(text.split("\n"), 1):
+        if line.strip():
+            if not block:
+                start = lineno
+            block.append(line)
+        elif block:
+            yield "\n".join(block), f"{f.name}:{start}"
+            block = []
+    if block:
+        yield "\n".join(block), f"{f.name}:{start}"
+
+
+def read_jsonl(f: SourceFile, field: str, progress: Progress | None = None) -> Iterator[tuple[str, str]]:
+    """One document per non-blank line: a JSON object whose `field` is a string. Streams line by line."""
+    offset = 0
+    pending = 0
+    n = 0
+    with open(f.path, "rb") as fh:
+        for lineno, raw in enumerate(fh, 1):
+            start, offset = offset, offset + len(raw)
+            pending += len(raw)
+            if progress and pending >= 1 << 20:
+                progress(pending)
+                pending = 0
+            where = f"{f.path}: line {lineno}"
+            line = decode_utf8(raw, where, base_offset=start)
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise InputDataError(
+                    f"{where}: malformed JSON ({e.msg} at column {e.colno}): {_clip(line)}; "
+                    f"each line must be one JSON object like {{\"{field}\": \"...\"}}") from None
+            if not isinstance(obj, dict):
+                raise InputDataError(
+                    f"{where}: expected a JSON object with a {field!r} field, got a JSON {type(obj).__name__}: "
+                    f"{_clip(line)}")
+            if field not in obj:
+                keys = ", ".join(sorted(obj)[:20]) or "none"
+                raise InputDataError(
+                    f"{where}: no field {field!r} (fields: {keys}); name the text field with "
+                    f"--set ingest.text_field=NAME")
+            value = obj[field]
+            if not isinstance(value, str):
+                raise InputDataError(
+                    f"{where}: field {field!r} is {_json_type(value)} ({_clip(json.dumps(value))}); "
+                    "expected a string")
+            n += 1
+            yield value, f"{f.name}:{lineno}"
+    if progress and pending:
+        progress(pending)
+    if n == 0:
+        raise InputDataError(f"{f.path}: empty file ({offset} bytes, no JSON lines); expected one JSON object per line")
+
+
+def read_parquet(f: SourceFile, column: str, progress: Progress | None = None) -> Iterator[tuple[str, str]]:
+    """One document per row of a string column. Streams record batches of 4,096 rows."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        pf = pq.ParquetFile(f.path)
+        schema = pf.schema_arrow
+    except (pa.ArrowException, OSError) as e:
+        raise InputDataError(f"{f.path}: not a readable parquet file ({e})") from None
+    if column not in schema.names:
+        raise InputDataError(
+            f"{f.path}: no column {column!r} (columns: {', '.join(schema.names) or 'none'}); name the text "
+            "column with --set ingest.text_field=NAME")
+    typ = schema.field(column).type
+    if not (pa.types.is_string(typ) or pa.types.is_large_string(typ)
+            or getattr(pa.types, "is_string_view", lambda _t: False)(typ)):
+        raise InputDataError(f"{f.path}: column {column!r} has type {typ}; expected string (UTF-8 text)")
+    if pf.metadata.num_rows == 0:
+        raise InputDataError(f"{f.path}: empty file (0 rows); expected at least one document")
+    row = 0
+    try:
+        for batch in pf.iter_batches(batch_size=4096, columns=[column]):
+            col = batch.column(0)
+            values = col.to_pylist()
+            if col.null_count:
+                i = values.index(None)
+                raise InputDataError(f"{f.path}: row {row + i}: column {column!r} is null; expected a string")
+            for i, v in enumerate(values):
+                yield v, f"{f.name}#{row + i}"
+            row += len(values)
+    except (pa.ArrowException, UnicodeDecodeError) as e:
+        raise InputDataError(f"{f.path}: near row {row}: cannot read column {column!r} ({e})") from None
+    if progress:
+        progress(f.n_bytes)
+
+
+def too_long_error(f: SourceFile, locator: str, n: int, limit: int, approx: bool = False) -> InputDataError:
+    size = f"{n:,} bytes (> 4 × the limit)" if approx else f"{n:,} characters"
+    return InputDataError(
+        f"{f.path} ({locator}): document has {size}, over ingest.max_doc_chars = {limit:,}; split it into "
+        "smaller documents, or raise the limit with --set ingest.max_doc_chars=N")
+
+
+def _json_type(v) -> str:
+    if v is None:
+        return "null"
+    return {bool: "a boolean", int: "a number", float: "a number", list: "an array", dict: "an object"}.get(
+        type(v), type(v).__name__)
+
+
+def _clip(s: str, n: int = 80) -> str:
+    s = s.rstrip("\n")
+    return repr(s if len(s) <= n else s[:n] + "...")

@@ -1,0 +1,200 @@
+"""Held-out loss and perplexity over packed batches, with per-document attention isolation.
+
+The eval split is the tokenize stage's held-out documents (chosen by a hash of doc_id, never trained on),
+packed by the pack stage into `<packs>/eval`. One epoch over it, nothing dropped:
+
+    batch (1, T = rows·budget)     input_ids   a a a a b b c c c · ·   ← `·` padding tail of a row
+                                   position_ids 0 1 2 3 0 1 0 1 2 0 1   restart per document/padding
+                                   labels       - a a a - b - c c - -   `-` = -100 (doc start, padding)
+    forward: attention_mask=None, use_cache=False → transformers isolates the segments (DESIGN.md)
+    loss_sum += Σ CE(logits[t], labels[t+1]) over labels[t+1] ≠ -100         (fp64 accumulator)
+    eval_loss = loss_sum / Σ label tokens;  perplexity = exp(eval_loss)
+
+The token-mean over all label tokens makes the number independent of how documents were packed: it equals
+the loss computed one document at a time (tests/unit/test_eval_perplexity.py, ≤ 1e-5 relative in fp32).
+Logits are computed only at label positions, in chunks of `chunk` tokens, so memory is chunk × vocab × 4 B
+(4096 × 32k → 0.5 GiB) instead of T × vocab.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import sys
+import time
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from packtrain.config import EvalConfig
+from packtrain.errors import MissingDataError, PacktrainError
+
+IGNORE_INDEX = -100
+_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
+
+
+@dataclass
+class EvalResult:
+    """What `evaluate` measured. `to_dict()` is eval_result.json."""
+
+    eval_loss: float              # nats per label token, token-mean over the whole split
+    perplexity: float             # exp(eval_loss)
+    n_label_tokens: int           # tokens that carry a loss (labels ≠ -100)
+    n_real_tokens: int            # non-padding tokens fed to the model
+    n_slot_tokens: int            # rows · budget · batches (incl. padding)
+    n_segments: int               # document segments seen (a split long document counts per chunk)
+    n_batches: int                # micro-batches evaluated
+    n_batches_epoch: int          # micro-batches in one epoch over the eval packs
+    complete: bool                # True when every eval pack was evaluated (no max_batches cap hit)
+    seconds: float                # wall time of the forward passes (no generation)
+    tokens_per_s: float           # n_real_tokens / seconds
+    peak_memory_gib: float | None  # CUDA peak allocated during eval, or the process' max RSS on CPU
+    memory_kind: str              # "cuda_peak_alloc" | "cpu_max_rss"
+    device: str
+    precision: str
+    rows: int
+    budget: int
+    samples: list[dict] = field(default_factory=list)   # [{"prompt", "completion", "n_new_tokens"}]
+    model_dir: str = ""
+    eval_split_dir: str = ""
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> EvalResult:
+        names = cls.__dataclass_fields__
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+
+def batch_loss_sum(model, input_ids, position_ids, labels, chunk: int = 4096):
+    """Σ cross-entropy over one packed batch (fp64 scalar tensor) and its label-token count.
+
+    input_ids/position_ids/labels: int64 (B, T) with HF-convention unshifted labels. Only label positions
+    go through the LM head: hidden (B, T, H) → selected (N, H) → logits (≤ chunk, V).
+    """
+    import torch
+    import torch.nn.functional as F
+
+    base, head = model.base_model, model.get_output_embeddings()
+    if base is model or head is None:
+        raise PacktrainError(f"{type(model).__name__} is not a causal LM with a separate LM head")
+    hidden = base(input_ids=input_ids, position_ids=position_ids, attention_mask=None,
+                  use_cache=False).last_hidden_state                  # (B, T, H)
+    target = labels[:, 1:]                                            # (B, T-1)
+    keep = target != IGNORE_INDEX
+    h = hidden[:, :-1][keep]                                          # (N, H)
+    y = target[keep]                                                  # (N,)
+    total = torch.zeros((), dtype=torch.float64, device=input_ids.device)
+    for i in range(0, y.numel(), chunk):
+        logits = head(h[i:i + chunk]).float()                         # (≤chunk, V)
+        total += F.cross_entropy(logits, y[i:i + chunk], reduction="sum").double()
+    return total, int(y.numel())
+
+
+def evaluate_batches(model, batches: Iterable, device, precision: str = "fp32", total: int | None = None
+                     ) -> dict[str, Any]:
+    """Loss sums over packed batches (anything with input_ids/position_ids/labels (1, T) and n_real_tokens).
+
+    Returns {"loss_sum", "n_label_tokens", "n_real_tokens", "n_slot_tokens", "n_segments", "n_batches",
+    "seconds", "budget"}. Runs under torch.inference_mode(), autocast when precision is bf16/fp16.
+    """
+    import contextlib
+
+    import torch
+    from tqdm import tqdm
+
+    amp = (torch.autocast(device.type, dtype=getattr(torch, _DTYPES[precision]))
+           if precision in _DTYPES else contextlib.nullcontext())
+    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+    out = {"n_label_tokens": 0, "n_real_tokens": 0, "n_slot_tokens": 0, "n_segments": 0, "n_batches": 0,
+           "budget": 0}
+    t0 = time.perf_counter()
+    with torch.inference_mode(), amp:
+        for b in tqdm(batches, total=total, desc="evaluate", unit="batch", file=sys.stderr, leave=False):
+            ids = b.input_ids.to(device, non_blocking=True)
+            s, n = batch_loss_sum(model, ids, b.position_ids.to(device, non_blocking=True),
+                                  b.labels.to(device, non_blocking=True))
+            loss_sum += s
+            out["n_label_tokens"] += n
+            out["n_real_tokens"] += int(b.n_real_tokens)
+            out["n_slot_tokens"] += int(ids.numel())
+            out["n_segments"] += len(getattr(b, "seq_lens", ()) or ())
+            out["n_batches"] += 1
+            out["budget"] = int(getattr(b, "budget", 0) or 0)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    out["seconds"] = time.perf_counter() - t0
+    out["loss_sum"] = float(loss_sum.item())
+    return out
+
+
+def _peak_memory(device) -> tuple[float | None, str]:
+    """CUDA peak allocated (GiB) since the last reset, or the process' peak RSS on CPU."""
+    try:
+        from packtrain.telemetry.memory import cuda_memory_stats
+    except ImportError:   # telemetry not in this build: the same two numbers straight from torch/resource
+        cuda_memory_stats = None
+    if device.type == "cuda":
+        if cuda_memory_stats is not None:
+            return cuda_memory_stats(device).get("peak_alloc_gib"), "cuda_peak_alloc"
+        import torch
+
+        return torch.cuda.max_memory_allocated(device) / 2**30, "cuda_peak_alloc"
+    if cuda_memory_stats is not None:
+        return cuda_memory_stats(device).get("cpu_peak_rss_gib"), "cpu_max_rss"
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, "cpu_max_rss"   # KiB → GiB
+
+
+def open_eval_loader(eval_split_dir: Path, rows: int, seed: int):
+    """The packing room's PackedLoader over one epoch of the eval packs, keeping the last partial batch."""
+    try:
+        from packtrain.packing.batches import PackedLoader
+    except ImportError as e:
+        raise PacktrainError(f"packtrain.packing.batches is not available in this build: {e}") from None
+    if not Path(eval_split_dir).is_dir():
+        raise MissingDataError(f"eval packs {eval_split_dir} do not exist: run `packtrain pack` first "
+                               f"(it writes <packs>/eval) or pass --packs DIR")
+    return PackedLoader(eval_split_dir, rows=rows, seed=seed, drop_last=False, epochs=1)
+
+
+def evaluate(model_dir: str | Path, eval_split_dir: str | Path, cfg: EvalConfig, device: str | None = None
+             ) -> EvalResult:
+    """Held-out loss/perplexity of the model in `model_dir` over one epoch of `eval_split_dir`'s packs,
+    eval tokens/s and peak memory, plus greedy samples from `cfg.prompts`.
+
+    `device` overrides `cfg.device` ('auto' | 'cpu' | 'cuda').
+    """
+    import torch
+
+    from packtrain.evaluate.loading import load_model_dir, resolve_device
+    from packtrain.evaluate.samples import generate_samples
+
+    dev = resolve_device(device or cfg.device)
+    eval_split_dir = Path(eval_split_dir)
+    loader = open_eval_loader(eval_split_dir, cfg.rows, cfg.seed)
+    n_epoch = len(loader)
+    if n_epoch == 0:
+        raise MissingDataError(f"eval packs {eval_split_dir} hold no documents (is tokenize.eval_fraction 0?)")
+    n = n_epoch if cfg.max_batches is None else min(n_epoch, cfg.max_batches)
+    model, tokenizer = load_model_dir(model_dir, dev)
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(dev)
+    sums = evaluate_batches(model, itertools.islice(iter(loader), n), dev, cfg.precision, total=n)
+    peak, kind = _peak_memory(dev)
+    if sums["n_label_tokens"] == 0:
+        raise MissingDataError(f"eval packs {eval_split_dir}: no label tokens in {sums['n_batches']} batches")
+    loss = sums["loss_sum"] / sums["n_label_tokens"]
+    samples = generate_samples(model, tokenizer, cfg.prompts, cfg.sample_tokens, dev)
+    return EvalResult(
+        eval_loss=loss, perplexity=math.exp(min(loss, 700.0)),
+        n_label_tokens=sums["n_label_tokens"], n_real_tokens=sums["n_real_tokens"],
+        n_slot_tokens=sums["n_slot_tokens"], n_segments=sums["n_segments"], n_batches=sums["n_batches"],
+        n_batches_epoch=n_epoch, complete=sums["n_batches"] == n_epoch, seconds=sums["seconds"],
+        tokens_per_s=sums["n_real_tokens"] / max(sums["seconds"], 1e-9), peak_memory_gib=peak,
+        memory_kind=kind, device=str(dev), precision=cfg.precision, rows=cfg.rows, budget=sums["budget"],
+        samples=samples, model_dir=str(model_dir), eval_split_dir=str(eval_split_dir),
+    )

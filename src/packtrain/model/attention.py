@@ -1,0 +1,238 @@
+"""Isolated attention backends for packed batches, plugged into transformers' attention registry.
+
+A packed micro-batch holds several documents per row; a token may only attend to earlier tokens of its own
+document (see `packtrain.packing.batches` for the mask picture). Four backends give that guarantee; each is a
+name for `train.attention` and maps to a transformers `attn_implementation`:
+
+    backend  attn_implementation  layout      how documents are isolated                      cost
+    sdpa     sdpa                 (rows, L)   transformers detects packing from position_ids  O(L²) bool mask per row,
+                                              (attention_mask=None, use_cache=False) and       flash kernel off
+                                              builds a block-diagonal mask
+    eager    eager                (rows, L)   same detection, float mask + matmul/softmax     O(L²) scores; reference
+    flex     packtrain_flex       (1, T)      FlexAttention + a document BlockMask built ONCE  skips cross-document
+                                              per micro-batch from segment_ids, shared by all  blocks; needs compile
+                                              layers (passed as the 4-D attention_mask)         (7.9 ms/mask uncompiled)
+    varlen   packtrain_varlen     (1, T)      torch.nn.attention.varlen.varlen_attn over       FlashAttention varlen,
+                                              cu_seqlens, causal                               CUDA + bf16/fp16 only
+
+`L` = pack budget, `T` = rows·L. Measured on the H200 (DESIGN.md): varlen fwd+bwd over 16k packed tokens 0.91 ms
+vs. SDPA flash on plain causal rows 0.82 ms; flex 0.90 ms. `auto` = varlen on CUDA (bf16/fp16) if torch has it,
+else flex on CUDA, else sdpa (the only sensible choice on CPU).
+
+`model_inputs(batch, backend)` returns the keyword arguments for `model(**kw)` (or `model.model(**kw)`):
+always `use_cache=False` — transformers' default `use_cache=True` creates a KV cache that silently disables
+packed-sequence detection (max logit error 0.51 measured with it, 1.5e-7 without).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from typing import TYPE_CHECKING, Any
+
+from packtrain.errors import ConfigError
+
+if TYPE_CHECKING:
+    import torch
+
+    from packtrain.packing.batches import PackedBatch
+
+BACKENDS = ("sdpa", "eager", "flex", "varlen")
+HF_NAMES = {"sdpa": "sdpa", "eager": "eager", "flex": "packtrain_flex", "varlen": "packtrain_varlen"}
+
+
+def _device_type(device: Any) -> str:
+    return str(device).split(":")[0]
+
+
+@functools.cache
+def _varlen_fn():
+    """torch.nn.attention.varlen.varlen_attn, or None on a torch without it (< 2.9)."""
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
+    return varlen_attn
+
+
+@functools.cache
+def _flex_importable() -> bool:
+    try:
+        from torch.nn.attention.flex_attention import flex_attention  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def available_backends(device: Any, precision: str = "bf16", training: bool = True) -> list[str]:
+    """Backends that run on `device` with `precision`. CPU: sdpa, eager, and flex for inference only (torch
+    has no flex backward on CPU; eager-mode flex materializes the scores); CUDA: sdpa, eager, flex, and varlen
+    for bf16/fp16 (FlashAttention has no fp32 kernel)."""
+    out = ["sdpa", "eager"]
+    if _flex_importable() and (_device_type(device) == "cuda" or not training):
+        out.append("flex")
+    if _device_type(device) == "cuda" and precision in ("bf16", "fp16") and _varlen_fn() is not None:
+        out.append("varlen")
+    return out
+
+
+def resolve_attention(name: str, device: Any, precision: str = "bf16", training: bool = True) -> str:
+    """`auto` → the fastest isolated backend on the device; an explicit name is checked.
+
+    >>> resolve_attention("auto", "cpu", "fp32")
+    'sdpa'
+    """
+    avail = available_backends(device, precision, training)
+    if name == "auto":
+        if _device_type(device) != "cuda":
+            return "sdpa"
+        for pick in ("varlen", "flex", "sdpa"):
+            if pick in avail:
+                return pick
+    if name not in BACKENDS:
+        raise ConfigError(f"train.attention: {name!r} is not a backend (allowed: auto, {', '.join(BACKENDS)})")
+    if name not in avail:
+        why = ("needs CUDA, bf16/fp16 precision and torch ≥ 2.9 (torch.nn.attention.varlen)" if name == "varlen"
+               else "needs CUDA for training (torch has no FlexAttention backward on CPU) and torch ≥ 2.5")
+        raise ConfigError(f"train.attention: {name!r} is not available on {device} with precision {precision}: "
+                          f"{why}; available here: {', '.join(avail)}")
+    return name
+
+
+# ------------------------------------------------------------------------------------------------ varlen
+
+@functools.cache
+def _varlen_kwargs() -> tuple[dict, bool]:
+    """Causal flag for the installed varlen_attn: torch ≥ 2.11 takes window_size=(-1, 0) (no is_causal),
+    torch 2.9/2.10 take is_causal=True. Returns (kwargs, has_enable_gqa)."""
+    params = inspect.signature(_varlen_fn()).parameters
+    causal = {"window_size": (-1, 0)} if "window_size" in params else {"is_causal": True}
+    return causal, "enable_gqa" in params
+
+
+def _repeat_heads(x: torch.Tensor, n_rep: int) -> torch.Tensor:
+    """(T, H_kv, D) → (T, H_kv·n_rep, D), each kv head repeated for its group of query heads."""
+    if n_rep == 1:
+        return x
+    t, h, d = x.shape
+    return x[:, :, None, :].expand(t, h, n_rep, d).reshape(t, h * n_rep, d)
+
+
+def varlen_attention_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
+                             cu_seq_lens_q=None, max_length_q=None, **kwargs):
+    """transformers attention function: query (1, Hq, T, D), key/value (1, Hkv, T, D) → ((1, T, Hq, D), None).
+
+    Causal attention within each [cu_seq_lens_q[i], cu_seq_lens_q[i+1]) span of the flattened T tokens."""
+    if cu_seq_lens_q is None or max_length_q is None:
+        raise ValueError("packtrain_varlen attention needs cu_seq_lens_q and max_length_q "
+                         "(pass packtrain.model.attention.model_inputs(batch, 'varlen'))")
+    if query.shape[0] != 1:
+        raise ValueError(f"packtrain_varlen expects a flattened (1, T) batch, got batch size {query.shape[0]}")
+    q = query[0].transpose(0, 1)   # (T, Hq, D)
+    k = key[0].transpose(0, 1)     # (T, Hkv, D)
+    v = value[0].transpose(0, 1)
+    causal, has_gqa = _varlen_kwargs()
+    n_rep = q.shape[1] // k.shape[1]
+    extra = dict(causal)
+    if n_rep > 1:
+        if has_gqa:
+            extra["enable_gqa"] = True
+        else:
+            k, v = _repeat_heads(k, n_rep), _repeat_heads(v, n_rep)
+    out = _varlen_fn()(q, k, v, cu_seq_lens_q, cu_seq_lens_q, max_length_q, max_length_q,
+                       scale=scaling, **extra)   # (T, Hq, D)
+    return out.unsqueeze(0), None
+
+
+# ------------------------------------------------------------------------------------------------ flex
+
+@functools.cache
+def _compiled_flex():
+    import torch
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return torch.compile(flex_attention, dynamic=False)
+
+
+@functools.cache
+def _compiled_create_block_mask():
+    import torch
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    return torch.compile(create_block_mask)
+
+
+def flex_attention_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """transformers attention function: (1, H, T, D) tensors + a document BlockMask → ((1, T, Hq, D), None).
+
+    The BlockMask arrives as `attention_mask` (4-D, so transformers passes it through untouched). On CUDA the
+    compiled flex kernel runs; on CPU flex runs in eager mode (materializes scores; for tests only)."""
+    from torch.nn.attention.flex_attention import BlockMask, flex_attention
+
+    if not isinstance(attention_mask, BlockMask):
+        raise ValueError("packtrain_flex attention needs a document BlockMask as attention_mask "
+                         "(pass packtrain.model.attention.model_inputs(batch, 'flex'))")
+    fn = _compiled_flex() if query.is_cuda else flex_attention
+    gqa = query.shape[1] != key.shape[1]
+    out = fn(query, key, value, block_mask=attention_mask, scale=scaling, enable_gqa=gqa)   # (1, Hq, T, D)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def document_block_mask(segment_ids: torch.Tensor):
+    """BlockMask for a flattened (1, T) batch: q may see kv iff same segment and kv ≤ q.
+
+    Built once per micro-batch (compiled on CUDA: ~0.1 ms vs 7.9 ms eager for 16k tokens) and shared by every
+    layer. Fully cross-document 128×128 blocks are skipped by the kernel."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    seg = segment_ids.reshape(-1)   # (T,)
+    n = seg.numel()
+
+    def document_causal(b, h, q_idx, kv_idx):
+        return (seg[q_idx] == seg[kv_idx]) & (q_idx >= kv_idx)
+
+    make = _compiled_create_block_mask() if seg.is_cuda else create_block_mask
+    return make(document_causal, None, None, n, n, device=seg.device)
+
+
+# ------------------------------------------------------------------------------------------------ wiring
+
+_REGISTERED = False
+
+
+def register_attention_backends() -> None:
+    """Register packtrain_flex and packtrain_varlen with transformers (idempotent)."""
+    global _REGISTERED
+    if _REGISTERED:
+        return
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(HF_NAMES["flex"], flex_attention_forward)
+    AttentionInterface.register(HF_NAMES["varlen"], varlen_attention_forward)
+    _REGISTERED = True
+
+
+def model_inputs(batch: PackedBatch, backend: str, compiled: bool = False) -> dict:
+    """Keyword arguments for `model(**kw)` on a packed batch (already on the model's device).
+
+    sdpa/eager: input_ids/position_ids as (rows, budget), attention_mask None — transformers builds the
+    block-diagonal mask per row. flex: (1, T) + the BlockMask. varlen: (1, T) + cu_seqlens and the budget as
+    max length (an upper bound of max_seqlen that never changes, so a compiled graph is reused).
+    Labels are not included: the loss is computed by packtrain.train.loss on the flattened (1, T) labels.
+    """
+    import torch
+
+    if backend in ("sdpa", "eager"):
+        rows = batch.as_rows()
+        return {"input_ids": rows["input_ids"], "position_ids": rows["position_ids"], "use_cache": False}
+    kw = {"input_ids": batch.input_ids, "position_ids": batch.position_ids, "use_cache": False}
+    if backend == "flex":
+        kw["attention_mask"] = document_block_mask(batch.segment_ids)
+    elif backend == "varlen":
+        cu = batch.cu_seqlens.to(dtype=torch.int32)
+        if compiled:
+            torch._dynamo.maybe_mark_dynamic(cu, 0)   # n_segments varies per batch: one graph for all
+        kw.update(cu_seq_lens_q=cu, max_length_q=int(batch.budget))
+    else:
+        raise ConfigError(f"train.attention: unknown backend {backend!r} (allowed: {', '.join(BACKENDS)})")
+    return kw

@@ -1,0 +1,190 @@
+"""`pack_dataset`: token store (tokenize stage) → pack store per split (`dst/train`, `dst/eval`) + stats.
+
+    dst/
+      train/            pack store (packtrain.packing.store): tokens.bin, pack_offsets.npy, seg_offsets.npy,
+      eval/                                                     segments.npy, meta.json
+      pack_stats.json   PackStats.to_dict()
+
+Train and eval documents are packed separately (no eval token ever shares a pack with training). The whole
+`dst` is built in a temp directory and renamed into place: a crash or a bad input leaves the previous
+output (or nothing) behind, never half of one. Same token store + same PackConfig → byte-identical output.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from packtrain.config.packing import PackConfig
+from packtrain.data.token_store import SPLIT_EVAL, SPLIT_TRAIN, TokenStore
+from packtrain.errors import InputDataError
+from packtrain.packing.plan import PackPlan, l2_bound_packs, lower_bound_packs, pack_lengths
+from packtrain.packing.store import replace_dir, write_pack_store
+from packtrain.paths import write_json
+
+CHUNK_TOKENS = 1 << 22   # tokens gathered per write (32 MB of int64 indices)
+
+
+@dataclass
+class SplitPackStats:
+    """What packing did to one split. fill = real tokens / (n_packs × budget)."""
+
+    n_docs: int                 # documents in the split, before dropping short ones
+    dropped_short_docs: int     # documents with < min_doc_tokens tokens (not packed)
+    n_tokens: int               # real tokens packed
+    n_packs: int
+    lower_bound_packs: int      # max(⌈Σ/B⌉, #docs > B/2): no packer needs fewer packs
+    l2_bound_packs: int         # Martello-Toth L2, a tighter lower bound
+    fill: float
+    fill_vs_bound: float        # l2_bound_packs / n_packs: 1.0 = provably optimal
+    padding_tokens: int         # n_packs × budget − n_tokens
+    padding_fraction: float
+    docs_per_pack_mean: float   # segments per pack (a split document counts once per chunk)
+    docs_per_pack_max: int
+    truncated_tokens: int       # dropped by overlong="truncate"
+    split_docs: int             # documents longer than the budget cut into chunks
+    split_tokens: int           # tokens of those documents
+    seconds_plan: float         # pack_lengths only
+    seconds: float              # plan + gather + write
+
+
+@dataclass
+class PackStats:
+    budget: int
+    strategy: str
+    overlong: str
+    seed: int
+    train: SplitPackStats
+    eval: SplitPackStats
+    seconds: float
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        # Top-level copies of the train numbers the gate and the dashboards read.
+        d.update(fill=self.train.fill, padding_fraction=self.train.padding_fraction,
+                 n_packs=self.train.n_packs, fill_vs_bound=self.train.fill_vs_bound)
+        return d
+
+
+def pack_dataset(src: Path, dst: Path, cfg: PackConfig) -> PackStats:
+    """Pack the token store at `src` into `dst` (see module doc). Raises InputDataError/MissingDataError
+    naming the file and value for: a missing or corrupt store, no documents, no training documents,
+    zero-length documents, token ids ≥ vocab_size."""
+    t0 = time.perf_counter()
+    src, dst = Path(src), Path(dst)
+    ts = TokenStore.open(src)
+    _check_store(ts)
+    tmp = dst.with_name(f".{dst.name}.tmp")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    try:
+        stats = {}
+        for name, code in (("train", SPLIT_TRAIN), ("eval", SPLIT_EVAL)):
+            stats[name] = _pack_split(ts, code, name, tmp / name, cfg)
+        if stats["train"].n_packs == 0:
+            raise InputDataError(f"token store {src}: no training documents with ≥ {cfg.min_doc_tokens} "
+                                 f"tokens (split.npy marks {len(ts.select(SPLIT_TRAIN))} as train)")
+        result = PackStats(cfg.budget, cfg.strategy, cfg.overlong, cfg.seed, stats["train"], stats["eval"],
+                           round(time.perf_counter() - t0, 3))
+        write_json(tmp / "pack_stats.json", result.to_dict())
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    replace_dir(tmp, dst)
+    return result
+
+
+def _check_store(ts: TokenStore) -> None:
+    if ts.n_docs == 0:
+        raise InputDataError(f"token store {ts.root} holds no documents (offsets.npy is empty)")
+    lengths = ts.lengths()
+    zero = np.flatnonzero(lengths == 0)
+    if len(zero):
+        raise InputDataError(
+            f"token store {ts.root}: {len(zero)} zero-length documents (doc_ids {ts.doc_ids[zero[:5]].tolist()}"
+            f"{' ...' if len(zero) > 5 else ''}); every document needs ≥ 1 token — re-run `packtrain tokenize`")
+    vocab = ts.vocab_size
+    for a in range(0, len(ts.tokens), 1 << 24):
+        block = ts.tokens[a: a + (1 << 24)]
+        if block.max() >= vocab:
+            pos = a + int(np.argmax(block >= vocab))
+            doc = int(np.searchsorted(ts.offsets, pos, side="right")) - 1
+            raise InputDataError(
+                f"token store {ts.root / 'tokens.bin'}: token id {int(ts.tokens[pos])} at position {pos} "
+                f"(doc_id {int(ts.doc_ids[doc])}) is ≥ vocab_size {vocab} from meta.json; allowed 0..{vocab - 1}")
+
+
+def _pack_split(ts: TokenStore, code: int, name: str, out: Path, cfg: PackConfig) -> SplitPackStats:
+    t0 = time.perf_counter()
+    idx = ts.select(code)
+    lengths = ts.lengths()[idx]
+    keep = lengths >= cfg.min_doc_tokens
+    idx, lengths = idx[keep], lengths[keep]
+    plan = pack_lengths(lengths, cfg.budget, cfg.strategy, cfg.window, cfg.overlong)
+    t_plan = time.perf_counter() - t0
+    # Shuffle the order of packs (not their content) with the seed, so e.g. the full chunks of split
+    # documents do not all come first. Per split: rng([seed, split code]).
+    perm = np.random.default_rng([cfg.seed, code]).permutation(plan.n_packs)
+    n_seg = np.diff(plan.pack_offsets)[perm]
+    seg_order = _ranges(plan.pack_offsets[:-1][perm], n_seg)
+    g = idx[plan.seg_doc[seg_order]]                         # token store document index per segment
+    seg_len = plan.seg_len[seg_order]
+    src_start = ts.offsets[g] + plan.seg_start[seg_order]   # first token of each segment in tokens.bin
+    segments = np.stack([ts.doc_ids[g], plan.seg_start[seg_order], seg_len], axis=1)
+    seg_offsets = np.concatenate([[0], np.cumsum(n_seg)])
+    tok_cum = np.concatenate([[0], np.cumsum(seg_len)])
+    pack_offsets = tok_cum[seg_offsets]
+    meta = {"split": name, "budget": cfg.budget, "strategy": cfg.strategy, "overlong": cfg.overlong,
+            "seed": cfg.seed, "vocab_size": ts.vocab_size, "pad_id": ts.meta.get("pad_id"),
+            "eos_id": ts.meta.get("eos_id")}
+    write_pack_store(out, _gather(ts.tokens, src_start, seg_len, f"pack {name}"), pack_offsets, seg_offsets,
+                     segments, meta)
+    return _split_stats(plan, lengths, int((~keep).sum()), len(keep), t_plan, time.perf_counter() - t0)
+
+
+def _ranges(starts: np.ndarray, lens: np.ndarray) -> np.ndarray:
+    """Concatenation of arange(s, s + n) for each (s, n): int64 [Σ n], vectorized."""
+    total = int(lens.sum())
+    if total == 0:
+        return np.zeros(0, np.int64)
+    first = np.concatenate([[0], np.cumsum(lens)[:-1]])
+    return np.repeat(starts - first, lens) + np.arange(total, dtype=np.int64)
+
+
+def _gather(tokens: np.ndarray, starts: np.ndarray, lens: np.ndarray, desc: str) -> Iterator[np.ndarray]:
+    """Yield the tokens of segments (starts, lens) in order, ~CHUNK_TOKENS at a time, with a progress bar."""
+    from tqdm import tqdm
+
+    cum = np.concatenate([[0], np.cumsum(lens)])
+    with tqdm(total=int(cum[-1]), desc=desc, unit="tok", unit_scale=True, file=sys.stderr,
+              disable=None, mininterval=1.0) as bar:
+        a = 0
+        while a < len(lens):
+            b = max(a + 1, int(np.searchsorted(cum, cum[a] + CHUNK_TOKENS, side="right")) - 1)
+            yield tokens[_ranges(starts[a:b], lens[a:b])]
+            bar.update(int(cum[b] - cum[a]))
+            a = b
+
+
+def _split_stats(plan: PackPlan, lengths: np.ndarray, dropped: int, n_docs: int, t_plan: float,
+                 seconds: float) -> SplitPackStats:
+    n, B = plan.n_packs, plan.budget
+    per_pack = plan.docs_per_pack()
+    packed = lengths if plan.overlong == "split" else np.minimum(lengths, B)
+    l2, lb = l2_bound_packs(packed, B), lower_bound_packs(packed, B)
+    return SplitPackStats(
+        n_docs=n_docs, dropped_short_docs=dropped, n_tokens=plan.n_tokens, n_packs=n,
+        lower_bound_packs=lb, l2_bound_packs=l2,
+        fill=round(plan.fill, 6), fill_vs_bound=round(l2 / n, 6) if n else 0.0,
+        padding_tokens=n * B - plan.n_tokens, padding_fraction=round(1 - plan.fill, 6) if n else 0.0,
+        docs_per_pack_mean=round(float(per_pack.mean()), 3) if n else 0.0,
+        docs_per_pack_max=int(per_pack.max()) if n else 0,
+        truncated_tokens=plan.truncated_tokens, split_docs=plan.split_docs, split_tokens=plan.split_tokens,
+        seconds_plan=round(t_plan, 3), seconds=round(seconds, 3))

@@ -1,0 +1,215 @@
+"""`pack_lengths`: the pure packing function over document lengths, and the lower bound it is judged by.
+
+    >>> plan = pack_lengths(np.array([6, 6, 5, 4, 3, 3, 2, 1]), budget=10, strategy="bfd")
+    >>> plan.to_lists()           # per pack: (doc_index, start, length)
+    [[(0, 0, 6), (3, 0, 4)], [(1, 0, 6), (4, 0, 3), (7, 0, 1)], [(2, 0, 5), (5, 0, 3), (6, 0, 2)]]
+    >>> plan.fill, lower_bound_packs(np.array([6, 6, 5, 4, 3, 3, 2, 1]), 10)
+    (1.0, 3)
+
+Documents longer than the budget: `split` cuts them into ⌊L/B⌋ full packs of their own plus a remainder
+chunk that is packed like any document; `truncate` keeps the first B tokens and counts the rest.
+bfd/ffd sort and pack `window` documents at a time (memory bounded by the window); the packs of a window
+that still have free space are reopened with the next window, so window boundaries cost almost nothing.
+sequential keeps the input order.
+
+Judge a plan by `lower_bound_packs` (the simple bound) or the tighter `l2_bound_packs` (Martello-Toth L2):
+no packer can use fewer packs, so `bound / n_packs` ≥ 0.999 means within 0.1% of optimal.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from packtrain.packing import strategies
+
+Strategy = Literal["bfd", "ffd", "sequential"]
+EXACT_BELOW_FRACTION = 4
+"""bfd: items shorter than budget / 4 close the gaps with exact-fill patterns instead of plain best fit."""
+
+
+def _bfd(lengths: np.ndarray, budget: int) -> np.ndarray:
+    """Best-fit-decreasing with exact-fill completion; keeps plain BFD's plan when that needs fewer packs
+    (it happens on ~1% of small uniform inputs, by one pack; plain BFD costs ~0.03 s per 200k items)."""
+    if not len(lengths):
+        return np.zeros(0, np.int64)
+    hybrid = strategies.bfd(lengths, budget, exact_below=budget // EXACT_BELOW_FRACTION)
+    plain = strategies.bfd(lengths, budget)
+    return hybrid if hybrid.max() <= plain.max() else plain
+
+
+STRATEGIES = {"bfd": _bfd, "ffd": strategies.ffd, "sequential": strategies.sequential}
+
+
+@dataclass
+class PackPlan:
+    """Segments of every pack. Pack p is segments pack_offsets[p]:pack_offsets[p+1], in placement order."""
+
+    budget: int
+    strategy: str
+    seg_doc: np.ndarray       # int64 [S] document index (into the `lengths` given)
+    seg_start: np.ndarray     # int64 [S] first token of the segment within its document
+    seg_len: np.ndarray       # int64 [S] tokens in the segment, 1..budget
+    pack_offsets: np.ndarray  # int64 [P + 1]
+    truncated_tokens: int = 0  # tokens dropped by overlong="truncate"
+    split_docs: int = 0        # documents longer than the budget cut into chunks (overlong="split")
+    split_tokens: int = 0      # tokens of those documents
+    overlong: str = "split"
+
+    @property
+    def n_packs(self) -> int:
+        return len(self.pack_offsets) - 1
+
+    @property
+    def n_tokens(self) -> int:
+        return int(self.seg_len.sum())
+
+    def pack_tokens(self) -> np.ndarray:
+        """int64 [P] real tokens per pack."""
+        cum = np.concatenate([[0], np.cumsum(self.seg_len)])
+        return np.diff(cum[self.pack_offsets])
+
+    @property
+    def fill(self) -> float:
+        """Real tokens / slot tokens (n_packs × budget)."""
+        return self.n_tokens / (self.n_packs * self.budget) if self.n_packs else 0.0
+
+    def docs_per_pack(self) -> np.ndarray:
+        return np.diff(self.pack_offsets)
+
+    def to_lists(self) -> list[list[tuple[int, int, int]]]:
+        """Python lists of (doc_index, start, length) per pack — for tests and small inputs."""
+        out = []
+        for p in range(self.n_packs):
+            a, b = self.pack_offsets[p], self.pack_offsets[p + 1]
+            out.append([(int(d), int(s), int(n)) for d, s, n in
+                        zip(self.seg_doc[a:b], self.seg_start[a:b], self.seg_len[a:b], strict=True)])
+        return out
+
+
+def lower_bound_packs(lengths: np.ndarray, budget: int) -> int:
+    """A lower bound on the packs any packer needs: max(⌈Σ/B⌉, #documents longer than B/2), where a
+    document longer than B counts ⌊L/B⌋ full packs plus its remainder."""
+    lengths = np.asarray(lengths, np.int64)
+    full, rem = np.divmod(lengths, budget)
+    total = int(lengths.sum())
+    big = int(full.sum() + np.count_nonzero(2 * rem > budget))
+    return max(-(-total // budget), big)
+
+
+def l2_bound_packs(lengths: np.ndarray, budget: int) -> int:
+    """Martello-Toth L2 lower bound (1990), O(B) over counts per length, ≥ `lower_bound_packs`.
+
+    For every k ≤ B/2: items > B-k each need a pack that nothing ≥ k can join (J1); items in (B/2, B-k]
+    need one pack each (J2); items in [k, B/2] (J3) must fit into J2's leftover space or into new packs:
+    L(k) = |J1| + |J2| + max(0, ⌈(ΣJ3 - (|J2|·B - ΣJ2)) / B⌉). Overlong documents count as in
+    `lower_bound_packs` (full chunks + remainder).
+    """
+    lengths = np.asarray(lengths, np.int64)
+    B = budget
+    full, rem = np.divmod(lengths, B)
+    rem = rem[rem > 0]
+    c = np.bincount(rem, minlength=B + 1).astype(np.int64)
+    vol_ge = np.concatenate([np.cumsum((c * np.arange(B + 1))[::-1])[::-1], [0]])   # Σ l for l ≥ x
+    cnt_gt = np.concatenate([np.cumsum(c[::-1])[::-1][1:], [0]])                     # #l > x
+    half = B // 2
+    k = np.arange(0, half + 1)
+    j1 = cnt_gt[B - k]
+    j2n = cnt_gt[half] - j1
+    j2v = vol_ge[half + 1] - vol_ge[B - k + 1]
+    j3v = vol_ge[np.maximum(k, 1)] - vol_ge[half + 1]
+    extra = np.maximum(0, -(-(j3v - (j2n * B - j2v)) // B))
+    return int(full.sum() + (j1 + j2n + extra).max()) if len(lengths) else 0
+
+
+def _chunks(lengths: np.ndarray, budget: int, overlong: str):
+    """Items to pack: (doc, start, length) with length in [1, budget], plus full overlong packs."""
+    n = len(lengths)
+    long_ = lengths > budget
+    doc = np.arange(n, dtype=np.int64)
+    stats = {"truncated_tokens": 0, "split_docs": 0, "split_tokens": 0}
+    if not long_.any():
+        return doc, np.zeros(n, np.int64), lengths.copy(), None, stats
+    if overlong == "truncate":
+        stats["truncated_tokens"] = int((lengths[long_] - budget).sum())
+        return doc, np.zeros(n, np.int64), np.minimum(lengths, budget), None, stats
+    stats["split_docs"] = int(long_.sum())
+    stats["split_tokens"] = int(lengths[long_].sum())
+    full = lengths // budget * long_                 # full chunks of overlong documents
+    rem = np.where(long_, lengths % budget, lengths)
+    fdoc = np.repeat(doc, full)                      # every full chunk is a pack of its own
+    first = np.concatenate([[0], np.cumsum(full)])[:-1]
+    fstart = (np.arange(len(fdoc), dtype=np.int64) - np.repeat(first, full)) * budget
+    keep = rem > 0
+    return doc[keep], (lengths - rem)[keep], rem[keep], (fdoc, fstart), stats
+
+
+def _pack_windows(ln: np.ndarray, budget: int, fn, window: int, carry: bool) -> np.ndarray:
+    """Pack `window` items at a time. With `carry`, the packs of a window that still have free space
+    (largest gaps first, at most window/4 items) are reopened: their items join the next window, so the
+    boundary between windows costs almost nothing. Returns item_bin, packs numbered in order of closing."""
+    n = len(ln)
+    item_bin = np.empty(n, np.int64)
+    carried = np.zeros(0, np.int64)
+    base = 0
+    for a in range(0, n, max(window, 1)):
+        idx = np.concatenate([carried, np.arange(a, min(a + window, n), dtype=np.int64)])
+        local = fn(ln[idx], budget)
+        keep = np.ones(len(idx), bool)
+        if carry and a + window < n:
+            gap = budget - np.bincount(local, weights=ln[idx]).astype(np.int64)
+            open_ = np.flatnonzero(gap > 0)
+            open_ = open_[np.argsort(-gap[open_], kind="stable")]
+            per_bin = np.bincount(local)[open_]
+            open_ = open_[np.cumsum(per_bin) <= window // 4]
+            keep = ~np.isin(local, open_)
+            carried = idx[~keep]
+        else:
+            carried = np.zeros(0, np.int64)
+        _, dense = np.unique(local[keep], return_inverse=True)
+        item_bin[idx[keep]] = base + dense
+        base += int(dense.max()) + 1 if len(dense) else 0
+    return item_bin
+
+
+def pack_lengths(lengths: np.ndarray, budget: int, strategy: Strategy = "bfd", window: int = 200_000,
+                 overlong: Literal["split", "truncate"] = "split") -> PackPlan:
+    """Pack documents of the given token lengths into packs of at most `budget` tokens.
+
+    lengths int [n] ≥ 1. Deterministic: same input → same plan (ties keep document order). Packs come out
+    in the order they were opened (per window); full chunks of split documents come first.
+    """
+    lengths = np.asarray(lengths)
+    if lengths.ndim != 1 or (lengths.size and lengths.dtype.kind not in "iu"):
+        raise ValueError(f"lengths must be a 1-D integer array, got shape {lengths.shape} dtype {lengths.dtype}")
+    lengths = lengths.astype(np.int64, copy=False)
+    if budget < 2:
+        raise ValueError(f"budget {budget}: must be ≥ 2 tokens")
+    if strategy not in STRATEGIES:
+        raise ValueError(f"strategy {strategy!r}: allowed {sorted(STRATEGIES)}")
+    if overlong not in ("split", "truncate"):
+        raise ValueError(f"overlong {overlong!r}: allowed 'split', 'truncate'")
+    if window < 1:
+        raise ValueError(f"window {window}: must be ≥ 1")
+    if lengths.size and lengths.min() < 1:
+        bad = np.flatnonzero(lengths < 1)
+        raise ValueError(f"{len(bad)} documents have length < 1 (first indices {bad[:5].tolist()})")
+    doc, start, ln, full, stats = _chunks(lengths, budget, overlong)
+    item_bin = _pack_windows(ln, budget, STRATEGIES[strategy],
+                             len(ln) if strategy == "sequential" else window, carry=strategy != "sequential")
+    # Within a pack keep placement order: decreasing length (bfd/ffd) or input order (sequential).
+    key = np.argsort(-ln, kind="stable") if strategy != "sequential" else np.arange(len(ln))
+    perm = key[np.argsort(item_bin[key], kind="stable")]
+    seg_doc, seg_start, seg_len = doc[perm], start[perm], ln[perm]
+    counts = np.bincount(item_bin)
+    if full is not None:
+        fdoc, fstart = full
+        seg_doc = np.concatenate([fdoc, seg_doc])
+        seg_start = np.concatenate([fstart, seg_start])
+        seg_len = np.concatenate([np.full(len(fdoc), budget, np.int64), seg_len])
+        counts = np.concatenate([np.ones(len(fdoc), np.int64), counts])
+    offsets = np.zeros(len(counts) + 1, np.int64)
+    np.cumsum(counts, out=offsets[1:])
+    return PackPlan(budget, strategy, seg_doc, seg_start, seg_len, offsets, **stats, overlong=overlong)

@@ -1,0 +1,45 @@
+"""Chaining the stages: the KFP pipeline (compile, submit, run locally), the stage cache, multi-node specs.
+
+    compile_pipeline(out, pcfg=None) -> Path          KFP IR YAML (pipelines/packtrain_pipeline.yaml)
+    submit(host, cfg, schedule=None) -> dict          one run, or a recurring run on a 6-field cron
+    run_local(cfg) -> dict                            the whole DAG through kfp.local + summary
+    validate_cron(expr) -> str                        6-field KFP cron or a ConfigError explaining why
+    build_job(cfg, nodes, gpus_per_node, kind) -> [ConfigMap, PyTorchJob|TrainJob]
+
+kfp is imported inside the functions (this package is imported by `packtrain --help`'s commands).
+"""
+
+from __future__ import annotations
+
+
+def compile_pipeline(out, pcfg=None):
+    from packtrain.pipeline.kfp_ops import compile_pipeline as _f
+
+    return _f(out, pcfg)
+
+
+def submit(host, cfg, schedule=None, **kw):
+    from packtrain.pipeline.kfp_ops import submit as _f
+
+    return _f(host, cfg, schedule, **kw)
+
+
+def run_local(cfg, **kw):
+    from packtrain.pipeline.local import run_local as _f
+
+    return _f(cfg, **kw)
+
+
+def validate_cron(expr):
+    from packtrain.pipeline.cron import validate_cron as _f
+
+    return _f(expr)
+
+
+def build_job(cfg, nodes, gpus_per_node, kind="pytorchjob", **kw):
+    from packtrain.pipeline.multinode import build_job as _f
+
+    return _f(cfg, nodes, gpus_per_node, kind, **kw)
+
+
+__all__ = ["compile_pipeline", "submit", "run_local", "validate_cron", "build_job"]

@@ -1,0 +1,118 @@
+"""The scheduled-retraining steps the Airflow DAG (pipelines/airflow_dag.py) calls, one function per task.
+
+    detect_data_version(cfg)  → {"version", "previous", "changed", "source"}     skip the run when unchanged
+    validate_data(cfg, dir)   → validate stats (raises ValidationFailed: nothing is trained)
+    run_pipeline(cfg, version)→ {"mode", "registered": {"model_name", "version", "alias"}, ...}
+    record_version(cfg, version, registered)   the state file, written only after a successful run
+
+"DVC data version" = the md5 DVC records for the ingest source (`packtrain.versioning.data_md5`): read from
+`<source>.dvc` when the source is DVC-tracked (a `git pull` of a new .dvc file is a new version, no
+hashing), otherwise computed; the default corpus hashes exactly the standard-library files it reads.
+The last version that was trained on is kept in <workdir>/airflow/last_data_version.json, so a failed run
+is retried at the next schedule and an unchanged dataset costs one hash.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+STATE_FILE = Path("airflow") / "last_data_version.json"
+
+
+def state_path(cfg) -> Path:
+    return Path(cfg.workdir) / STATE_FILE
+
+
+def data_version(cfg) -> tuple[str, str]:
+    """(md5, where it came from) of the ingest source as DVC records it."""
+    from packtrain.versioning import data_md5, files_md5
+
+    src = cfg.ingest.source
+    if src is None:
+        from packtrain.data.corpus import select_default_corpus
+
+        corpus = select_default_corpus(cfg.ingest.default_corpus_mb)
+        files = {f"{f.label}/{f.relpath}": f.path for f in corpus.files}  # keyed as ingest's input_md5
+        return files_md5(files), "default corpus (Python standard library)"
+    dvc_file = Path(f"{src}.dvc")
+    if dvc_file.is_file():
+        import yaml
+
+        outs = (yaml.safe_load(dvc_file.read_text(encoding="utf-8")) or {}).get("outs") or [{}]
+        if outs[0].get("md5"):
+            return str(outs[0]["md5"]), str(dvc_file)
+    return data_md5(src), str(src)
+
+
+def detect_data_version(cfg, force: bool = False) -> dict:
+    """Compare the source's DVC md5 with the last version trained on."""
+    version, source = data_version(cfg)
+    prev = None
+    p = state_path(cfg)
+    if p.is_file():
+        try:
+            prev = json.loads(p.read_text(encoding="utf-8")).get("version")
+        except (OSError, json.JSONDecodeError):
+            prev = None
+    return {"version": version, "previous": prev, "changed": force or version != prev, "source": source}
+
+
+def validate_data(cfg, out_dir: str | Path) -> dict:
+    """Ingest + the GX suite into `out_dir` before any cluster time is spent; raises ValidationFailed."""
+    from packtrain.stages import get_runner
+
+    out = Path(out_dir)
+    get_runner("ingest")(cfg, out / "ingest")
+    return get_runner("validate")(cfg, out / "ingest", out / "validate")
+
+
+def run_pipeline(cfg, version: str, *, wait: bool = True) -> dict:
+    """`pipeline.mode` local: run_local (kfp.local); cluster: submit to `pipeline.kfp_host`, wait, then read
+    the registry. Returns {"mode", "registered", ...}."""
+    from packtrain.errors import PacktrainError
+
+    if cfg.pipeline.mode == "local":
+        from packtrain.pipeline.local import run_local
+
+        res = run_local(cfg)
+        s = res["summary"]
+        return {"mode": "local", "seconds": res["seconds"], "parent_run_id": res["parent_run_id"],
+                "registered": {"model_name": s.get("model_name") or cfg.register_.model_name,
+                               "version": s.get("version"), "alias": s.get("alias")}}
+    from packtrain.pipeline.kfp_ops import submit, wait_for_run
+
+    sub = submit(cfg.pipeline.kfp_host or "", cfg, data_version=version)
+    if not wait:
+        return {"mode": "cluster", **sub, "registered": None}
+    state = wait_for_run(cfg.pipeline.kfp_host, sub["run_id"], cfg.pipeline.run_timeout_s)
+    if state.upper() not in ("SUCCEEDED", "SUCCESS"):
+        raise PacktrainError(f"KFP run {sub['run_id']} ended {state}: {sub['url']}")
+    return {"mode": "cluster", **sub, "state": state, "registered": registered_model(cfg)}
+
+
+def registered_model(cfg) -> dict:
+    """{"model_name", "version", "alias"} of the newest version of `register.model_name` in the registry."""
+    import mlflow
+
+    from packtrain.tracking import resolve_tracking_uri
+
+    mlflow.set_tracking_uri(resolve_tracking_uri(cfg))
+    client = mlflow.MlflowClient()
+    name = cfg.register_.model_name
+    versions = client.search_model_versions(f"name = '{name}'")
+    if not versions:
+        return {"model_name": name, "version": None, "alias": None}
+    newest = max(versions, key=lambda v: int(v.version))
+    aliases = list(getattr(newest, "aliases", []) or [])
+    return {"model_name": name, "version": str(newest.version), "alias": aliases[0] if aliases else None}
+
+
+def record_version(cfg, version: str, registered: dict | None) -> Path:
+    """Remember the version trained on (after a successful run only)."""
+    from packtrain.paths import write_json
+
+    p = state_path(cfg)
+    write_json(p, {"version": version, "registered": registered, "time": time.strftime("%Y-%m-%dT%H:%M:%S")})
+    return p

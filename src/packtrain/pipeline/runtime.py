@@ -1,0 +1,237 @@
+"""What a KFP component does, in one call: the component bodies in `components/` only call this.
+
+    stats = run_stage_component("pack", config_json, {"tokens": tokens.path}, packs.path, kfp_run_id=...)
+    return publish_stats(stats, packs, metrics)      # artifact metadata + Metrics artifact + JSON string
+
+`run_stage_component`:
+1. writes the RunConfig (one JSON/YAML string, the pipeline's `config` parameter) to a temp file and
+   loads it with `load_run_config` (same validation as the CLI);
+2. exports KFP_RUN_ID (MLflow tag `kfp.run_id`) and, on a cluster, finds or opens the pipeline's parent
+   MLflow run (tag `packtrain.pipeline_run=<kfp run id>`) so stage runs nest under it;
+3. when PACKTRAIN_STAGE_CACHE_DIR is set (only `packtrain run` sets it), looks the stage up in the stage
+   cache (packtrain.pipeline.cache) and restores the output on a hit (the MLflow stage run is still
+   opened, tagged `packtrain.cache=hit`, with the cached stats);
+4. otherwise calls the stage runner (packtrain.stages.<stage>.run_<stage>) with the artifact directories;
+5. on a PacktrainError writes {"stage", "message", "exit_code"} to PACKTRAIN_ERROR_FILE (when set) so
+   `packtrain run` can report it without parsing logs, then re-raises.
+
+Inputs are named; this module maps them onto the runner's positional directories:
+
+    ingest   ()                        validate ("docs",)           tokenize ("docs",)
+    pack     ("tokens",)               train    ("packs", "tokens") evaluate ("train", "packs")
+    register ("train", "evaluation")   — "train" is the train stage's output dir; its model is train/model
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from packtrain.errors import ConfigError, MissingDataError, PacktrainError
+
+CACHE_ENV = "PACKTRAIN_STAGE_CACHE_DIR"
+ERROR_ENV = "PACKTRAIN_ERROR_FILE"
+PARENT_ENV = "PACKTRAIN_PARENT_RUN_ID"
+CODE_ENV = "PACKTRAIN_CODE_VERSION"
+
+STAGE_INPUTS: dict[str, tuple[str, ...]] = {
+    "ingest": (),
+    "validate": ("docs",),
+    "tokenize": ("docs",),
+    "pack": ("tokens",),
+    "train": ("packs", "tokens"),
+    "evaluate": ("train", "packs"),
+    "register": ("train", "evaluation"),
+}
+
+
+def config_from_text(text: str):
+    """RunConfig from the pipeline's `config` string (JSON or YAML of `RunConfig.to_dict()`)."""
+    from packtrain.config import load_run_config
+
+    if not text or not text.strip():
+        raise ConfigError("pipeline parameter 'config' is empty: pass the RunConfig as JSON/YAML "
+                          "(packtrain pipeline submit does this from --recipe/--set)")
+    with tempfile.TemporaryDirectory(prefix="packtrain-cfg-") as d:
+        path = Path(d) / "run_config.yaml"
+        path.write_text(text, encoding="utf-8")
+        return load_run_config(path)
+
+
+def config_parts(stage: str, cfg) -> dict[str, Any]:
+    """The config sections a stage's output depends on (its cache key and nothing else).
+
+    train also reads pack.budget (rows × budget) and telemetry (recorded in train_result.json); register
+    depends on where the registry lives (tracking URI + experiment).
+    """
+    d = cfg.to_dict()
+    own = {"validate": ["validate"], "register": ["register"], "train": ["model", "train", "telemetry"],
+           "evaluate": ["evaluate", "model"]}.get(stage, [stage])
+    parts = {k: d[k] for k in own}
+    if stage == "train":
+        parts["pack.budget"] = d["pack"]["budget"]
+    if stage == "ingest":
+        src = cfg.ingest.source
+        parts["source"] = _source_fingerprint(src)
+    if stage == "register":
+        from packtrain.tracking import resolve_tracking_uri
+
+        parts["tracking"] = {"uri": resolve_tracking_uri(cfg), "experiment": cfg.tracking.experiment}
+    return parts
+
+
+def _source_fingerprint(src: str | None) -> str:
+    """md5 of the ingest source; the default corpus is fixed by the Python installation."""
+    import sys
+
+    from packtrain.pipeline.cache import dir_md5
+
+    if src is None:
+        import sysconfig
+
+        return f"default-corpus:{sys.version.split()[0]}:{sysconfig.get_paths()['stdlib']}"
+    return dir_md5(src)
+
+
+def runner_args(stage: str, inputs: dict[str, str]) -> list[Path]:
+    """Positional input directories of `run_<stage>` from the named artifact paths.
+
+    >>> runner_args("register", {"train": "/a/train", "evaluation": "/a/eval"})
+    [PosixPath('/a/train/model'), PosixPath('/a/eval'), PosixPath('/a/train')]
+    """
+    missing = [n for n in STAGE_INPUTS[stage] if not inputs.get(n)]
+    if missing:
+        raise MissingDataError(f"stage {stage}: missing input(s) {missing} (needs {list(STAGE_INPUTS[stage])})")
+    p = {n: Path(inputs[n]) for n in STAGE_INPUTS[stage]}
+    if stage == "evaluate":  # run_evaluate(cfg, model_dir, packs_dir, out_dir)
+        return [p["train"] / "model", p["packs"]]
+    if stage == "register":  # run_register(cfg, model_dir, eval_dir, train_dir, out_dir)
+        return [p["train"] / "model", p["evaluation"], p["train"]]
+    return [p[n] for n in STAGE_INPUTS[stage]]
+
+
+def run_stage_component(stage: str, config_text: str, inputs: dict[str, str], out_dir: str, *,
+                        kfp_run_id: str = "", code_version: str = "", data_version: str = "") -> dict:
+    """Run one stage as a pipeline step (see the module docstring); returns the stage's stats dict."""
+    from packtrain.stages import get_runner
+
+    try:
+        cfg = config_from_text(config_text)
+        if kfp_run_id:
+            os.environ["KFP_RUN_ID"] = kfp_run_id
+        _ensure_parent_run(cfg, kfp_run_id)
+        args = runner_args(stage, inputs)
+        cache_dir = os.environ.get(CACHE_ENV)
+        if not cache_dir:
+            stats = get_runner(stage)(cfg, *args, Path(out_dir))
+            return _with_versions(stats, code_version, data_version)
+        return _run_cached(stage, cfg, inputs, args, out_dir, Path(cache_dir), code_version, data_version)
+    except PacktrainError as e:
+        _record_error(stage, e)
+        raise
+
+
+def _run_cached(stage, cfg, inputs, args, out_dir, cache_dir: Path, code_version: str, data_version: str) -> dict:
+    from packtrain.pipeline.cache import StageCache, code_version as cur_code, source_md5, stage_cache_key
+    from packtrain.stages import get_runner
+
+    # PACKTRAIN_CODE_VERSION pins the code part (set in the images; tests pin it too), else the package
+    # version + git sha + md5 of the package source, so an uncommitted edit also invalidates the cache
+    code = os.environ.get(CODE_ENV) or f"{code_version or cur_code()}:{source_md5()}"
+    key, parts = stage_cache_key(stage, {n: inputs[n] for n in STAGE_INPUTS[stage]},
+                                 config_parts(stage, cfg), code)
+    cache = StageCache(cache_dir)
+    hit = cache.lookup(stage, key)
+    if hit is not None:
+        cache.restore(hit, out_dir)
+        _log_cached_run(stage, cfg, hit.stats, key)
+        print(f"[packtrain] {stage}: cache hit {key[:12]} (inputs, config and code unchanged)", flush=True)
+        return {**hit.stats, "cache": "hit"}
+    stats = get_runner(stage)(cfg, *args, Path(out_dir))
+    stats = _with_versions(stats, code_version, data_version)
+    cache.store(stage, key, out_dir, stats, parts)
+    return {**stats, "cache": "miss"}
+
+
+def _with_versions(stats: dict, code_version: str, data_version: str) -> dict:
+    stats = dict(stats or {})
+    if code_version:
+        stats.setdefault("code_version", code_version)
+    if data_version:
+        stats.setdefault("data_version", data_version)
+    return stats
+
+
+def _section(stage: str, cfg):
+    return {"validate": cfg.validate_, "register": cfg.register_, "train": cfg.train}.get(
+        stage, getattr(cfg, stage, None))
+
+
+def _log_cached_run(stage: str, cfg, stats: dict, key: str) -> None:
+    """A cache hit still shows up as a stage run under the parent, tagged as a hit, with the stats."""
+    from packtrain.tracking import stage_run
+
+    with stage_run(stage, cfg, section=_section(stage, cfg),
+                   tags={"packtrain.cache": "hit", "packtrain.cache_key": key}) as run:
+        run.log_stats({k: v for k, v in stats.items() if k != "cache"})
+
+
+def _ensure_parent_run(cfg, kfp_run_id: str) -> None:
+    """On a cluster nobody opened the parent run: the first stage opens it, later stages find it by tag.
+
+    Locally (`packtrain run`, Airflow) PACKTRAIN_PARENT_RUN_ID is already set and this does nothing.
+    """
+    if os.environ.get(PARENT_ENV) or not cfg.tracking.enabled or not kfp_run_id:
+        return
+    import mlflow
+
+    from packtrain.tracking import resolve_tracking_uri
+
+    mlflow.set_tracking_uri(resolve_tracking_uri(cfg))
+    exp = mlflow.set_experiment(cfg.tracking.experiment)
+    client = mlflow.MlflowClient()
+    found = client.search_runs([exp.experiment_id],
+                               filter_string=f"tags.`packtrain.pipeline_run` = '{kfp_run_id}'", max_results=1)
+    if found:
+        os.environ[PARENT_ENV] = found[0].info.run_id
+        return
+    run = client.create_run(exp.experiment_id, run_name=f"pipeline-{cfg.name}",
+                            tags={"packtrain.pipeline_run": kfp_run_id, "kfp.run_id": kfp_run_id,
+                                  "packtrain.recipe": cfg.name})
+    os.environ[PARENT_ENV] = run.info.run_id
+
+
+def _record_error(stage: str, err: PacktrainError) -> None:
+    path = os.environ.get(ERROR_ENV)
+    if not path:
+        return
+    from packtrain.paths import write_json
+
+    write_json(Path(path), {"stage": stage, "message": str(err), "exit_code": err.exit_code,
+                            "type": type(err).__name__})
+
+
+def metadata_of(stats: dict) -> dict:
+    """Flat scalar view of stats for KFP artifact metadata: {'fill': 0.998, 'train.tokens_per_s': ...}."""
+    from packtrain.config import flatten
+
+    out = {}
+    for k, v in flatten(dict(stats)).items():
+        if isinstance(v, bool) or isinstance(v, (int, float, str)) or v is None:
+            out[k] = v
+        elif isinstance(v, (list, tuple)) and len(v) <= 16 and all(isinstance(x, (int, float, str)) for x in v):
+            out[k] = list(v)
+    return out
+
+
+def publish_stats(stats: dict, artifact, metrics) -> str:
+    """Stats → `artifact.metadata`, numeric leaves → `metrics.log_metric`; returns the stats as JSON."""
+    meta = metadata_of(stats)
+    artifact.metadata.update(meta)
+    for k, v in meta.items():
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            metrics.log_metric(k, float(v))
+    return json.dumps(stats, default=str, sort_keys=True)

@@ -1,0 +1,135 @@
+"""The byte arithmetic of one training step: activations, logits + loss, model and optimizer states.
+
+Counted tensor by tensor from what autograd keeps for a transformers Llama layer (verified on CPU by hooking
+`saved_tensors_hooks` on a real model: the per-layer count below matched byte-exactly for bf16 autocast,
+pure bf16 and fp32, sdpa and eager). Notation: N = rows·budget tokens of a micro-batch, s = budget,
+b = rows, h = hidden, h_kv = kv width, I = intermediate, a = heads, V = vocab, c = compute bytes
+(2 bf16/fp16, 4 fp32).
+
+Saved per layer per token (no recompute), attention without an O(s²) tensor (flash/varlen/flex):
+
+    bf16 autocast, fp32 params    30·h + 4·h_kv + 8·I + 4·a
+        4 fp32 (N, h): layer input + RMSNorm output (×2 norms)            16h
+        bf16 copies of the norm outputs, one per projection (q,k,v,gate,up) 10h   (autocast casts per call)
+        SDPA: q, k, v, output (bf16) + logsumexp (fp32, a per token)       4h + 4h_kv + 4a
+        MLP: gate out, SiLU out, up out, product (bf16, width I)          8I
+    pure c-byte params (fp32, or DeepSpeed bf16)   (8 + 6c)·h + 2c·h_kv + 4c·I + 4·a
+    Korthikanti et al. (GPT, fp16, 4h GeLU MLP, dropout)   34·h + 5·a·s       (for comparison)
+
+The O(s²) term depends on the attention backend (bytes per layer):
+    sdpa   transformers materializes a (b, 1, s, s) bool block-diagonal mask for packed rows; SDPA converts
+           it into a c-byte additive bias per call and keeps it for backward:       c·b·s²
+    eager  fp32 softmax output + its bf16 copy:                                    (4 + 2)·b·a·s²
+    flex, varlen   nothing quadratic (Korthikanti's 5·a·s/h term disappears).
+Grouped-query attention under sdpa/eager repeats k and v to all heads before attention (h instead of h_kv).
+
+Checkpointed layers keep only their input (4 bytes·h per token under autocast, c otherwise) and recompute one
+layer at a time in backward. Logits + loss (standard): bf16 logits + fp32 copy + fp32 log-softmax in forward
+(10·N·V bytes), 12·N·V bytes at the loss backward (log-softmax output, its gradient, the input gradient);
+chunked loss: the same for C tokens at a time.
+
+bf16 autocast also keeps a bf16 copy of every matmul weight (2 bytes × linear params, LM head included) from
+the forward until that layer's backward.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from packtrain.planner.shapes import ModelShape
+
+Backend = Literal["sdpa", "eager", "flex", "varlen"]
+LOSS_CHUNK_DEFAULT = 2048
+INPUT_BYTES_PER_TOKEN = 32        # input_ids, position_ids, labels, shifted targets: int64 each
+CUDA_WORKSPACE_BYTES = 64 << 20   # cuBLAS + cuBLASLt workspaces taken from the caching allocator
+
+
+@dataclass(frozen=True)
+class Precision:
+    """How the step runs: `autocast` = fp32 parameters with bf16/fp16 matmuls; otherwise pure `compute` bytes."""
+
+    name: str
+    param_bytes: int     # bytes per parameter of the model the forward runs with
+    compute_bytes: int   # c: bytes per activation element of matmul inputs/outputs
+    autocast: bool
+
+    @property
+    def residual_bytes(self) -> int:
+        """Bytes per element of the residual stream (what a checkpointed layer keeps)."""
+        return 4 if self.autocast else self.compute_bytes
+
+
+def precision_of(engine: str, precision: str) -> Precision:
+    """torch + bf16/fp16 → autocast over fp32 params; DeepSpeed bf16/fp16 → the module itself in 16 bit."""
+    if precision == "fp32":
+        return Precision("fp32", 4, 4, False)
+    if engine == "deepspeed":
+        return Precision(f"{precision} (DeepSpeed, {precision} params + fp32 master)", 2, 2, False)
+    return Precision(f"{precision} autocast (fp32 params)", 4, 2, True)
+
+
+def layer_activation_bytes_per_token(shape: ModelShape, prec: Precision, backend: Backend) -> int:
+    """Bytes one layer keeps for backward per token, without the O(s²) attention term (see module doc)."""
+    h, i, a = shape.hidden, shape.intermediate, shape.heads
+    kv = shape.hidden if (shape.kv_heads < shape.heads and backend in ("sdpa", "eager")) else shape.kv_hidden
+    c = prec.compute_bytes
+    lse = 0 if backend == "eager" else 4 * a
+    if prec.autocast:
+        return 16 * h + 5 * c * h + 2 * c * h + 2 * c * kv + 4 * c * i + lse
+    return (8 + 6 * c) * h + 2 * c * kv + 4 * c * i + lse
+
+
+def attention_quadratic_bytes(shape: ModelShape, prec: Precision, backend: Backend, rows: int, budget: int) -> int:
+    """Per-layer O(s²) bytes kept for backward: sdpa's additive bias, eager's probabilities, 0 otherwise."""
+    c = prec.compute_bytes
+    if backend == "sdpa":
+        return c * rows * budget * budget
+    if backend == "eager":
+        return (4 + (2 if c == 2 else 0)) * rows * shape.heads * budget * budget
+    return 0
+
+
+def head_activation_bytes_per_token(shape: ModelShape, prec: Precision, chunked: bool) -> tuple[int, int]:
+    """(head, shared) bytes per token. head: the final RMSNorm (input + output) and the LM head's input
+    (freed by the loss backward); shared: rotary cos/sin, every RMSNorm's fp32 1/rms and the input ids
+    (kept until the end of backward)."""
+    h, c = shape.hidden, prec.compute_bytes
+    if prec.autocast:
+        head = 8 * h + (4 * h if chunked else c * h)   # chunked keeps the fp32 norm output as checkpoint input
+    else:
+        head = (4 + 2 * c) * h
+    rope = 2 * shape.head_dim * prec.param_bytes       # cos, sin in the embeddings' dtype, shared by all layers
+    rms = 4 * (2 * shape.layers + 1)                   # fp32 1/rms per norm
+    return head, rope + rms + INPUT_BYTES_PER_TOKEN
+
+
+def loss_bytes(shape: ModelShape, prec: Precision, tokens: int, chunk: int | None) -> tuple[int, int]:
+    """(forward, backward) bytes of logits + cross-entropy for `tokens` rows at once (or `chunk` at a time).
+
+    forward: c-byte logits + fp32 copy + fp32 log-softmax (fp32: the copy is the logits themselves);
+    backward: log-softmax output + NLL gradient + log-softmax gradient, all fp32 (N, V)."""
+    rows = tokens if chunk is None else min(chunk, tokens)
+    c = prec.compute_bytes
+    fwd = ((c if c < 4 else 0) + 4 + 4) * rows * shape.vocab
+    bwd = 12 * rows * shape.vocab
+    if chunk is not None and chunk < tokens:
+        bwd += 4 * tokens * shape.hidden   # gradient w.r.t. the hidden states, filled chunk by chunk
+    return fwd, bwd
+
+
+def layer_backward_workspace_bytes(shape: ModelShape, prec: Precision, tokens: int) -> int:
+    """Transient gradients on top of a layer's saved tensors while it runs backward: at the MLP product's
+    backward the (N, I) gradients of the product, SiLU output and up projection are live while the product
+    itself has been freed (net 2·c·I), plus the c-byte output gradient and the residual gradient."""
+    c = prec.compute_bytes
+    return tokens * (2 * c * shape.intermediate + c * shape.hidden + prec.residual_bytes * shape.hidden)
+
+
+def checkpointed_layers(n_layers: int, mode: str, every_k: int) -> list[int]:
+    """Layers that recompute in backward: none → [], full → all, every_k → 0, k, 2k, … (as packtrain.train)."""
+    if mode == "full":
+        return list(range(n_layers))
+    if mode == "every_k":
+        return list(range(0, n_layers, every_k))
+    return []

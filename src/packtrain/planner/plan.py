@@ -1,0 +1,338 @@
+"""`plan_memory` predicts the peak GPU memory of a training step; `choose_budget` picks the token budget.
+
+A step's memory peaks at one of five moments; the plan evaluates all and reports the largest:
+
+    forward        end of forward, inside autocast: every weight's bf16 copy, all saved activations, logits + loss
+    loss backward  the cross-entropy backward: 12·N·V bytes of fp32 (N, V) tensors on top of the activations
+    layer backward last layer's backward: its gradients in flight (+ its recomputation when checkpointed)
+    end backward   all gradients, the embedding's dense gradient being accumulated
+    optimizer step parameters + gradients + Adam states (+ the foreach temporary)
+
+Optimizer states exist from the second step on, so they count in every phase (the issue's "3 steps"
+measurement sees them). `peak_allocated` is comparable to `torch.cuda.max_memory_allocated()`; the device
+must also hold the allocator's slack and the CUDA context:
+
+    peak = peak_allocated × (1 + plan.allocator_overhead) + plan.cuda_context_gib
+
+Example (350m-h200: 8 × 2048 tokens, bf16 autocast, varlen, no checkpointing, vocab 32768):
+`plan_memory(...)` → ~33 GiB allocated at the loss backward; activations ≈ 1.0 GiB per layer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
+
+from packtrain.errors import ConfigError
+from packtrain.planner import memory as mem
+from packtrain.planner.shapes import ModelShape, model_shape
+from packtrain.planner.states import model_states
+
+if TYPE_CHECKING:
+    from packtrain.config import ModelConfig, PlanConfig, TrainConfig
+
+GIB = 1 << 30
+COMPONENTS = ("parameters", "master_weights", "weight_casts", "gradients", "optimizer_states",
+              "optimizer_workspace", "zero_buffers", "activations", "attention_workspace", "logits_loss",
+              "backward_workspace", "framework_workspace")
+PHASES = ("forward", "loss backward", "layer backward", "end backward", "optimizer step")
+
+
+@dataclass
+class MemoryPlan:
+    """Predicted memory of one training step on one GPU (bytes; `*_gib` properties for humans)."""
+
+    budget: int
+    rows: int
+    tokens: int                       # rows × budget per micro-batch
+    grad_accum: int
+    shape: ModelShape
+    precision: str
+    attention: str
+    checkpointing: str
+    checkpointed_layers: int
+    engine: str
+    zero_stage: int | None
+    gpus: int
+    components: dict[str, int]        # at the peak phase; they sum to peak_allocated
+    notes: dict[str, str]
+    phases: dict[str, int]            # allocated bytes at each phase
+    peak_phase: str
+    layer_activation_bytes: int       # one non-checkpointed layer (incl. its O(s²) attention term)
+    checkpointed_layer_bytes: int     # one checkpointed layer (its saved input)
+    peak_allocated: int
+    allocator_overhead: int
+    cuda_context: int
+    peak: int
+    device_memory_gib: float
+    target_fraction: float
+    cpu_offload: int = 0
+    suggestion: str = ""
+    alternatives: list[dict] = field(default_factory=list)
+
+    @property
+    def peak_allocated_gib(self) -> float:
+        return self.peak_allocated / GIB
+
+    @property
+    def peak_gib(self) -> float:
+        return self.peak / GIB
+
+    @property
+    def target_gib(self) -> float:
+        return self.target_fraction * self.device_memory_gib
+
+    @property
+    def fits(self) -> bool:
+        return self.peak_gib <= self.target_gib
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["shape"] = self.shape.to_dict()
+        d.update(peak_allocated_gib=round(self.peak_allocated_gib, 4), peak_gib=round(self.peak_gib, 4),
+                 target_gib=round(self.target_gib, 4), fits=self.fits,
+                 components_gib={k: round(v / GIB, 4) for k, v in self.components.items()},
+                 phases_gib={k: round(v / GIB, 4) for k, v in self.phases.items()})
+        return d
+
+    def table(self) -> str:
+        """The breakdown as a fixed-width text table (what `packtrain plan` prints)."""
+        s = self.shape
+        lines = [
+            f"model: h={s.hidden} layers={s.layers} heads={s.heads}/{s.kv_heads} I={s.intermediate} V={s.vocab}"
+            f" · {s.n_params / 1e6:.1f}M params ({s.n_params_nonembed / 1e6:.1f}M non-embedding)",
+            f"step:  {self.rows} rows × {self.budget} = {self.tokens} tokens · grad_accum {self.grad_accum} · "
+            f"{self.precision} · attention {self.attention} · checkpointing {self.checkpointing} "
+            f"({self.checkpointed_layers}/{s.layers} layers) · {self.engine}"
+            + (f" ZeRO-{self.zero_stage}" if self.zero_stage is not None else "") + f" · {self.gpus} GPU",
+            "",
+            f"{'component':<22}{'GiB':>9}  note",
+            "-" * 78,
+        ]
+        for name in COMPONENTS:
+            v = self.components.get(name, 0)
+            if v:
+                lines.append(f"{name.replace('_', ' '):<22}{v / GIB:9.3f}  {self.notes.get(name, '')}")
+        lines += [
+            "-" * 78,
+            f"{'= allocated peak':<22}{self.peak_allocated_gib:9.3f}  at {self.peak_phase} "
+            "(≈ torch.cuda.max_memory_allocated)",
+            f"{'allocator overhead':<22}{self.allocator_overhead / GIB:9.3f}",
+            f"{'CUDA context':<22}{self.cuda_context / GIB:9.3f}",
+            f"{'= predicted peak':<22}{self.peak_gib:9.3f}  of {self.device_memory_gib:.1f} GiB; target "
+            f"{self.target_fraction:.2f} → {self.target_gib:.1f} GiB: " + ("fits" if self.fits else "DOES NOT FIT"),
+            "",
+            "phases (allocated GiB): " + " · ".join(f"{k} {v / GIB:.2f}" for k, v in self.phases.items()),
+            f"activations per layer: {self.layer_activation_bytes / GIB:.3f} GiB"
+            + (f"; checkpointed layer: {self.checkpointed_layer_bytes / GIB:.3f} GiB"
+               if self.checkpointed_layers else ""),
+        ]
+        if self.cpu_offload:
+            lines.append(f"offloaded to CPU memory: {self.cpu_offload / GIB:.2f} GiB")
+        if self.suggestion:
+            lines.append(f"suggestion: {self.suggestion}")
+        return "\n".join(lines)
+
+
+def _backend(train_cfg: TrainConfig, device: str) -> str:
+    """`auto` as packtrain.model.attention resolves it: varlen on CUDA with bf16/fp16, flex on CUDA fp32,
+    sdpa on CPU."""
+    if train_cfg.attention != "auto":
+        return train_cfg.attention
+    if device != "cuda":
+        return "sdpa"
+    return "varlen" if train_cfg.precision in ("bf16", "fp16") else "flex"
+
+
+def _loss_chunk(train_cfg: TrainConfig) -> int | None:
+    if train_cfg.loss != "chunked":
+        return None
+    return int(getattr(train_cfg, "loss_chunk_tokens", None) or mem.LOSS_CHUNK_DEFAULT)
+
+
+def resolve_device_memory_gib(plan_cfg: PlanConfig, device_memory_gib: float | None = None) -> float:
+    """Argument > plan.device_memory_gib > the current CUDA device > 80 GiB."""
+    if device_memory_gib:
+        return float(device_memory_gib)
+    if plan_cfg.device_memory_gib:
+        return float(plan_cfg.device_memory_gib)
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory / GIB
+    except Exception:  # noqa: BLE001 - no usable CUDA → the documented default
+        pass
+    return 80.0
+
+
+def plan_memory(model_cfg: ModelConfig, train_cfg: TrainConfig, budget: int, plan_cfg: PlanConfig,
+                device_memory_gib: float | None = None, *, vocab_size: int | None = None,
+                grad_accum: int | None = None, suggest: bool = True) -> MemoryPlan:
+    """Predict the peak memory of a training step with `train_cfg.rows` × `budget` tokens per micro-batch.
+
+    vocab_size: the tokenizer's (else plan.vocab_size, or the pretrained config's). grad_accum: default
+    train_cfg.grad_accum (> 1 keeps gradients alive during the forward).
+    """
+    if not isinstance(budget, int) or budget < 2:
+        raise ConfigError(f"budget {budget!r}: must be an integer ≥ 2 tokens")
+    shape = model_shape(model_cfg, plan_cfg, vocab_size)
+    device = "cpu" if train_cfg.device == "cpu" else "cuda"
+    ga = grad_accum or train_cfg.grad_accum
+    prec = mem.precision_of(train_cfg.engine, train_cfg.precision)
+    backend = _backend(train_cfg, device)
+    chunk = _loss_chunk(train_cfg)
+    rows, n_tok = train_cfg.rows, train_cfg.rows * budget
+    ds = train_cfg.deepspeed
+    deepspeed = train_cfg.engine == "deepspeed"
+    st = model_states(shape, train_cfg.engine, train_cfg.precision, ds.zero_stage, ds.offload_optimizer,
+                      ds.offload_params, plan_cfg.gpus,
+                      # CPU: torch's default AdamW loops tensor by tensor (no whole-model temporary)
+                      fused=(train_cfg.fused_optimizer and device == "cuda") or device == "cpu",
+                      grad_accum=ga, overlap_comm=ds.overlap_comm,
+                      reduce_bucket=int(getattr(ds, "reduce_bucket_size", 0) or 500_000_000))
+
+    ck = mem.checkpointed_layers(shape.layers, train_cfg.activation_checkpointing, train_cfg.ac_every_k)
+    n_ck = len(ck)
+    a_tok = mem.layer_activation_bytes_per_token(shape, prec, backend)
+    quad = mem.attention_quadratic_bytes(shape, prec, backend, rows, budget)
+    layer_bytes = a_tok * n_tok
+    ck_bytes = prec.residual_bytes * shape.hidden * n_tok
+    head_tok, shared_tok = mem.head_activation_bytes_per_token(shape, prec, chunk is not None)
+    head_bytes = head_tok * n_tok
+    acts = (shape.layers - n_ck) * layer_bytes + n_ck * ck_bytes + head_bytes + shared_tok * n_tok
+    attn = (shape.layers - n_ck) * quad
+    loss_fwd, loss_bwd = mem.loss_bytes(shape, prec, n_tok, chunk)
+    fw = mem.CUDA_WORKSPACE_BYTES if device == "cuda" else 0
+
+    cast_layer = 2 * shape.layer_linear_params if prec.autocast else 0
+    cast_head = 2 * shape.vocab * shape.hidden if prec.autocast else 0
+    casts_all = shape.layers * cast_layer + cast_head
+    casts_saved = (shape.layers - n_ck) * cast_layer + (cast_head if chunk is None else 0)
+    last_ck = shape.layers - 1 in ck
+    head_grad = (4 if not deepspeed else 0) * shape.vocab * shape.hidden
+
+    base = dict(parameters=st.params, master_weights=st.master, gradients=st.persistent_grads,
+                optimizer_states=st.optimizer, zero_buffers=st.zero_buffers, framework_workspace=fw)
+    phases_c = {
+        "forward": {**base, "weight_casts": casts_all, "activations": acts, "attention_workspace": attn,
+                    "logits_loss": loss_fwd},
+        "loss backward": {**base, "weight_casts": casts_saved, "activations": acts, "attention_workspace": attn,
+                          "logits_loss": loss_bwd},
+        "layer backward": {**base, "weight_casts": casts_saved - (cast_head if chunk is None else 0)
+                           + (cast_layer if last_ck else 0),
+                           "gradients": st.persistent_grads + (head_grad if ga == 1 else 0),
+                           "activations": acts - head_bytes + (layer_bytes if last_ck else 0),
+                           "attention_workspace": attn + (quad if last_ck else 0),
+                           "backward_workspace": mem.layer_backward_workspace_bytes(shape, prec, n_tok)},
+        "end backward": {**base, "gradients": max(st.grads, st.persistent_grads),
+                         "backward_workspace": (4 if not deepspeed else prec.compute_bytes)
+                         * shape.vocab * shape.hidden},
+        "optimizer step": {**base, "gradients": max(st.grads, st.persistent_grads),
+                           "optimizer_workspace": st.step_workspace},
+    }
+    phases = {k: sum(v.values()) for k, v in phases_c.items()}
+    peak_phase = max(PHASES, key=lambda k: phases[k])
+    comps = {k: int(phases_c[peak_phase].get(k, 0)) for k in COMPONENTS}
+    peak_alloc = sum(comps.values())
+    dev_gib = resolve_device_memory_gib(plan_cfg, device_memory_gib)
+    overhead = int(peak_alloc * plan_cfg.allocator_overhead)
+    ctx = int(plan_cfg.cuda_context_gib * GIB) if device == "cuda" else 0
+    notes = {
+        "parameters": st.notes.get("params", ""), "master_weights": st.notes.get("master", ""),
+        "weight_casts": "bf16 copies of the matmul weights (autocast cache)" if prec.autocast else "",
+        "gradients": st.notes.get("grads", ""), "optimizer_states": st.notes.get("optimizer", ""),
+        "optimizer_workspace": st.notes.get("step_workspace", ""), "zero_buffers": st.notes.get("zero_buffers", ""),
+        "activations": f"{shape.layers - n_ck} layers × {layer_bytes / GIB:.3f} GiB"
+                       + (f" + {n_ck} checkpointed × {ck_bytes / GIB:.3f}" if n_ck else "") + " + head",
+        "attention_workspace": {"sdpa": "packed-row mask → per-layer additive bias (b·s²)",
+                                "eager": "softmax probabilities (b·a·s²)"}.get(backend, ""),
+        "logits_loss": ("standard: (N, V) fp32" if chunk is None else f"chunked: {chunk} tokens at a time"),
+        "backward_workspace": "gradients in flight",
+        "framework_workspace": "cuBLAS/cuBLASLt workspaces" if fw else "",
+    }
+    plan = MemoryPlan(
+        budget=budget, rows=rows, tokens=n_tok, grad_accum=ga, shape=shape, precision=prec.name,
+        attention=backend, checkpointing=train_cfg.activation_checkpointing, checkpointed_layers=n_ck,
+        engine=train_cfg.engine, zero_stage=ds.zero_stage if deepspeed else None, gpus=plan_cfg.gpus,
+        components=comps, notes=notes, phases={k: int(v) for k, v in phases.items()}, peak_phase=peak_phase,
+        layer_activation_bytes=int(layer_bytes + quad), checkpointed_layer_bytes=int(ck_bytes),
+        peak_allocated=int(peak_alloc), allocator_overhead=overhead, cuda_context=ctx,
+        peak=int(peak_alloc + overhead + ctx), device_memory_gib=dev_gib,
+        target_fraction=plan_cfg.target_fraction, cpu_offload=st.cpu,
+    )
+    if suggest:
+        _suggest(plan, model_cfg, train_cfg, plan_cfg, dev_gib, vocab_size, ga)
+    return plan
+
+
+def _suggest(plan: MemoryPlan, model_cfg, train_cfg, plan_cfg, dev_gib, vocab_size, ga) -> None:
+    """Fill `plan.suggestion` (and `alternatives`): headroom when it fits, else what each single change buys."""
+    if plan.fits:
+        plan.suggestion = f"fits with {plan.target_gib - plan.peak_gib:.1f} GiB to spare under the target"
+        return
+    changes: list[tuple[str, dict]] = []
+    if train_cfg.activation_checkpointing != "full":
+        changes.append(("--set train.activation_checkpointing=full", {"activation_checkpointing": "full"}))
+    if train_cfg.loss != "chunked":
+        changes.append(("--set train.loss=chunked", {"loss": "chunked"}))
+    if _backend(train_cfg, "cuda") in ("sdpa", "eager") and train_cfg.precision != "fp32":
+        changes.append(("--set train.attention=varlen", {"attention": "varlen"}))
+    if train_cfg.engine == "deepspeed" and not (train_cfg.deepspeed.zero_stage == 3
+                                                 and train_cfg.deepspeed.offload_params):
+        ds = train_cfg.deepspeed.model_copy(update={"zero_stage": 3, "offload_optimizer": True,
+                                                    "offload_params": True})
+        changes.append(("--set train.deepspeed.zero_stage=3 (+ offload_optimizer, offload_params)",
+                        {"deepspeed": ds}))
+    for text, update in changes:
+        alt = plan_memory(model_cfg, train_cfg.model_copy(update=update), plan.budget, plan_cfg, dev_gib,
+                          vocab_size=vocab_size, grad_accum=ga, suggest=False)
+        plan.alternatives.append({"change": text, "peak_gib": round(alt.peak_gib, 3), "fits": alt.fits})
+    fitting = [a for a in plan.alternatives if a["fits"]]
+    best = min(plan.alternatives, key=lambda a: a["peak_gib"], default=None)
+    parts = [f"predicted {plan.peak_gib:.1f} GiB > target {plan.target_gib:.1f} GiB"]
+    if fitting:
+        parts.append("fits with " + "; or ".join(f"{a['change']} ({a['peak_gib']:.1f} GiB)" for a in fitting))
+    elif best:
+        parts.append(f"closest single change: {best['change']} ({best['peak_gib']:.1f} GiB)")
+    parts.append("or lower the budget: --set train.budget=auto")
+    plan.suggestion = "; ".join(parts)
+
+
+def choose_budget(model_cfg: ModelConfig, train_cfg: TrainConfig, plan_cfg: PlanConfig,
+                  device_memory_gib: float | None = None, *, vocab_size: int | None = None,
+                  reference_budget: int | None = None) -> tuple[int, int, MemoryPlan]:
+    """The largest budget (a multiple of 128, ≤ plan.max_budget or max_position_embeddings) whose predicted
+    peak ≤ target_fraction × device memory, and the grad_accum that keeps the global batch in tokens.
+
+    Global batch G = plan.global_batch_tokens, else rows × reference budget × train.grad_accum × gpus
+    (reference: `reference_budget`, i.e. pack.budget, else train.budget when it is a number); then
+    grad_accum = max(1, round(G / (rows × budget × gpus))). Without any reference grad_accum is kept.
+
+    >>> # 350m-h200 on an 80 GiB device, rows 8: budget 4096 → grad_accum 1 (G = 8 × 2048 × 1)
+    """
+    dev_gib = resolve_device_memory_gib(plan_cfg, device_memory_gib)
+    rows, gpus = train_cfg.rows, plan_cfg.gpus
+    ref = reference_budget or (train_cfg.budget if isinstance(train_cfg.budget, int) else None)
+    global_tokens = plan_cfg.global_batch_tokens or (rows * ref * train_cfg.grad_accum * gpus if ref else None)
+    max_budget = plan_cfg.max_budget or model_cfg.max_position_embeddings
+    best: tuple[int, int, MemoryPlan] | None = None
+    smallest: MemoryPlan | None = None
+    for budget in range(128, max_budget + 1, 128):
+        ga = (max(1, round(global_tokens / (rows * budget * gpus))) if global_tokens else train_cfg.grad_accum)
+        plan = plan_memory(model_cfg, train_cfg, budget, plan_cfg, dev_gib, vocab_size=vocab_size,
+                           grad_accum=ga, suggest=False)
+        smallest = smallest or plan
+        if plan.fits:
+            best = (budget, ga, plan)
+    if best is None:
+        if smallest is None:
+            raise ConfigError(f"plan.max_budget {max_budget}: no budget ≥ 128 to choose from")
+        plan = plan_memory(model_cfg, train_cfg, 128, plan_cfg, dev_gib, vocab_size=vocab_size,
+                           grad_accum=smallest.grad_accum)
+        raise ConfigError(f"no token budget fits: even budget 128 × {rows} rows needs {plan.peak_gib:.1f} GiB "
+                          f"> {plan.target_gib:.1f} GiB ({plan_cfg.target_fraction} × {dev_gib:.1f} GiB); "
+                          f"{plan.suggestion}")
+    budget, ga, plan = best
+    _suggest(plan, model_cfg, train_cfg, plan_cfg, dev_gib, vocab_size, ga)
+    return budget, ga, plan

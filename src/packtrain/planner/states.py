@@ -1,0 +1,99 @@
+"""Model states on each GPU: parameters, master weights, gradients, optimizer states, ZeRO buffers.
+
+Bytes per parameter P (Adam; ZeRO paper: 16 bytes/param of model state with mixed precision):
+
+    engine / precision          params  master  grads   Adam m,v  step workspace
+    torch, fp32 or bf16 autocast  4       –       4       8         0 fused (CUDA) | 4 foreach
+    DeepSpeed bf16, ZeRO-0        2       4       2 + 4   8         (BF16_Optimizer: bf16 + fp32 grads)
+    DeepSpeed bf16, ZeRO-1        2       4/n     2 + 4/n 8/n
+    DeepSpeed bf16, ZeRO-2        2       4/n     4/n     8/n       + reduce buckets
+    DeepSpeed bf16, ZeRO-3        2/n     4/n     4/n     8/n       + reduce bucket + gathered layer/prefetch
+    offload_optimizer             master, Adam and fp32 gradients move to CPU memory
+    offload_params (ZeRO-3)       the parameter partition moves to CPU; the GPU holds only gathered params
+
+Reduce buckets: DeepSpeed allocates `reduce_bucket_size` elements (default 5e8 → 1 GB in bf16) per buffer,
+two with overlap_comm (stage 1/2), whatever the model size. The torch engine on n > 1 GPUs (DDP) keeps the
+gradients a second time in its reducer buckets (4 bytes/param).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from packtrain.planner.shapes import ModelShape
+
+DS_REDUCE_BUCKET = 500_000_000       # DeepSpeed default reduce_bucket_size (elements)
+DS_PREFETCH_BUCKET = 50_000_000      # DeepSpeed default stage3_prefetch_bucket_size (elements)
+
+
+@dataclass
+class ModelStates:
+    """Bytes on each GPU (and offloaded to CPU). `grads` are full gradients, present after backward;
+    `persistent_grads` exist during forward too (ZeRO partitions, or accumulation over micro-batches)."""
+
+    params: int
+    master: int
+    grads: int
+    persistent_grads: int
+    optimizer: int
+    step_workspace: int
+    zero_buffers: int
+    cpu: int = 0
+    notes: dict[str, str] = field(default_factory=dict)
+
+
+def model_states(shape: ModelShape, engine: str, precision: str, zero_stage: int, offload_optimizer: bool,
+                 offload_params: bool, gpus: int, fused: bool, grad_accum: int, overlap_comm: bool = True,
+                 reduce_bucket: int = DS_REDUCE_BUCKET, prefetch_bucket: int = DS_PREFETCH_BUCKET) -> ModelStates:
+    p, n = shape.n_params, max(1, gpus)
+    if engine != "deepspeed":
+        grads = 4 * p
+        ddp = 4 * p if gpus > 1 else 0
+        return ModelStates(
+            params=4 * p, master=0, grads=grads, persistent_grads=grads if grad_accum > 1 else 0,
+            optimizer=8 * p, step_workspace=0 if fused else 4 * p, zero_buffers=ddp,
+            notes={"params": f"fp32, {_m(p)} × 4 B", "optimizer": "AdamW m, v fp32 (8 B/param)",
+                   "grads": "fp32 (4 B/param)",
+                   "step_workspace": "fused AdamW" if fused else "foreach AdamW: one fp32 temp (sqrt v)",
+                   "zero_buffers": "DDP reducer buckets (4 B/param)" if ddp else ""},
+        )
+    half = precision != "fp32"
+    wb = 2 if half else 4
+    stage = zero_stage
+    params = wb * p if stage < 3 else (0 if offload_params else wb * p // n)
+    master = (4 * p if stage == 0 else 4 * p // n) if half else 0
+    optimizer = 8 * p if stage == 0 else 8 * p // n
+    if stage == 0:
+        grads = wb * p + (4 * p if half else 0)
+    elif stage == 1:
+        grads = wb * p + 4 * p // n
+    else:
+        grads = 4 * p // n
+    cpu = 0
+    if offload_optimizer and stage >= 1:
+        cpu += master + optimizer + 4 * p // n
+        master = optimizer = 0
+        grads -= 4 * p // n
+    if offload_params and stage == 3:
+        cpu += wb * p // n
+    buffers = 0
+    if stage >= 1:
+        buffers += reduce_bucket * wb * (2 if overlap_comm and stage < 3 else 1)
+    if stage == 3:   # gathered working set: the largest module (LM head / a layer) + the prefetch bucket
+        buffers += wb * (max(shape.layer_params, shape.vocab * shape.hidden) + prefetch_bucket)
+    step_ws = 0 if (fused or (offload_optimizer and stage >= 1)) else (4 * p if stage == 0 else 4 * p // n)
+    return ModelStates(
+        params=params, master=master, grads=grads, persistent_grads=grads, optimizer=optimizer,
+        step_workspace=step_ws, zero_buffers=buffers, cpu=cpu,
+        notes={"params": f"{'bf16' if half else 'fp32'}, ZeRO-{stage}" + (" (offloaded)" if offload_params
+                                                                          and stage == 3 else ""),
+               "master": f"fp32 master / {n} GPU" if master else "",
+               "optimizer": f"Adam m, v / {n} GPU" if optimizer else "offloaded to CPU",
+               "grads": f"ZeRO-{stage} gradient partition", "step_workspace": "",
+               "zero_buffers": f"reduce bucket {reduce_bucket:.0e} el." + (" + gathered params" if stage == 3
+                                                                           else "")},
+    )
+
+
+def _m(n: int) -> str:
+    return f"{n / 1e6:.1f}M"

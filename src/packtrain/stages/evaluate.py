@@ -1,0 +1,54 @@
+"""Stage `evaluate`: held-out loss/perplexity of the trained model on the eval packs, generation samples.
+
+    run_evaluate(cfg, model_dir, packs_dir, out_dir)
+      reads   model_dir/ (save_pretrained + tokenizer), packs_dir/eval/ (pack store), packs_dir/pack_stats.json
+      writes  out_dir/eval_result.json   EvalResult without samples + "lineage" (pack_stats keys for register)
+              out_dir/samples.json       [{"prompt", "completion", "n_new_tokens"}]
+      MLflow  run "evaluate": metrics eval_loss, perplexity, eval_tokens_per_s, eval_peak_memory_gib, ...;
+              both files as artifacts; the eval packs as a dataset input (digest = input_md5 when known)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from packtrain.config import RunConfig
+from packtrain.errors import MissingDataError
+from packtrain.paths import write_json
+
+
+def run_evaluate(cfg: RunConfig, model_dir: str | Path, packs_dir: str | Path, out_dir: str | Path) -> dict:
+    from packtrain.evaluate.lineage import lineage_subset, read_optional_json
+    from packtrain.evaluate.loading import check_model_dir
+    from packtrain.evaluate.perplexity import evaluate
+    from packtrain.packing.store import PackStore
+    from packtrain.tracking import stage_run
+
+    model_dir, packs_dir, out_dir = Path(model_dir), Path(packs_dir), Path(out_dir)
+    check_model_dir(model_dir)
+    split = packs_dir / "eval"
+    if not split.is_dir():
+        raise MissingDataError(f"eval packs {split} do not exist: run `packtrain pack` first (it writes "
+                               f"<packs>/eval) or pass --packs DIR")
+    PackStore.open(split)   # a broken pack store fails here, before an MLflow run is opened
+    lineage = lineage_subset(read_optional_json(packs_dir / "pack_stats.json"))
+    with stage_run("evaluate", cfg, section=cfg.evaluate) as run:
+        result = evaluate(model_dir, split, cfg.evaluate)
+        stats = result.to_dict()
+        samples = stats.pop("samples")
+        stats["lineage"] = lineage
+        write_json(out_dir / "samples.json", samples)
+        write_json(out_dir / "eval_result.json", stats)
+        run.log_metrics({
+            "eval_loss": result.eval_loss, "perplexity": result.perplexity,
+            "eval_tokens_per_s": result.tokens_per_s, "eval_seconds": result.seconds,
+            "eval_label_tokens": result.n_label_tokens, "eval_real_tokens": result.n_real_tokens,
+            "eval_batches": result.n_batches, "eval_complete": float(result.complete),
+            **({"eval_peak_memory_gib": result.peak_memory_gib} if result.peak_memory_gib is not None else {}),
+        })
+        run.set_tags({"packtrain.eval.memory_kind": result.memory_kind, "packtrain.eval.device": result.device})
+        run.log_dataset(split, name="eval_packs", digest=next(
+            (str(v) for k, v in lineage.items() if k.endswith("md5")), None), context="eval")
+        run.log_artifact(out_dir / "eval_result.json")
+        run.log_artifact(out_dir / "samples.json")
+    return stats

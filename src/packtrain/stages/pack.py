@@ -1,0 +1,63 @@
+"""Stage runner: pack. `run_pack(cfg, tokens_dir, out_dir)` → out_dir/train/, out_dir/eval/, pack_stats.json."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from packtrain.config import RunConfig
+from packtrain.paths import RunPaths
+
+STATS_FILE = "pack_stats.json"
+
+
+def run_pack(cfg: RunConfig, tokens_dir: str | Path | None = None, out_dir: str | Path | None = None) -> dict:
+    """Pack the token store `tokens_dir` (default <workdir>/tokenize) into `out_dir` (default <workdir>/pack).
+
+    Logs the pack config as params, every numeric stat as a metric (`train.fill`, `eval.n_packs`, ...),
+    pack_stats.json and a document-length histogram as artifacts, the DVC md5 of the token store as the input
+    dataset. Returns the stats dict (also in out_dir/pack_stats.json).
+    """
+    from packtrain.data.token_store import TokenStore
+    from packtrain.packing.dataset import pack_dataset
+    from packtrain.tracking import stage_run
+
+    paths = RunPaths(Path(cfg.workdir))
+    src = Path(tokens_dir) if tokens_dir is not None else paths.tokenize_dir
+    dst = Path(out_dir) if out_dir is not None else paths.pack_dir
+    with stage_run("pack", cfg, section=cfg.pack) as run:
+        stats = pack_dataset(src, dst, cfg.pack)
+        d = stats.to_dict()
+        d.update(input=str(src), output=str(dst))
+        digest = _md5(src / "tokens.bin")
+        if digest:
+            d["input_md5"] = digest
+            run.set_tags({"dvc.md5.tokens": digest})
+            run.log_dataset(src, "tokens", digest, context="input")
+        run.log_stats({k: v for k, v in d.items() if k not in ("input", "output")})
+        run.log_artifact(dst / STATS_FILE)
+        if run.enabled:
+            _log_length_histogram(run, TokenStore.open(src), stats.train.fill, cfg.pack.budget)
+    return d
+
+
+def _md5(path: Path) -> str | None:
+    try:
+        from packtrain.versioning import data_md5
+    except ImportError:      # the data room's module is optional for this stage
+        return None
+    return data_md5(path) if path.exists() else None
+
+
+def _log_length_histogram(run, ts, fill: float, budget: int) -> None:
+    """Log a PNG of the train documents' lengths (the telemetry room's plot) when plotting is available."""
+    try:
+        from packtrain.telemetry.plots import plot_length_histogram
+    except ImportError:
+        return
+    import tempfile
+
+    lengths = ts.lengths()[ts.select(0)]
+    if len(lengths):
+        with tempfile.TemporaryDirectory(prefix="pack-hist-") as tmp:
+            run.log_artifact(plot_length_histogram(lengths, fill, Path(tmp) / "pack_length_histogram.png",
+                                                   budget=budget))

@@ -1,0 +1,88 @@
+"""Stage `train`: train the model on the packs, save it loadable by transformers, track the run in MLflow.
+
+    run_train(cfg, packs_dir, tokens_dir, out_dir, resume=False)
+      reads   packs_dir/train/ (pack store), tokens_dir/tokenizer/ (copied next to the model)
+      writes  out_dir/model/              save_pretrained (safetensors) + tokenizer files
+              out_dir/train_result.json   TrainResult (steps, tokens, loss curve, timings, throughput, memory)
+              out_dir/train_log.jsonl     one line per optimizer step
+              out_dir/checkpoints/        resumable checkpoints (train.checkpoint.every_steps, keep_last)
+              out_dir/deepspeed_config.json   (engine: deepspeed)
+      MLflow  run "train" (rank 0 only): params train.* and model.*, per-step metrics with step= (loss, lr,
+              grad_norm, tokens/s, MFU, step time, data wait), the summary as metrics, threshold violations as
+              tags, the files above as artifacts
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from packtrain.config import RunConfig, flatten
+from packtrain.errors import MissingDataError
+from packtrain.paths import write_json
+
+
+def check_inputs(packs_dir: Path, tokens_dir: Path) -> Path:
+    """Fail before any work when an upstream output is missing; returns the tokenizer directory."""
+    from packtrain.packing.store import PackStore
+
+    split = packs_dir / "train"
+    if not split.is_dir():
+        raise MissingDataError(f"train packs {split} do not exist: run `packtrain pack` first or pass --packs DIR")
+    PackStore.open(split, verify=False)
+    tok = tokens_dir / "tokenizer"
+    if not tok.is_dir():
+        raise MissingDataError(f"tokenizer {tok} does not exist: run `packtrain tokenize` first or pass --tokens "
+                               "DIR (the tokenize stage's output directory)")
+    return tok
+
+
+def summary_metrics(d: dict) -> dict[str, float]:
+    """The scalar summary of a TrainResult dict, for MLflow (per-step series are logged during training)."""
+    out = {"final_loss": d["final_loss"], "steps": d["steps"], "tokens": d["tokens"],
+           "skipped_steps": d["skipped_steps"], "recompiles": d["recompiles"], "compiles": d["compiles"]}
+    for section in ("throughput", "memory", "timings", "system"):
+        for k, v in flatten(d.get(section) or {}).items():
+            out[f"{section}.{k}"] = v
+    return {k: float(v) for k, v in out.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+def run_train(cfg: RunConfig, packs_dir: str | Path, tokens_dir: str | Path, out_dir: str | Path,
+              resume: bool = False) -> dict:
+    from packtrain.train.loop import train
+    from packtrain.train.runtime import dist_info
+
+    packs_dir, tokens_dir, out_dir = Path(packs_dir), Path(tokens_dir), Path(out_dir)
+    tokenizer_dir = check_inputs(packs_dir, tokens_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if not dist_info().is_main:   # only rank 0 talks to MLflow and writes the stage's stats
+        return train(cfg.model, cfg.train, cfg.pack, cfg.telemetry, packs_dir, tokenizer_dir, out_dir,
+                     tracker=None, resume=resume, plan_cfg=cfg.plan).to_dict()
+    from packtrain.tracking import stage_run
+
+    with stage_run("train", cfg, section=cfg.train) as run:
+        run.log_params({f"model.{k}": v for k, v in flatten(cfg.model.model_dump(mode="json")).items()})
+        result = train(cfg.model, cfg.train, cfg.pack, cfg.telemetry, packs_dir, tokenizer_dir, out_dir,
+                       tracker=run, resume=resume, plan_cfg=cfg.plan)
+        stats = result.to_dict()
+        violations = _thresholds(stats, cfg)
+        stats["threshold_violations"] = violations
+        write_json(out_dir / "train_result.json", stats)
+        run.log_metrics(summary_metrics(stats))
+        run.set_tags({"packtrain.train.attention": stats["setup"]["attention"],
+                      "packtrain.train.engine": stats["setup"]["engine"],
+                      "packtrain.train.world_size": stats["setup"]["world_size"],
+                      "packtrain.train.resumed_from": stats["setup"]["resumed_from"],
+                      **{f"packtrain.threshold.{i}": v for i, v in enumerate(violations)}})
+        for name in ("train_result.json", "train_log.jsonl", "deepspeed_config.json"):
+            run.log_artifact(out_dir / name)
+    return stats
+
+
+def _thresholds(stats: dict, cfg: RunConfig) -> list[str]:
+    """Telemetry thresholds (utilization, fragmentation, padding) on the run's summary; [] when unavailable."""
+    try:
+        from packtrain.telemetry.thresholds import check_thresholds
+    except ImportError:
+        return []
+    summary = {**(stats.get("throughput") or {}), **(stats.get("memory") or {}), **(stats.get("system") or {})}
+    return list(check_thresholds(summary, cfg.telemetry))

@@ -1,0 +1,12 @@
+"""The train stage: `loop.train(...) -> TrainResult` and the techniques it applies.
+
+    loop.py             train(): the loop (one screen); TrainResult
+    session.py          TrainSession: setup in order, per-step records, checkpoints, final save
+    runtime.py          ranks/devices, micro-batch shape (budget None | int | auto), TorchStepper, OOM error
+    techniques.py       activation checkpointing, compile (+ recompile counter), AMP, AdamW, LR schedule
+    loss.py             standard / chunked LM loss on packed batches
+    checkpoint.py       atomic, checksummed, keep-last-K checkpoints; newest valid one for --resume
+    deepspeed_engine.py the only module importing deepspeed: config builder + ZeRO stepper
+
+Submodules import torch/transformers/deepspeed inside functions.
+"""

@@ -1,0 +1,210 @@
+"""Resumable checkpoints: atomic, checksummed, last K kept; a corrupt one is skipped for the previous one.
+
+    <out_dir>/checkpoints/
+      step_000010/
+        model.safetensors   weights (torch engine; tied embedding stored once)
+        optimizer.pt        optimizer.state_dict() (tensors only: torch.load(weights_only=True))
+        rng.pt              torch CPU + CUDA RNG states
+        deepspeed/...       engine.save_checkpoint output instead of the two files above (engine: deepspeed)
+        state.json          step, scheduler, scaler, loader (PackedLoader.state_dict), python/numpy RNG, progress
+        manifest.json       written last: {"format", "version", "step", "files": {relpath: {"bytes", "sha256"}}}
+      step_000020/ ...
+
+A checkpoint is written into `.tmp-step_N/` and renamed into place, so a crash (SIGKILL included) leaves
+either the complete directory or a `.tmp-*` leftover that is ignored and cleaned. `find_latest_checkpoint`
+walks newest → oldest and verifies every file's size and sha256 against the manifest (~2 GB/s; a 350M model
+with AdamW state is 4.2 GB ≈ 2 s); a missing or mismatching file is reported in a warning and the previous
+checkpoint is used.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import re
+import shutil
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from packtrain.errors import InputDataError
+
+FORMAT, VERSION = "packtrain.checkpoint", 1
+STEP_RE = re.compile(r"^step_(\d{6,})$")
+
+
+def step_dir_name(step: int) -> str:
+    return f"step_{step:06d}"
+
+
+def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def rng_state() -> tuple[dict, dict]:
+    """(JSON-able python/numpy states, torch tensors) of every RNG a run draws from."""
+    import numpy as np
+    import torch
+
+    py = random.getstate()
+    np_state = np.random.get_state()
+    plain = {"python": [py[0], list(py[1]), py[2]],
+             "numpy": [np_state[0], np_state[1].tolist(), *[float(x) if isinstance(x, float) else int(x)
+                                                             for x in np_state[2:]]]}
+    tensors = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        tensors["cuda"] = torch.cuda.get_rng_state_all()
+    return plain, tensors
+
+
+def set_rng_state(plain: dict, tensors: dict) -> None:
+    import numpy as np
+    import torch
+
+    v, state, gauss = plain["python"]
+    random.setstate((v, tuple(state), gauss))
+    n = plain["numpy"]
+    np.random.set_state((n[0], np.asarray(n[1], dtype=np.uint32), int(n[2]), int(n[3]), float(n[4])))
+    torch.set_rng_state(tensors["torch"])
+    if "cuda" in tensors and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(tensors["cuda"])
+
+
+def _manifest(root: Path, step: int) -> dict:
+    files = {}
+    for p in sorted(root.rglob("*")):
+        if p.is_file() and p.name != "manifest.json":
+            rel = p.relative_to(root).as_posix()
+            files[rel] = {"bytes": p.stat().st_size, "sha256": sha256_file(p)}
+    return {"format": FORMAT, "version": VERSION, "step": step, "files": files}
+
+
+def begin_checkpoint(ckpt_root: Path, step: int) -> Path:
+    """Create (empty) the temp directory checkpoint `step` is written into; returns it."""
+    ckpt_root.mkdir(parents=True, exist_ok=True)
+    tmp = ckpt_root / f".tmp-{step_dir_name(step)}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    return tmp
+
+
+def commit_checkpoint(ckpt_root: Path, tmp: Path, step: int, state: dict, keep_last: int) -> Path:
+    """Add state.json, rng.pt and the manifest (last: it marks completeness) to `tmp`, rename it to
+    step_N atomically and prune to the newest `keep_last`. `state` is the JSON-able part (scheduler, scaler,
+    loader, progress); the weights/optimizer files are already in `tmp`."""
+    import torch
+
+    plain, tensors = rng_state()
+    torch.save(tensors, tmp / "rng.pt")
+    (tmp / "state.json").write_text(json.dumps({**state, "step": step, "rng": plain}))
+    (tmp / "manifest.json").write_text(json.dumps(_manifest(tmp, step), indent=1))
+    final = ckpt_root / step_dir_name(step)
+    if final.exists():
+        old = ckpt_root / f".old-{final.name}"
+        shutil.rmtree(old, ignore_errors=True)
+        final.rename(old)
+        tmp.rename(final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        tmp.rename(final)
+    prune_checkpoints(ckpt_root, keep_last)
+    return final
+
+
+def save_checkpoint(ckpt_root: Path, step: int, state: dict, write_payload: Callable[[Path], None],
+                    keep_last: int) -> Path:
+    """Single-process save: begin, `write_payload(tmp)` (e.g. `torch_payload_writer`), commit."""
+    tmp = begin_checkpoint(ckpt_root, step)
+    write_payload(tmp)
+    return commit_checkpoint(ckpt_root, tmp, step, state, keep_last)
+
+
+def list_checkpoints(ckpt_root: Path) -> list[tuple[int, Path]]:
+    """(step, dir) of every step_N directory, newest first (validity not checked)."""
+    if not ckpt_root.is_dir():
+        return []
+    out = [(int(m.group(1)), p) for p in ckpt_root.iterdir() if p.is_dir() and (m := STEP_RE.match(p.name))]
+    return sorted(out, reverse=True)
+
+
+def prune_checkpoints(ckpt_root: Path, keep_last: int) -> None:
+    for _, p in list_checkpoints(ckpt_root)[keep_last:]:
+        shutil.rmtree(p, ignore_errors=True)
+    for p in [*ckpt_root.glob(".tmp-*"), *ckpt_root.glob(".old-*")]:
+        shutil.rmtree(p, ignore_errors=True)
+
+
+def verify_checkpoint(path: Path) -> str | None:
+    """None if `path` is complete and intact, else the reason (names the file)."""
+    mf = path / "manifest.json"
+    try:
+        manifest = json.loads(mf.read_text())
+    except FileNotFoundError:
+        return "manifest.json is missing (partial write)"
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        return f"manifest.json is not valid JSON ({e})"
+    if manifest.get("format") != FORMAT or not isinstance(manifest.get("files"), dict):
+        return f"manifest.json has format {manifest.get('format')!r}, expected {FORMAT!r}"
+    for rel, info in manifest["files"].items():
+        f = path / rel
+        if not f.is_file():
+            return f"{rel} is missing"
+        if f.stat().st_size != info["bytes"]:
+            return f"{rel} has {f.stat().st_size} bytes, manifest says {info['bytes']}"
+        if sha256_file(f) != info["sha256"]:
+            return f"{rel} fails its sha256 checksum"
+    for required in ("state.json", "rng.pt"):
+        if required not in manifest["files"]:
+            return f"{required} is not in the manifest"
+    return None
+
+
+def find_latest_checkpoint(ckpt_root: Path) -> Path | None:
+    """The newest checkpoint that verifies; each newer broken one is skipped with a RuntimeWarning."""
+    for step, p in list_checkpoints(ckpt_root):
+        reason = verify_checkpoint(p)
+        if reason is None:
+            return p
+        warnings.warn(f"checkpoint {p} (step {step}) is corrupt or partial: {reason}; skipping it and "
+                      "trying the previous one", RuntimeWarning, stacklevel=2)
+    return None
+
+
+def read_state(path: Path) -> dict:
+    """state.json of a verified checkpoint, with RNG states restored."""
+    import torch
+
+    state = json.loads((path / "state.json").read_text())
+    set_rng_state(state["rng"], torch.load(path / "rng.pt", weights_only=True))
+    return state
+
+
+def torch_payload_writer(model, optimizer) -> Callable[[Path], None]:
+    """Payload of the torch engine: weights as safetensors (shared tensors stored once) + optimizer state."""
+
+    def write(tmp: Path) -> None:
+        import torch
+        from safetensors.torch import save_model
+
+        save_model(model, str(tmp / "model.safetensors"))
+        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+
+    return write
+
+
+def load_torch_payload(path: Path, model, optimizer, device: Any) -> None:
+    import torch
+    from safetensors.torch import load_model
+
+    missing, unexpected = load_model(model, str(path / "model.safetensors"), strict=False, device=str(device))
+    if missing or unexpected:
+        raise InputDataError(f"checkpoint {path}/model.safetensors does not match the model: missing "
+                             f"{sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]} (different model config?)")
+    optimizer.load_state_dict(torch.load(path / "optimizer.pt", map_location="cpu", weights_only=True))

@@ -1,0 +1,86 @@
+"""The LM loss on packed batches: standard (full logits) or chunked (logits never fully materialized).
+
+Position i's hidden state predicts labels[i+1] of the flattened (1, T) batch; labels carry -100 at every
+segment's first token and on padding, so no term crosses a document boundary (see packing.batches).
+
+    standard   logits (T, V) fp32 at once: T=16k, V=32k → 2 GiB, plus as much again for its gradient
+    chunked    C tokens at a time under torch.utils.checkpoint: (C, V) live in forward and once more in
+               backward (recomputed), e.g. C=2048 → 256 MiB; ~+1 LM-head matmul of compute (≈ 2·T·h·V FLOPs)
+
+Both return per-token losses summed in one `sum()` over the same (T,) vector, so the loss is bitwise equal in
+fp32 (tested); the LM-head weight gradient is summed chunk by chunk instead of in one matmul, equal up to
+summation order (≤ 4e-7 relative measured), all other gradients bitwise. `PackedCausalLM` wraps a LlamaForCausalLM so that `forward(labels=..., **inputs)` returns the
+micro-batch's loss sum — the module DeepSpeed or DDP wrap.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+IGNORE = -100
+
+
+def next_token_targets(labels: torch.Tensor) -> torch.Tensor:
+    """(…, L) unshifted labels → (N,) targets, N = numel: target[i] = labels_flat[i+1], last = -100.
+
+    >>> import torch
+    >>> next_token_targets(torch.tensor([[-100, 6, -100, 8, 9, -100]])).tolist()
+    [6, -100, 8, 9, -100, -100]
+    """
+    import torch
+
+    flat = labels.reshape(-1)
+    return torch.cat([flat[1:], flat.new_full((1,), IGNORE)])
+
+
+def _token_losses(hidden: torch.Tensor, head, targets: torch.Tensor) -> torch.Tensor:
+    """(n, h) hidden, LM head, (n,) targets → (n,) fp32 cross-entropies (0 where target = -100)."""
+    import torch.nn.functional as F
+
+    logits = head(hidden).float()   # (n, V)
+    return F.cross_entropy(logits, targets, ignore_index=IGNORE, reduction="none")
+
+
+def lm_loss_sum(hidden: torch.Tensor, head, labels: torch.Tensor, chunk_tokens: int | None = None
+                ) -> torch.Tensor:
+    """Sum of next-token cross-entropies. hidden (…, L, h), labels (…, L) → fp32 scalar.
+
+    `chunk_tokens` None → standard; else the LM head + CE run `chunk_tokens` rows at a time, each under
+    activation checkpointing so only the (n, h) hidden slice is kept for backward."""
+    import torch
+    from torch.utils.checkpoint import checkpoint
+
+    h = hidden.reshape(-1, hidden.shape[-1])   # (N, h)
+    targets = next_token_targets(labels)        # (N,)
+    if chunk_tokens is None or chunk_tokens >= h.shape[0]:
+        return _token_losses(h, head, targets).sum()
+    parts = [checkpoint(_token_losses, h[i:i + chunk_tokens], head, targets[i:i + chunk_tokens],
+                        use_reentrant=False)
+             for i in range(0, h.shape[0], chunk_tokens)]
+    return torch.cat(parts).sum()
+
+
+def _module():
+    import torch
+
+    class PackedCausalLM(torch.nn.Module):
+        """LlamaForCausalLM + packed loss. forward(labels, **model_inputs) → loss sum (fp32 scalar)."""
+
+        def __init__(self, lm, loss: str = "standard", chunk_tokens: int = 2048):
+            super().__init__()
+            self.lm = lm
+            self.chunk_tokens = chunk_tokens if loss == "chunked" else None
+
+        def forward(self, labels, **inputs):
+            hidden = self.lm.model(**inputs).last_hidden_state   # (rows, L, h) or (1, T, h)
+            return lm_loss_sum(hidden, self.lm.lm_head, labels, self.chunk_tokens)
+
+    return PackedCausalLM
+
+
+def packed_causal_lm(lm, loss: str = "standard", chunk_tokens: int = 2048):
+    """Wrap `lm` (its parameters are shared, state_dict keys gain the prefix 'lm.')."""
+    return _module()(lm, loss, chunk_tokens)

@@ -1,0 +1,227 @@
+"""Small builders the loop stands on: ranks and devices, the micro-batch shape, the torch optimizer step, OOM.
+
+    dist_info()                 rank / local_rank / world_size from torchrun or the DeepSpeed launcher env
+    init_distributed(d, dev)    NCCL (CUDA) or gloo (CPU) process group when world_size > 1
+    resolve_device(cfg, d)      cuda:LOCAL_RANK, or cpu
+    choose_shape(...)           rows per micro-batch + grad accumulation for train.budget None | int | 'auto'
+    TorchStepper                backward per micro-batch (DDP no_sync until the last), clip, step, GradScaler
+    oom_error(...)              the OutOfMemory error naming planned and observed peaks
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from packtrain.errors import ConfigError, PacktrainError
+
+if TYPE_CHECKING:
+    from packtrain.config import ModelConfig, PlanConfig, TrainConfig
+
+
+class TrainOutOfMemory(PacktrainError):
+    """Training ran out of device memory; the message names planned and observed peaks and what to change."""
+
+    exit_code = 1
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def dist_info() -> DistInfo:
+    """From RANK / LOCAL_RANK / WORLD_SIZE (set by torchrun and the DeepSpeed launcher); 0/0/1 otherwise."""
+    env = os.environ
+    return DistInfo(int(env.get("RANK", 0)), int(env.get("LOCAL_RANK", 0)), int(env.get("WORLD_SIZE", 1)))
+
+
+def resolve_device(device: str, d: DistInfo):
+    """'auto' → cuda:LOCAL_RANK when CUDA is available, else cpu. 'cuda' without CUDA is a ConfigError."""
+    import torch
+
+    has_cuda = torch.cuda.is_available()
+    if device == "cuda" and not has_cuda:
+        raise ConfigError("train.device: 'cuda' but torch sees no CUDA device (this torch is "
+                          f"{torch.__version__}); use train.device=auto or cpu")
+    if device in ("cuda", "auto") and has_cuda:
+        torch.cuda.set_device(d.local_rank)
+        return torch.device("cuda", d.local_rank)
+    return torch.device("cpu")
+
+
+def init_distributed(d: DistInfo, device) -> None:
+    if d.world_size <= 1:
+        return
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+
+
+def global_sum(x: float | int, d: DistInfo, device) -> float:
+    """Σ over ranks of a Python number (the window's label tokens, its loss sum)."""
+    if d.world_size <= 1:
+        return x
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor([float(x)], dtype=torch.float64, device=device)
+    dist.all_reduce(t)
+    return t.item()
+
+
+def barrier(d: DistInfo) -> None:
+    if d.world_size > 1:
+        import torch.distributed as dist
+
+        dist.barrier()
+
+
+@dataclass
+class Shape:
+    """The micro-batch shape a run trains with: `rows` packs of the pack store's `budget` tokens each."""
+
+    budget: int               # tokens per pack (fixed by the pack stage)
+    rows: int                 # packs per micro-batch
+    grad_accum: int
+    source: str               # 'pack' (train.budget None), 'train' (an int), 'auto' (the planner)
+    plan: Any = None          # planner MemoryPlan when source == 'auto'
+
+    @property
+    def tokens(self) -> int:
+        return self.budget * self.rows
+
+
+def choose_shape(model_cfg: ModelConfig, train_cfg: TrainConfig, pack_budget: int, plan_cfg: PlanConfig | None,
+                 vocab_size: int | None = None) -> Shape:
+    """Micro-batch shape. The packs' budget P is fixed on disk, so a train budget B (int, or the planner's
+    choice for 'auto') is honored as B·rows tokens per micro-batch = (B·rows)//P packs.
+
+    >>> from packtrain.config import ModelConfig, TrainConfig
+    >>> choose_shape(ModelConfig(), TrainConfig(rows=4, budget=1024), 512, None).rows
+    8
+    """
+    b = train_cfg.budget
+    if b is None or b == pack_budget:
+        return Shape(pack_budget, train_cfg.rows, train_cfg.grad_accum, "pack" if b is None else "train")
+    ga, plan, source = train_cfg.grad_accum, None, "train"
+    if b == "auto":
+        from packtrain.config import PlanConfig
+        from packtrain.planner import choose_budget
+
+        b, ga, plan = choose_budget(model_cfg, train_cfg, plan_cfg or PlanConfig())
+        source = "auto"
+    rows = (int(b) * train_cfg.rows) // pack_budget
+    if rows < 1:
+        raise ConfigError(f"train.budget {b} × train.rows {train_cfg.rows} = {int(b) * train_cfg.rows} tokens is "
+                          f"less than one pack ({pack_budget} tokens, the pack stage's budget): re-run "
+                          f"`packtrain pack --set pack.budget={b}` or raise train.rows")
+    return Shape(pack_budget, rows, int(ga), source, plan)
+
+
+@dataclass
+class StepInfo:
+    grad_norm: float | None
+    skipped: bool             # fp16: inf/nan gradients → the optimizer step was skipped, scale halved
+    loss_scale: float | None
+
+
+class TorchStepper:
+    """Plain PyTorch engine: (DDP when world_size > 1) backward, unscale, clip, AdamW step, zero_grad."""
+
+    def __init__(self, module, optimizer, scaler, train_cfg: TrainConfig, d: DistInfo, device):
+        self.lm = module.lm
+        self.optimizer, self.scaler, self.clip = optimizer, scaler, float(train_cfg.grad_clip)
+        if d.world_size > 1:
+            from torch.nn.parallel import DistributedDataParallel as DDP
+
+            module = DDP(module, device_ids=[device.index] if device.type == "cuda" else None)
+        self.module, self.ddp = module, d.world_size > 1
+        self._params = [p for p in self.lm.parameters() if p.requires_grad]
+
+    def backward(self, loss, last: bool) -> None:
+        ctx = self.module.no_sync() if self.ddp and not last else contextlib.nullcontext()
+        with ctx:
+            (self.scaler.scale(loss) if self.scaler else loss).backward()
+
+    def step(self) -> StepInfo:
+        import torch
+
+        if self.scaler:
+            self.scaler.unscale_(self.optimizer)
+        norm = torch.nn.utils.clip_grad_norm_(self._params, self.clip if self.clip > 0 else float("inf"))
+        skipped, scale = False, None
+        if self.scaler:
+            before = self.scaler.get_scale()
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+            scale = self.scaler.get_scale()
+            skipped = scale < before
+        else:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return StepInfo(float(norm), skipped, scale)
+
+    def save(self, tmp: Path) -> None:
+        from packtrain.train.checkpoint import torch_payload_writer
+
+        torch_payload_writer(self.lm, self.optimizer)(tmp)
+
+    def load(self, path: Path) -> None:
+        from packtrain.train.checkpoint import load_torch_payload
+
+        load_torch_payload(path, self.lm, self.optimizer, next(self.lm.parameters()).device)
+
+    def scaler_state(self) -> dict | None:
+        return self.scaler.state_dict() if self.scaler else None
+
+    def load_scaler_state(self, state: dict | None) -> None:
+        if self.scaler and state:
+            self.scaler.load_state_dict(state)
+
+    def full_state_dict(self) -> dict | None:
+        return None   # save_pretrained reads the live model
+
+
+def oom_error(step: int, device, shape: Shape, model_cfg: ModelConfig, train_cfg: TrainConfig,
+              plan_cfg: PlanConfig | None) -> TrainOutOfMemory:
+    """Name the observed peak (max_memory_allocated), the planner's predicted peak and its suggestion."""
+    from packtrain.telemetry.memory import cuda_memory_stats
+
+    mem = cuda_memory_stats(device)
+    total = None
+    with contextlib.suppress(Exception):
+        import torch
+
+        total = torch.cuda.get_device_properties(device).total_memory / (1 << 30)
+    plan, planned, hint = shape.plan, None, None
+    with contextlib.suppress(Exception):
+        if plan is None:
+            from packtrain.config import PlanConfig
+            from packtrain.planner import plan_memory
+
+            plan = plan_memory(model_cfg, train_cfg, shape.tokens, plan_cfg or PlanConfig(),
+                               device_memory_gib=total)
+    if plan is not None:
+        planned = getattr(plan, "peak_gib", None) or getattr(plan, "total_gib", None)
+        hint = getattr(plan, "suggestion", None)
+    planned_s = f"{planned:.1f} GiB" if isinstance(planned, (int, float)) else "unavailable (no planner result)"
+    total_s = f" of {total:.1f} GiB" if total else ""
+    return TrainOutOfMemory(
+        f"out of device memory at step {step} on {device}: observed peak {mem['peak_alloc_gib']:.1f} GiB "
+        f"allocated ({mem['peak_reserved_gib']:.1f} GiB reserved){total_s}; planned peak {planned_s} for "
+        f"{shape.rows} rows × {shape.budget} tokens, grad_accum {shape.grad_accum}, "
+        f"precision {train_cfg.precision}, activation_checkpointing {train_cfg.activation_checkpointing}."
+        + (f" Planner: {hint}." if hint else "")
+        + " Lower train.rows or train.budget (or set train.budget=auto), set train.activation_checkpointing=full,"
+          " train.loss=chunked, or train.engine=deepspeed with train.deepspeed.offload_optimizer=true.")

@@ -1,0 +1,237 @@
+"""`TrainSession`: everything the loop needs, built in order, plus per-step records, checkpoints, the end.
+
+Setup order (each step is one call into a builder):
+  allocator env (before CUDA) → seeds/threads → device + process group → pack store shape → attention backend
+  → model (meta init) → loss wrapper → activation checkpointing → compile → optimizer + LR schedule
+  → engine (torch/DDP or DeepSpeed: sharding last) → telemetry → resume from the newest valid checkpoint.
+
+Outputs under `out_dir` (rank 0 writes): train_log.jsonl (one line per optimizer step: step, loss, lr,
+grad_norm, tokens), checkpoints/, deepspeed_config.json (engine: deepspeed), model/ (at the end).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import random
+import shutil
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+from packtrain.errors import MissingDataError
+from packtrain.train import checkpoint as ckpt
+from packtrain.train.runtime import (
+    DistInfo,
+    barrier,
+    choose_shape,
+    dist_info,
+    global_sum,
+    init_distributed,
+    oom_error,
+    resolve_device,
+)
+
+
+class TrainSession:
+    def __init__(self, model_cfg, train_cfg, pack_cfg, telemetry_cfg, packs_dir, tokenizer_dir, out_dir,
+                 tracker=None, plan_cfg=None):
+        t0 = time.perf_counter()
+        import numpy as np
+        import torch
+
+        from packtrain.model.attention import resolve_attention
+        from packtrain.model.build import build_model, count_params
+        from packtrain.packing.batches import PackedLoader
+        from packtrain.packing.store import PackStore
+        from packtrain.train import techniques as tq
+        from packtrain.train.loss import packed_causal_lm
+
+        self.model_cfg, self.cfg, self.tel_cfg, self.plan_cfg = model_cfg, train_cfg, telemetry_cfg, plan_cfg
+        self.out_dir, self.tracker = Path(out_dir), tracker
+        self.tokenizer_dir = Path(tokenizer_dir) if tokenizer_dir else None
+        if self.tokenizer_dir is None or not self.tokenizer_dir.is_dir():
+            raise MissingDataError(f"tokenizer directory {self.tokenizer_dir} does not exist: run "
+                                   "`packtrain tokenize` first (its output holds tokenizer/)")
+        self.allocator_env = tq.set_allocator_env(train_cfg)          # before anything touches CUDA
+        self.dist: DistInfo = dist_info()
+        if train_cfg.threads:
+            torch.set_num_threads(train_cfg.threads)
+        random.seed(train_cfg.seed)
+        np.random.seed(train_cfg.seed)
+        torch.manual_seed(train_cfg.seed)
+        self.device = resolve_device(train_cfg.device, self.dist)
+        init_distributed(self.dist, self.device)
+
+        split = Path(packs_dir) / "train"
+        store = PackStore.open(split, verify=False)
+        self.vocab_size = int(store.meta["vocab_size"])
+        self.shape = choose_shape(model_cfg, train_cfg, store.budget, plan_cfg, self.vocab_size)
+        self.loader = PackedLoader(split, rows=self.shape.rows, seed=train_cfg.seed, rank=self.dist.rank,
+                                   world_size=self.dist.world_size, pin_memory=self.device.type == "cuda")
+        self.backend = resolve_attention(train_cfg.attention, self.device, train_cfg.precision)
+        self.model = build_model(model_cfg, self.vocab_size, self.backend, self.device, torch.float32,
+                                 pad_token_id=store.meta.get("pad_id"), eos_token_id=store.meta.get("eos_id"))
+        self.params = count_params(self.model)
+        module = packed_causal_lm(self.model, train_cfg.loss, train_cfg.loss_chunk_tokens)
+        # Order: activation checkpointing, then compile, then sharding (DDP/DeepSpeed) — techniques.py says why.
+        self.ac_layers = tq.apply_activation_checkpointing(self.model, train_cfg)
+        self.compile_counter = tq.apply_compile(self.model, train_cfg)
+        self.optimizer = tq.build_optimizer(self.model, train_cfg, self.device.type)
+        self.scheduler = tq.build_scheduler(self.optimizer, train_cfg)
+        if train_cfg.engine == "deepspeed":
+            from packtrain.train.deepspeed_engine import DeepSpeedStepper
+
+            self.stepper = DeepSpeedStepper(module, self.optimizer, train_cfg, self.device, self.dist.world_size,
+                                            self.shape.rows, self.shape.grad_accum, self.out_dir)
+            self.autocast = contextlib.nullcontext   # DeepSpeed casts the module to bf16/fp16 itself
+        else:
+            from packtrain.train.runtime import TorchStepper
+
+            scaler = tq.make_grad_scaler(train_cfg.precision, self.device.type)
+            self.stepper = TorchStepper(module, self.optimizer, scaler, train_cfg, self.dist, self.device)
+            self.autocast = lambda: tq.autocast(train_cfg.precision, self.device.type)
+        self.module = self.stepper.module
+        self._init_telemetry()
+        self.ckpt_root = self.out_dir / "checkpoints"
+        self.log_path = self.out_dir / "train_log.jsonl"
+        self.history: list[dict] = []      # one record per optimizer step (also in train_log.jsonl)
+        self.start_step, self.resumed_from, self.last_ckpt = 0, None, None
+        self.timings = {"setup_s": time.perf_counter() - t0, "checkpoint_s": 0.0}
+
+    # ------------------------------------------------------------------------------------------ telemetry
+    def _init_telemetry(self) -> None:
+        from packtrain.telemetry.meter import ThroughputMeter
+        from packtrain.telemetry.mfu import device_name, peak_flops
+        from packtrain.telemetry.sampler import SystemSampler
+
+        self.meter = ThroughputMeter(self.tel_cfg.warmup_steps)
+        prec = self.cfg.precision if self.device.type == "cuda" else "fp32"
+        self.peak = peak_flops(device_name(self.device), prec, self.tel_cfg.peak_tflops)
+        self.sampler = None
+        if self.dist.is_main:
+            gpus = list(range(self.dist.world_size)) if self.device.type == "cuda" else None
+            self.sampler = SystemSampler(self.tel_cfg.interval_s, gpu_indices=gpus).start()
+
+    def window_flops(self, window) -> tuple[float, float]:
+        from packtrain.telemetry.mfu import step_flops
+
+        m, useful, dense = self.model_cfg, 0.0, 0.0
+        for b in window:
+            u, d = step_flops(self.params.non_embedding, m.num_layers, m.hidden_size, b.seq_lens,
+                              b.rows * b.budget, b.budget, self.vocab_size)
+            useful, dense = useful + u, dense + d
+        return useful, dense
+
+    # ------------------------------------------------------------------------------------------ resume
+    def restore(self, resume: bool) -> int:
+        """Resume from the newest valid checkpoint (resume=True) or start clean; returns the first step."""
+        if not resume:
+            if self.dist.is_main:
+                shutil.rmtree(self.ckpt_root, ignore_errors=True)
+                self.log_path.unlink(missing_ok=True)
+            barrier(self.dist)
+            return 0
+        path = ckpt.find_latest_checkpoint(self.ckpt_root)
+        if path is None:
+            warnings.warn(f"--resume: no valid checkpoint under {self.ckpt_root}; starting from step 0",
+                          RuntimeWarning, stacklevel=2)
+            return self.restore(False)
+        self.stepper.load(path)
+        state = ckpt.read_state(path)
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.stepper.load_scaler_state(state.get("scaler"))
+        self.loader.load_state_dict(state["loader"])
+        self.history = list(state["history"])
+        self.start_step = self.resumed_from = int(state["step"])
+        self.last_ckpt = path
+        if self.dist.is_main:   # the log may hold steps past the checkpoint from the killed run
+            self.log_path.write_text("".join(json.dumps(h) + "\n" for h in self.history))
+        print(f"resumed from {path} (step {self.start_step})", file=sys.stderr)
+        return self.start_step
+
+    # ------------------------------------------------------------------------------------------ per step
+    def record(self, step: int, window, loss: float, lr: float, info, step_time: float, data_wait: float) -> dict:
+        """Meter + history + train_log.jsonl + tracker for optimizer step `step` (1-based)."""
+        real = sum(b.n_real_tokens for b in window)
+        slot = sum(b.rows * b.budget for b in window)
+        labels = sum(b.n_label_tokens for b in window)
+        useful, dense = self.window_flops(window)
+        m = self.meter.record(step, step_time, data_wait, real, slot, useful, dense, self.peak)
+        world = self.dist.world_size
+        h = {"step": step, "loss": loss, "lr": lr, "grad_norm": info.grad_norm, "skipped": info.skipped,
+             "loss_scale": info.loss_scale, "real_tokens": real * world, "label_tokens": labels * world,
+             "slot_tokens": slot * world, "step_time_s": step_time}
+        self.history.append(h)
+        if self.dist.is_main:
+            with open(self.log_path, "a", encoding="utf-8") as f:
+                f.write(json.dumps(h) + "\n")
+            if self.tracker is not None and (step % self.cfg.log_every == 0 or step == self.cfg.max_steps):
+                extra = {"loss": loss, "lr": lr, "skipped": float(info.skipped)}
+                if info.grad_norm is not None:
+                    extra["grad_norm"] = info.grad_norm
+                if info.loss_scale is not None:
+                    extra["loss_scale"] = info.loss_scale
+                self.tracker.log_metrics({**m, **extra}, step=step)
+        return m
+
+    def checkpoint_due(self, step: int) -> bool:
+        every = self.cfg.checkpoint.every_steps
+        return (every > 0 and step % every == 0) or step == self.cfg.max_steps
+
+    def save_checkpoint(self, step: int) -> None:
+        t0 = time.perf_counter()
+        deepspeed = self.cfg.engine == "deepspeed"
+        tmp = ckpt.begin_checkpoint(self.ckpt_root, step) if self.dist.is_main else None
+        barrier(self.dist)
+        tmp = tmp or self.ckpt_root / f".tmp-{ckpt.step_dir_name(step)}"
+        if deepspeed or self.dist.is_main:
+            self.stepper.save(tmp)
+        barrier(self.dist)
+        if self.dist.is_main:
+            state = {"scheduler": self.scheduler.state_dict(), "scaler": self.stepper.scaler_state(),
+                     "loader": self.loader.state_dict(), "history": self.history}
+            self.last_ckpt = ckpt.commit_checkpoint(self.ckpt_root, tmp, step, state,
+                                                    self.cfg.checkpoint.keep_last)
+        barrier(self.dist)
+        self.timings["checkpoint_s"] += time.perf_counter() - t0
+
+    def oom(self, step: int):
+        return oom_error(step, self.device, self.shape, self.model_cfg, self.cfg, self.plan_cfg)
+
+    def global_sum(self, x):
+        return global_sum(x, self.dist, self.device)
+
+    # ------------------------------------------------------------------------------------------ the end
+    def save_model(self) -> Path | None:
+        """model/ = save_pretrained (safetensors, attention reset to sdpa) + the tokenizer; atomic."""
+        state = self.stepper.full_state_dict()
+        if not self.dist.is_main:
+            return None
+        final = self.out_dir / "model"
+        tmp = self.out_dir / ".model.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        lm = self.model
+        impl = lm.config._attn_implementation
+        lm.config._attn_implementation = "sdpa"   # plain transformers must load it without our registry
+        try:
+            lm.save_pretrained(tmp, state_dict=state, safe_serialization=True)
+        finally:
+            lm.config._attn_implementation = impl
+        src = self.tokenizer_dir / "tokenizer" if (self.tokenizer_dir / "tokenizer").is_dir() else self.tokenizer_dir
+        for f in src.iterdir():
+            if f.is_file():
+                shutil.copy2(f, tmp / f.name)
+        if final.exists():
+            shutil.rmtree(final)
+        tmp.rename(final)
+        return final
+
+    def telemetry_summary(self) -> dict[str, Any]:
+        from packtrain.telemetry.memory import cuda_memory_stats
+
+        system = self.sampler.stop().summary() if self.sampler else {}
+        return {"throughput": self.meter.summary(), "system": system,
+                "memory": cuda_memory_stats(self.device if self.device.type == "cuda" else None)}

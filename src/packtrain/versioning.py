@@ -1,0 +1,164 @@
+"""DVC helpers: the md5 DVC records for a path, the git revision, a DVC repo with a default remote, push.
+
+`data_md5` uses DVC's own hashing code (`dvc_data`), so it is exactly what `dvc add` writes into `.dvc`
+files and `dvc repro` into `dvc.lock`:
+
+    file       md5 of the bytes                                   'bbe02f946d5455d74616fc9777557c22'
+    directory  md5 of DVC's JSON listing [{"md5", "relpath"}...]   '894677b4e0c9ba24aaecbcaa60233674.dir'
+               (sorted by relpath; `.git`, `.hg`, `.dvc` entries ignored as DVC does; a `.dvcignore` of an
+               enclosing repo is not applied)
+
+Stage runners put the md5 of what they read into their stats (`input_md5`), tag their MLflow run
+`dvc.md5.<name>` and log it as the digest of an MLflow dataset input, so a run can be traced to the exact
+data version. dvc/dvc_data are imported inside the functions (≈0.1 s).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+from packtrain.errors import MissingDataError, PacktrainError
+
+DVC_IGNORED = frozenset({".git", ".hg", ".dvc"})
+
+
+def _fs():
+    from dvc_objects.fs.local import LocalFileSystem
+
+    return LocalFileSystem()
+
+
+def file_md5(path: str | Path) -> str:
+    """DVC md5 of one file (plain md5 of its bytes in DVC 3)."""
+    from dvc_data.hashfile.hash import hash_file
+
+    _, info = hash_file(str(path), _fs(), "md5")
+    return info.value
+
+
+def files_md5(files: Mapping[str, str | Path]) -> str:
+    """DVC `.dir` md5 of a virtual directory whose entry `relpath` holds the bytes of `files[relpath]`.
+
+    Equals `data_md5(d)` for a directory `d` laid out like that; used for the default corpus, whose files
+    are a selection from the standard library, not a whole directory.
+    """
+    from dvc_data.hashfile.hash import hash_file
+    from dvc_data.hashfile.tree import Tree
+
+    fs = _fs()
+    tree = Tree()
+    for rel, path in files.items():
+        meta, info = hash_file(str(path), fs, "md5")
+        tree.add(tuple(rel.split("/")), meta, info)
+    tree.digest()
+    return tree.hash_info.value
+
+
+def data_md5(path: str | Path) -> str:
+    """The md5 DVC records for `path`: a file's md5, or a directory's `<md5>.dir`.
+
+    >>> data_md5("data/ingest/documents.parquet")   # doctest: +SKIP
+    '3f1c...'
+    >>> data_md5("data/ingest")                     # doctest: +SKIP
+    '9a2b....dir'
+    """
+    p = Path(path)
+    if p.is_file():
+        return file_md5(p)
+    if not p.is_dir():
+        raise MissingDataError(f"cannot hash {p}: no such file or directory")
+    files: dict[str, Path] = {}
+    for dirpath, dirnames, filenames in os.walk(p):
+        dirnames[:] = [d for d in dirnames if d not in DVC_IGNORED]
+        rel_dir = Path(dirpath).relative_to(p)
+        for name in filenames:
+            if name not in DVC_IGNORED:
+                files[(rel_dir / name).as_posix()] = Path(dirpath) / name
+    return files_md5(files)
+
+
+def git_rev(root: str | Path | None = None) -> str | None:
+    """`git rev-parse HEAD` in `root` (default: cwd), None outside a git checkout or without git."""
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+def _git_toplevel(root: Path) -> Path | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=root, capture_output=True, text=True,
+                             timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return Path(out.stdout.strip()).resolve() if out.returncode == 0 and out.stdout.strip() else None
+
+
+def ensure_dvc_repo(root: str | Path = ".", remote_dir: str | Path | None = None,
+                    remote_name: str = "local") -> Path:
+    """Make `root` a DVC repo with a default remote; idempotent. Returns the resolved root.
+
+    - no `.dvc/`: `dvc init` — with `core.no_scm` when `root` is not inside a git work tree, `--subdir`
+      when it is inside one but not at its top (like `dvc init`, this stages DVC's files in git);
+    - adds remote `remote_name` → `remote_dir` (default `<root>/.packtrain/dvc-remote`, a local directory)
+      unless a remote of that name exists, and makes it the default unless a default is already set
+      (so an S3/GCS remote configured with `dvc remote add -d` is kept; see docs/data.md).
+    """
+    from dvc.repo import Repo
+
+    root = Path(root).resolve()
+    root.mkdir(parents=True, exist_ok=True)
+    if not (root / ".dvc").is_dir():
+        top = _git_toplevel(root)
+        if top is None:
+            Repo.init(str(root), no_scm=True)
+        else:
+            Repo.init(str(root), subdir=top != root)
+    remote = Path(remote_dir).resolve() if remote_dir else root / ".packtrain" / "dvc-remote"
+    remote.mkdir(parents=True, exist_ok=True)
+    repo = Repo(str(root))
+    try:
+        with repo.config.edit("repo") as conf:
+            if remote_name not in conf["remote"]:
+                conf["remote"][remote_name] = {"url": str(remote)}
+            if not conf["core"].get("remote"):
+                conf["core"]["remote"] = remote_name
+    finally:
+        repo.close()
+    return root
+
+
+def push(paths: Iterable[str | Path], root: str | Path = ".", remote: str | None = None) -> int:
+    """Push `paths` to the DVC remote (default remote unless `remote`); returns the number of files sent.
+
+    A path that no `.dvc` file or `dvc.yaml` stage tracks yet is `dvc add`-ed first (writing `<path>.dvc`);
+    a stage output (dvc.yaml) is pushed as recorded in dvc.lock.
+    """
+    from dvc.exceptions import DvcException, OutputNotFoundError
+    from dvc.repo import Repo
+
+    root = Path(root).resolve()
+    if not (root / ".dvc").is_dir():
+        raise MissingDataError(f"{root} is not a DVC repo: call ensure_dvc_repo first (or `dvc init`)")
+    repo = Repo(str(root))
+    try:
+        targets = []
+        for p in paths:
+            path = (root / p).resolve() if not Path(p).is_absolute() else Path(p)
+            if not path.exists():
+                raise MissingDataError(f"cannot push {path}: it does not exist")
+            try:
+                repo.find_outs_by_path(str(path))
+            except OutputNotFoundError:
+                repo.add([str(path)])
+            targets.append(str(path))
+        try:
+            return int(repo.push(targets=targets, remote=remote))
+        except DvcException as e:
+            raise PacktrainError(f"dvc push of {', '.join(targets)} failed: {e}") from None
+    finally:
+        repo.close()

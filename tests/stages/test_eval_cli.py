@@ -1,0 +1,105 @@
+"""Bad input to `packtrain evaluate` / `packtrain register`: a clear error naming the path or field, a
+non-zero exit code, and the inputs untouched."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from packtrain.cli import main
+from packtrain.evaluate.tiny import build_tiny_model_dir, write_tiny_packs
+
+TEXTS = ["def f(x):\n    return x\n", "import os\n", "The cat sat on the mat."] * 6
+
+
+def tree_digest(root: Path) -> str:
+    h = hashlib.sha256()
+    for p in sorted(root.rglob("*")):
+        h.update(str(p.relative_to(root)).encode())
+        if p.is_file():
+            h.update(p.read_bytes())
+    return h.hexdigest()
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("in")
+    model = build_tiny_model_dir(root / "model", TEXTS)
+    rng = np.random.default_rng(0)
+    write_tiny_packs(root / "packs" / "eval", [rng.integers(0, 250, size=20) for _ in range(5)], budget=32)
+    ev = root / "ev"
+    ev.mkdir()
+    (ev / "eval_result.json").write_text(json.dumps({"eval_loss": 5.5, "perplexity": 244.7}))
+    return root, model
+
+
+def run_cli(args, tmp_path, capsys):
+    code = main([*args, "--set", f"workdir={tmp_path / 'work'}"])
+    return code, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("case, code, needle", [
+    ("evaluate_no_model", 5, "model directory"),
+    ("evaluate_not_a_model", 3, "missing config.json"),
+    ("evaluate_no_eval_packs", 5, "eval packs"),
+    ("evaluate_corrupt_packs", 3, "corrupt"),
+    ("evaluate_bad_device_value", 2, "evaluate.device"),
+    ("register_no_eval_result", 5, "eval_result.json"),
+    ("register_corrupt_eval_result", 3, "not valid JSON"),
+    ("register_eval_result_without_metric", 3, "'perplexity'"),
+    ("register_tracking_disabled", 2, "tracking.enabled"),
+    ("register_bad_model_name", 2, "register.model_name"),
+])
+def test_bad_input(case, code, needle, inputs, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    root, model = inputs
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    packs, ev = root / "packs", root / "ev"
+    args = {
+        "evaluate_no_model": ["evaluate", "--model", str(tmp_path / "nope"), "--packs", str(packs)],
+        "evaluate_not_a_model": ["evaluate", "--model", str(bad), "--packs", str(packs)],
+        "evaluate_no_eval_packs": ["evaluate", "--model", str(model), "--packs", str(bad)],
+        "evaluate_corrupt_packs": ["evaluate", "--model", str(model), "--packs", str(bad)],
+        "evaluate_bad_device_value": ["evaluate", "--model", str(model), "--packs", str(packs),
+                                      "--set", "evaluate.device=tpu"],
+        "register_no_eval_result": ["register", "--model", str(model), "--eval", str(bad)],
+        "register_corrupt_eval_result": ["register", "--model", str(model), "--eval", str(bad)],
+        "register_eval_result_without_metric": ["register", "--model", str(model), "--eval", str(bad),
+                                                "--set", "register.metric=perplexity"],
+        "register_tracking_disabled": ["register", "--model", str(model), "--eval", str(ev),
+                                       "--set", "tracking.enabled=false"],
+        "register_bad_model_name": ["register", "--model", str(model), "--eval", str(ev),
+                                    "--set", "register.model_name=a/b"],
+    }[case]
+    if case == "evaluate_corrupt_packs":
+        (bad / "eval").mkdir()
+        (bad / "eval" / "meta.json").write_text("{not json")
+    if case == "register_corrupt_eval_result":
+        (bad / "eval_result.json").write_text("{\"eval_loss\": ")
+    if case == "register_eval_result_without_metric":
+        (bad / "eval_result.json").write_text(json.dumps({"eval_loss": 5.0}))
+    before = tree_digest(root), tree_digest(bad)
+    got, err = run_cli(args, tmp_path, capsys)
+    assert got == code, err
+    assert err.strip().splitlines()[-1].startswith("error: ") and needle in err and "Traceback" not in err
+    assert not (tmp_path / "work" / "mlflow.db").exists()   # rejected before any MLflow run was opened
+    assert (tree_digest(root), tree_digest(bad)) == before
+    assert not (tmp_path / "work" / "evaluate").exists() and not (tmp_path / "work" / "register").exists()
+
+
+def test_installed_command_exits_nonzero(tmp_path):
+    """The real entry point (a subprocess): missing model → exit 5, one-line error, no traceback."""
+    exe = Path(sys.executable).with_name("packtrain")
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "packtrain.cli"]
+    env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"}
+    p = subprocess.run([*cmd, "evaluate", "--set", f"workdir={tmp_path}", "--model", str(tmp_path / "m")],
+                       capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    assert p.returncode == 5 and "error: model directory" in p.stderr and "Traceback" not in p.stderr

@@ -1,0 +1,130 @@
+"""evaluate → register through the real CLI on a real sqlite MLflow registry in tmp_path.
+
+Three tiny models with different init scales are evaluated on the same eval packs; their real losses order
+them. Registered in the order middle, worst, best: v1 → champion (first), v2 → challenger (champion stays
+v1), v3 → champion (moves). `models:/<name>@champion` then loads back as v3's weights and generates.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from packtrain.cli import main
+from packtrain.evaluate.tiny import build_tiny_model_dir, write_tiny_packs
+
+TEXTS = ["def area(r):\n    return 3.14159 * r * r\n", "import os\nimport sys\nprint(sys.argv)\n",
+         "The quick brown fox jumps over the lazy dog. " * 3] * 8
+NAME = "tiny-lm"
+
+
+@pytest.fixture
+def setup(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)   # MLflow puts artifacts of a new experiment under ./mlruns
+    models = {s: build_tiny_model_dir(tmp_path / f"model-{s}", TEXTS, init_std=s) for s in (0.02, 0.3, 1.0)}
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(models[0.02]))
+    rng = np.random.default_rng(0)
+    docs = [rng.integers(0, len(tok), size=int(n)) for n in rng.integers(8, 60, size=12)]
+    packs = tmp_path / "packs"
+    write_tiny_packs(packs / "eval", docs, budget=64, pad_id=tok.eos_token_id, vocab_size=len(tok))
+    (packs / "pack_stats.json").write_text(json.dumps(
+        {"input_md5": "5d41402abc4b2a76b9719d911017c592", "train": {"fill": 0.991}, "eval": {"fill": 0.93}}))
+    work = tmp_path / "run"
+    sets = ["--set", f"workdir={work}", "--set", "evaluate.max_batches=null", "--set", "evaluate.rows=2",
+            "--set", "evaluate.sample_tokens=4", "--set", f"register.model_name={NAME}",
+            "--set", "register.margin=0.01", "--set", "tracking.system_metrics=false"]
+    return tmp_path, models, packs, work, sets
+
+
+def _json(path):
+    return json.loads(path.read_text())
+
+
+@pytest.mark.slow
+def test_champion_challenger_and_load_back(setup, capsys):
+    tmp, models, packs, work, sets = setup
+    losses = {}
+    for s, d in models.items():
+        assert main(["evaluate", *sets, "--model", str(d), "--packs", str(packs), "--out", str(tmp / f"ev-{s}")]) == 0
+        ev = _json(tmp / f"ev-{s}" / "eval_result.json")
+        assert ev["complete"] and ev["lineage"]["input_md5"].startswith("5d41")
+        assert len(_json(tmp / f"ev-{s}" / "samples.json")) == 3
+        losses[s] = ev["eval_loss"]
+    best, mid, worst = sorted(losses, key=losses.get)
+    assert losses[best] < losses[mid] * 0.99 and losses[mid] < losses[worst]
+
+    train = tmp / "train-mid"
+    train.mkdir()
+    (train / "train_result.json").write_text(json.dumps(
+        {"summary": {"useful_mfu": 0.42, "tokens_per_s": 1234.0}, "memory": {"peak_alloc_gib": 3.5}}))
+
+    def register(s, train_dir, out, *extra):
+        assert main(["register", *sets, *extra, "--model", str(models[s]), "--eval", str(tmp / f"ev-{s}"),
+                     "--train", str(train_dir), "--out", str(tmp / out)]) == 0
+        return _json(tmp / out / "register_result.json")
+
+    r1 = register(mid, train, "reg1")
+    assert (r1["version"], r1["decision"], r1["champion_version"]) == ("1", "champion", "1")
+    assert r1["champion_value"] is None and r1["candidate_value"] == pytest.approx(losses[mid])
+    t = r1["version_tags"]
+    assert t["mfu"] == "0.42" and t["peak_memory_gib"] == "3.5" and t["packing_fill"] == "0.991"
+    assert t["dataset_md5"].startswith("5d41")
+    assert (t.get("git_sha"), t["missing_tags"]) != (None, "none")   # a sha, or listed as missing (no .git)
+    print(f"log_model {r1['flavor']}: {r1['log_model_s']:.2f} s")
+
+    r2 = register(worst, tmp / "no-train", "reg2")
+    assert (r2["version"], r2["decision"], r2["champion_version"]) == ("2", "challenger", "1")
+    assert r2["champion_value"] == pytest.approx(losses[mid]) and r2["candidate_value"] == pytest.approx(losses[worst])
+    assert set(r2["missing_tags"]) == {"mfu", "peak_memory_gib"}
+
+    r3 = register(best, tmp / "no-train", "reg3")
+    assert (r3["version"], r3["decision"], r3["champion_version"]) == ("3", "champion", "3")
+    assert r3["previous_champion_version"] == "1" and r3["champion_value"] == pytest.approx(losses[mid])
+
+    import mlflow
+    from mlflow import MlflowClient
+
+    uri = r3["tracking_uri"]
+    assert uri == f"sqlite:///{(work / 'mlflow.db').resolve()}"
+    client = MlflowClient(tracking_uri=uri)
+    assert str(client.get_model_version_by_alias(NAME, "champion").version) == "3"
+    assert str(client.get_model_version_by_alias(NAME, "challenger").version) == "2"
+    v2 = client.get_model_version(NAME, "2")
+    assert v2.tags["decision"] == "challenger" and float(v2.tags["eval_loss"]) == pytest.approx(losses[worst])
+    run = client.get_run(r2["run_id"])
+    assert run.data.tags["packtrain.decision"] == "challenger" and run.info.run_name == "register"
+    assert run.data.metrics["candidate_eval_loss"] == pytest.approx(losses[worst])
+    assert run.data.metrics["champion_eval_loss"] == pytest.approx(losses[mid])
+    assert "register_result.json" in {f.path for f in client.list_artifacts(r2["run_id"])}
+
+    from packtrain.evaluate import load_champion
+    from packtrain.evaluate.loading import load_model_dir
+
+    before = mlflow.get_tracking_uri(), os.environ.get("MLFLOW_TRACKING_URI")
+    model, tok = load_champion(NAME, uri)
+    assert (mlflow.get_tracking_uri(), os.environ.get("MLFLOW_TRACKING_URI")) == before   # no global change
+    ref, _ = load_model_dir(models[best], "cpu")
+    for (k, a), (_, b) in zip(sorted(model.state_dict().items()), sorted(ref.state_dict().items()), strict=True):
+        assert torch.equal(a.float(), b), k
+    x = tok("def ", return_tensors="pt")
+    out = model.generate(**x, max_new_tokens=6, do_sample=False, pad_token_id=tok.eos_token_id)
+    assert out.shape[1] > x["input_ids"].shape[1] and isinstance(tok.decode(out[0]), str)
+
+    # the pytorch flavor loads back too (tokenizer shipped as extra files)
+    r4 = register(worst, tmp / "no-train", "reg4", "--set", "register.flavor=pytorch")
+    assert r4["flavor"] == "pytorch" and r4["decision"] == "challenger" and r4["champion_version"] == "3"
+    from packtrain.evaluate import load_registered
+
+    m4, tok4 = load_registered(f"models:/{NAME}/4", uri)
+    ref4, _ = load_model_dir(models[worst], "cpu")
+    assert torch.equal(m4.get_input_embeddings().weight, ref4.get_input_embeddings().weight)
+    y = m4.generate(**tok4("The ", return_tensors="pt"), max_new_tokens=4, do_sample=False,
+                    pad_token_id=tok4.eos_token_id)
+    assert y.shape[1] > 1
+    assert "champion" in capsys.readouterr().out

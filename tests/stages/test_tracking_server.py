@@ -1,0 +1,120 @@
+"""A real `mlflow server` stopped mid-run and restarted: every metric, tag, artifact and run arrives.
+
+One server test only: `mlflow server` takes ~10-20 s to start on a loaded 2-core machine, twice here.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from mlflow import MlflowClient
+
+from packtrain.config import load_run_config
+from packtrain.tracking import end_pipeline_run, stage_run, start_pipeline_run
+from packtrain.tracking.run import _clients, _close_clients
+
+pytestmark = pytest.mark.slow
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """`mlflow server` in its own process group (it spawns uvicorn workers): stop kills the whole group."""
+
+    def __init__(self, root: Path, port: int):
+        self.root, self.port, self.proc = root, port, None
+        self.uri = f"http://127.0.0.1:{port}"
+
+    def start(self, timeout_s: float = 120.0) -> None:
+        mlflow_bin = Path(sys.executable).with_name("mlflow")
+        env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", "MLFLOW_DISABLE_TELEMETRY": "true"}
+        env.pop("MLFLOW_TRACKING_URI", None)
+        log = open(self.root / "server.log", "a")  # noqa: SIM115 - closed with the process
+        self.proc = subprocess.Popen(
+            [str(mlflow_bin), "server", "--backend-store-uri", f"sqlite:///{self.root / 'server.db'}",
+             "--artifacts-destination", str(self.root / "server-artifacts"), "--host", "127.0.0.1",
+             "--port", str(self.port), "--workers", "1"],
+            stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.root, start_new_session=True)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"mlflow server exited: {(self.root / 'server.log').read_text()[-2000:]}")
+            try:
+                urllib.request.urlopen(f"{self.uri}/health", timeout=1).read()
+                return
+            except OSError:
+                time.sleep(0.2)
+        self.stop()
+        raise TimeoutError(f"mlflow server not healthy after {timeout_s} s")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=30)
+        self.proc = None
+
+
+def test_server_down_mid_run_then_back(tmp_path, monkeypatch):
+    server = Server(tmp_path, _free_port())
+    server.start()
+    try:
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", server.uri)
+        cfg = load_run_config("tiny-cpu", [f"workdir={tmp_path / 'work'}", "tracking.flush_interval_s=0",
+                                           "tracking.retry_after_s=0.1", "tracking.system_metrics=false"])
+        parent = start_pipeline_run(cfg)
+        assert not parent.startswith("pending-")
+        with stage_run("train", cfg, section=cfg.train) as train:
+            for step in range(5):  # live
+                train.log_step({"loss": 10.0 - step}, step=step)
+            server.stop()  # crash mid-run
+            slowest = 0.0
+            for step in range(5, 15):  # buffered
+                t0 = time.perf_counter()
+                train.log_step({"loss": 10.0 - step}, step=step)
+                slowest = max(slowest, time.perf_counter() - t0)
+                time.sleep(0.02)
+            train.log_json({"steps": 15}, "train_result.json")
+            train.set_tags({"packtrain.outage": "yes"})
+            assert train.client.down
+        with stage_run("evaluate", cfg, section=cfg.evaluate) as ev:  # created while the server is down
+            assert ev.run_id.startswith("pending-")
+            ev.log_step({"eval_loss": 3.5}, step=0)
+            server.start()  # back, same store
+            time.sleep(0.15)  # past retry_after_s
+            ev.log_step({"eval_loss": 3.25}, step=1)  # the next call replays the backlog first
+            assert not ev.client.down and not ev.run_id.startswith("pending-")
+        end_pipeline_run(parent)
+        assert slowest < 1.0  # a dead server costs one refused connection, not MLflow's minutes of retries
+
+        client = MlflowClient(server.uri)
+        tid = client.search_runs([client.get_experiment_by_name("packtrain").experiment_id],
+                                 "tags.mlflow.runName = 'train'")[0].info.run_id
+        history = client.get_metric_history(tid, "loss")
+        assert [m.step for m in sorted(history, key=lambda m: m.step)] == list(range(15))  # nothing lost
+        run = client.get_run(tid)
+        assert run.info.status == "FINISHED" and run.data.tags["packtrain.outage"] == "yes"
+        assert run.data.tags["mlflow.parentRunId"] == parent
+        assert run.data.params["train.max_steps"] == "30"
+        assert [a.path for a in client.list_artifacts(tid)] == ["train_result.json"]
+        (ev_run,) = client.search_runs([run.info.experiment_id], "tags.mlflow.runName = 'evaluate'")
+        assert ev_run.data.tags["mlflow.parentRunId"] == parent and ev_run.info.status == "FINISHED"
+        assert [m.value for m in client.get_metric_history(ev_run.info.run_id, "eval_loss")] == [3.5, 3.25]
+        assert client.get_run(parent).info.status == "FINISHED"
+        _close_clients()
+        assert not list((tmp_path / "work" / "mlflow-buffer").glob("*.jsonl"))
+    finally:
+        _close_clients()
+        _clients.clear()
+        server.stop()

@@ -1,0 +1,71 @@
+"""DVC md5s equal what a real `dvc add` records; ensure_dvc_repo + push to a local directory remote."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from packtrain.versioning import data_md5, ensure_dvc_repo, files_md5, git_rev, push
+
+DVC = str(Path(sys.executable).with_name("dvc"))
+
+
+def _tree(root: Path):
+    (root / "d" / "sub").mkdir(parents=True)
+    (root / "d" / "a.txt").write_bytes(b"hello\r\nworld\n")  # CRLF: DVC 3 hashes raw bytes
+    (root / "d" / "sub" / "b.bin").write_bytes(bytes(range(256)) * 10)
+    (root / "d" / "ü.txt").write_text("ünïcode", encoding="utf-8")
+    (root / "f.txt").write_text("file\n")
+
+
+@pytest.mark.slow
+def test_md5_equals_real_dvc_add_and_push_works(tmp_path):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    _tree(repo)
+    ours = {"d": data_md5(repo / "d"), "f.txt": data_md5(repo / "f.txt")}
+    ensure_dvc_repo(repo, tmp_path / "remote")
+    cfg = (repo / ".dvc" / "config").read_text()
+    assert "no_scm = True" in cfg and "remote = local" in cfg
+    env = {**os.environ, "DVC_NO_ANALYTICS": "1"}
+    subprocess.run([DVC, "add", "d", "f.txt"], cwd=repo, check=True, capture_output=True, env=env)
+    for name, md5 in ours.items():
+        rec = yaml.safe_load((repo / f"{name}.dvc").read_text())["outs"][0]
+        assert rec["md5"] == md5
+    assert ours["d"].endswith(".dir") and not ours["f.txt"].endswith(".dir")
+    # files_md5 over the same layout == the directory hash
+    files = {p.relative_to(repo / "d").as_posix(): p for p in (repo / "d").rglob("*") if p.is_file()}
+    assert files_md5(files) == ours["d"]
+
+    # push: tracked paths go straight to the remote; an untracked one is dvc-added first
+    (repo / "new.txt").write_text("new data\n")
+    sent = push(["d", "f.txt", "new.txt"], root=repo)
+    assert sent == 6  # 3 files in d + its .dir object + f.txt + new.txt
+    assert (repo / "new.txt.dvc").is_file()
+    remote_objs = {p.name for p in (tmp_path / "remote").rglob("*") if p.is_file()}
+    assert ours["f.txt"][2:] in remote_objs and ours["d"][2:] in remote_objs
+    assert push(["d"], root=repo) == 0  # already there
+    ensure_dvc_repo(repo, tmp_path / "other")  # idempotent: keeps the configured default remote
+    assert (repo / ".dvc" / "config").read_text() == cfg
+
+
+def test_ensure_keeps_a_user_default_remote_and_git_rev_outside_git(tmp_path):
+    repo = tmp_path / "r"
+    ensure_dvc_repo(repo, tmp_path / "rem1", remote_name="local")
+    text = (repo / ".dvc" / "config").read_text().replace("remote = local", "remote = s3prod")
+    (repo / ".dvc" / "config").write_text(text + "['remote \"s3prod\"']\n    url = s3://bucket/dvc\n")
+    ensure_dvc_repo(repo, tmp_path / "rem2", remote_name="local")
+    assert "remote = s3prod" in (repo / ".dvc" / "config").read_text()
+    assert git_rev(tmp_path) is None
+
+
+def test_data_md5_missing_path(tmp_path):
+    from packtrain.errors import MissingDataError
+
+    with pytest.raises(MissingDataError, match="no such file"):
+        data_md5(tmp_path / "nope")

@@ -1,0 +1,186 @@
+"""pack_lengths: literal tables per strategy, the lower bounds, and hypothesis properties."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from packtrain.packing import strategies
+from packtrain.packing.plan import l2_bound_packs, lower_bound_packs, pack_lengths
+
+# (lengths, budget, strategy, expected packs as (doc_index, start, length) lists)
+TABLE = [
+    # the docstring example: BFD puts 4 into the first bin at level 4, then 3 into the tightest (B at 4)
+    ([6, 6, 5, 4, 3, 3, 2, 1], 10, "bfd",
+     [[(0, 0, 6), (3, 0, 4)], [(1, 0, 6), (4, 0, 3), (7, 0, 1)], [(2, 0, 5), (5, 0, 3), (6, 0, 2)]]),
+    # best fit vs first fit: the 1 goes to the tightest gap (bfd) or the first bin with room (ffd)
+    ([8, 3, 8, 1, 6, 5, 10], 10, "bfd",
+     [[(6, 0, 10)], [(0, 0, 8)], [(2, 0, 8)], [(4, 0, 6), (1, 0, 3), (3, 0, 1)], [(5, 0, 5)]]),
+    ([8, 3, 8, 1, 6, 5, 10], 10, "ffd",
+     [[(6, 0, 10)], [(0, 0, 8), (3, 0, 1)], [(2, 0, 8)], [(4, 0, 6), (1, 0, 3)], [(5, 0, 5)]]),
+    ([5, 4, 3, 3, 2, 2, 1], 10, "ffd",
+     [[(0, 0, 5), (1, 0, 4), (6, 0, 1)], [(2, 0, 3), (3, 0, 3), (4, 0, 2), (5, 0, 2)]]),
+    # exact-fill completion: 3 packs (= ⌈47/16⌉, optimal); plain BFD and FFD need 4
+    ([15, 6, 2, 3, 12, 2, 2, 5], 16, "bfd",
+     [[(0, 0, 15)], [(4, 0, 12), (2, 0, 2), (5, 0, 2)], [(1, 0, 6), (7, 0, 5), (3, 0, 3), (6, 0, 2)]]),
+    # sequential: next-fit in input order
+    ([4, 4, 4, 3, 5], 8, "sequential", [[(0, 0, 4), (1, 0, 4)], [(2, 0, 4), (3, 0, 3)], [(4, 0, 5)]]),
+    ([6, 6, 5, 4, 3, 3, 2, 1], 10, "sequential",
+     [[(0, 0, 6)], [(1, 0, 6)], [(2, 0, 5), (3, 0, 4)], [(4, 0, 3), (5, 0, 3), (6, 0, 2), (7, 0, 1)]]),
+    # overlong documents: full chunks become packs of their own, the remainder is packed like a document
+    ([25, 3], 10, "bfd", [[(0, 0, 10)], [(0, 10, 10)], [(0, 20, 5), (1, 0, 3)]]),
+    ([25, 3], 10, "sequential", [[(0, 0, 10)], [(0, 10, 10)], [(0, 20, 5), (1, 0, 3)]]),
+    ([20, 3], 10, "ffd", [[(0, 0, 10)], [(0, 10, 10)], [(1, 0, 3)]]),
+    ([], 10, "bfd", []),
+]
+
+
+@pytest.mark.parametrize("lengths,budget,strategy,expected", TABLE)
+def test_table(lengths, budget, strategy, expected):
+    assert pack_lengths(np.array(lengths, np.int64), budget, strategy).to_lists() == expected
+
+
+def test_plain_bfd_needs_one_more_pack_on_the_exact_fill_example():
+    lengths = np.array([15, 6, 2, 3, 12, 2, 2, 5])
+    assert strategies.bfd(lengths, 16).max() + 1 == 4
+    assert strategies.ffd(lengths, 16).max() + 1 == 4
+
+
+def test_truncate_counts_dropped_tokens():
+    plan = pack_lengths(np.array([25, 3]), 10, "bfd", overlong="truncate")
+    assert plan.to_lists() == [[(0, 0, 10)], [(1, 0, 3)]]
+    assert (plan.truncated_tokens, plan.split_docs) == (15, 0)
+
+
+def test_split_stats():
+    plan = pack_lengths(np.array([25, 3, 10]), 10, "bfd")
+    assert (plan.split_docs, plan.split_tokens, plan.truncated_tokens) == (1, 25, 0)
+    assert plan.pack_tokens().tolist() == [10, 10, 10, 8]
+
+
+@pytest.mark.parametrize("lengths,budget,simple,l2", [
+    ([6, 6, 5, 4, 3, 3, 2, 1], 10, 3, 3),
+    ([6, 6, 6], 10, 3, 3),                 # three items > B/2
+    ([8, 8, 8, 3, 3], 10, 3, 4),           # L2 (k=3): no 8 can take a 3, so the 3s need a 4th pack
+    ([25, 3], 10, 3, 3),                   # 2 full chunks + ⌈(5+3)/10⌉
+    ([], 10, 0, 0),
+])
+def test_lower_bounds(lengths, budget, simple, l2):
+    arr = np.array(lengths, np.int64)
+    assert lower_bound_packs(arr, budget) == simple
+    assert l2_bound_packs(arr, budget) == l2
+
+
+def _optimum(lengths: list[int], budget: int) -> int:
+    """Fewest packs by exhaustive search (tiny inputs only)."""
+    best = len(lengths)
+    for k in range(1, len(lengths) + 1):
+        for assign in itertools.product(range(k), repeat=len(lengths)):
+            loads = [0] * k
+            for ln, b in zip(lengths, assign, strict=True):
+                loads[b] += ln
+            if max(loads) <= budget:
+                return k
+    return best
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.integers(1, 12), min_size=1, max_size=6), st.integers(6, 12))
+def test_bounds_are_valid_and_bfd_is_near_optimal_on_tiny_inputs(lengths, budget):
+    lengths = [min(x, budget) for x in lengths]
+    opt = _optimum(lengths, budget)
+    arr = np.array(lengths)
+    assert lower_bound_packs(arr, budget) <= l2_bound_packs(arr, budget) <= opt
+    assert pack_lengths(arr, budget, "bfd").n_packs <= opt + 1
+
+
+def _check_plan(plan, lengths: np.ndarray, budget: int, truncate: bool = False) -> None:
+    """Every token of every document exactly once, in order; no pack over budget; packs non-empty."""
+    assert (plan.pack_tokens() <= budget).all()
+    assert (np.diff(plan.pack_offsets) >= 1).all()
+    assert (plan.seg_len >= 1).all() and (plan.seg_len <= budget).all()
+    want = np.minimum(lengths, budget) if truncate else lengths
+    order = np.lexsort((plan.seg_start, plan.seg_doc))
+    doc, start, ln = plan.seg_doc[order], plan.seg_start[order], plan.seg_len[order]
+    covered = np.bincount(doc, weights=ln, minlength=len(lengths)).astype(np.int64)
+    assert np.array_equal(covered, want)
+    # consecutive segments of one document are contiguous: start = previous start + previous length
+    same = doc[1:] == doc[:-1]
+    assert np.array_equal(start[1:][same], (start[:-1] + ln[:-1])[same])
+    first = np.ones(len(doc), bool)
+    first[1:] = ~same
+    assert (start[first] == 0).all()
+
+
+lengths_st = st.lists(st.integers(1, 300), min_size=0, max_size=300)
+
+
+@settings(max_examples=60, deadline=None)
+@given(lengths_st, st.integers(2, 128), st.sampled_from(["bfd", "ffd", "sequential"]),
+       st.sampled_from(["split", "truncate"]), st.integers(1, 50))
+def test_every_token_exactly_once_and_in_order(lengths, budget, strategy, overlong, window):
+    arr = np.array(lengths, np.int64)
+    plan = pack_lengths(arr, budget, strategy, window=window, overlong=overlong)
+    _check_plan(plan, arr, budget, truncate=overlong == "truncate")
+
+
+@settings(max_examples=25, deadline=None)
+@given(lengths_st, st.integers(2, 128), st.sampled_from(["bfd", "ffd", "sequential"]))
+def test_deterministic(lengths, budget, strategy):
+    arr = np.array(lengths, np.int64)
+    a = pack_lengths(arr, budget, strategy, window=40)
+    b = pack_lengths(arr.copy(), budget, strategy, window=40)
+    for f in ("seg_doc", "seg_start", "seg_len", "pack_offsets"):
+        assert np.array_equal(getattr(a, f), getattr(b, f))
+
+
+def _realistic(kind: str, n: int, budget: int, rng) -> np.ndarray:
+    if kind == "lognormal":
+        return np.clip(np.round(rng.lognormal(np.log(budget * 0.15), 1.0, n)), 1, 4 * budget).astype(np.int64)
+    if kind == "pareto":
+        return np.round((rng.pareto(1.5, n) + 1) * budget / 32).astype(np.int64)
+    return rng.integers(1, budget + 1, n)
+
+
+@settings(max_examples=12, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.sampled_from(["lognormal", "pareto", "uniform"]),
+       st.sampled_from([256, 512, 2048]), st.integers(500, 4000))
+def test_fill_order_on_realistic_distributions(seed, kind, budget, n):
+    lengths = _realistic(kind, n, budget, np.random.default_rng(seed))
+    fill = {s: pack_lengths(lengths, budget, s).fill for s in ("bfd", "ffd", "sequential")}
+    assert fill["bfd"] >= fill["ffd"] >= fill["sequential"]
+
+
+def test_window_carry_keeps_fill_close_to_one_window():
+    rng = np.random.default_rng(0)
+    lengths = _realistic("lognormal", 20_000, 512, rng)
+    whole = pack_lengths(lengths, 512, "bfd", window=len(lengths))
+    windowed = pack_lengths(lengths, 512, "bfd", window=2_000)
+    assert windowed.n_packs <= whole.n_packs * 1.001
+    _check_plan(windowed, lengths, 512)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"budget": 1}, "budget 1"),
+    ({"strategy": "worst"}, "strategy 'worst'"),
+    ({"overlong": "drop"}, "overlong 'drop'"),
+    ({"window": 0}, "window 0"),
+])
+def test_bad_arguments(kwargs, match):
+    args = {"lengths": np.array([3, 4]), "budget": 8, **kwargs}
+    with pytest.raises(ValueError, match=match):
+        pack_lengths(**args)
+
+
+@pytest.mark.parametrize("lengths,match", [
+    (np.array([3, 0, 4]), "length < 1"),
+    (np.array([[1, 2]]), "1-D integer"),
+    (np.array([1.5, 2.0]), "1-D integer"),
+])
+def test_bad_lengths(lengths, match):
+    with pytest.raises(ValueError, match=match):
+        pack_lengths(lengths, 8)
