@@ -84,7 +84,8 @@ def build_pipeline(pcfg: PipelineConfig | None = None):
     @dsl.pipeline(name="packtrain", description="ingest → validate → tokenize → pack → train → evaluate → "
                   "register: packed LM training tracked in MLflow")
     def packtrain_pipeline(config: str, data_version: str = "", code_version: str = __version__) -> StageStats:
-        common = {"config": config, "code_version": code_version}
+        # the KFP run id as an explicit argument: the driver resolves it (→ KFP_RUN_ID → MLflow tag kfp.run_id)
+        common = {"config": config, "code_version": code_version, "kfp_run_id": dsl.PIPELINE_JOB_ID_PLACEHOLDER}
         ingest = _configure(c["ingest"](data_version=data_version, **common), "ingest", pcfg)
         validate = _configure(c["validate"](documents=ingest.outputs["documents"], **common), "validate", pcfg)
         tokenize = _configure(c["tokenize"](documents=ingest.outputs["documents"], **common), "tokenize", pcfg)

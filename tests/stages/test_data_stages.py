@@ -34,12 +34,15 @@ def chain(tmp_path_factory):
     import contextlib
     import io
 
-    for stage in ("ingest", "validate", "tokenize"):
-        buf = io.StringIO()
-        with contextlib.redirect_stdout(buf):
-            code = main([stage, "--set", f"workdir={wd}", *SMALL])
-        assert code == 0, stage
-        outs[stage] = buf.getvalue()
+    with pytest.MonkeyPatch.context() as mp:  # module scope: the autouse env isolation is not active yet
+        mp.delenv("MLFLOW_TRACKING_URI", raising=False)
+        mp.delenv("PACKTRAIN_PARENT_RUN_ID", raising=False)
+        for stage in ("ingest", "validate", "tokenize"):
+            buf = io.StringIO()
+            with contextlib.redirect_stdout(buf):
+                code = main([stage, "--set", f"workdir={wd}", *SMALL])
+            assert code == 0, stage
+            outs[stage] = buf.getvalue()
     return wd, outs
 
 

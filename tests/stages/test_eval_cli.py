@@ -103,3 +103,18 @@ def test_installed_command_exits_nonzero(tmp_path):
     p = subprocess.run([*cmd, "evaluate", "--set", f"workdir={tmp_path}", "--model", str(tmp_path / "m")],
                        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
     assert p.returncode == 5 and "error: model directory" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_register_refuses_an_unreachable_store(inputs, tmp_path):
+    """Other stages buffer metrics while the store is down; a registry write cannot be buffered → exit 1."""
+    root, model = inputs
+    exe = Path(sys.executable).with_name("packtrain")
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "packtrain.cli"]
+    env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true", "MLFLOW_TRACKING_URI": "http://127.0.0.1:9"}
+    before = tree_digest(root)
+    p = subprocess.run([*cmd, "register", "--set", f"workdir={tmp_path}", "--set", "tracking.system_metrics=false",
+                        "--model", str(model), "--eval", str(root / "ev")],
+                       capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    assert p.returncode == 1, p.stderr
+    assert "error: register needs a reachable MLflow" in p.stderr and "127.0.0.1:9" in p.stderr
+    assert tree_digest(root) == before and not (tmp_path / "register").exists()

@@ -23,6 +23,16 @@ from packtrain.tracking.run import _clients, _close_clients
 
 pytestmark = pytest.mark.slow
 
+# a stage in another process (as under kfp.local / Airflow): inherits MLFLOW_TRACKING_URI and the parent id
+CHILD = """
+import sys
+from packtrain.config import load_run_config
+from packtrain.tracking import stage_run
+cfg = load_run_config("tiny-cpu", [f"workdir={sys.argv[1]}", "tracking.system_metrics=false"])
+with stage_run("validate", cfg, section=cfg.validate_) as run:
+    run.log_metrics({"n_failed": 0})
+"""
+
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -88,6 +98,11 @@ def test_server_down_mid_run_then_back(tmp_path, monkeypatch):
             train.log_json({"steps": 15}, "train_result.json")
             train.set_tags({"packtrain.outage": "yes"})
             assert train.client.down
+        # another process logs a whole stage while the server is down and exits: its buffer file stays
+        child = subprocess.run([sys.executable, "-c", CHILD, str(tmp_path / "work")], capture_output=True,
+                               text=True, timeout=120)
+        assert child.returncode == 0, child.stderr
+        assert len(list((tmp_path / "work" / "mlflow-buffer").glob("*.jsonl"))) == 2  # ours + the child's
         with stage_run("evaluate", cfg, section=cfg.evaluate) as ev:  # created while the server is down
             assert ev.run_id.startswith("pending-")
             ev.log_step({"eval_loss": 3.5}, step=0)
@@ -112,6 +127,8 @@ def test_server_down_mid_run_then_back(tmp_path, monkeypatch):
         assert ev_run.data.tags["mlflow.parentRunId"] == parent and ev_run.info.status == "FINISHED"
         assert [m.value for m in client.get_metric_history(ev_run.info.run_id, "eval_loss")] == [3.5, 3.25]
         assert client.get_run(parent).info.status == "FINISHED"
+        (val,) = client.search_runs([run.info.experiment_id], "tags.mlflow.runName = 'validate'")
+        assert val.data.tags["mlflow.parentRunId"] == parent and val.data.metrics["n_failed"] == 0
         _close_clients()
         assert not list((tmp_path / "work" / "mlflow-buffer").glob("*.jsonl"))
     finally:

@@ -32,19 +32,26 @@ def _fresh_clients():
     _clients.clear()
 
 
-def _cfg(tmp_path, *extra):
-    return load_run_config("tiny-cpu", [f"workdir={tmp_path}", "tracking.system_metrics_interval_s=0.2",
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    """One sqlite store for the module: creating an mlflow.db runs MLflow's migrations (2-8 s here).
+    Each test writes to its own experiment."""
+    return tmp_path_factory.mktemp("store")
+
+
+def _cfg(workdir, *extra):
+    return load_run_config("tiny-cpu", [f"workdir={workdir}", "tracking.system_metrics_interval_s=0.2",
                                         "tracking.flush_interval_s=0", *extra])
 
 
-def _runs(uri: str) -> dict:
+def _runs(uri: str, experiment: str = "packtrain") -> dict:
     mlflow.set_tracking_uri(uri)
-    df = mlflow.search_runs(experiment_names=["packtrain"])
+    df = mlflow.search_runs(experiment_names=[experiment])
     return {row["tags.mlflow.runName"]: row for _, row in df.iterrows()}
 
 
-def test_pipeline_with_stage_runs_in_sqlite(tmp_path):
-    cfg = _cfg(tmp_path)
+def test_pipeline_with_stage_runs_in_sqlite(store, tmp_path):
+    cfg = _cfg(store)
     parent = start_pipeline_run(cfg)
     docs = tmp_path / "ingest"
     docs.mkdir()
@@ -73,7 +80,7 @@ def test_pipeline_with_stage_runs_in_sqlite(tmp_path):
     end_pipeline_run(parent)
     assert PARENT_ENV not in __import__("os").environ
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = f"sqlite:///{store / 'mlflow.db'}"
     runs = _runs(uri)
     assert set(runs) == {"pipeline", "ingest", "train"}
     pid = runs["pipeline"]["run_id"]
@@ -111,15 +118,15 @@ def test_pipeline_with_stage_runs_in_sqlite(tmp_path):
     (ds,) = client.get_run(iid).inputs.dataset_inputs
     assert ds.dataset.name == "documents" and ds.dataset.digest == "0f343b0931126a20f133d67c2b018a3b"
     assert str(docs) in ds.dataset.source
-    assert not (tmp_path / "mlflow-buffer").exists()  # nothing was buffered
-    assert (tmp_path / "mlartifacts").is_dir()  # artifacts next to the .db, not in the cwd
+    assert not (store / "mlflow-buffer").exists()  # nothing was buffered
+    assert (store / "mlartifacts" / tid).is_dir()  # artifacts next to the .db, not in the cwd
 
 
-def test_failing_stage_is_marked_failed(tmp_path):
-    cfg = _cfg(tmp_path, "tracking.system_metrics=false")
+def test_failing_stage_is_marked_failed(store):
+    cfg = _cfg(store, "tracking.system_metrics=false", "tracking.experiment=failing")
     with pytest.raises(RuntimeError, match="boom"), stage_run("pack", cfg, section=cfg.pack):
         raise RuntimeError("boom")
-    runs = _runs(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    runs = _runs(f"sqlite:///{store / 'mlflow.db'}", "failing")
     assert runs["pack"]["status"] == "FAILED" and mlflow.active_run() is None
 
 
@@ -144,10 +151,10 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_unreachable_store_buffers_then_cli_replays(tmp_path, monkeypatch, capsys):
+def test_unreachable_store_buffers_then_cli_replays(store, tmp_path, monkeypatch, capsys):
     """Nothing listens on the port: every op lands in the buffer fast; `packtrain mlflow replay` sends it."""
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{_free_port()}")
-    cfg = _cfg(tmp_path, "tracking.retry_after_s=0.05")
+    cfg = _cfg(tmp_path, "tracking.retry_after_s=0.05", "tracking.experiment=buffered")
     parent = start_pipeline_run(cfg)
     assert parent.startswith("pending-")
     slowest = 0.0
@@ -165,7 +172,7 @@ def test_unreachable_store_buffers_then_cli_replays(tmp_path, monkeypatch, capsy
     buf = tmp_path / "mlflow-buffer"
     assert len(list(buf.glob("*.jsonl"))) == 1
 
-    target = f"sqlite:///{tmp_path / 'replayed.db'}"
+    target = f"sqlite:///{store / 'mlflow.db'}"  # replay into another store than the one recorded
     replay = ["mlflow", "replay", "--set", f"workdir={tmp_path}", "--tracking-uri", target]
     assert cli_main(replay) == 1  # the buffer file is still held by this process's open client
     assert "in use by a running process" in capsys.readouterr().err
@@ -176,7 +183,7 @@ def test_unreachable_store_buffers_then_cli_replays(tmp_path, monkeypatch, capsy
     assert out["applied"] > 0 and out["left"] == 0 and out["rejected"] == 0
     assert not list(buf.glob("*.jsonl"))
 
-    runs = _runs(target)
+    runs = _runs(target, "buffered")
     assert runs["train"]["tags.mlflow.parentRunId"] == runs["pipeline"]["run_id"]
     assert runs["train"]["status"] == "FINISHED" and runs["pipeline"]["status"] == "FINISHED"
     assert runs["train"]["tags.packtrain.note"] == "buffered"

@@ -78,6 +78,21 @@ def test_packed_loss_equals_document_at_a_time(tiny, lengths, budget, rows, seed
         assert sums["loss_sum"] / n == pytest.approx(ref / n, rel=1e-5)
 
 
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+@pytest.mark.parametrize("backend", ["eager", "flex"])
+def test_other_cpu_backends_match_too(tiny, backend):
+    """The same equality through the other isolated backends that run inference on CPU (varlen is CUDA-only:
+    tests/gpu). Eager flex materializes scores, so a small case."""
+    model_dir, sdpa_model, tok = tiny
+    model, _ = load_model_dir(model_dir, CPU, backend)
+    rng = np.random.default_rng(5)
+    docs = [rng.integers(0, len(tok), size=n) for n in (30, 17, 40, 9, 25, 33, 1, 12)]
+    sums = evaluate_batches(model, pack_in_order(docs, 64, 2), CPU, backend=backend)
+    ref, n = doc_by_doc(sdpa_model, docs)   # same weights; the reference forward needs no packing support
+    assert sums["n_label_tokens"] == n
+    assert sums["loss_sum"] / n == pytest.approx(ref / n, rel=1e-5)
+
+
 def test_isolation_is_what_makes_them_equal(tiny):
     """Negative control: the same batches with position_ids 0..T-1 (one long sequence) leak across documents."""
     _, model, tok = tiny

@@ -29,6 +29,8 @@ def test_build_batch_matches_the_docstring_picture():
     assert (batch.max_seqlen, batch.seq_lens, batch.n_real_tokens, batch.n_label_tokens) == (4, [3, 4], 7, 5)
     assert batch.input_ids.dtype == torch.int64 and batch.position_ids.dtype == torch.int64
     assert batch.cu_seqlens.dtype == torch.int32 and batch.segment_ids.dtype == torch.int32
+    moved = batch.to("cpu", non_blocking=False)
+    assert torch.equal(moved.labels, batch.labels) and moved.seq_lens == batch.seq_lens and moved.rows == 1
 
 
 def test_build_batch_rows_full_row_and_empty_row():

@@ -96,14 +96,15 @@ def _timeline_peak(model, step) -> int:
     return max(sum(s) for s in sizes)
 
 
-@pytest.mark.parametrize("precision,ckpt", [("bf16", "none"), ("fp32", "full")])
-def test_whole_step_peak_within_5_percent(precision, ckpt):
+def test_whole_step_peak_within_5_percent():
+    """bf16 autocast + full checkpointing: here the peak is the last layer's recomputation + backward."""
     import torch
     from torch.profiler import profile
 
     if not hasattr(profile, "export_memory_timeline"):
         pytest.skip("this torch has no profiler memory timeline")
-    cfg, model, ids, pos, autocast = _setup(precision, "sdpa", ckpt, rows=4, budget=256)
+    precision = "bf16"
+    cfg, model, ids, pos, autocast = _setup(precision, "sdpa", "full", rows=4, budget=256)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
 
     def step():
@@ -117,4 +118,5 @@ def test_whole_step_peak_within_5_percent(precision, ckpt):
     step()                                   # Adam states exist from the second step on
     measured = _timeline_peak(model, step)
     plan = plan_memory(cfg.model, cfg.train, 256, cfg.plan, 80, vocab_size=V)
+    assert plan.peak_phase == "layer backward"
     assert abs(plan.peak_allocated / measured - 1) < 0.05, (plan.peak_allocated, measured, plan.phases)

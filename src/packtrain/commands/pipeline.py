@@ -3,6 +3,7 @@
     packtrain pipeline compile [--out pipelines/packtrain_pipeline.yaml]
     packtrain pipeline submit --host http://ml-pipeline-ui.kubeflow:80 [--schedule "0 0 3 * * 1"] --recipe 1b-h200
     packtrain pipeline pytorchjob --nodes 4 --gpus-per-node 8 [--kind trainjob] [--out job.yaml] --recipe 1b-h200
+    packtrain pipeline export pack --recipe params.yaml     # dvc.yaml: metrics/pack.json (+ plots for train)
 
 The IR depends on the recipe's `pipeline` section only (images, GPUs, requests, secret); the whole
 RunConfig travels as the run-time parameter `config` (submit passes it).
@@ -32,6 +33,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="kubeflow.org/v1 PyTorchJob or Kubeflow Trainer v2 TrainJob")
     j.add_argument("--namespace", default="kubeflow")
     j.add_argument("--out", default="-", help="output path ('-' = stdout)")
+    e = sub.add_parser("export", help="write metrics/<stage>.json (+ plots/train_steps.csv) for dvc.yaml")
+    e.add_argument("stage", choices=["ingest", "validate", "tokenize", "pack", "train", "evaluate", "register"])
+    e.add_argument("--dir", default=None, help="the stage's output directory (default <workdir>/<stage>)")
+    e.add_argument("--metrics-dir", default="metrics")
+    e.add_argument("--plots-dir", default="plots")
+    for p in (c, s, j, e):
+        _common(p)
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    """--recipe/--set also after the action (`packtrain pipeline export pack --recipe params.yaml`);
+    SUPPRESS keeps the value given before the action when they are absent here."""
+    p.add_argument("--recipe", default=argparse.SUPPRESS, help="recipe name in recipes/ or a YAML path")
+    p.add_argument("--set", dest="overrides", action="append", default=argparse.SUPPRESS, metavar="KEY=VALUE",
+                   help="override a config value (repeatable)")
 
 
 def run(cfg, args: argparse.Namespace) -> int:
@@ -67,4 +83,13 @@ def run(cfg, args: argparse.Namespace) -> int:
             atomic_write_text(Path(args.out), text)
             print(f"wrote {args.out}: {args.kind} with {nodes} node(s) × {gpus} GPU(s)", file=sys.stderr)
         return 0
-    raise ConfigError("packtrain pipeline: choose an action: compile, submit or pytorchjob")
+    if args.action == "export":
+        from pathlib import Path
+
+        from packtrain.pipeline.dvc_export import export_stage
+
+        stage_dir = args.dir or str(Path(cfg.workdir) / args.stage)
+        for path in export_stage(args.stage, stage_dir, args.metrics_dir, args.plots_dir):
+            print(f"wrote {path}")
+        return 0
+    raise ConfigError("packtrain pipeline: choose an action: compile, submit, pytorchjob or export")

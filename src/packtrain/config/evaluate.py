@@ -23,6 +23,9 @@ class EvalConfig(StrictModel):
     """New tokens generated greedily per prompt."""
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
     """Autocast dtype of the forward; the loss itself is always accumulated in fp64."""
+    attention: Literal["auto", "sdpa", "eager", "flex", "varlen"] = "auto"
+    """Isolated attention backend (packtrain.model.attention); auto → varlen (CUDA, bf16/fp16), else flex on
+    CUDA, else sdpa. Generation samples always use sdpa."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """auto → cuda when available, else cpu."""
     seed: int = 0

@@ -164,7 +164,7 @@ def ingest_documents(source: str | Path | None, dst_dir: str | Path, cfg: Ingest
     try:
         for f in files:
             read[f.name] = f.path
-            key = Path(f.name).suffix if kind == "default" else f.kind
+            key = Path(f.name).suffix.lstrip(".") if kind == "default" else f.kind
             by_type[key] = by_type.get(key, 0) + 1
             if f.kind == "txt":
                 docs = read_txt(f, cfg.txt_mode, cfg.max_doc_chars, bar.update)

@@ -46,19 +46,24 @@ def check_model_dir(model_dir: str | Path) -> Path:
     return model_dir
 
 
-def load_model_dir(model_dir: str | Path, device="cpu"):
+def load_model_dir(model_dir: str | Path, device="cpu", attention: str = "sdpa"):
     """(model in eval mode on `device`, tokenizer) from a save_pretrained directory.
 
-    Attention is SDPA (isolates packed documents given restarting position_ids and no mask).
+    attention: a packtrain backend (sdpa | eager | flex | varlen, packtrain.model.attention), all of which
+    isolate packed documents given `model_inputs(batch, backend)`.
     """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from packtrain.model.attention import HF_NAMES, register_attention_backends
+
+    register_attention_backends()
 
     model_dir = check_model_dir(model_dir)
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
         # fp32 master weights; `precision` autocasts the forward (bf16 weights would bias the loss).
-        model = AutoModelForCausalLM.from_pretrained(str(model_dir), attn_implementation="sdpa",
+        model = AutoModelForCausalLM.from_pretrained(str(model_dir), attn_implementation=HF_NAMES[attention],
                                                      dtype=torch.float32)
     except (OSError, ValueError, KeyError) as e:
         raise InputDataError(f"model directory {model_dir} cannot be loaded: {e}") from None

@@ -6,7 +6,9 @@ packed by the pack stage into `<packs>/eval`. One epoch over it, nothing dropped
     batch (1, T = rows·budget)     input_ids   a a a a b b c c c · ·   ← `·` padding tail of a row
                                    position_ids 0 1 2 3 0 1 0 1 2 0 1   restart per document/padding
                                    labels       - a a a - b - c c - -   `-` = -100 (doc start, padding)
-    forward: attention_mask=None, use_cache=False → transformers isolates the segments (DESIGN.md)
+    forward: packtrain.model.attention.model_inputs(batch, backend): sdpa/eager as (rows, budget) rows with
+             restarting position_ids and no mask (transformers builds the block-diagonal mask), flex with a
+             document BlockMask, varlen over cu_seqlens; always use_cache=False (DESIGN.md)
     loss_sum += Σ CE(logits[t], labels[t+1]) over labels[t+1] ≠ -100         (fp64 accumulator)
     eval_loss = loss_sum / Σ label tokens;  perplexity = exp(eval_loss)
 
@@ -28,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from packtrain.config import EvalConfig
-from packtrain.errors import MissingDataError, PacktrainError
+from packtrain.errors import ConfigError, MissingDataError, PacktrainError
 
 IGNORE_INDEX = -100
 _DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
@@ -53,6 +55,7 @@ class EvalResult:
     memory_kind: str              # "cuda_peak_alloc" | "cpu_max_rss"
     device: str
     precision: str
+    attention: str                # isolated attention backend: sdpa | eager | flex | varlen
     rows: int
     budget: int
     samples: list[dict] = field(default_factory=list)   # [{"prompt", "completion", "n_new_tokens"}]
@@ -68,11 +71,14 @@ class EvalResult:
         return cls(**{k: v for k, v in d.items() if k in names})
 
 
-def batch_loss_sum(model, input_ids, position_ids, labels, chunk: int = 4096):
+def batch_loss_sum(model, model_kwargs: dict, labels, chunk: int = 4096):
     """Σ cross-entropy over one packed batch (fp64 scalar tensor) and its label-token count.
 
-    input_ids/position_ids/labels: int64 (B, T) with HF-convention unshifted labels. Only label positions
-    go through the LM head: hidden (B, T, H) → selected (N, H) → logits (≤ chunk, V).
+    model_kwargs: `packtrain.model.attention.model_inputs(batch, backend)` — input_ids/position_ids as
+    (rows, budget) for sdpa/eager or (1, T) plus the backend's mask/cu_seqlens, always use_cache=False.
+    labels: int64 (1, T), HF-convention unshifted. Hidden states are flattened back to (1, T, H) (rows are
+    contiguous in T; a row's first label is -100, so no target crosses a row). Only label positions go
+    through the LM head: (N, H) → logits (≤ chunk, V).
     """
     import torch
     import torch.nn.functional as F
@@ -80,22 +86,22 @@ def batch_loss_sum(model, input_ids, position_ids, labels, chunk: int = 4096):
     base, head = model.base_model, model.get_output_embeddings()
     if base is model or head is None:
         raise PacktrainError(f"{type(model).__name__} is not a causal LM with a separate LM head")
-    hidden = base(input_ids=input_ids, position_ids=position_ids, attention_mask=None,
-                  use_cache=False).last_hidden_state                  # (B, T, H)
-    target = labels[:, 1:]                                            # (B, T-1)
+    hidden = base(**model_kwargs).last_hidden_state                  # (rows, L, H) or (1, T, H)
+    hidden = hidden.reshape(1, -1, hidden.shape[-1])                  # (1, T, H)
+    target = labels[:, 1:]                                            # (1, T-1)
     keep = target != IGNORE_INDEX
     h = hidden[:, :-1][keep]                                          # (N, H)
     y = target[keep]                                                  # (N,)
-    total = torch.zeros((), dtype=torch.float64, device=input_ids.device)
+    total = torch.zeros((), dtype=torch.float64, device=labels.device)
     for i in range(0, y.numel(), chunk):
         logits = head(h[i:i + chunk]).float()                         # (≤chunk, V)
         total += F.cross_entropy(logits, y[i:i + chunk], reduction="sum").double()
     return total, int(y.numel())
 
 
-def evaluate_batches(model, batches: Iterable, device, precision: str = "fp32", total: int | None = None
-                     ) -> dict[str, Any]:
-    """Loss sums over packed batches (anything with input_ids/position_ids/labels (1, T) and n_real_tokens).
+def evaluate_batches(model, batches: Iterable, device, precision: str = "fp32", total: int | None = None,
+                     backend: str = "sdpa") -> dict[str, Any]:
+    """Loss sums over PackedBatches (packtrain.packing.batches) with the isolated attention `backend`.
 
     Returns {"loss_sum", "n_label_tokens", "n_real_tokens", "n_slot_tokens", "n_segments", "n_batches",
     "seconds", "budget"}. Runs under torch.inference_mode(), autocast when precision is bf16/fp16.
@@ -105,6 +111,8 @@ def evaluate_batches(model, batches: Iterable, device, precision: str = "fp32", 
     import torch
     from tqdm import tqdm
 
+    from packtrain.model.attention import model_inputs
+
     amp = (torch.autocast(device.type, dtype=getattr(torch, _DTYPES[precision]))
            if precision in _DTYPES else contextlib.nullcontext())
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
@@ -113,16 +121,15 @@ def evaluate_batches(model, batches: Iterable, device, precision: str = "fp32", 
     t0 = time.perf_counter()
     with torch.inference_mode(), amp:
         for b in tqdm(batches, total=total, desc="evaluate", unit="batch", file=sys.stderr, leave=False):
-            ids = b.input_ids.to(device, non_blocking=True)
-            s, n = batch_loss_sum(model, ids, b.position_ids.to(device, non_blocking=True),
-                                  b.labels.to(device, non_blocking=True))
+            b = b.to(device)
+            s, n = batch_loss_sum(model, model_inputs(b, backend), b.labels)
             loss_sum += s
             out["n_label_tokens"] += n
             out["n_real_tokens"] += int(b.n_real_tokens)
-            out["n_slot_tokens"] += int(ids.numel())
-            out["n_segments"] += len(getattr(b, "seq_lens", ()) or ())
+            out["n_slot_tokens"] += int(b.input_ids.numel())
+            out["n_segments"] += len(b.seq_lens)
             out["n_batches"] += 1
-            out["budget"] = int(getattr(b, "budget", 0) or 0)
+            out["budget"] = int(b.budget)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     out["seconds"] = time.perf_counter() - t0
@@ -172,22 +179,29 @@ def evaluate(model_dir: str | Path, eval_split_dir: str | Path, cfg: EvalConfig,
 
     from packtrain.evaluate.loading import load_model_dir, resolve_device
     from packtrain.evaluate.samples import generate_samples
+    from packtrain.model.attention import resolve_attention
 
     dev = resolve_device(device or cfg.device)
+    try:
+        backend = resolve_attention(cfg.attention, dev, cfg.precision, training=False)
+    except ConfigError as e:   # the train room's message names train.attention
+        raise ConfigError(str(e).replace("train.attention", "evaluate.attention")) from None
     eval_split_dir = Path(eval_split_dir)
     loader = open_eval_loader(eval_split_dir, cfg.rows, cfg.seed)
     n_epoch = len(loader)
     if n_epoch == 0:
         raise MissingDataError(f"eval packs {eval_split_dir} hold no documents (is tokenize.eval_fraction 0?)")
     n = n_epoch if cfg.max_batches is None else min(n_epoch, cfg.max_batches)
-    model, tokenizer = load_model_dir(model_dir, dev)
+    model, tokenizer = load_model_dir(model_dir, dev, backend)
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
-    sums = evaluate_batches(model, itertools.islice(iter(loader), n), dev, cfg.precision, total=n)
+    sums = evaluate_batches(model, itertools.islice(iter(loader), n), dev, cfg.precision, total=n, backend=backend)
     peak, kind = _peak_memory(dev)
     if sums["n_label_tokens"] == 0:
         raise MissingDataError(f"eval packs {eval_split_dir}: no label tokens in {sums['n_batches']} batches")
     loss = sums["loss_sum"] / sums["n_label_tokens"]
+    if backend not in ("sdpa", "eager"):   # flex/varlen need packed-batch kwargs; generation is plain causal
+        model.set_attn_implementation("sdpa")
     samples = generate_samples(model, tokenizer, cfg.prompts, cfg.sample_tokens, dev)
     return EvalResult(
         eval_loss=loss, perplexity=math.exp(min(loss, 700.0)),
@@ -195,6 +209,6 @@ def evaluate(model_dir: str | Path, eval_split_dir: str | Path, cfg: EvalConfig,
         n_slot_tokens=sums["n_slot_tokens"], n_segments=sums["n_segments"], n_batches=sums["n_batches"],
         n_batches_epoch=n_epoch, complete=sums["n_batches"] == n_epoch, seconds=sums["seconds"],
         tokens_per_s=sums["n_real_tokens"] / max(sums["seconds"], 1e-9), peak_memory_gib=peak,
-        memory_kind=kind, device=str(dev), precision=cfg.precision, rows=cfg.rows, budget=sums["budget"],
+        memory_kind=kind, device=str(dev), precision=cfg.precision, attention=backend, rows=cfg.rows, budget=sums["budget"],
         samples=samples, model_dir=str(model_dir), eval_split_dir=str(eval_split_dir),
     )

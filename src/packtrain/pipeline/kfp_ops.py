@@ -50,7 +50,7 @@ def compile_pipeline(out: str | Path, pcfg=None) -> Path:
 
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp")
+    tmp = out.with_name(f".{out.stem}.tmp.yaml")  # kfp insists on a .yaml suffix
     compiler.Compiler().compile(load_pipeline(pcfg), str(tmp))
     tmp.replace(out)
     return out

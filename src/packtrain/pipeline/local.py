@@ -119,6 +119,7 @@ def _start_parent(cfg, tracking_uri: str, workdir: Path) -> str:
     from packtrain.config import flatten
     from packtrain.pipeline.cache import code_version
 
+    logging.getLogger("mlflow").setLevel(logging.WARNING)  # not "Creating initial MLflow database tables"
     mlflow.set_tracking_uri(tracking_uri)
     client = mlflow.MlflowClient()
     exp = client.get_experiment_by_name(cfg.tracking.experiment)
@@ -174,7 +175,6 @@ def run_local(cfg, *, verbose: bool = False, use_cache: bool | None = None, out=
     stamp = time.strftime("%Y%m%d-%H%M%S")
     log_path = workdir / "logs" / f"run-{stamp}.log"
 
-    logging.getLogger("mlflow").setLevel(logging.WARNING)  # not "Creating initial MLflow database tables"
     tracking_uri = resolve_tracking_uri(cfg) if cfg.tracking.enabled else None
     parent = _start_parent(cfg, tracking_uri, workdir) if tracking_uri else None
     env = {PARENT_ENV: parent, "MLFLOW_TRACKING_URI": tracking_uri,
@@ -218,7 +218,7 @@ def _failure(err: Exception, error_file: Path, log: _StageLog) -> PacktrainError
         return PacktrainError(f"stage {rec['stage']} failed: {rec['message']}\n(full log: {log.path})",
                               exit_code=int(rec.get("exit_code", 1)))
     tail = "\n".join(log.tail[-25:])
-    return PacktrainError(f"{err}\n--- last log lines ---\n{tail}\n(full log: {log.path})")
+    return PacktrainError(f"{_ANSI.sub('', str(err))}\n--- last log lines ---\n{tail}\n(full log: {log.path})")
 
 
 def _flat_numbers(stats: dict) -> dict:

@@ -101,11 +101,13 @@ def config_map(spec: JobSpec, run_yaml: str) -> dict:
 
 def pytorchjob(spec: JobSpec) -> dict:
     """A kubeflow.org/v1 PyTorchJob: Master ×1 + Worker ×(nodes-1), nprocPerNode = GPUs per node."""
-    replica = {"restartPolicy": "OnFailure", "template": {"metadata": {"labels": {"app": spec.name}},
-                                                          "spec": _pod_spec(spec)}}
-    replicas = {"Master": {"replicas": 1, **replica}}
+    def replica(n: int) -> dict:
+        return {"replicas": n, "restartPolicy": "OnFailure",
+                "template": {"metadata": {"labels": {"app": spec.name}}, "spec": _pod_spec(spec)}}
+
+    replicas = {"Master": replica(1)}
     if spec.nodes > 1:
-        replicas["Worker"] = {"replicas": spec.nodes - 1, **replica}
+        replicas["Worker"] = replica(spec.nodes - 1)
     return {
         "apiVersion": "kubeflow.org/v1",
         "kind": "PyTorchJob",
@@ -161,7 +163,16 @@ def build_job(cfg, nodes: int, gpus_per_node: int, kind: str = "pytorchjob", nam
 
 
 def dump_job(docs: list[dict]) -> str:
-    """Multi-document YAML (`kubectl apply -f` takes it as is)."""
+    """Multi-document YAML (`kubectl apply -f` takes it as is); multi-line strings as literal blocks."""
     import yaml
 
-    return "---\n".join(yaml.safe_dump(d, sort_keys=False) for d in docs)
+    class _Dumper(yaml.SafeDumper):
+        def ignore_aliases(self, data):  # no &id001 anchors: every replica spelled out
+            return True
+
+    def _str(dumper, text):
+        style = "|" if "\n" in text else None
+        return dumper.represent_scalar("tag:yaml.org,2002:str", text, style=style)
+
+    _Dumper.add_representer(str, _str)
+    return "---\n".join(yaml.dump(d, Dumper=_Dumper, sort_keys=False) for d in docs)

@@ -21,9 +21,16 @@ from packtrain.errors import MissingDataError
 from packtrain.paths import write_json
 
 
-def check_inputs(packs_dir: Path, tokens_dir: Path) -> Path:
-    """Fail before any work when an upstream output is missing; returns the tokenizer directory."""
+def check_inputs(cfg: RunConfig, packs_dir: Path, tokens_dir: Path) -> Path:
+    """Fail before any work (and before an MLflow run opens) when an upstream output is missing or the
+    attention backend cannot run here; returns the tokenizer directory."""
+    import torch
+
+    from packtrain.model.attention import resolve_attention
     from packtrain.packing.store import PackStore
+
+    device = "cuda" if cfg.train.device != "cpu" and torch.cuda.is_available() else "cpu"
+    resolve_attention(cfg.train.attention, device, cfg.train.precision)
 
     split = packs_dir / "train"
     if not split.is_dir():
@@ -52,7 +59,7 @@ def run_train(cfg: RunConfig, packs_dir: str | Path, tokens_dir: str | Path, out
     from packtrain.train.runtime import dist_info
 
     packs_dir, tokens_dir, out_dir = Path(packs_dir), Path(tokens_dir), Path(out_dir)
-    tokenizer_dir = check_inputs(packs_dir, tokens_dir)
+    tokenizer_dir = check_inputs(cfg, packs_dir, tokens_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     if not dist_info().is_main:   # only rank 0 talks to MLflow and writes the stage's stats
         return train(cfg.model, cfg.train, cfg.pack, cfg.telemetry, packs_dir, tokenizer_dir, out_dir,

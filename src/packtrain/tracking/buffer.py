@@ -12,16 +12,18 @@ Every tracking call packtrain makes goes through `BufferedClient` as one *op* (a
 
 Live: the op runs at once against the store. When it fails because the store is unreachable (connection
 refused, timeout, HTTP 5xx/429, sqlite "database is locked"), it is appended to
-`<buffer_dir>/<time_ns>-<host>-<pid>.jsonl` (artifacts are copied next to it, a run created while down gets a
+`<buffer_dir>/<time_ns>-<host>-<pid>.jsonl` (artifacts are copied next to it; a run created while down gets a
 `pending-<uuid>` id) and for `retry_after_s` further ops go straight to the buffer without touching the
-network. The next op after that first replays the backlog (this process's file, then files left by exited
-processes), then runs live. `packtrain mlflow replay` replays what is left. Nothing is lost: metrics carry
-their original timestamps and steps; a metric replayed twice is de-duplicated by the store.
+network (the window doubles with each consecutive failure, up to 60 s). The first op after the window probes
+the store (2 s timeout), replays the backlog (this process's file, then files left by exited processes) and
+then runs live. `packtrain mlflow replay` replays what is left. Nothing is lost: metrics keep their original
+timestamps and steps, and a metric replayed twice is de-duplicated by the store.
 
-HTTP stores are called with MLFLOW_HTTP_REQUEST_MAX_RETRIES=0 and a 5 s timeout (2 s while down; artifact
-uploads and replays keep MLFLOW_HTTP_REQUEST_TIMEOUT, default 120 s), so a dead server costs one refused connection (~1 ms) or one timeout, not MLflow's default of 7 retries with
-exponential backoff (minutes). A process holds an exclusive flock on its own file while alive; a replay
-skips locked files, so two processes never replay the same op.
+HTTP stores are called with MLFLOW_HTTP_REQUEST_MAX_RETRIES=0 and a 5 s timeout (artifact uploads and
+replays keep MLFLOW_HTTP_REQUEST_TIMEOUT, default 120 s). A dead server costs one refused connection (~1 ms)
+per retry window; a black-holed one a 5 s timeout, then one 2 s probe per window; never MLflow's default of
+7 retries with exponential backoff (minutes). A process holds an exclusive flock on its own file while
+alive; a replay skips locked files, so two processes never replay the same op.
 """
 
 from __future__ import annotations
@@ -127,6 +129,7 @@ class BufferedClient:
         self._lock = threading.RLock()
         self._down_until = 0.0
         self._down_since: float | None = None
+        self._failures = 0  # consecutive; the retry window doubles with each, up to 60 s
         self._fh = None  # own buffer file, flock'ed while open
         self._own_path: Path | None = None
         self._backlog = 0  # ops in the own file
@@ -179,10 +182,13 @@ class BufferedClient:
             if time.monotonic() < self._down_until:
                 self._append(op)
                 return None
-            # artifacts (maybe large, maybe in the backlog) keep MLflow's timeout; everything else gets 5 s
-            heavy = op["op"] == "log_artifact" or self._backlog > 0
             try:
-                with short_http(self.uri, None if heavy else 2 if self.down else 5):
+                if self.down:  # a cheap probe with a 2 s timeout before sending a backlog
+                    with short_http(self.uri, 2):
+                        self._client.search_experiments(max_results=1)
+                # artifacts (maybe large, maybe in the backlog) keep MLflow's timeout; everything else gets 5 s
+                heavy = op["op"] == "log_artifact" or self._backlog > 0
+                with short_http(self.uri, None if heavy else 5):
                     if self._backlog or not self._scanned_orphans:
                         self._replay_backlog()
                     result = self._apply(op)
@@ -196,6 +202,7 @@ class BufferedClient:
                 log.warning("MLflow tracking store %s is reachable again after %.0f s: buffer replayed",
                             self.uri, time.monotonic() - (self._down_since or 0))
                 self._down_since = None
+            self._failures = 0
             return result
 
     def close(self) -> None:
@@ -211,7 +218,9 @@ class BufferedClient:
 
     # -- internals ---------------------------------------------------------------------------------------
     def _mark_down(self, err: BaseException) -> None:
-        self._down_until = time.monotonic() + self.retry_after_s
+        self._failures += 1
+        backoff = self.retry_after_s * 2 ** min(self._failures - 1, 16)
+        self._down_until = time.monotonic() + min(backoff, max(60.0, self.retry_after_s))
         self._scanned_orphans = False  # files other processes left meanwhile are replayed on recovery
         if self._down_since is None:
             self._down_since = time.monotonic()

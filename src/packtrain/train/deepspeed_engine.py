@@ -177,7 +177,7 @@ class DeepSpeedStepper:
         rank = int(os.environ.get("RANK", "0"))
         params = list(lm.parameters())
         ctx = (deepspeed.zero.GatheredParameters(params, modifier_rank=None)
-               if self.config["zero_optimization"]["stage"] == 3 else _null())
+               if self.config["zero_optimization"]["stage"] == 3 else contextlib.nullcontext())
         with ctx:
             if rank != 0:
                 return None

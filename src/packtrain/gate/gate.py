@@ -1,0 +1,187 @@
+"""`gate(candidate, baseline, rules) -> GateResult`: fail CI when a candidate run regresses.
+
+    >>> base = MetricSource("file base.json", {"pack.fill": 0.995, "train.tokens_per_s": 80000.0})
+    >>> cand = MetricSource("run 1a2b", {"pack.fill": 0.81, "train.tokens_per_s": 81000.0})
+    >>> r = gate(cand, base, default_rules())
+    >>> [(row.metric, row.verdict) for row in r.rows], r.exit_code
+    ([('pack.fill', 'regression'), ('train.tokens_per_s', 'pass')], 1)
+
+Exit codes: 0 pass, 1 regression, 2 missing data (a required metric or run is absent; it wins over 1 because
+a gate that could not check everything has not passed). Several candidates (repeats) are combined per
+metric: each run's value (its history aggregated by the rule) then the median over runs.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from packtrain.gate.rules import Rule, Rules, default_rules
+from packtrain.gate.sources import MetricSource, aggregate_values
+from packtrain.paths import atomic_write_text, write_json
+
+__all__ = ["GateRow", "GateResult", "gate", "write_gate_outputs", "default_rules", "MetricSource"]
+
+PASS, REGRESSION, MISSING = "pass", "regression", "missing"
+
+
+@dataclass
+class GateRow:
+    metric: str
+    baseline: float | None
+    candidate: float | None
+    change: float | None        # relative (candidate − baseline) / |baseline|; ±inf when the baseline is 0
+    rule: str
+    verdict: str                # pass | regression | missing
+    reason: str = ""
+
+
+@dataclass
+class GateResult:
+    candidate: str
+    baseline: str
+    rules: str
+    rows: list[GateRow] = field(default_factory=list)
+
+    @property
+    def regressions(self) -> list[GateRow]:
+        return [r for r in self.rows if r.verdict == REGRESSION]
+
+    @property
+    def missing(self) -> list[GateRow]:
+        return [r for r in self.rows if r.verdict == MISSING]
+
+    @property
+    def exit_code(self) -> int:
+        return 2 if self.missing else (1 if self.regressions else 0)
+
+    @property
+    def verdict(self) -> str:
+        return {0: "PASS", 1: "REGRESSION", 2: "MISSING DATA"}[self.exit_code]
+
+    def to_dict(self) -> dict:
+        return {"verdict": self.verdict, "exit_code": self.exit_code, "candidate": self.candidate,
+                "baseline": self.baseline, "rules": self.rules,
+                "regressions": [r.metric for r in self.regressions], "missing": [r.metric for r in self.missing],
+                "rows": [{k: (_json_num(v) if isinstance(v, float) else v) for k, v in asdict(r).items()}
+                         for r in self.rows]}
+
+    def _cells(self) -> list[list[str]]:
+        return [[r.metric, _num(r.baseline), _num(r.candidate), _change(r.change), r.rule,
+                 r.verdict.upper() if r.verdict != PASS else PASS] + ([r.reason] if r.reason else [""])
+                for r in self.rows]
+
+    def table(self) -> str:
+        """Fixed-width table: metric, baseline, candidate, change, rule, verdict (+ why)."""
+        head = ["metric", "baseline", "candidate", "change", "rule", "verdict", "why"]
+        cells = self._cells()
+        widths = [max(len(head[i]), *(len(c[i]) for c in cells)) if cells else len(head[i]) for i in range(7)]
+        line = lambda row: "  ".join(v.ljust(widths[i]) for i, v in enumerate(row)).rstrip()  # noqa: E731
+        out = [f"gate: {self.verdict}  candidate {self.candidate}  vs  baseline {self.baseline}  "
+               f"(rules: {self.rules})", line(head), line(["-" * w for w in widths])]
+        out += [line(c) for c in cells]
+        if not cells:
+            out.append("(no metric matched a rule)")
+        return "\n".join(out)
+
+    def markdown(self) -> str:
+        icon = {0: "✅", 1: "❌", 2: "⚠️"}[self.exit_code]
+        out = [f"## {icon} packtrain gate: {self.verdict}", "",
+               f"- candidate: `{self.candidate}`", f"- baseline: `{self.baseline}`", f"- rules: `{self.rules}`", "",
+               "| metric | baseline | candidate | change | rule | verdict | why |",
+               "|---|---:|---:|---:|---|---|---|"]
+        for c in self._cells():
+            verdict = f"**{c[5]}**" if c[5] != PASS else c[5]
+            out.append(f"| `{c[0]}` | {c[1]} | {c[2]} | {c[3]} | {c[4]} | {verdict} | {c[6]} |")
+        return "\n".join(out) + "\n"
+
+
+def _json_num(v: float):
+    return None if v is None or math.isnan(v) else (str(v) if math.isinf(v) else v)
+
+
+def _num(v: float | None) -> str:
+    return "–" if v is None else f"{v:.6g}"
+
+
+def _change(v: float | None) -> str:
+    if v is None:
+        return "–"
+    if math.isinf(v):
+        return "+inf" if v > 0 else "-inf"
+    return f"{100 * v:+.2f}%"
+
+
+def combined_value(sources: list[MetricSource], name: str, aggregate: str) -> float | None:
+    """One value per source (history aggregated), then combined over sources (median for `last`)."""
+    vals = [v for s in sources if (v := s.value(name, aggregate)) is not None]
+    if not vals:
+        return None
+    if len(vals) == 1:
+        return vals[0]
+    return statistics.median(vals) if aggregate == "last" else aggregate_values(vals, aggregate)
+
+
+def check(rule: Rule, base: float | None, cand: float) -> tuple[str, float | None, str]:
+    """(verdict, relative change, reason) of one metric under one rule."""
+    change = None
+    if base is not None:
+        diff = cand - base
+        change = diff / abs(base) if base else (0.0 if diff == 0 else math.copysign(math.inf, diff))
+    if rule.min is not None and cand < rule.min:
+        return REGRESSION, change, f"below floor {rule.min:g}"
+    if rule.max is not None and cand > rule.max:
+        return REGRESSION, change, f"above ceiling {rule.max:g}"
+    if change is None:
+        return PASS, None, ""
+    diff = cand - base
+    if abs(diff) <= rule.abs_tol:
+        return PASS, change, ""
+    if rule.direction == "higher" and rule.max_drop is not None and -change > rule.max_drop + 1e-12:
+        return REGRESSION, change, f"dropped {_pct(-change)} > {_pct(rule.max_drop)}"
+    if rule.direction == "lower" and rule.max_rise is not None and change > rule.max_rise + 1e-12:
+        return REGRESSION, change, f"rose {_pct(change)} > {_pct(rule.max_rise)}"
+    if rule.direction == "equal" and abs(change) > rule.tolerance + 1e-12:
+        return REGRESSION, change, f"changed {_pct(abs(change))} (must equal the baseline)"
+    return PASS, change, ""
+
+
+def _pct(x: float) -> str:
+    return "inf" if math.isinf(x) else f"{100 * x:.3g}%"
+
+
+def gate(candidate: MetricSource | list[MetricSource], baseline: MetricSource, rules: Rules | None = None
+         ) -> GateResult:
+    """Compare candidate metrics with the baseline under `rules` (default: built-in patterns).
+
+    Gated metrics: every metric the rules list by name (required), plus every baseline metric that matches a
+    built-in pattern. Rows are sorted by metric name."""
+    rules = rules or default_rules()
+    cands = candidate if isinstance(candidate, list) else [candidate]
+    cand_label = cands[0].label if len(cands) == 1 else f"{len(cands)} runs: " + ", ".join(c.label for c in cands)
+    result = GateResult(candidate=cand_label, baseline=baseline.label, rules=rules.source)
+    names = set(rules.exact)
+    names |= {m for m in baseline.metrics if m not in rules.exact and rules.rule_for(m) is not None}
+    for name in sorted(names):
+        rule = rules.rule_for(name)
+        base = baseline.value(name, rule.aggregate)
+        cand = combined_value(cands, name, rule.aggregate)
+        if cand is None or (base is None and rule.relative):
+            where = " and ".join(w for w, v in (("candidate", cand), ("baseline", base)) if v is None)
+            result.rows.append(GateRow(name, base, cand, None, rule.describe(), MISSING,
+                                       f"not in the {where}"))
+            continue
+        verdict, change, reason = check(rule, base, cand)
+        result.rows.append(GateRow(name, base, cand, change, rule.describe(), verdict, reason))
+    return result
+
+
+def write_gate_outputs(result: GateResult, out_dir: Path) -> tuple[Path, Path]:
+    """out_dir/gate.json (machine-readable) and out_dir/gate.md (a CI job summary / PR comment)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    jpath, mpath = out_dir / "gate.json", out_dir / "gate.md"
+    write_json(jpath, result.to_dict())
+    atomic_write_text(mpath, result.markdown())
+    return jpath, mpath

@@ -1,0 +1,196 @@
+"""Per-metric gate rules: direction, allowed relative change, absolute floor/ceiling, aggregation.
+
+A rules file (YAML or JSON) names metrics exactly; built-in patterns cover the usual telemetry names:
+
+    defaults:               # for listed metrics that leave a field out
+      max_drop: 0.05
+      max_rise: 0.05
+    metrics:
+      pack.fill:        {direction: higher, max_drop: 0.002, min: 0.99}
+      train.tokens_per_s: {direction: higher, max_drop: 0.05, aggregate: median}
+      train.peak_alloc_gib: {direction: lower, max_rise: 0.05, max: 70}
+      train.tokens_per_step: {direction: equal}
+    use_default_patterns: false   # true: also gate every other metric matching a built-in pattern
+
+    higher  regression when (baseline − candidate) / |baseline| > max_drop
+    lower   regression when (candidate − baseline) / |baseline| > max_rise
+    equal   regression when |candidate − baseline| > tolerance · |baseline|
+    min/max absolute floor/ceiling on the candidate, checked whatever the baseline says
+    abs_tol changes smaller than this are never regressions (noise floor for values near zero)
+    max_drop: null / max_rise: null   only the absolute bounds apply (no baseline needed)
+    aggregate  last | median | mean | min | max over a metric's history (MLflow steps) or a list in a
+               JSON file; over several candidate runs the per-run values are combined the same way
+               (`last` → median of the runs)
+
+Listed metrics are required: missing on either side is "missing data" (exit 2). Pattern-matched metrics are
+gated when the baseline has them; a candidate lacking one is missing data as well.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, ValidationError
+
+from packtrain.config.base import StrictModel, format_validation_error
+from packtrain.errors import ConfigError
+
+Direction = Literal["higher", "lower", "equal"]
+Aggregate = Literal["last", "median", "mean", "min", "max"]
+
+
+@dataclass(frozen=True)
+class Rule:
+    metric: str                       # exact name, or a glob pattern for built-in rules
+    direction: Direction
+    max_drop: float | None = None     # higher-is-better: allowed relative drop
+    max_rise: float | None = None     # lower-is-better: allowed relative rise
+    tolerance: float = 0.0            # equal: allowed relative difference
+    min: float | None = None          # absolute floor on the candidate
+    max: float | None = None          # absolute ceiling on the candidate
+    aggregate: Aggregate = "last"
+    abs_tol: float = 0.0
+    required: bool = True
+
+    @property
+    def relative(self) -> bool:
+        """Whether the rule compares with the baseline (else only the absolute bounds apply)."""
+        return (self.direction == "higher" and self.max_drop is not None) or \
+            (self.direction == "lower" and self.max_rise is not None) or self.direction == "equal"
+
+    def describe(self) -> str:
+        """'drop ≤ 5%, ≥ 0.99', 'rise ≤ 2%', '= baseline' — the rule column of the gate table."""
+        parts = []
+        if self.direction == "higher" and self.max_drop is not None:
+            parts.append(f"drop ≤ {_pct(self.max_drop)}")
+        elif self.direction == "lower" and self.max_rise is not None:
+            parts.append(f"rise ≤ {_pct(self.max_rise)}")
+        elif self.direction == "equal":
+            parts.append("= baseline" if not self.tolerance else f"within ±{_pct(self.tolerance)}")
+        if self.min is not None:
+            parts.append(f"≥ {self.min:g}")
+        if self.max is not None:
+            parts.append(f"≤ {self.max:g}")
+        if self.aggregate != "last":
+            parts.append(self.aggregate)
+        return ", ".join(parts) or "report only"
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:g}%"
+
+
+# Built-in patterns (first match wins). Noisy throughput metrics use the median of their history/repeats.
+DEFAULT_PATTERNS: tuple[Rule, ...] = (
+    Rule("*fill*", "higher", max_drop=0.005, required=False),
+    Rule("*padding*", "lower", max_rise=0.05, abs_tol=1e-3, required=False),
+    Rule("*tokens_per_s*", "higher", max_drop=0.05, aggregate="median", required=False),
+    Rule("*tok_per_s*", "higher", max_drop=0.05, aggregate="median", required=False),
+    Rule("*mfu*", "higher", max_drop=0.05, aggregate="median", required=False),
+    Rule("*utilization*", "higher", max_drop=0.05, aggregate="median", required=False),
+    Rule("*fragmentation*", "lower", max_rise=0.10, abs_tol=0.01, required=False),
+    Rule("*peak*gib*", "lower", max_rise=0.05, required=False),
+    Rule("*memory*gib*", "lower", max_rise=0.05, required=False),
+    Rule("*step_time*", "lower", max_rise=0.05, aggregate="median", required=False),
+    Rule("*data_wait*", "lower", max_rise=0.10, abs_tol=0.01, aggregate="median", required=False),
+)
+
+
+@dataclass
+class Rules:
+    """Exact rules (required) + patterns (gated when the baseline has the metric)."""
+
+    exact: dict[str, Rule] = field(default_factory=dict)
+    patterns: tuple[Rule, ...] = DEFAULT_PATTERNS
+    source: str = "built-in defaults"
+
+    def rule_for(self, metric: str) -> Rule | None:
+        if metric in self.exact:
+            return self.exact[metric]
+        for r in self.patterns:
+            if fnmatch.fnmatchcase(metric, r.metric):
+                return Rule(**{**r.__dict__, "metric": metric})
+        return None
+
+
+class _RuleSpec(StrictModel):
+    direction: Direction | None = None
+    max_drop: float | None = Field(None, ge=0)
+    max_rise: float | None = Field(None, ge=0)
+    tolerance: float = Field(0.0, ge=0)
+    min: float | None = None
+    max: float | None = None
+    aggregate: Aggregate = "last"
+    abs_tol: float = Field(0.0, ge=0)
+
+
+class _Defaults(StrictModel):
+    max_drop: float = Field(0.05, ge=0)
+    max_rise: float = Field(0.05, ge=0)
+    aggregate: Aggregate | None = None
+
+
+class _RulesFile(StrictModel):
+    defaults: _Defaults = _Defaults()
+    metrics: dict[str, _RuleSpec] = {}
+    use_default_patterns: bool = True
+
+
+def default_rules() -> Rules:
+    return Rules()
+
+
+def load_rules(path: str | Path | None) -> Rules:
+    """Read a rules file (YAML or JSON); None → the built-in patterns. Errors name the file and field."""
+    if path is None:
+        return default_rules()
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"--rules {p}: file not found") from None
+    try:
+        if p.suffix == ".json":
+            raw = json.loads(text)
+        else:
+            import yaml
+
+            raw = yaml.safe_load(text)
+    except Exception as e:  # noqa: BLE001 - yaml/json parse errors → one message naming the file
+        raise ConfigError(f"rules file {p}: not valid {'JSON' if p.suffix == '.json' else 'YAML'}: {e}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"rules file {p}: top level must be a mapping with 'metrics:' (and optionally "
+                          f"'defaults:', 'use_default_patterns:'), got {type(raw).__name__}")
+    try:
+        spec = _RulesFile.model_validate(raw)
+    except ValidationError as e:
+        raise ConfigError(format_validation_error(e, _RulesFile, f"rules file {p}")) from None
+    exact: dict[str, Rule] = {}
+    for name, r in spec.metrics.items():
+        direction = r.direction or _infer_direction(name)
+        if direction is None:
+            raise ConfigError(f"rules file {p}: metrics.{name}.direction: needed (higher, lower or equal); "
+                              "no built-in pattern matches this name")
+        agg = r.aggregate if "aggregate" in r.model_fields_set else (spec.defaults.aggregate or r.aggregate)
+        if r.min is not None and r.max is not None and r.min > r.max:
+            raise ConfigError(f"rules file {p}: metrics.{name}: min {r.min} > max {r.max}")
+        given = r.model_fields_set   # an explicit `max_drop: null` means "absolute bounds only"
+        exact[name] = Rule(
+            metric=name, direction=direction,
+            max_drop=r.max_drop if "max_drop" in given else (spec.defaults.max_drop if direction == "higher"
+                                                             else None),
+            max_rise=r.max_rise if "max_rise" in given else (spec.defaults.max_rise if direction == "lower"
+                                                             else None),
+            tolerance=r.tolerance, min=r.min, max=r.max, aggregate=agg, abs_tol=r.abs_tol, required=True)
+    return Rules(exact=exact, patterns=DEFAULT_PATTERNS if spec.use_default_patterns else (), source=str(p))
+
+
+def _infer_direction(metric: str) -> Direction | None:
+    for r in DEFAULT_PATTERNS:
+        if fnmatch.fnmatchcase(metric, r.metric):
+            return r.direction
+    return None

@@ -1,0 +1,52 @@
+"""Helpers of the pipeline tests: a tiny real-text corpus and the settings that make a whole
+pipeline run take seconds of compute (the rest is process start-up: ~3 s a stage on this machine)."""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+PACKTRAIN = Path(sys.executable).with_name("packtrain")
+
+# Words of real English/Python prose with a long tail: documents of lognormal length (median ~90 words).
+_WORDS = ("the of and to in is that for it as with was on be by this are or from at which not have an but "
+          "function returns value list string object module class method argument default error file data "
+          "token model train pack budget document attention memory loss step batch rank device").split()
+
+
+def tiny_corpus(folder: Path, n_docs: int = 60, seed: int = 0) -> Path:
+    """`n_docs` unique .txt documents (one per file) of 10–1000 words; deterministic for a seed."""
+    rng = random.Random(seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    for i in range(n_docs):
+        n = min(1000, int(rng.lognormvariate(4.5, 0.9)) + 10)
+        words = [rng.choice(_WORDS) for _ in range(n)]
+        (folder / f"doc{i:03d}.txt").write_text(f"Document {i}. " + " ".join(words) + ".\n", encoding="utf-8")
+    return folder
+
+
+def tiny_settings(workdir: Path, corpus: Path) -> list[str]:
+    """--set overrides of the tiny-cpu recipe: ~30k tokens, 2 train steps, 1 eval batch."""
+    return [
+        f"workdir={workdir}", f"ingest.source={corpus}", "validate.min_rows=10",
+        "tokenize.vocab_size=300", "tokenize.train_chars=60000", "tokenize.eval_fraction=0.2",
+        "tokenize.workers=1", "pack.budget=64", "train.rows=2", "train.max_steps=2", "train.warmup_steps=1",
+        "evaluate.rows=2", "evaluate.max_batches=1", "tracking.system_metrics=false",
+    ]
+
+
+def as_args(settings: list[str]) -> list[str]:
+    return [a for s in settings for a in ("--set", s)]
+
+
+def run_cli(args: list[str], cwd: Path, env: dict | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
+    """The real `packtrain` console script of this venv in a subprocess."""
+    full_env = {**os.environ, **(env or {})}
+    full_env.pop("MLFLOW_TRACKING_URI", None)
+    full_env.pop("PACKTRAIN_PARENT_RUN_ID", None)
+    return subprocess.run([str(PACKTRAIN), *args], cwd=cwd, env=full_env, capture_output=True, text=True,
+                          timeout=timeout)

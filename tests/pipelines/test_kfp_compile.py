@@ -1,0 +1,111 @@
+"""The KFP pipeline compiles; the committed IR is what the code compiles to; the IR carries the cluster
+settings (GPUs, /dev/shm, secret, retries, caching, images) and the DAG order."""
+
+from __future__ import annotations
+
+import yaml
+
+from packtrain import STAGES
+from packtrain.config import PipelineConfig
+from packtrain.pipeline.kfp_ops import compile_pipeline
+
+from pipeline_helpers import REPO, run_cli
+
+COMMITTED = REPO / "pipelines" / "packtrain_pipeline.yaml"
+
+
+def _docs(path):
+    docs = list(yaml.safe_load_all(path.read_text(encoding="utf-8")))
+    return docs[0], (docs[1] if len(docs) > 1 else {})
+
+
+def test_committed_ir_matches_a_fresh_compile(tmp_path):
+    out = tmp_path / "p.yaml"
+    r = run_cli(["pipeline", "compile", "--out", str(out)], cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert out.read_text() == COMMITTED.read_text(), (
+        "pipelines/packtrain_pipeline.yaml is stale: run `packtrain pipeline compile` and commit it")
+
+
+def test_ir_has_every_stage_in_dag_order_with_artifacts():
+    spec, _ = _docs(COMMITTED)
+    tasks = spec["root"]["dag"]["tasks"]
+    assert set(tasks) == set(STAGES)
+    deps = {t: set(tasks[t].get("dependentTasks", [])) for t in tasks}
+    assert deps["ingest"] == set()
+    assert deps["tokenize"] == {"ingest", "validate"}          # validation gates tokenize
+    assert deps["train"] == {"pack", "tokenize"}
+    assert deps["register"] == {"train", "evaluate"}
+    assert spec["root"]["inputDefinitions"]["parameters"]["config"]["parameterType"] == "STRING"
+    comps = spec["components"]
+    assert comps["comp-train"]["outputDefinitions"]["artifacts"]["model"]["artifactType"]["schemaTitle"] == \
+        "system.Model"
+    assert comps["comp-pack"]["outputDefinitions"]["artifacts"]["packs"]["artifactType"]["schemaTitle"] == \
+        "system.Dataset"
+    for s in STAGES:
+        assert comps[f"comp-{s}"]["outputDefinitions"]["artifacts"]["metrics"]["artifactType"]["schemaTitle"] \
+            == "system.Metrics"
+        assert tasks[s]["cachingOptions"]["enableCache"] is True
+        # the run id reaches every component (→ KFP_RUN_ID → MLflow tag kfp.run_id)
+        assert tasks[s]["inputs"]["parameters"]["kfp_run_id"]["runtimeValue"]["constant"] == "{{$.pipeline_job_uuid}}"
+
+
+def test_ir_resources_images_retries_secret_shm():
+    spec, platform = _docs(COMMITTED)
+    pc = PipelineConfig()
+    execs = spec["deploymentSpec"]["executors"]
+    k8s = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
+    tasks = spec["root"]["dag"]["tasks"]
+    for s in STAGES:
+        c = execs[f"exec-{s}"]["container"]
+        gpu = s in ("train", "evaluate")
+        assert c["image"] == (pc.base_image if gpu else pc.cpu_image)
+        res = c["resources"]
+        assert res["resourceCpuRequest"] == (pc.gpu_cpu_request if gpu else pc.cpu_request)
+        if gpu:
+            assert res["accelerator"]["resourceType"] == pc.gpu_type
+            assert res["accelerator"]["resourceCount"] == str(pc.gpus)
+            assert k8s[f"exec-{s}"]["emptyDirMounts"] == [
+                {"medium": "Memory", "mountPath": "/dev/shm", "sizeLimit": pc.shm_size, "volumeName": "dshm"}]
+        else:
+            assert "accelerator" not in res and "emptyDirMounts" not in k8s[f"exec-{s}"]
+        secrets = k8s[f"exec-{s}"]["secretAsEnv"]
+        envs = {kv["envVar"]: sec["optional"] for sec in secrets for kv in sec["keyToEnv"]}
+        assert envs == {"MLFLOW_TRACKING_URI": False, "MLFLOW_TRACKING_USERNAME": True,
+                        "MLFLOW_TRACKING_PASSWORD": True}
+        assert {sec["secretName"] for sec in secrets} == {pc.mlflow_secret}
+        retry = tasks[s].get("retryPolicy")
+        if s in ("ingest", "train", "evaluate", "register"):
+            assert retry["maxRetryCount"] == pc.retries
+        else:
+            assert retry is None  # deterministic stages: a retry fails the same way
+    # no pip install at run time: kfp and packtrain come with the image
+    assert "pip install" not in yaml.safe_dump(execs)
+
+
+def test_compile_follows_the_pipeline_config(tmp_path):
+    pc = PipelineConfig(gpus=4, base_image="registry.example/packtrain:9", shm_size="64Gi", retries=0)
+    spec, platform = _docs(compile_pipeline(tmp_path / "p.yaml", pc))
+    train = spec["deploymentSpec"]["executors"]["exec-train"]["container"]
+    assert train["image"] == "registry.example/packtrain:9"
+    assert train["resources"]["accelerator"]["resourceCount"] == "4"
+    assert platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]["exec-train"]["emptyDirMounts"][0][
+        "sizeLimit"] == "64Gi"
+    assert all("retryPolicy" not in t for t in spec["root"]["dag"]["tasks"].values())
+
+
+def test_compile_cli_reads_the_recipe_pipeline_section(tmp_path):
+    out = tmp_path / "gpu8.yaml"
+    r = run_cli(["pipeline", "compile", "--out", str(out), "--set", "pipeline.gpus=8"], cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    spec, _ = _docs(out)
+    assert spec["deploymentSpec"]["executors"]["exec-evaluate"]["container"]["resources"]["accelerator"][
+        "resourceCount"] == "8"
+
+
+def test_compile_cli_bad_override_is_a_clear_error(tmp_path):
+    r = run_cli(["pipeline", "compile", "--out", str(tmp_path / "x.yaml"), "--set", "pipeline.gpus=-1"],
+                cwd=tmp_path)
+    assert r.returncode == 2
+    assert "pipeline.gpus" in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "x.yaml").exists()

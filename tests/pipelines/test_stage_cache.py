@@ -1,0 +1,106 @@
+"""The stage cache of `packtrain run`: keys follow inputs/config/code, entries restore exactly."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from packtrain.config import load_run_config
+from packtrain.pipeline.cache import StageCache, dir_md5, stage_cache_key
+from packtrain.pipeline.runtime import STAGE_INPUTS, config_parts, metadata_of, runner_args
+
+
+def _tree(root: Path, files: dict[str, bytes]) -> Path:
+    for rel, data in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(data)
+    return root
+
+
+def test_dir_md5_depends_on_names_and_contents_only(tmp_path):
+    a = _tree(tmp_path / "a", {"x.bin": b"1", "sub/y.txt": b"22"})
+    b = _tree(tmp_path / "b", {"sub/y.txt": b"22", "x.bin": b"1"})
+    assert dir_md5(a) == dir_md5(b)
+    (b / "x.bin").write_bytes(b"2")
+    assert dir_md5(a) != dir_md5(b)
+    c = _tree(tmp_path / "c", {"x.bin": b"1", "sub/z.txt": b"22"})  # renamed file
+    assert dir_md5(a) != dir_md5(c)
+    before = dir_md5(a)
+    _tree(a, {".x.tmp": b"junk"})  # dotfiles (temp files) are never outputs
+    assert dir_md5(a) == before
+    assert dir_md5(tmp_path / "missing") == "missing"
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.dictionaries(st.text("abcxyz", min_size=1, max_size=4), st.binary(max_size=64), min_size=1, max_size=5))
+def test_dir_md5_is_a_function_of_the_tree(tmp_path_factory, files):
+    a = _tree(tmp_path_factory.mktemp("a"), files)
+    b = _tree(tmp_path_factory.mktemp("b"), dict(reversed(list(files.items()))))
+    assert dir_md5(a) == dir_md5(b)
+
+
+def test_key_changes_with_inputs_config_and_code(tmp_path):
+    cfg = load_run_config("tiny-cpu")
+    tokens = _tree(tmp_path / "tokens", {"tokens.bin": b"\x01\x02"})
+    base, parts = stage_cache_key("pack", {"tokens": tokens}, config_parts("pack", cfg), "v1")
+    assert parts["inputs"]["tokens"] == dir_md5(tokens)
+    assert stage_cache_key("pack", {"tokens": tokens}, config_parts("pack", cfg), "v1")[0] == base
+    # another pack budget, other code, other input bytes → other keys
+    cfg2 = load_run_config("tiny-cpu", ["pack.budget=1024"])
+    assert stage_cache_key("pack", {"tokens": tokens}, config_parts("pack", cfg2), "v1")[0] != base
+    assert stage_cache_key("pack", {"tokens": tokens}, config_parts("pack", cfg), "v2")[0] != base
+    (tokens / "tokens.bin").write_bytes(b"\x01\x03")
+    assert stage_cache_key("pack", {"tokens": tokens}, config_parts("pack", cfg), "v1")[0] != base
+
+
+def test_config_parts_hold_only_what_the_stage_reads():
+    cfg = load_run_config("tiny-cpu")
+    other = load_run_config("tiny-cpu", ["train.lr=0.1", "evaluate.max_batches=3"])
+    for stage in ("ingest", "validate", "tokenize", "pack"):  # upstream of train: a new lr changes nothing
+        assert config_parts(stage, cfg) == config_parts(stage, other)
+    assert config_parts("train", cfg) != config_parts("train", other)
+    assert config_parts("evaluate", cfg) != config_parts("evaluate", other)
+    assert config_parts("train", cfg)["pack.budget"] == cfg.pack.budget
+
+
+def test_store_then_restore_gives_the_same_tree_and_stats(tmp_path):
+    out = _tree(tmp_path / "out", {"model/w.bin": b"w" * 100, "train_result.json": b"{}"})
+    cache = StageCache(tmp_path / "cache")
+    assert cache.lookup("train", "k1") is None
+    cache.store("train", "k1", out, {"steps": 2}, {"parts": 1})
+    hit = cache.lookup("train", "k1")
+    assert hit is not None and hit.stats == {"steps": 2}
+    dst = tmp_path / "run2" / "model"
+    cache.restore(hit, dst)
+    assert dir_md5(dst) == dir_md5(out)
+    assert (out / "model" / "w.bin").read_bytes() == b"w" * 100  # the source is untouched
+
+
+@pytest.mark.parametrize("stage, inputs, expected", [
+    ("ingest", {}, []),
+    ("validate", {"docs": "/a/docs"}, ["/a/docs"]),
+    ("tokenize", {"docs": "/a/docs"}, ["/a/docs"]),
+    ("pack", {"tokens": "/a/tok"}, ["/a/tok"]),
+    ("train", {"packs": "/a/packs", "tokens": "/a/tok"}, ["/a/packs", "/a/tok"]),
+    ("evaluate", {"train": "/a/train", "packs": "/a/packs"}, ["/a/train/model", "/a/packs"]),
+    ("register", {"train": "/a/train", "evaluation": "/a/ev"}, ["/a/train/model", "/a/ev", "/a/train"]),
+])
+def test_runner_args_follow_the_stage_contract(stage, inputs, expected):
+    assert set(inputs) == set(STAGE_INPUTS[stage])
+    assert runner_args(stage, inputs) == [Path(p) for p in expected]
+
+
+def test_runner_args_name_a_missing_input():
+    from packtrain.errors import MissingDataError
+
+    with pytest.raises(MissingDataError, match=r"stage train: missing input\(s\) \['tokens'\]"):
+        runner_args("train", {"packs": "/a"})
+
+
+def test_metadata_is_flat_scalars():
+    meta = metadata_of({"fill": 0.99, "train": {"n_packs": 3}, "curve": [1.0, 2.0], "nested": {"x": None},
+                        "big": list(range(100))})
+    assert meta == {"fill": 0.99, "train.n_packs": 3, "curve": [1.0, 2.0], "nested.x": None}
