@@ -126,7 +126,10 @@ def test_model_states_torch_and_zero():
                       reduce_bucket=1000, prefetch_bucket=10)
     assert (z3.params, z3.master, z3.optimizer, z3.grads) == (0, 0, 0, 0)
     assert z3.cpu == (4 + 8 + 4 + 2) * p // 4
-    assert z3.zero_buffers == 1000 * 2 + 2 * (4096 * 64 + 10)   # bucket + gathered LM head + prefetch
+    assert z3.zero_buffers == 1000 * 2 + 2 * p                  # bucket + every parameter gathered (p < 1e9)
+    big = model_states(SHAPE, "deepspeed", "bf16", 3, True, True, 4, fused=True, grad_accum=1,
+                       reduce_bucket=1000, max_live=1000)
+    assert big.zero_buffers == 1000 * 2 + 2 * 1000              # capped by stage3_max_live_parameters
 
 
 def test_plan_sums_components_by_hand():

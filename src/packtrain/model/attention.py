@@ -99,6 +99,16 @@ def resolve_attention(name: str, device: Any, precision: str = "bf16", training:
     return name
 
 
+def _same_dtype(query, key, value):
+    """Under autocast, RoPE leaves q/k in fp32 (q·cos with cos in the residual's fp32) while v is bf16: cast all
+    three to the autocast dtype (what SDPA does itself), else to value's dtype."""
+    import torch
+
+    dev = query.device.type
+    dt = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else value.dtype
+    return query.to(dt), key.to(dt), value.to(dt)
+
+
 # ------------------------------------------------------------------------------------------------ varlen
 
 @functools.cache
@@ -128,6 +138,7 @@ def varlen_attention_forward(module, query, key, value, attention_mask, scaling=
                          "(pass packtrain.model.attention.model_inputs(batch, 'varlen'))")
     if query.shape[0] != 1:
         raise ValueError(f"packtrain_varlen expects a flattened (1, T) batch, got batch size {query.shape[0]}")
+    query, key, value = _same_dtype(query, key, value)
     q = query[0].transpose(0, 1)   # (T, Hq, D)
     k = key[0].transpose(0, 1)     # (T, Hkv, D)
     v = value[0].transpose(0, 1)
@@ -172,6 +183,7 @@ def flex_attention_forward(module, query, key, value, attention_mask, scaling=No
     if not isinstance(attention_mask, BlockMask):
         raise ValueError("packtrain_flex attention needs a document BlockMask as attention_mask "
                          "(pass packtrain.model.attention.model_inputs(batch, 'flex'))")
+    query, key, value = _same_dtype(query, key, value)
     fn = _compiled_flex() if query.is_cuda else flex_attention
     gqa = query.shape[1] != key.shape[1]
     out = fn(query, key, value, block_mask=attention_mask, scale=scaling, enable_gqa=gqa)   # (1, Hq, T, D)

@@ -2,7 +2,7 @@
 
     packtrain run — tiny-cpu — 7 stages in 95.2 s (2 from cache)
       pack       fill 99.7% (padding 0.3%)
-      train      12,340 tok/s · CPU 187% · MFU 0.4% (useful) · peak mem 1.21 GiB
+      train      12,340 tok/s · CPU util 87% · MFU 0.40% · peak RSS 1.21 GiB
       evaluate   perplexity 58.1 (loss 4.06)
       register   packtrain-lm v3 → champion
       MLflow     .venv/bin/mlflow ui --backend-store-uri sqlite:////abs/data/mlflow.db
@@ -22,18 +22,18 @@ from packtrain.config import flatten
 
 # candidates per summary field, in order of preference (dotted-key suffixes)
 FIELDS: dict[str, tuple[str, tuple[str, ...]]] = {
-    "fill": ("pack", ("fill", "train.fill", "fill_ratio", "mean_fill")),
-    "tokens_per_s": ("train", ("real_tokens_per_s", "tokens_per_s", "tokens_per_sec", "tok_per_s")),
-    "gpu_util": ("train", ("gpu_util_mean", "gpu_utilization", "gpu_util", "utilization")),
-    "cpu_percent": ("train", ("cpu_percent_mean", "cpu_percent", "cpu_util", "process_cpu_percent")),
+    "fill": ("pack", ("fill", "train.fill", "fill_ratio")),
+    "tokens_per_s": ("train", ("real_tokens_per_s", "tokens_per_s", "tokens_per_sec")),
+    "utilization": ("train", ("system.utilization_mean", "utilization_mean", "gpu_util_mean", "utilization")),
+    "utilization_kind": ("train", ("system.kind", "sampler_kind")),
     "mfu": ("train", ("useful_mfu", "mfu", "dense_mfu")),
-    "peak_memory_gib": ("train", ("peak_alloc_gib", "peak_memory_gib", "peak_rss_gib", "peak_mem_gib",
-                                  "max_rss_gib")),
-    "perplexity": ("evaluate", ("perplexity", "eval_perplexity", "ppl")),
-    "eval_loss": ("evaluate", ("eval_loss", "loss")),
-    "model_name": ("register", ("model_name", "name", "registered_model")),
-    "version": ("register", ("version", "model_version", "registered_version")),
-    "alias": ("register", ("alias", "aliases", "alias_decision")),
+    "peak_gpu_gib": ("train", ("peak_alloc_gib", "peak_memory_gib")),
+    "peak_cpu_gib": ("train", ("cpu_peak_rss_gib", "peak_rss_gib", "mem_used_max_gib")),
+    "perplexity": ("evaluate", ("perplexity", "eval_perplexity")),
+    "eval_loss": ("evaluate", ("eval_loss",)),
+    "model_name": ("register", ("model_name",)),
+    "version": ("register", ("version", "model_version")),
+    "alias": ("register", ("decision", "alias")),
 }
 
 
@@ -88,14 +88,16 @@ def format_summary(name: str, summary: dict, seconds: float, n_stages: int, trac
     parts = []
     if s.get("tokens_per_s") is not None:
         parts.append(f"{_fmt(s['tokens_per_s'])} tok/s")
-    if s.get("gpu_util") is not None:
-        parts.append(f"GPU util {_fmt(float(s['gpu_util']) * (100 if float(s['gpu_util']) <= 1 else 1), '.0f')}%")
-    elif s.get("cpu_percent") is not None:
-        parts.append(f"CPU {_fmt(s['cpu_percent'], '.0f')}%")
+    if s.get("utilization") is not None:
+        kind = "GPU" if s.get("utilization_kind") == "nvml" else "CPU"
+        parts.append(f"{kind} util {float(s['utilization']):.0%}")
     if s.get("mfu") is not None:
-        parts.append(f"MFU {_fmt(float(s['mfu']) * 100, '.2f')}%")
-    if s.get("peak_memory_gib") is not None:
-        parts.append(f"peak mem {_fmt(s['peak_memory_gib'], '.2f')} GiB")
+        parts.append(f"MFU {float(s['mfu']):.2%}")
+    gpu_mem = s.get("peak_gpu_gib")
+    if gpu_mem:  # 0.0 on CPU
+        parts.append(f"peak GPU mem {_fmt(gpu_mem, '.2f')} GiB")
+    elif s.get("peak_cpu_gib") is not None:
+        parts.append(f"peak RSS {_fmt(s['peak_cpu_gib'], '.2f')} GiB")
     if parts:
         lines.append("  train      " + " · ".join(parts))
     if s.get("perplexity") is not None:

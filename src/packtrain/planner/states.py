@@ -7,12 +7,14 @@ Bytes per parameter P (Adam; ZeRO paper: 16 bytes/param of model state with mixe
     DeepSpeed bf16, ZeRO-0        2       4       2 + 4   8         (BF16_Optimizer: bf16 + fp32 grads)
     DeepSpeed bf16, ZeRO-1        2       4/n     2 + 4/n 8/n
     DeepSpeed bf16, ZeRO-2        2       4/n     4/n     8/n       + reduce buckets
-    DeepSpeed bf16, ZeRO-3        2/n     4/n     4/n     8/n       + reduce bucket + gathered layer/prefetch
+    DeepSpeed bf16, ZeRO-3        2/n     4/n     4/n     8/n       + reduce bucket + gathered params
     offload_optimizer             master, Adam and fp32 gradients move to CPU memory
     offload_params (ZeRO-3)       the parameter partition moves to CPU; the GPU holds only gathered params
 
 Reduce buckets: DeepSpeed allocates `reduce_bucket_size` elements (default 5e8 → 1 GB in bf16) per buffer,
-two with overlap_comm (stage 1/2), whatever the model size. The torch engine on n > 1 GPUs (DDP) keeps the
+two with overlap_comm (stage 1/2), whatever the model size. ZeRO-3 keeps gathered parameters that are reused
+within stage3_max_reuse_distance (1e9) — every parameter in a training step — up to
+stage3_max_live_parameters (1e9): in practice a full bf16 copy of models below 1B parameters. The torch engine on n > 1 GPUs (DDP) keeps the
 gradients a second time in its reducer buckets (4 bytes/param).
 """
 
@@ -24,6 +26,7 @@ from packtrain.planner.shapes import ModelShape
 
 DS_REDUCE_BUCKET = 500_000_000       # DeepSpeed default reduce_bucket_size (elements)
 DS_PREFETCH_BUCKET = 50_000_000      # DeepSpeed default stage3_prefetch_bucket_size (elements)
+DS_MAX_LIVE = 1_000_000_000          # DeepSpeed default stage3_max_live_parameters (elements)
 
 
 @dataclass
@@ -44,7 +47,8 @@ class ModelStates:
 
 def model_states(shape: ModelShape, engine: str, precision: str, zero_stage: int, offload_optimizer: bool,
                  offload_params: bool, gpus: int, fused: bool, grad_accum: int, overlap_comm: bool = True,
-                 reduce_bucket: int = DS_REDUCE_BUCKET, prefetch_bucket: int = DS_PREFETCH_BUCKET) -> ModelStates:
+                 reduce_bucket: int = DS_REDUCE_BUCKET, prefetch_bucket: int = DS_PREFETCH_BUCKET,
+                 max_live: int = DS_MAX_LIVE) -> ModelStates:
     p, n = shape.n_params, max(1, gpus)
     if engine != "deepspeed":
         grads = 4 * p
@@ -79,8 +83,11 @@ def model_states(shape: ModelShape, engine: str, precision: str, zero_stage: int
     buffers = 0
     if stage >= 1:
         buffers += reduce_bucket * wb * (2 if overlap_comm and stage < 3 else 1)
-    if stage == 3:   # gathered working set: the largest module (LM head / a layer) + the prefetch bucket
-        buffers += wb * (max(shape.layer_params, shape.vocab * shape.hidden) + prefetch_bucket)
+    if stage == 3:
+        # gathered parameters: DeepSpeed keeps a fetched parameter while it is reused within
+        # stage3_max_reuse_distance (1e9) parameters — in training every parameter is (forward → backward),
+        # so up to stage3_max_live_parameters (1e9) stay gathered; never less than the largest module + prefetch
+        buffers += wb * min(max(p, shape.vocab * shape.hidden + prefetch_bucket), max_live)
     step_ws = 0 if (fused or (offload_optimizer and stage >= 1)) else (4 * p if stage == 0 else 4 * p // n)
     return ModelStates(
         params=params, master=master, grads=grads, persistent_grads=grads, optimizer=optimizer,
@@ -90,7 +97,7 @@ def model_states(shape: ModelShape, engine: str, precision: str, zero_stage: int
                "master": f"fp32 master / {n} GPU" if master else "",
                "optimizer": f"Adam m, v / {n} GPU" if optimizer else "offloaded to CPU",
                "grads": f"ZeRO-{stage} gradient partition", "step_workspace": "",
-               "zero_buffers": f"reduce bucket {reduce_bucket:.0e} el." + (" + gathered params" if stage == 3
+               "zero_buffers": f"reduce bucket {reduce_bucket:.0e} el." + (" + gathered bf16 params" if stage == 3
                                                                            else "")},
     )
 

@@ -33,11 +33,22 @@ def run_pack(cfg: RunConfig, tokens_dir: str | Path | None = None, out_dir: str 
             d["input_md5"] = digest
             run.set_tags({"dvc.md5.tokens": digest})
             run.log_dataset(src, "tokens", digest, context="input")
+            _add_to_stats_file(dst / STATS_FILE, {"input_md5": digest})
         run.log_stats({k: v for k, v in d.items() if k not in ("input", "output")})
         run.log_artifact(dst / STATS_FILE)
         if run.enabled:
             _log_length_histogram(run, TokenStore.open(src), stats.train.fill, cfg.pack.budget)
     return d
+
+
+def _add_to_stats_file(path: Path, extra: dict) -> None:
+    """Record lineage (the md5 of the tokens read) in pack_stats.json for register's version tags."""
+    import json
+
+    from packtrain.paths import write_json
+
+    if path.exists():
+        write_json(path, {**json.loads(path.read_text()), **extra})
 
 
 def _md5(path: Path) -> str | None:

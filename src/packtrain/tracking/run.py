@@ -321,10 +321,12 @@ def stage_run(stage: str, cfg: RunConfig, section: Any = None, tags: Mapping[str
         status = "FAILED"
         raise
     finally:
-        handle.flush()
-        _stop_system_metrics(monitor)
-        client.set_terminated(run_id, status)
-        active = mlflow.active_run()
-        if fluent is not None and active is not None and active.info.run_id == run_id:
-            with short_http(client.uri, 2), contextlib.suppress(Exception):
-                mlflow.end_run(status)
+        try:
+            handle.flush()
+            _stop_system_metrics(monitor)
+            client.set_terminated(run_id, status)
+        finally:  # never leave the fluent run active, whatever the store said
+            active = mlflow.active_run()
+            if fluent is not None and active is not None and active.info.run_id == run_id:
+                with short_http(client.uri, 2), contextlib.suppress(Exception):
+                    mlflow.end_run(status)

@@ -90,7 +90,7 @@ def train(model_cfg, train_cfg, pack_cfg, telemetry_cfg, packs_dir, tokenizer_di
         if not info.skipped:
             s.scheduler.step()
         loss = s.global_sum(loss_sum.item()) / max(n_labels, 1)
-        m = s.record(step, window, loss, lr, info, time.perf_counter() - t0, data_wait)
+        m = s.record(step, window, n_labels, loss, lr, info, time.perf_counter() - t0, data_wait)
         bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{m['real_tokens_per_s'] * world:,.0f}")
         bar.update(1)
         if s.checkpoint_due(step):

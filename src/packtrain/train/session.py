@@ -113,7 +113,10 @@ class TrainSession:
         self.sampler = None
         if self.dist.is_main:
             gpus = list(range(self.dist.world_size)) if self.device.type == "cuda" else None
-            self.sampler = SystemSampler(self.tel_cfg.interval_s, gpu_indices=gpus).start()
+            try:
+                self.sampler = SystemSampler(self.tel_cfg.interval_s, gpu_indices=gpus).start()
+            except ImportError as e:   # neither nvidia-ml-py nor psutil installed: train without sampling
+                warnings.warn(f"system sampling off: {e}", RuntimeWarning, stacklevel=2)
 
     def window_flops(self, window) -> tuple[float, float]:
         from packtrain.telemetry.mfu import step_flops
@@ -153,17 +156,17 @@ class TrainSession:
         return self.start_step
 
     # ------------------------------------------------------------------------------------------ per step
-    def record(self, step: int, window, loss: float, lr: float, info, step_time: float, data_wait: float) -> dict:
-        """Meter + history + train_log.jsonl + tracker for optimizer step `step` (1-based)."""
-        real = sum(b.n_real_tokens for b in window)
+    def record(self, step: int, window, n_labels: float, loss: float, lr: float, info, step_time: float,
+               data_wait: float) -> dict:
+        """Meter + history + train_log.jsonl + tracker for optimizer step `step` (1-based).
+        Throughput metrics are per GPU (this rank); token counts in the history are summed over ranks."""
+        real = sum(b.n_real_tokens for b in window)     # this rank's
         slot = sum(b.rows * b.budget for b in window)
-        labels = sum(b.n_label_tokens for b in window)
         useful, dense = self.window_flops(window)
-        m = self.meter.record(step, step_time, data_wait, real, slot, useful, dense, self.peak)
-        world = self.dist.world_size
+        m = self.meter.record(step, step_time, data_wait, real, slot, useful, dense, self.peak)   # per GPU
         h = {"step": step, "loss": loss, "lr": lr, "grad_norm": info.grad_norm, "skipped": info.skipped,
-             "loss_scale": info.loss_scale, "real_tokens": real * world, "label_tokens": labels * world,
-             "slot_tokens": slot * world, "step_time_s": step_time}
+             "loss_scale": info.loss_scale, "real_tokens": int(self.global_sum(real)),
+             "label_tokens": int(n_labels), "slot_tokens": slot * self.dist.world_size, "step_time_s": step_time}
         self.history.append(h)
         if self.dist.is_main:
             with open(self.log_path, "a", encoding="utf-8") as f:

@@ -96,8 +96,8 @@ class CompileCounter:
     def start(self) -> CompileCounter:
         import torch._dynamo.callback as cb
 
-        def on_start(args):
-            self.ids.append(str(args.compile_id))
+        def on_start(*args):   # torch ≥ 2.6 passes CallbackArgs(trigger, compile_id); older: nothing
+            self.ids.append(str(getattr(args[0], "compile_id", "?")) if args else "?")
 
         self._cb = on_start
         cb.callback_handler.register_start_callback(on_start)

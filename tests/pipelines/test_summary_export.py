@@ -1,0 +1,76 @@
+"""The end-of-run summary and the DVC metrics/plots export, on literal stats."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+from pipeline_helpers import run_cli
+
+from packtrain.errors import MissingDataError
+from packtrain.pipeline.dvc_export import export_stage, numeric_tree
+from packtrain.pipeline.summary import build_summary, format_summary, mlflow_ui_command, pick
+
+STAGES = {
+    "pack": {"budget": 512, "fill": 0.9972, "train": {"fill": 0.9972}, "eval": {"fill": 0.99}},
+    "train": {"throughput": {"real_tokens_per_s": 12340.0, "useful_mfu": 0.004},
+              "memory": {"peak_alloc_gib": 0.0, "cpu_peak_rss_gib": 1.21},
+              "system": {"kind": "cpu", "utilization_mean": 0.87}},
+    "evaluate": {"eval_loss": 4.06, "perplexity": 58.0, "tokens_per_s": 900.0},
+    "register": {"model_name": "packtrain-lm", "version": "3", "decision": "champion", "cache": "hit"},
+}
+
+
+@pytest.mark.parametrize("stats, cands, expected", [
+    ({"fill": 1.0}, ("fill",), 1.0),
+    ({"train": {"fill": 0.5}}, ("fill",), 0.5),                 # suffix match on a nested key
+    ({"a": {"x": 1}, "x": 2}, ("x",), 2),                        # exact key wins over suffix
+    ({"y": 1}, ("x",), None),
+])
+def test_pick(stats, cands, expected):
+    assert pick(stats, cands) == expected
+
+
+def test_summary_reads_every_field():
+    s = build_summary(STAGES)
+    assert (s["fill"], s["tokens_per_s"], s["mfu"], s["perplexity"]) == (0.9972, 12340.0, 0.004, 58.0)
+    assert (s["utilization"], s["utilization_kind"], s["peak_cpu_gib"]) == (0.87, "cpu", 1.21)
+    assert (s["model_name"], s["version"], s["alias"], s["cached"]) == ("packtrain-lm", "3", "champion", ["register"])
+    text = format_summary("tiny-cpu", s, 95.25, 7, "sqlite:////abs/mlflow.db")
+    assert text.splitlines() == [
+        "packtrain run — tiny-cpu — 7 stages in 95.2 s (1 from cache: register)",
+        "  pack       fill 99.72% (padding 0.28%)",
+        "  train      12,340 tok/s · CPU util 87% · MFU 0.40% · peak RSS 1.21 GiB",
+        "  evaluate   perplexity 58.00 (loss 4.060)",
+        "  register   packtrain-lm v3 → champion",
+        f"  MLflow     {mlflow_ui_command('sqlite:////abs/mlflow.db')}",
+    ]
+    assert mlflow_ui_command("sqlite:////abs/mlflow.db").endswith("mlflow ui --backend-store-uri sqlite:////abs/mlflow.db")
+
+
+def test_numeric_tree():
+    assert numeric_tree({"a": 1, "b": "x", "c": {"d": True, "e": None}, "f": [1]}) == {"a": 1, "c": {"d": 1}}
+
+
+def test_export_train_writes_metrics_and_plot(tmp_path):
+    d = tmp_path / "train"
+    d.mkdir()
+    (d / "train_result.json").write_text(json.dumps({"steps": 2, "final_loss": 5.5, "setup": {"device": "cpu"}}))
+    rows = [{"step": 1, "loss": 6.0, "lr": 0.1, "grad_norm": 1.0, "step_time_s": 0.5, "real_tokens": 64, "x": 0},
+            {"step": 2, "loss": 5.5, "lr": 0.2, "grad_norm": 0.9, "step_time_s": 0.4, "real_tokens": 64, "x": 0}]
+    (d / "train_log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    written = export_stage("train", d, tmp_path / "metrics", tmp_path / "plots")
+    assert [p.name for p in written] == ["train.json", "train_steps.csv"]
+    assert json.loads(written[0].read_text()) == {"steps": 2, "final_loss": 5.5}
+    with open(written[1]) as f:
+        got = list(csv.DictReader(f))
+    assert [(r["step"], r["loss"]) for r in got] == [("1", "6.0"), ("2", "5.5")] and "x" not in got[0]
+
+
+def test_export_missing_stats_is_a_clear_error(tmp_path):
+    with pytest.raises(MissingDataError, match="pack_stats.json does not exist"):
+        export_stage("pack", tmp_path, tmp_path / "m")
+    r = run_cli(["pipeline", "export", "pack", "--dir", str(tmp_path)], cwd=tmp_path)
+    assert r.returncode == 5 and "pack_stats.json does not exist" in r.stderr
+    assert not (tmp_path / "metrics").exists()
