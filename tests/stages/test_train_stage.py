@@ -172,3 +172,25 @@ def test_missing_and_corrupt_inputs_fail_cleanly(data, tmp_path, capsys):
     assert main(args) == 3
     assert "meta.json is corrupt" in capsys.readouterr().err
     assert _tree_digest(broken) == before
+
+
+@pytest.mark.slow
+def test_two_processes_match_one_with_the_same_global_batch(data, straight, tmp_path):
+    """`--gpus 2` on the CPU: torchrun + gloo DDP, rows 2 per rank = the straight run's 4 rows per step. The
+    loss is the token mean over both ranks; only rank 0 opens an MLflow run and writes the outputs."""
+    out = tmp_path / "ddp"
+    args = _args(data, out, "--gpus", "2", "--set", "train.rows=2", "--set", "train.max_steps=3",
+                 "--set", f"workdir={tmp_path / 'work'}", tracking=True)
+    res = subprocess.run(PACKTRAIN + args, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    result = json.loads((out / "train_result.json").read_text())
+    assert result["setup"]["world_size"] == 2 and result["setup"]["rows"] == 2
+    # steps 1-3 see only warmup learning rates (warmup 2), identical in both runs
+    assert result["loss_curve"] == pytest.approx(_losses(straight)[:3], rel=1e-5)
+    assert result["slot_tokens"] == 3 * 2 * 2 * 128
+
+    import mlflow
+
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'work' / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("packtrain").experiment_id])
+    assert [r.info.run_name for r in runs] == ["train"]

@@ -59,7 +59,7 @@ def test_document_logits_inside_a_pack_equal_the_document_alone(backend):
         warnings.simplefilter("ignore")   # eager-mode flex warns that it is unfused
         packed = _logits(model, batch, backend)
         errs = []
-        for d, s in zip(docs, starts):
+        for d, s in zip(docs, starts, strict=True):
             alone = build_batch([d], [np.array([len(d)])], budget=len(d))
             errs.append((packed[s: s + len(d)] - _logits(model, alone, backend)).abs().max().item())
     assert max(errs) <= 1e-5, f"{backend}: max logit error {max(errs):.3g} per document {errs}"

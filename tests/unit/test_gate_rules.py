@@ -104,6 +104,10 @@ def test_metrics_file_nested_lists_and_errors(tmp_path):
     p.write_text(json.dumps({"pack": {"fill": 0.99, "strategy": "bfd"}, "tps": [1, 3, 2], "ok": True}))
     src = load_file(p)
     assert src.metrics == {"pack.fill": 0.99, "tps": 2.0} and src.values("tps") == [1.0, 3.0, 2.0]
+    p.write_text(json.dumps([{"variant": "pad", "real_tok_per_s": 18900.0},
+                             {"variant": "packtrain", "real_tok_per_s": 80100.0, "useful_mfu": 0.41}]))
+    assert load_file(p).metrics == {"pad.real_tok_per_s": 18900.0, "packtrain.real_tok_per_s": 80100.0,
+                                    "packtrain.useful_mfu": 0.41}
     p.write_text("[1, 2]")
     with pytest.raises(Exception, match="expected a JSON object") as e:
         load_file(p)

@@ -9,14 +9,15 @@ import warnings
 import pytest
 
 from packtrain.config import load_run_config
-from packtrain.planner import plan_memory
 from packtrain.planner import memory as mem
+from packtrain.planner import plan_memory
 from packtrain.planner.shapes import model_shape
 
 V = 512
 
 
-def _setup(precision: str, attention: str, ckpt: str = "none", rows: int = 2, budget: int = 128, kv=None):
+def _setup(precision: str, attention: str, ckpt: str = "none", rows: int = 2, budget: int = 128, kv=None,
+           extra: tuple[str, ...] = ()):
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -24,6 +25,7 @@ def _setup(precision: str, attention: str, ckpt: str = "none", rows: int = 2, bu
                  f"train.activation_checkpointing={ckpt}", f"train.rows={rows}"]
     if kv:
         overrides += ["model.num_heads=8", f"model.num_kv_heads={kv}"]
+    overrides += list(extra)
     cfg = load_run_config("tiny-cpu", overrides)
     m = cfg.model
     torch.manual_seed(0)
@@ -32,8 +34,14 @@ def _setup(precision: str, attention: str, ckpt: str = "none", rows: int = 2, bu
                      num_key_value_heads=m.num_kv_heads or m.num_heads, max_position_embeddings=1024,
                      tie_word_embeddings=True, use_cache=False, attn_implementation=attention)
     model = LlamaForCausalLM(lc).train()
-    if ckpt == "full":
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if ckpt == "full":   # as packtrain.train.techniques.apply_activation_checkpointing: each layer's forward
+        from torch.utils.checkpoint import checkpoint
+
+        for layer in model.model.layers:
+            def forward(*args, _inner=layer.forward, **kwargs):
+                return checkpoint(_inner, *args, use_reentrant=False, **kwargs)
+
+            layer.forward = forward
     ids = torch.randint(0, V, (rows, budget))
     # two documents per row: position ids restart → transformers builds the block-diagonal mask
     cut = budget // 3
@@ -104,7 +112,8 @@ def test_whole_step_peak_within_5_percent():
     if not hasattr(profile, "export_memory_timeline"):
         pytest.skip("this torch has no profiler memory timeline")
     precision = "bf16"
-    cfg, model, ids, pos, autocast = _setup(precision, "sdpa", "full", rows=4, budget=256)
+    cfg, model, ids, pos, autocast = _setup(precision, "sdpa", "full", rows=4, budget=256, extra=(
+        "model.hidden_size=128", "model.intermediate_size=344", "model.num_layers=3"))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
 
     def step():

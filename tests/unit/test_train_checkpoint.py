@@ -41,7 +41,7 @@ def test_save_verify_and_round_trip(tmp_path):
     fresh = build_model(MODEL, 50)
     fresh_opt = build_optimizer(fresh, TrainConfig(), "cpu")
     ck.load_torch_payload(path, fresh, fresh_opt, "cpu")
-    for (k, a), b in zip(model.state_dict().items(), fresh.state_dict().values()):
+    for (k, a), b in zip(model.state_dict().items(), fresh.state_dict().values(), strict=True):
         assert torch.equal(a, b), k
     assert fresh.lm_head.weight is fresh.model.embed_tokens.weight   # still tied after loading
     sa, sb = opt.state_dict()["state"], fresh_opt.state_dict()["state"]

@@ -12,6 +12,9 @@ import argparse
 import os
 import sys
 
+LAUNCHED = "PACKTRAIN_LAUNCHED"
+"""Set for the processes torchrun starts, so they train instead of launching again."""
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--packs", metavar="DIR", help="pack stage output holding train/ (default <workdir>/pack)")
@@ -46,10 +49,10 @@ def run(cfg, args) -> int:
 
     if args.gpus < 1:
         raise ConfigError(f"--gpus {args.gpus}: must be ≥ 1")
-    if args.gpus > 1 and "LOCAL_RANK" not in os.environ:
+    if args.gpus > 1 and LAUNCHED not in os.environ:
         import subprocess
 
-        return subprocess.call(launcher_command(args))
+        return subprocess.call(launcher_command(args), env={**os.environ, LAUNCHED: str(args.gpus)})
     from packtrain.stages.train import run_train
 
     paths = RunPaths(Path(cfg.workdir))

@@ -1,7 +1,9 @@
 """Where gate metrics come from: an MLflow run id, a registered model alias, or a committed JSON file.
 
     load_source("bench/baselines/ci-tiny.json")       JSON: {"metrics": {...}} or a flat/nested dict of numbers;
-                                                       a list of numbers = repeats/history of that metric
+                                                       a list of numbers = repeats/history of that metric;
+                                                       a list of row objects (bench/gpu_bench.py) → metrics
+                                                       named "<variant>.<field>", e.g. packtrain.useful_mfu
     load_source("3f2a9c...", tracking_uri)            an MLflow run (also "runs:/<id>")
     load_source("models:/packtrain-lm@champion")      the run behind a registered model version's alias
     load_source("packtrain-lm@champion")              (same, short form); "models:/name/3" = version 3
@@ -97,8 +99,11 @@ def load_file(path: Path) -> MetricSource:
         raw = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise missing(f"metrics file {path}: not valid JSON ({e})") from None
+    if isinstance(raw, list) and raw and all(isinstance(r, dict) for r in raw):
+        raw = {_row_key(r, i): r for i, r in enumerate(raw)}      # bench rows: "<variant>.<field>"
     if not isinstance(raw, dict):
-        raise missing(f"metrics file {path}: expected a JSON object of metrics, got {type(raw).__name__}")
+        raise missing(f"metrics file {path}: expected a JSON object of metrics (or a list of row objects), "
+                      f"got {type(raw).__name__}")
     body = raw["metrics"] if isinstance(raw.get("metrics"), dict) else raw
     metrics: dict[str, float] = {}
     series: dict[str, list[float]] = {}
@@ -111,6 +116,14 @@ def load_file(path: Path) -> MetricSource:
             series[k] = [float(x) for x in v]
             metrics[k] = series[k][-1]
     return MetricSource(label=f"file {path}", metrics=metrics, series=series)
+
+
+def _row_key(row: dict, index: int) -> str:
+    """A benchmark row's name: its variant/name/config field (bench/gpu_bench.py: "packtrain"), else its index."""
+    for k in ("variant", "name", "config"):
+        if isinstance(row.get(k), str) and row[k]:
+            return row[k]
+    return str(index)
 
 
 def _client(tracking_uri: str | None):

@@ -112,43 +112,58 @@ def _env(**values: str | None):
                 os.environ[k] = v
 
 
-def _start_parent(cfg, tracking_uri: str, workdir: Path) -> str:
-    """Create the parent run (RUNNING) with the flattened config as params; returns its id."""
-    import mlflow
-
-    from packtrain.config import flatten
+def _start_parent(cfg) -> str | None:
+    """The parent run (packtrain.tracking.start_pipeline_run: flattened config as params, exports
+    PACKTRAIN_PARENT_RUN_ID so every component's stage run nests under it)."""
     from packtrain.pipeline.cache import code_version
+    from packtrain.tracking import StageRun, start_pipeline_run
+    from packtrain.tracking.run import get_client
 
     logging.getLogger("mlflow").setLevel(logging.WARNING)  # not "Creating initial MLflow database tables"
-    mlflow.set_tracking_uri(tracking_uri)
-    client = mlflow.MlflowClient()
-    exp = client.get_experiment_by_name(cfg.tracking.experiment)
-    if exp is None:
-        loc = (workdir / "mlartifacts").as_uri() if tracking_uri.startswith("sqlite:") else None
-        exp_id = client.create_experiment(cfg.tracking.experiment, artifact_location=loc)
-    else:
-        exp_id = exp.experiment_id
-    run = client.create_run(exp_id, run_name=f"pipeline-{cfg.name}", tags={
-        "packtrain.pipeline_run": "local", "packtrain.recipe": cfg.name, "packtrain.runner": "kfp.local",
-        "packtrain.code_version": code_version()})
-    params = [mlflow.entities.Param(k, "" if v is None else str(v)[:6000])
-              for k, v in flatten(cfg.to_dict()).items()]
-    for i in range(0, len(params), 100):
-        client.log_batch(run.info.run_id, params=params[i:i + 100])
-    return run.info.run_id
+    parent = start_pipeline_run(cfg)
+    if parent:
+        StageRun(get_client(cfg), parent, "pipeline").set_tags(
+            {"packtrain.runner": "kfp.local", "packtrain.code_version": code_version()})
+    return parent
 
 
-def _end_parent(run_id: str, status: str, metrics: dict | None = None, tags: dict | None = None) -> None:
-    import mlflow
+def _end_parent(cfg, parent: str, status: str, metrics: dict, tags: dict) -> None:
+    from packtrain.tracking import StageRun, end_pipeline_run
+    from packtrain.tracking.run import get_client
 
-    client = mlflow.MlflowClient()
-    ts = int(time.time() * 1000)
-    ms = [mlflow.entities.Metric(k, float(v), ts, 0) for k, v in (metrics or {}).items()
-          if isinstance(v, (int, float)) and not isinstance(v, bool)]
-    tg = [mlflow.entities.RunTag(k, str(v)) for k, v in (tags or {}).items() if v is not None]
-    if ms or tg:
-        client.log_batch(run_id, metrics=ms, tags=tg)
-    client.set_terminated(run_id, status=status)
+    handle = StageRun(get_client(cfg), parent, "pipeline")
+    handle.log_metrics(metrics)
+    handle.set_tags(tags)
+    end_pipeline_run(parent, status, cfg)
+
+
+def log_cached_stage_runs(parent: str, cfg, stages: dict[str, dict]) -> list[str]:
+    """A stage restored from the cache still gets its run under the parent: params = its config section,
+    metrics = the cached stats, tags = the usual stage tags + packtrain.cache=hit, the key and the KFP run
+    id. Returns the new run ids."""
+    from packtrain.config import flatten
+    from packtrain.pipeline.runtime import stage_section
+    from packtrain.tracking import StageRun
+    from packtrain.tracking.context import base_tags
+    from packtrain.tracking.run import get_client
+
+    client = get_client(cfg)
+    ids = []
+    for stage, stats in stages.items():
+        if stats.get("cache") != "hit":
+            continue
+        tags = {**base_tags("stage", cfg.name, stage), "mlflow.parentRunId": client.resolve(parent),
+                "packtrain.cache": "hit", "packtrain.cache_key": stats.get("cache_key", ""),
+                "kfp.run_id": stats.get("kfp_run_id", "")}
+        run_id = client.create_run(cfg.tracking.experiment, stage, {k: v for k, v in tags.items() if v})
+        handle = StageRun(client, run_id, stage)
+        section = stage_section(stage, cfg)
+        if section is not None:
+            handle.log_params({f"{stage}.{k}": v for k, v in flatten(section.model_dump(mode="json")).items()})
+        handle.log_metrics(_flat_numbers(stats))
+        client.set_terminated(run_id, "FINISHED")
+        ids.append(run_id)
+    return ids
 
 
 def _read_error(path: Path) -> dict | None:
@@ -176,7 +191,7 @@ def run_local(cfg, *, verbose: bool = False, use_cache: bool | None = None, out=
     log_path = workdir / "logs" / f"run-{stamp}.log"
 
     tracking_uri = resolve_tracking_uri(cfg) if cfg.tracking.enabled else None
-    parent = _start_parent(cfg, tracking_uri, workdir) if tracking_uri else None
+    parent = _start_parent(cfg) if tracking_uri else None
     env = {PARENT_ENV: parent, "MLFLOW_TRACKING_URI": tracking_uri,
            CACHE_ENV: str(workdir / "cache") if use_cache else None, ERROR_ENV: str(error_file),
            "TQDM_MININTERVAL": os.environ.get("TQDM_MININTERVAL", "5")}
@@ -197,12 +212,14 @@ def run_local(cfg, *, verbose: bool = False, use_cache: bool | None = None, out=
             except Exception as e:  # kfp.local raises RuntimeError naming the failed task
                 raise _failure(e, error_file, log) from None
         stages = {s: json.loads(task.outputs[s]) for s in STAGES if task.outputs.get(s)}
+        if parent:
+            log_cached_stage_runs(parent, cfg, stages)
         status = "FINISHED"
     finally:
         log.close()
         if parent:
             metrics = {f"{s}.{k}": v for s, st in stages.items() for k, v in _flat_numbers(st).items()}
-            _end_parent(parent, status, metrics, {"packtrain.log": str(log_path)})
+            _end_parent(cfg, parent, status, metrics, {"packtrain.log": str(log_path)})
     summary = build_summary(stages)
     seconds = time.perf_counter() - t_start
     out.write(format_summary(cfg.name, summary, seconds, len(stages), tracking_uri) + "\n")

@@ -90,6 +90,16 @@ def attention_quadratic_bytes(shape: ModelShape, prec: Precision, backend: Backe
     return 0
 
 
+def checkpoint_mask_bytes(prec: Precision, backend: Backend, rows: int, budget: int) -> int:
+    """The materialized (b, 1, s, s) mask a checkpointed layer keeps as an input until its backward:
+    bool for sdpa, the embeddings' float dtype for eager (without checkpointing it dies after the forward)."""
+    if backend == "sdpa":
+        return rows * budget * budget
+    if backend == "eager":
+        return prec.param_bytes * rows * budget * budget
+    return 0
+
+
 def head_activation_bytes_per_token(shape: ModelShape, prec: Precision, chunked: bool) -> tuple[int, int]:
     """(head, shared) bytes per token. head: the final RMSNorm (input + output) and the LM head's input
     (freed by the loss backward); shared: rotary cos/sin, every RMSNorm's fp32 1/rms and the input ids

@@ -15,7 +15,8 @@ must also hold the allocator's slack and the CUDA context:
     peak = peak_allocated × (1 + plan.allocator_overhead) + plan.cuda_context_gib
 
 Example (350m-h200: 8 × 2048 tokens, bf16 autocast, varlen, no checkpointing, vocab 32768):
-`plan_memory(...)` → ~33 GiB allocated at the loss backward; activations ≈ 1.0 GiB per layer.
+`plan_memory(...)` → 31.7 GiB allocated at the loss backward (6 GiB of it logits + loss); activations
+0.876 GiB per layer; 33.8 GiB with allocator overhead and CUDA context.
 """
 
 from __future__ import annotations
@@ -201,7 +202,7 @@ def plan_memory(model_cfg: ModelConfig, train_cfg: TrainConfig, budget: int, pla
     head_tok, shared_tok = mem.head_activation_bytes_per_token(shape, prec, chunk is not None)
     head_bytes = head_tok * n_tok
     acts = (shape.layers - n_ck) * layer_bytes + n_ck * ck_bytes + head_bytes + shared_tok * n_tok
-    attn = (shape.layers - n_ck) * quad
+    attn = (shape.layers - n_ck) * quad + (mem.checkpoint_mask_bytes(prec, backend, rows, budget) if n_ck else 0)
     loss_fwd, loss_bwd = mem.loss_bytes(shape, prec, n_tok, chunk)
     fw = mem.CUDA_WORKSPACE_BYTES if device == "cuda" else 0
 
@@ -222,7 +223,10 @@ def plan_memory(model_cfg: ModelConfig, train_cfg: TrainConfig, budget: int, pla
         "layer backward": {**base, "weight_casts": casts_saved - (cast_head if chunk is None else 0)
                            + (cast_layer if last_ck else 0),
                            "gradients": st.persistent_grads + (head_grad if ga == 1 else 0),
-                           "activations": acts - head_bytes + (layer_bytes if last_ck else 0),
+                           # the recomputed layer's RMSNorm re-saves the checkpointed input itself (same
+                           # storage) unless the norm keeps its own fp32 copy (pure 16-bit)
+                           "activations": acts - head_bytes + (layer_bytes - (ck_bytes if prec.residual_bytes == 4
+                                                                             else 0) if last_ck else 0),
                            "attention_workspace": attn + (quad if last_ck else 0),
                            "backward_workspace": mem.layer_backward_workspace_bytes(shape, prec, n_tok)},
         "end backward": {**base, "gradients": max(st.grads, st.persistent_grads),
@@ -309,7 +313,8 @@ def choose_budget(model_cfg: ModelConfig, train_cfg: TrainConfig, plan_cfg: Plan
     (reference: `reference_budget`, i.e. pack.budget, else train.budget when it is a number); then
     grad_accum = max(1, round(G / (rows × budget × gpus))). Without any reference grad_accum is kept.
 
-    >>> # 350m-h200 on an 80 GiB device, rows 8: budget 4096 → grad_accum 1 (G = 8 × 2048 × 1)
+    350m-h200 on an 80 GiB device, rows 8, reference 2048: budget 4096 (capped by max_position_embeddings),
+    grad_accum 1 — the global batch grows to 32k tokens because grad_accum cannot go below 1.
     """
     dev_gib = resolve_device_memory_gib(plan_cfg, device_memory_gib)
     rows, gpus = train_cfg.rows, plan_cfg.gpus

@@ -7,9 +7,10 @@
               out_dir/train_log.jsonl     one line per optimizer step
               out_dir/checkpoints/        resumable checkpoints (train.checkpoint.every_steps, keep_last)
               out_dir/deepspeed_config.json   (engine: deepspeed)
+              out_dir/telemetry.json (+ system.png, throughput.png)   packtrain.telemetry.report
       MLflow  run "train" (rank 0 only): params train.* and model.*, per-step metrics with step= (loss, lr,
-              grad_norm, tokens/s, MFU, step time, data wait), the summary as metrics, threshold violations as
-              tags, the files above as artifacts
+              grad_norm, tokens/s, MFU, step time, data wait), the summary as metrics (summary.*, throughput.*,
+              memory.*), threshold violations as tags, the files above as artifacts
 """
 
 from __future__ import annotations
@@ -71,25 +72,14 @@ def run_train(cfg: RunConfig, packs_dir: str | Path, tokens_dir: str | Path, out
         result = train(cfg.model, cfg.train, cfg.pack, cfg.telemetry, packs_dir, tokenizer_dir, out_dir,
                        tracker=run, resume=resume, plan_cfg=cfg.plan)
         stats = result.to_dict()
-        violations = _thresholds(stats, cfg)
-        stats["threshold_violations"] = violations
         write_json(out_dir / "train_result.json", stats)
         run.log_metrics(summary_metrics(stats))
+        if result.report is not None:
+            run.log_report(result.report)   # summary.* metrics, violation tags, telemetry.json + PNGs
         run.set_tags({"packtrain.train.attention": stats["setup"]["attention"],
                       "packtrain.train.engine": stats["setup"]["engine"],
                       "packtrain.train.world_size": stats["setup"]["world_size"],
-                      "packtrain.train.resumed_from": stats["setup"]["resumed_from"],
-                      **{f"packtrain.threshold.{i}": v for i, v in enumerate(violations)}})
+                      "packtrain.train.resumed_from": stats["setup"]["resumed_from"]})
         for name in ("train_result.json", "train_log.jsonl", "deepspeed_config.json"):
             run.log_artifact(out_dir / name)
     return stats
-
-
-def _thresholds(stats: dict, cfg: RunConfig) -> list[str]:
-    """Telemetry thresholds (utilization, fragmentation, padding) on the run's summary; [] when unavailable."""
-    try:
-        from packtrain.telemetry.thresholds import check_thresholds
-    except ImportError:
-        return []
-    summary = {**(stats.get("throughput") or {}), **(stats.get("memory") or {}), **(stats.get("system") or {})}
-    return list(check_thresholds(summary, cfg.telemetry))

@@ -85,9 +85,15 @@ def build_deepspeed_config(train_cfg: TrainConfig, world_size: int = 1, rows: in
 
 def validate_deepspeed_config(cfg: dict) -> Any:
     """Parse `cfg` with DeepSpeed's own parser (`DeepSpeedConfig`, which checks train_batch_size against the
-    world size of the initialized process group, or 1 without one); raises ConfigError on rejection."""
-    _prepare_env("cpu")
-    from deepspeed.runtime.config import DeepSpeedConfig
+    world size of the initialized process group, or 1 without one); raises ConfigError on rejection.
+    The process environment is left as it was (a launcher must not mistake this process for a rank)."""
+    saved = dict(os.environ)
+    try:
+        _prepare_env("cpu")
+        from deepspeed.runtime.config import DeepSpeedConfig
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
 
     try:
         return DeepSpeedConfig(dict(cfg))

@@ -33,16 +33,20 @@ class TrainResult:
     timings: dict                   # setup_s, train_s, checkpoint_s, save_s, total_s
     throughput: dict                # ThroughputMeter.summary(): tokens/s, MFU, step-time percentiles
     memory: dict                    # cuda_memory_stats(): peak alloc/reserved GiB, fragmentation
-    system: dict                    # SystemSampler.summary(): utilization
+    system: dict                    # SystemSampler.summary() over the steady state: utilization
+    violations: list[str]           # telemetry thresholds (utilization, fragmentation, padding) not met
+    telemetry_files: list[str]      # telemetry.json (+ system.png, throughput.png) in out_dir
     setup: dict                     # attention, precision, engine, rows, budget, grad_accum, world_size, ...
     params: dict                    # total / embedding / non_embedding
     model_dir: str | None
     checkpoint: str | None
     history: list[dict] = field(default_factory=list, repr=False)
+    report: Any = field(default=None, repr=False)   # packtrain.telemetry.report.TelemetryReport (rank 0)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d.pop("history")
+        d.pop("report")
         return d
 
 
@@ -103,7 +107,7 @@ def train(model_cfg, train_cfg, pack_cfg, telemetry_cfg, packs_dir, tokenizer_di
 
 
 def _result(s, start: int, train_s: float, save_s: float, total_s: float, model_dir: Path | None) -> TrainResult:
-    tel = s.telemetry_summary()
+    report, memory, system = s.telemetry_report()
     if s.compile_counter is not None:
         s.compile_counter.stop()
     h = s.history
@@ -118,7 +122,9 @@ def _result(s, start: int, train_s: float, save_s: float, total_s: float, model_
         compiles=s.compile_counter.compiles if s.compile_counter else None,
         recompiles=s.compile_counter.recompiles if s.compile_counter else None,
         timings={**s.timings, "train_s": train_s, "save_s": save_s, "total_s": total_s},
-        throughput=tel["throughput"], memory=tel["memory"], system=tel["system"],
+        throughput=s.meter.summary(), memory=memory, system=system,
+        violations=list(report.violations) if report else [],
+        telemetry_files=[str(f) for f in report.files] if report else [],
         setup={"attention": s.backend, "precision": cfg.precision, "engine": cfg.engine,
                "device": str(s.device), "rows": s.shape.rows, "budget": s.shape.budget,
                "tokens_per_micro_batch": s.shape.tokens, "grad_accum": s.shape.grad_accum,
@@ -129,5 +135,5 @@ def _result(s, start: int, train_s: float, save_s: float, total_s: float, model_
         params=s.params.to_dict(),
         model_dir=str(model_dir) if model_dir else None,
         checkpoint=str(s.last_ckpt) if s.last_ckpt else None,
-        history=h,
+        history=h, report=report,
     )

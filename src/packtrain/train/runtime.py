@@ -119,7 +119,8 @@ def choose_shape(model_cfg: ModelConfig, train_cfg: TrainConfig, pack_budget: in
         from packtrain.config import PlanConfig
         from packtrain.planner import choose_budget
 
-        b, ga, plan = choose_budget(model_cfg, train_cfg, plan_cfg or PlanConfig())
+        b, ga, plan = choose_budget(model_cfg, train_cfg, plan_cfg or PlanConfig(), vocab_size=vocab_size,
+                                    reference_budget=pack_budget)
         source = "auto"
     rows = (int(b) * train_cfg.rows) // pack_budget
     if rows < 1:
@@ -194,7 +195,7 @@ class TorchStepper:
 
 
 def oom_error(step: int, device, shape: Shape, model_cfg: ModelConfig, train_cfg: TrainConfig,
-              plan_cfg: PlanConfig | None) -> TrainOutOfMemory:
+              plan_cfg: PlanConfig | None, vocab_size: int | None = None) -> TrainOutOfMemory:
     """Name the observed peak (max_memory_allocated), the planner's predicted peak and its suggestion."""
     from packtrain.telemetry.memory import cuda_memory_stats
 
@@ -204,17 +205,17 @@ def oom_error(step: int, device, shape: Shape, model_cfg: ModelConfig, train_cfg
         import torch
 
         total = torch.cuda.get_device_properties(device).total_memory / (1 << 30)
-    plan, planned, hint = shape.plan, None, None
-    with contextlib.suppress(Exception):
-        if plan is None:
-            from packtrain.config import PlanConfig
-            from packtrain.planner import plan_memory
+    plan, planned, hint = None, None, None
+    with contextlib.suppress(Exception):   # the plan of the shape that actually ran (rows may differ from cfg)
+        from packtrain.config import PlanConfig
+        from packtrain.planner import plan_memory
 
-            plan = plan_memory(model_cfg, train_cfg, shape.tokens, plan_cfg or PlanConfig(),
-                               device_memory_gib=total)
+        ran = train_cfg.model_copy(update={"rows": shape.rows, "grad_accum": shape.grad_accum})
+        plan = plan_memory(model_cfg, ran, shape.budget, plan_cfg or PlanConfig(), device_memory_gib=total,
+                           vocab_size=vocab_size)
     if plan is not None:
-        planned = getattr(plan, "peak_gib", None) or getattr(plan, "total_gib", None)
-        hint = getattr(plan, "suggestion", None)
+        planned = plan.peak_gib
+        hint = plan.suggestion or None
     planned_s = f"{planned:.1f} GiB" if isinstance(planned, (int, float)) else "unavailable (no planner result)"
     total_s = f" of {total:.1f} GiB" if total else ""
     return TrainOutOfMemory(

@@ -51,6 +51,7 @@ class TrainSession:
 
         self.model_cfg, self.cfg, self.tel_cfg, self.plan_cfg = model_cfg, train_cfg, telemetry_cfg, plan_cfg
         self.out_dir, self.tracker = Path(out_dir), tracker
+        self.out_dir.mkdir(parents=True, exist_ok=True)
         self.tokenizer_dir = Path(tokenizer_dir) if tokenizer_dir else None
         if self.tokenizer_dir is None or not self.tokenizer_dir.is_dir():
             raise MissingDataError(f"tokenizer directory {self.tokenizer_dir} does not exist: run "
@@ -110,7 +111,7 @@ class TrainSession:
         self.meter = ThroughputMeter(self.tel_cfg.warmup_steps)
         prec = self.cfg.precision if self.device.type == "cuda" else "fp32"
         self.peak = peak_flops(device_name(self.device), prec, self.tel_cfg.peak_tflops)
-        self.sampler = None
+        self.sampler, self.steady_since = None, 0.0
         if self.dist.is_main:
             gpus = list(range(self.dist.world_size)) if self.device.type == "cuda" else None
             try:
@@ -177,7 +178,10 @@ class TrainSession:
                     extra["grad_norm"] = info.grad_norm
                 if info.loss_scale is not None:
                     extra["loss_scale"] = info.loss_scale
-                self.tracker.log_metrics({**m, **extra}, step=step)
+                log = getattr(self.tracker, "log_step", None) or self.tracker.log_metrics   # batched when available
+                log({**m, **extra}, step=step)
+        if self.sampler is not None and step == self.start_step + self.tel_cfg.warmup_steps:
+            self.steady_since = self.sampler.elapsed()   # system summary over the steady state only
         return m
 
     def checkpoint_due(self, step: int) -> bool:
@@ -202,7 +206,7 @@ class TrainSession:
         self.timings["checkpoint_s"] += time.perf_counter() - t0
 
     def oom(self, step: int):
-        return oom_error(step, self.device, self.shape, self.model_cfg, self.cfg, self.plan_cfg)
+        return oom_error(step, self.device, self.shape, self.model_cfg, self.cfg, self.plan_cfg, self.vocab_size)
 
     def global_sum(self, x):
         return global_sum(x, self.dist, self.device)
@@ -232,9 +236,18 @@ class TrainSession:
         tmp.rename(final)
         return final
 
-    def telemetry_summary(self) -> dict[str, Any]:
+    def telemetry_report(self):
+        """Stop sampling; rank 0 writes out_dir/telemetry.json (+ system.png, throughput.png when `plots`) via
+        packtrain.telemetry.report. Returns (report or None, memory stats, sampler summary)."""
         from packtrain.telemetry.memory import cuda_memory_stats
 
-        system = self.sampler.stop().summary() if self.sampler else {}
-        return {"throughput": self.meter.summary(), "system": system,
-                "memory": cuda_memory_stats(self.device if self.device.type == "cuda" else None)}
+        memory = cuda_memory_stats(self.device if self.device.type == "cuda" else None)
+        system = self.sampler.stop().summary(self.steady_since) if self.sampler else {}
+        if not self.dist.is_main:
+            return None, memory, system
+        from packtrain.telemetry.report import build_report
+
+        plots = bool(getattr(self.tracker, "enabled", False))   # PNGs are for the MLflow run
+        report = build_report(self.out_dir, self.tel_cfg, meter=self.meter, sampler=self.sampler, memory=memory,
+                              extra={"peak_tflops": self.peak / 1e12}, since_t=self.steady_since, plots=plots)
+        return report, memory, system

@@ -8,7 +8,7 @@ training, loadable by AutoTokenizer.
 
     make_synthetic_inputs(root, n_docs=400, vocab_size=512, budget=256)
       root/tokenize/   token store (packtrain.data.token_store) with tokenizer/
-      root/pack/train/, root/pack/eval/   pack stores (bfd packing via packtrain.packing)
+      root/pack/train/, root/pack/eval/   pack stores (packtrain.packing.dataset.pack_dataset, bfd)
 """
 
 from __future__ import annotations
@@ -56,21 +56,6 @@ def write_tokenizer(path: Path, vocab_size: int) -> Path:
     return path
 
 
-def write_packs(split_dir: Path, docs: list[np.ndarray], doc_ids: np.ndarray, budget: int, vocab_size: int,
-                split: str, pad_id: int, eos_id: int) -> Path:
-    from packtrain.packing.plan import pack_lengths
-    from packtrain.packing.store import write_pack_store
-
-    plan = pack_lengths(np.array([len(d) for d in docs]), budget, "bfd")
-    chunks = (docs[d][s: s + n].astype(np.uint32) for d, s, n in zip(plan.seg_doc, plan.seg_start, plan.seg_len))
-    pack_off = np.zeros(plan.n_packs + 1, np.int64)
-    np.cumsum(plan.pack_tokens(), out=pack_off[1:])
-    segments = np.stack([doc_ids[plan.seg_doc], plan.seg_start, plan.seg_len], axis=1)
-    meta = {"budget": budget, "vocab_size": vocab_size, "pad_id": pad_id, "eos_id": eos_id, "strategy": "bfd",
-            "seed": 0, "split": split}
-    return write_pack_store(split_dir, chunks, pack_off, plan.pack_offsets, segments, meta)
-
-
 def make_synthetic_inputs(root: str | Path, n_docs: int = 400, vocab_size: int = 512, budget: int = 256,
                           median_len: float | None = None, sigma: float = 1.0, eval_fraction: float = 0.1,
                           seed: int = 0) -> tuple[Path, Path]:
@@ -92,8 +77,9 @@ def make_synthetic_inputs(root: str | Path, n_docs: int = 400, vocab_size: int =
     import shutil
 
     shutil.rmtree(tok_tmp)
+    from packtrain.config import PackConfig
+    from packtrain.packing.dataset import pack_dataset
+
     packs_dir = root / "pack"
-    for name, code in (("train", 0), ("eval", 1)):
-        idx = np.flatnonzero(split == code)
-        write_packs(packs_dir / name, [docs[i] for i in idx], doc_ids[idx], budget, vocab_size, name, pad_id, eos_id)
+    pack_dataset(tokens_dir, packs_dir, PackConfig(budget=budget, strategy="bfd"))   # the pack stage's library
     return tokens_dir, packs_dir
