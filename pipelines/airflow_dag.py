@@ -67,7 +67,7 @@ def packtrain_retrain():
         cfg = _config(params)
         out = Path(cfg.workdir) / "airflow" / "validate" / detected["version"].replace(".", "_")
         stats = validate(cfg, out)
-        return {"version": detected["version"], "report": str(stats.get("report", out / "validate"))}
+        return {"version": detected["version"], "report": str(Path(stats["report_dir"]) / "report.json")}
 
     @task
     def run_pipeline(validated: dict, params=None) -> dict:

@@ -10,6 +10,9 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+PINNED_CODE = "test-pinned"
+"""PACKTRAIN_CODE_VERSION of every pipeline run in these tests: the shared tree changes under them (other
+people edit packtrain), and 'unchanged code' must stay unchanged for the stage cache during a test."""
 PACKTRAIN = Path(sys.executable).with_name("packtrain")
 
 # Words of real English/Python prose with a long tail: documents of lognormal length (median ~90 words).
@@ -45,7 +48,7 @@ def as_args(settings: list[str]) -> list[str]:
 
 def run_cli(args: list[str], cwd: Path, env: dict | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
     """The real `packtrain` console script of this venv in a subprocess."""
-    full_env = {**os.environ, **(env or {})}
+    full_env = {**os.environ, "PACKTRAIN_CODE_VERSION": PINNED_CODE, **(env or {})}
     full_env.pop("MLFLOW_TRACKING_URI", None)
     full_env.pop("PACKTRAIN_PARENT_RUN_ID", None)
     return subprocess.run([str(PACKTRAIN), *args], cwd=cwd, env=full_env, capture_output=True, text=True,

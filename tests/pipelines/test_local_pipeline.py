@@ -1,8 +1,9 @@
 """`packtrain run` end to end: the whole KFP DAG through kfp.local.SubprocessRunner on tiny data.
 
-One workdir, three runs: (1) a failing validation stops before training, exit 4, report path printed;
-(2) the full DAG: summary, parent + 7 stage runs in MLflow, a registered version with the champion alias;
-(3) unchanged data/config/code: every stage restored from the stage cache, fast, still logged.
+The session fixture `tiny_pipeline` runs it once; here: (1) its summary and MLflow store (parent + 7 stage
+runs, a registered version with the champion alias); (2) a rerun on unchanged data/config/code restores
+every stage from the stage cache, fast, still tracked; (3) a failing validation stops the DAG before
+tokenize/train with exit 4 and the report path.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from pipeline_helpers import as_args, run_cli, tiny_corpus, tiny_settings
+from pipeline_helpers import as_args, run_cli
 
 from packtrain import STAGES
 
@@ -24,59 +25,71 @@ def _runs(db: Path):
 
     client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{db}")
     exp = client.get_experiment_by_name("packtrain")
-    return client, client.search_runs([exp.experiment_id], order_by=["attributes.start_time ASC"], max_results=500)
+    runs = client.search_runs([exp.experiment_id], order_by=["attributes.start_time ASC"], max_results=500)
+    return client, runs
 
 
-def test_local_pipeline_fail_run_cache(tmp_path, pinned_code):
-    corpus = tiny_corpus(tmp_path / "corpus")
-    before = {p.name: p.read_bytes() for p in corpus.iterdir()}
-    wd = tmp_path / "wd"
-    base = as_args(tiny_settings(wd, corpus))
+def _children(runs, parent):
+    return [x for x in runs if x.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
 
-    # (1) validation fails (needs 10,000 rows, has 60): the DAG stops before tokenize/train
-    r = run_cli(["run", *base, "--set", "validate.min_rows=10000"], cwd=tmp_path)
-    assert r.returncode == 4, r.stdout + r.stderr
-    assert "stage validate failed" in r.stderr and "Traceback" not in r.stderr
-    reports = [Path(p) for p in re.findall(r"(/\S+?\.(?:json|html))", r.stderr)]
-    assert reports and all(p.exists() for p in reports), r.stderr
-    assert not list((wd / "kfp").glob("*/train")) and not list((wd / "kfp").glob("*/tokenize"))
-    client, runs = _runs(wd / "mlflow.db")
-    (parent,) = [x for x in runs if "mlflow.parentRunId" not in x.data.tags]
-    assert parent.info.status == "FAILED"
-    assert {p.name: p.read_bytes() for p in corpus.iterdir()} == before  # input untouched
 
-    # (2) the whole DAG
-    t0 = time.perf_counter()
-    r = run_cli(["run", *base], cwd=tmp_path)
-    first_s = time.perf_counter() - t0
+def test_full_run_summary_and_mlflow(tiny_pipeline):
+    r, wd = tiny_pipeline["result"], tiny_pipeline["workdir"]
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     out = r.stdout
     for stage in STAGES:
         assert re.search(rf"\[\d/7\] {stage}\s+success", out), out
-    assert re.search(r"fill \d+\.\d+%", out) and "tok/s" in out and "MFU" in out and "perplexity" in out
+    assert re.search(r"fill \d+\.\d+% \(padding", out) and "tok/s" in out and "MFU" in out, out
+    assert re.search(r"(CPU|GPU) util \d+%", out) and re.search(r"peak (RSS|GPU mem) \d", out), out
+    assert re.search(r"perplexity \d+\.\d+", out), out
     m = re.search(r"register   packtrain-lm v(\d+) → (champion|challenger)", out)
     assert m, out
     assert f"mlflow ui --backend-store-uri sqlite:///{wd / 'mlflow.db'}" in out
     client, runs = _runs(wd / "mlflow.db")
-    parents = [x for x in runs if "mlflow.parentRunId" not in x.data.tags and x.info.status == "FINISHED"]
-    assert len(parents) == 1
-    children = [x for x in runs if x.data.tags.get("mlflow.parentRunId") == parents[0].info.run_id]
+    (parent,) = [x for x in runs if "mlflow.parentRunId" not in x.data.tags]
+    assert parent.info.status == "FINISHED" and parent.data.params["pack.budget"] == "64"
+    children = _children(runs, parent)
     assert sorted(x.info.run_name for x in children) == sorted(STAGES)
-    assert all(x.data.tags.get("kfp.run_id") for x in children)  # the KFP run id reached every stage
-    assert parents[0].data.metrics["pack.fill"] > 0.5
+    assert all(x.info.status == "FINISHED" for x in children)
+    assert len({x.data.tags.get("kfp.run_id") for x in children}) == 1  # one KFP run id, on every stage
+    assert children[0].data.tags.get("kfp.run_id")
+    assert 0.5 < parent.data.metrics["pack.fill"] <= 1.0
     mv = client.get_model_version_by_alias("packtrain-lm", "champion")
     assert str(mv.version) == m.group(1)
 
-    # (3) unchanged: every stage from the cache, a fraction of the first run's time, still tracked
+
+def test_rerun_on_unchanged_data_is_cached_and_tracked(tiny_pipeline):
+    assert tiny_pipeline["result"].returncode == 0
+    wd, root = tiny_pipeline["workdir"], tiny_pipeline["root"]
     t0 = time.perf_counter()
-    r = run_cli(["run", *base], cwd=tmp_path)
-    second_s = time.perf_counter() - t0
+    r = run_cli(["run", *as_args(tiny_pipeline["settings"])], cwd=root)
+    seconds = time.perf_counter() - t0
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert r.stdout.count("(cached)") == 7, r.stdout
-    assert second_s < first_s / 2, (first_s, second_s)
+    assert seconds < tiny_pipeline["seconds"] / 2, (tiny_pipeline["seconds"], seconds)
+    assert "(7 from cache" in r.stdout and "register   packtrain-lm v1 → champion" in r.stdout
     client, runs = _runs(wd / "mlflow.db")
-    last_parent = [x for x in runs if "mlflow.parentRunId" not in x.data.tags][-1]
-    cached = [x for x in runs if x.data.tags.get("mlflow.parentRunId") == last_parent.info.run_id]
+    parent = [x for x in runs if "mlflow.parentRunId" not in x.data.tags][-1]
+    cached = _children(runs, parent)
     assert sorted(x.info.run_name for x in cached) == sorted(STAGES)
     assert {x.data.tags.get("packtrain.cache") for x in cached} == {"hit"}
-    assert len(client.search_model_versions("name = 'packtrain-lm'")) == 1  # nothing re-registered
+    assert all(x.data.tags.get("kfp.run_id") and x.data.metrics for x in cached)
+    assert len(client.search_model_versions("name = 'packtrain-lm'")) == 1  # nothing registered twice
+
+
+def test_failing_validation_stops_before_training(tiny_pipeline):
+    wd, root, corpus = tiny_pipeline["workdir"], tiny_pipeline["root"], tiny_pipeline["corpus"]
+    before = {p.name: p.read_bytes() for p in corpus.iterdir()}
+    runs_dir = wd / "kfp"
+    old = set(runs_dir.glob("packtrain-*"))
+    r = run_cli(["run", *as_args(tiny_pipeline["settings"]), "--set", "validate.min_rows=10000"], cwd=root)
+    assert r.returncode == 4, r.stdout + r.stderr
+    assert "stage validate failed" in r.stderr and "Traceback" not in r.stderr
+    reports = [Path(p) for p in re.findall(r"(/\S+?report\.json)", r.stderr)]
+    assert reports and all(p.exists() for p in reports), r.stderr
+    (new_run,) = set(runs_dir.glob("packtrain-*")) - old
+    assert {p.name for p in new_run.iterdir()} == {"ingest", "validate"}  # nothing after validate ran
+    assert re.search(r"validate\s+failure", r.stdout)
+    _, runs = _runs(wd / "mlflow.db")
+    assert [x for x in runs if "mlflow.parentRunId" not in x.data.tags][-1].info.status == "FAILED"
+    assert {p.name: p.read_bytes() for p in corpus.iterdir()} == before  # input untouched

@@ -113,3 +113,18 @@ def test_meta_init_and_param_count():
     assert torch.isfinite(torch.cat([p.flatten() for p in model.parameters()])).all()
     inv = model.model.rotary_emb.inv_freq
     assert torch.allclose(inv, 1.0 / (10000.0 ** (torch.arange(0, 16, 2).float() / 16)))
+
+
+def test_build_from_a_pretrained_directory(tmp_path):
+    torch.manual_seed(0)
+    src = build_model(MODEL, V)
+    src.save_pretrained(tmp_path / "m")
+    cfg = MODEL.model_copy(update={"pretrained_dir": str(tmp_path / "m")})
+    loaded = build_model(cfg, V, attention="flex")
+    assert loaded.config._attn_implementation == "packtrain_flex" and loaded.config.use_cache is False
+    for (k, a), b in zip(src.state_dict().items(), loaded.state_dict().values(), strict=True):
+        assert torch.equal(a, b), k
+    with pytest.raises(ConfigError, match=f"vocab_size {V} < the tokenizer's {V + 1}"):
+        build_model(cfg, V + 1)
+    with pytest.raises(Exception, match="no config.json"):
+        build_model(MODEL.model_copy(update={"pretrained_dir": str(tmp_path)}), V)

@@ -60,12 +60,30 @@ def detect_data_version(cfg, force: bool = False) -> dict:
 
 
 def validate_data(cfg, out_dir: str | Path) -> dict:
-    """Ingest + the GX suite into `out_dir` before any cluster time is spent; raises ValidationFailed."""
-    from packtrain.stages import get_runner
+    """Ingest + the GX suite into `out_dir` before any cluster time is spent; raises ValidationFailed.
+
+    Runs through the stage cache (<workdir>/cache, as `packtrain run` does): the local pipeline that
+    follows restores ingest and validate instead of redoing them, and a re-triggered run costs nothing.
+    """
+    import json
+    import os
+
+    from packtrain.pipeline.runtime import CACHE_ENV, run_stage_component
 
     out = Path(out_dir)
-    get_runner("ingest")(cfg, out / "ingest")
-    return get_runner("validate")(cfg, out / "ingest", out / "validate")
+    text = json.dumps(cfg.to_dict())
+    old = os.environ.get(CACHE_ENV)
+    if cfg.pipeline.stage_cache:
+        os.environ[CACHE_ENV] = str(Path(cfg.workdir).resolve() / "cache")
+    try:
+        run_stage_component("ingest", text, {}, str(out / "ingest"))
+        stats = run_stage_component("validate", text, {"docs": str(out / "ingest")}, str(out / "validate"))
+    finally:
+        if old is None:
+            os.environ.pop(CACHE_ENV, None)
+        else:
+            os.environ[CACHE_ENV] = old
+    return {**stats, "report_dir": str(out / "validate")}
 
 
 def run_pipeline(cfg, version: str, *, wait: bool = True) -> dict:

@@ -66,50 +66,48 @@ def train(model_cfg, train_cfg, pack_cfg, telemetry_cfg, packs_dir, tokenizer_di
     from packtrain.train.session import TrainSession
 
     t_start = time.perf_counter()
-    s = TrainSession(model_cfg, train_cfg, pack_cfg, telemetry_cfg, packs_dir, tokenizer_dir, out_dir,
-                     tracker, plan_cfg)
-    start = s.restore(resume)
-    ga, world, compiled = s.shape.grad_accum, s.dist.world_size, train_cfg.compile
-    batches = iter(s.loader)
-    bar = tqdm(total=train_cfg.max_steps, initial=start, desc="train", unit="step", file=sys.stderr,
-               disable=not s.dist.is_main, dynamic_ncols=True)
-    t_loop = time.perf_counter()
-    for step in range(start + 1, train_cfg.max_steps + 1):
-        t0 = time.perf_counter()
-        window = [next(batches) for _ in range(ga)]                     # ga × (1, rows·budget)
-        data_wait = time.perf_counter() - t0
-        n_labels = s.global_sum(sum(b.n_label_tokens for b in window))  # window label tokens, all ranks
-        lr = s.scheduler.get_last_lr()[0]
-        loss_sum = torch.zeros((), device=s.device)
-        try:
-            for i, b in enumerate(window):
-                b = b.to(s.device)
-                with s.autocast():
-                    ls = s.module(labels=b.labels, **model_inputs(b, s.backend, compiled))   # fp32 scalar
-                s.stepper.backward(token_mean_loss(ls, n_labels / world), last=i == ga - 1)
-                loss_sum += ls.detach()
-            info = s.stepper.step()
-        except torch.OutOfMemoryError as e:
-            raise s.oom(step) from e
-        if not info.skipped:
-            s.scheduler.step()
-        loss = s.global_sum(loss_sum.item()) / max(n_labels, 1)
-        m = s.record(step, window, n_labels, loss, lr, info, time.perf_counter() - t0, data_wait)
-        bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{m['real_tokens_per_s'] * world:,.0f}")
-        bar.update(1)
-        if s.checkpoint_due(step):
-            s.save_checkpoint(step)
-    bar.close()
-    train_s = time.perf_counter() - t_loop
-    t_save = time.perf_counter()
-    model_dir = s.save_model()
-    return _result(s, start, train_s, time.perf_counter() - t_save, time.perf_counter() - t_start, model_dir)
+    with TrainSession(model_cfg, train_cfg, pack_cfg, telemetry_cfg, packs_dir, tokenizer_dir, out_dir,
+                      tracker, plan_cfg) as s:
+        start = s.restore(resume)
+        ga, world, compiled = s.shape.grad_accum, s.dist.world_size, train_cfg.compile
+        batches = iter(s.loader)
+        bar = tqdm(total=train_cfg.max_steps, initial=start, desc="train", unit="step", file=sys.stderr,
+                   disable=not s.dist.is_main, dynamic_ncols=True)
+        t_loop = time.perf_counter()
+        for step in range(start + 1, train_cfg.max_steps + 1):
+            t0 = time.perf_counter()
+            window = [next(batches) for _ in range(ga)]                     # ga × (1, rows·budget)
+            data_wait = time.perf_counter() - t0
+            n_labels = s.global_sum(sum(b.n_label_tokens for b in window))  # window label tokens, all ranks
+            lr = s.scheduler.get_last_lr()[0]
+            loss_sum = torch.zeros((), device=s.device)
+            try:
+                for i, b in enumerate(window):
+                    b = b.to(s.device)
+                    with s.autocast():
+                        ls = s.module(labels=b.labels, **model_inputs(b, s.backend, compiled))   # fp32 scalar
+                    s.stepper.backward(token_mean_loss(ls, n_labels / world), last=i == ga - 1)
+                    loss_sum += ls.detach()
+                info = s.stepper.step()
+            except torch.OutOfMemoryError as e:
+                raise s.oom(step) from e
+            if not info.skipped:
+                s.scheduler.step()
+            loss = s.global_sum(loss_sum.item()) / max(n_labels, 1)
+            m = s.record(step, window, n_labels, loss, lr, info, time.perf_counter() - t0, data_wait)
+            bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{m['real_tokens_per_s'] * world:,.0f}")
+            bar.update(1)
+            if s.checkpoint_due(step):
+                s.save_checkpoint(step)
+        bar.close()
+        train_s = time.perf_counter() - t_loop
+        t_save = time.perf_counter()
+        model_dir = s.save_model()
+        return _result(s, start, train_s, time.perf_counter() - t_save, time.perf_counter() - t_start, model_dir)
 
 
 def _result(s, start: int, train_s: float, save_s: float, total_s: float, model_dir: Path | None) -> TrainResult:
     report, memory, system = s.telemetry_report()
-    if s.compile_counter is not None:
-        s.compile_counter.stop()
     h = s.history
     cfg = s.cfg
     return TrainResult(

@@ -33,6 +33,7 @@ class DistInfo:
     rank: int = 0
     local_rank: int = 0
     world_size: int = 1
+    local_world_size: int = 1   # processes (GPUs) on this node
 
     @property
     def is_main(self) -> bool:
@@ -40,9 +41,12 @@ class DistInfo:
 
 
 def dist_info() -> DistInfo:
-    """From RANK / LOCAL_RANK / WORLD_SIZE (set by torchrun and the DeepSpeed launcher); 0/0/1 otherwise."""
+    """From RANK / LOCAL_RANK / WORLD_SIZE / LOCAL_WORLD_SIZE (set by torchrun and the DeepSpeed launcher);
+    0/0/1/1 otherwise."""
     env = os.environ
-    return DistInfo(int(env.get("RANK", 0)), int(env.get("LOCAL_RANK", 0)), int(env.get("WORLD_SIZE", 1)))
+    world = int(env.get("WORLD_SIZE", 1))
+    return DistInfo(int(env.get("RANK", 0)), int(env.get("LOCAL_RANK", 0)), world,
+                    int(env.get("LOCAL_WORLD_SIZE", world)))
 
 
 def resolve_device(device: str, d: DistInfo):

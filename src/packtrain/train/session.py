@@ -19,7 +19,6 @@ import sys
 import time
 import warnings
 from pathlib import Path
-from typing import Any
 
 from packtrain.errors import MissingDataError
 from packtrain.train import checkpoint as ckpt
@@ -38,6 +37,16 @@ from packtrain.train.runtime import (
 class TrainSession:
     def __init__(self, model_cfg, train_cfg, pack_cfg, telemetry_cfg, packs_dir, tokenizer_dir, out_dir,
                  tracker=None, plan_cfg=None):
+        import torch
+
+        self.sampler, self.compile_counter, self._threads_before = None, None, torch.get_num_threads()
+        try:
+            self._setup(model_cfg, train_cfg, telemetry_cfg, packs_dir, tokenizer_dir, out_dir, tracker, plan_cfg)
+        except BaseException:
+            self.close()   # a failed setup leaves no sampler thread and no changed thread count behind
+            raise
+
+    def _setup(self, model_cfg, train_cfg, telemetry_cfg, packs_dir, tokenizer_dir, out_dir, tracker, plan_cfg):
         t0 = time.perf_counter()
         import numpy as np
         import torch
@@ -102,6 +111,22 @@ class TrainSession:
         self.start_step, self.resumed_from, self.last_ckpt = 0, None, None
         self.timings = {"setup_s": time.perf_counter() - t0, "checkpoint_s": 0.0}
 
+    def __enter__(self) -> TrainSession:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop the sampler thread and the compile counter, restore torch's thread count (idempotent)."""
+        import torch
+
+        if self.sampler is not None:
+            self.sampler.stop()
+        if self.compile_counter is not None:
+            self.compile_counter.stop()
+        torch.set_num_threads(self._threads_before)
+
     # ------------------------------------------------------------------------------------------ telemetry
     def _init_telemetry(self) -> None:
         from packtrain.telemetry.meter import ThroughputMeter
@@ -113,7 +138,7 @@ class TrainSession:
         self.peak = peak_flops(device_name(self.device), prec, self.tel_cfg.peak_tflops)
         self.sampler, self.steady_since = None, 0.0
         if self.dist.is_main:
-            gpus = list(range(self.dist.world_size)) if self.device.type == "cuda" else None
+            gpus = list(range(self.dist.local_world_size)) if self.device.type == "cuda" else None   # this node
             try:
                 self.sampler = SystemSampler(self.tel_cfg.interval_s, gpu_indices=gpus).start()
             except ImportError as e:   # neither nvidia-ml-py nor psutil installed: train without sampling
