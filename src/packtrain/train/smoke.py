@@ -92,6 +92,7 @@ def smoke_run(cfg, tokens_dir: Path, packs_dir: Path, out_dir: Path, attention: 
         "dense_mfu": tp.get("dense_mfu"), "padding": tp.get("padding"),
         "peak_alloc_gib": mem.get("peak_alloc_gib"), "peak_reserved_gib": mem.get("peak_reserved_gib"),
         "fragmentation": mem.get("fragmentation"), "recompiles": r.recompiles, "compiles": r.compiles,
+        "nvml_util": (r.system or {}).get("utilization"), "system_kind": (r.system or {}).get("kind"),
         "first_loss": r.loss_curve[0] if r.loss_curve else None, "final_loss": r.final_loss,
         "setup_s": r.timings["setup_s"], "wall_s": time.perf_counter() - t0,
     }

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# One device call: everything the GPU issues need, each part bounded, logs + JSON under $OUT.
+#   bash bench/gpu_session.sh PART...   parts: env bench350 bench1b tests smoke calib telemetry
+set -u
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false PYTHONPATH=$PWD/src
+export TORCH_EXTENSIONS_DIR=/tmp/torch_ext TORCH_CUDA_ARCH_LIST=9.0
+if [ -d .whl ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=$PWD/src:/tmp/site
+fi
+for part in "$@"; do
+  echo "=== $part $(date +%T)"
+  case $part in
+    env) nvidia-smi --query-gpu=name,memory.total,clocks.sm,utilization.gpu --format=csv
+         python3 -c "import torch,transformers;print(torch.__version__,transformers.__version__,torch.cuda.get_device_name(0))";;
+    bench350) timeout 330 python3 bench/gpu_bench.py --model 350m --steps 30 --warmup 6 \
+                --out $OUT/gpu_bench_350m.json ${BENCH_ARGS:-} 2>&1 | grep -v Warning | tee $OUT/bench350.log | tail -40;;
+    bench350c) timeout 300 python3 bench/gpu_bench.py --model 350m --data corpus --variants aef --steps 30 --warmup 6 \
+                --out $OUT/gpu_bench_350m_corpus.json ${BENCH_ARGS:-} 2>&1 | grep -v Warning | tail -12;;
+    bench1b) timeout 330 python3 bench/gpu_bench.py --model 1b --steps 25 --warmup 6 \
+                --out $OUT/gpu_bench_1b.json ${BENCH_ARGS:-} 2>&1 | grep -v Warning | tee $OUT/bench1b.log | tail -14;;
+    benchf) timeout 300 python3 bench/gpu_bench.py --model ${M:-350m} --variants f --steps 30 --warmup 6 \
+                --out $OUT/gpu_bench_f.json ${BENCH_ARGS:-} 2>&1 | grep -v Warning | tail -6;;
+    tests) timeout 300 python3 -m pytest -q -x -p no:cacheprovider tests/gpu 2>&1 | tee $OUT/gpu_tests.log | tail -15;;
+    smoke) timeout 300 python3 bench/train_gpu_smoke.py $OUT/train_gpu_smoke.json --steps 20 2>&1 | tail -25;;
+    calib) timeout 280 python3 bench/memory_calibration.py $OUT/memory_plan_calibration.json --max-seconds 250 2>&1 | tail -20;;
+    *) echo "unknown part $part";;
+  esac
+done
+echo "=== done $(date +%T)"
