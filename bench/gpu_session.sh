@@ -24,6 +24,16 @@ for part in "$@"; do
                 --out $OUT/gpu_bench_f.json ${BENCH_ARGS:-} 2>&1 | grep -v Warning | tail -6;;
     tests) timeout 300 python3 -m pytest -q -x -p no:cacheprovider tests/gpu 2>&1 | tee $OUT/gpu_tests.log | tail -15;;
     smoke) timeout 300 python3 bench/train_gpu_smoke.py $OUT/train_gpu_smoke.json --steps 20 2>&1 | tail -25;;
+    memhead) timeout 420 python3 bench/memory_headline.py $OUT/memory_headline_350m.json --steps 14 2>&1 | grep -v Warning | tail -12;;
+    isotests) timeout 150 python3 -m pytest -q -p no:cacheprovider tests/gpu -k isolation 2>&1 | tail -6;;
+    telemetry)
+      python3 -c "from packtrain.train.synthetic import make_synthetic_inputs as m; m('/tmp/tw', n_docs=6000, vocab_size=32768, budget=2048)"
+      MLFLOW_TRACKING_URI=http://127.0.0.1:9 timeout 200 python3 -m packtrain.cli train --recipe 350m-h200 \
+        --packs /tmp/tw/pack --tokens /tmp/tw/tokenize --out /tmp/tw/train --set workdir=/tmp/tw \
+        --set train.max_steps=150 --set train.loss=fused --set telemetry.interval_s=0.2 \
+        --set tracking.buffer_dir=/tmp/tw/mlbuf 2>&1 | grep -v Warning | tail -5
+      tar czf $OUT/telemetry_350m.tgz -C /tmp/tw mlbuf train/telemetry.json train/train_result.json \
+        $(cd /tmp/tw && ls train/*.png 2>/dev/null);;
     calib) timeout 280 python3 bench/memory_calibration.py $OUT/memory_plan_calibration.json --max-seconds 250 2>&1 | tail -20;;
     *) echo "unknown part $part";;
   esac

@@ -27,9 +27,9 @@ def _registry() -> dict[str, str]:
 
 
 def _parse(path: Path):
-    from dockerfile_parse import DockerfileParser
-
     import io
+
+    from dockerfile_parse import DockerfileParser
 
     # fileobj: `path=` takes a directory unless the file is named exactly Dockerfile
     p = DockerfileParser(fileobj=io.BytesIO(path.read_bytes()))

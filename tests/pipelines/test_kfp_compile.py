@@ -4,12 +4,11 @@ settings (GPUs, /dev/shm, secret, retries, caching, images) and the DAG order.""
 from __future__ import annotations
 
 import yaml
+from pipeline_helpers import REPO, run_cli
 
 from packtrain import STAGES
 from packtrain.config import PipelineConfig
 from packtrain.pipeline.kfp_ops import compile_pipeline
-
-from pipeline_helpers import REPO, run_cli
 
 COMMITTED = REPO / "pipelines" / "packtrain_pipeline.yaml"
 

@@ -45,6 +45,12 @@ def test_full_run_summary_and_mlflow(tiny_pipeline):
     m = re.search(r"register   packtrain-lm v(\d+) → (champion|challenger)", out)
     assert m, out
     assert f"mlflow ui --backend-store-uri sqlite:///{wd / 'mlflow.db'}" in out
+    # the ingested documents are versioned in DVC and pushed to the local remote
+    md5 = re.search(r"documents md5 (\w+) in DVC remote", out)
+    assert md5 and list((wd / "dvc-remote").rglob("*")), out
+    from packtrain.versioning import data_md5
+
+    assert data_md5(wd / "dataset" / "documents.parquet") == md5.group(1)
     client, runs = _runs(wd / "mlflow.db")
     parent = [x for x in runs if "mlflow.parentRunId" not in x.data.tags][0]  # the fixture's run came first
     assert parent.info.status == "FINISHED" and parent.data.params["pack.budget"] == "64"

@@ -63,7 +63,7 @@ def run(cfg, args: argparse.Namespace) -> int:
         from packtrain.pipeline.kfp_ops import submit
 
         schedule = (args.schedule or cfg.pipeline.schedule) if args.schedule is not None else None
-        res = submit(args.host or cfg.pipeline.kfp_host or "", cfg, schedule, experiment=args.experiment,
+        res = submit(args.host or cfg.pipeline.kfp_host or "", schedule, cfg=cfg, experiment=args.experiment,
                      data_version=args.data_version, namespace=args.namespace)
         for k, v in res.items():
             print(f"{k}: {v}")

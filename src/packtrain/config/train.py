@@ -84,8 +84,9 @@ class TrainConfig(StrictModel):
     grad_clip: float = Field(1.0, ge=0)
     """Clip the global grad norm to this; 0 disables."""
     seed: int = 0
-    loss: Literal["standard", "chunked"] = "standard"
-    """chunked: compute the LM head + cross-entropy in chunks so full logits are never materialized."""
+    loss: Literal["standard", "chunked", "fused"] = "standard"
+    """chunked: LM head + cross-entropy in checkpointed chunks so full logits are never materialized;
+    fused: Liger's fused linear cross-entropy on CUDA (no full logits, no recompute), else chunked."""
     loss_chunk_tokens: int = Field(2048, ge=1)
     """Tokens per chunk for loss: chunked ((chunk, vocab) fp32 logits live at a time: 2048 × 32768 → 256 MiB)."""
     checkpoint: CheckpointConfig = CheckpointConfig()

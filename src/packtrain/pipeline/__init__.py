@@ -1,7 +1,7 @@
 """Chaining the stages: the KFP pipeline (compile, submit, run locally), the stage cache, multi-node specs.
 
     compile_pipeline(out, pcfg=None) -> Path          KFP IR YAML (pipelines/packtrain_pipeline.yaml)
-    submit(host, cfg, schedule=None) -> dict          one run, or a recurring run on a 6-field cron
+    submit(host, schedule=None, cfg=...) -> dict      one run, or a recurring run on a 6-field cron
     run_local(cfg) -> dict                            the whole DAG through kfp.local + summary
     validate_cron(expr) -> str                        6-field KFP cron or a ConfigError explaining why
     build_job(cfg, nodes, gpus_per_node, kind) -> [ConfigMap, PyTorchJob|TrainJob]
@@ -18,10 +18,10 @@ def compile_pipeline(out, pcfg=None):
     return _f(out, pcfg)
 
 
-def submit(host, cfg, schedule=None, **kw):
+def submit(host, schedule=None, **kw):
     from packtrain.pipeline.kfp_ops import submit as _f
 
-    return _f(host, cfg, schedule, **kw)
+    return _f(host, schedule, **kw)
 
 
 def run_local(cfg, **kw):

@@ -5,8 +5,8 @@ functions need a checkout: `repo_root()` finds it next to the package (editable 
 directory, and says so when neither has it.
 
     compile_pipeline("pipelines/packtrain_pipeline.yaml")       # the committed IR (default PipelineConfig)
-    submit("http://ml-pipeline-ui.kubeflow:80", cfg)             # one run; returns {"run_id", "url", ...}
-    submit(host, cfg, schedule="0 0 3 * * 1")                    # recurring run, Mondays 03:00:00
+    submit("http://ml-pipeline-ui.kubeflow:80", cfg=cfg)         # one run; returns {"run_id", "url"}
+    submit(host, "0 0 3 * * 1", cfg=cfg)                         # recurring run, Mondays 03:00:00
 """
 
 from __future__ import annotations
@@ -64,9 +64,9 @@ def pipeline_arguments(cfg, data_version: str = "") -> dict:
             "data_version": data_version, "code_version": code_version()}
 
 
-def submit(host: str, cfg, schedule: str | None = None, *, experiment: str | None = None,
+def submit(host: str, schedule: str | None = None, *, cfg=None, experiment: str | None = None,
            data_version: str = "", package: str | Path | None = None, namespace: str | None = None) -> dict:
-    """Submit the compiled pipeline to the KFP API at `host`.
+    """Submit the compiled pipeline to the KFP API at `host` with the RunConfig `cfg` (None → tiny-cpu).
 
     Without `schedule`: one run; returns {"run_id", "url"}. With `schedule` (6-field cron, checked first):
     a recurring run; returns {"recurring_run_id", "cron"}. Raises PacktrainError when the cron is wrong or
@@ -77,6 +77,10 @@ def submit(host: str, cfg, schedule: str | None = None, *, experiment: str | Non
     from packtrain.pipeline.cron import validate_cron
 
     cron = validate_cron(schedule) if schedule else None
+    if cfg is None:
+        from packtrain.config import load_run_config
+
+        cfg = load_run_config("tiny-cpu")
     if not host:
         raise ConfigError("submit needs --host URL of the KFP API (or pipeline.kfp_host in the recipe)")
     experiment = experiment or cfg.tracking.experiment

@@ -14,7 +14,9 @@
 4. A failing stage (e.g. validation) stops the DAG before the next stage; the component writes its
    error to <workdir>/kfp/last_error.json and this raises the same PacktrainError (message names the
    report, exit code 4 for a failed validation).
-5. The component logs go to <workdir>/logs/run-<time>.log; the terminal shows one line per stage, then the
+5. The ingested documents are versioned in a DVC repo (<workdir>/dataset) and pushed to a local DVC remote
+   (<workdir>/dvc-remote); the summary shows their md5.
+6. The component logs go to <workdir>/logs/run-<time>.log; the terminal shows one line per stage, then the
    summary and the `mlflow ui --backend-store-uri ...` command.
 """
 
@@ -115,6 +117,8 @@ def _env(**values: str | None):
 def _start_parent(cfg) -> str | None:
     """The parent run (packtrain.tracking.start_pipeline_run: flattened config as params, exports
     PACKTRAIN_PARENT_RUN_ID so every component's stage run nests under it)."""
+    import mlflow  # noqa: F401  (imported first: its import resets the "mlflow" logger to INFO)
+
     from packtrain.pipeline.cache import code_version
     from packtrain.tracking import StageRun, start_pipeline_run
     from packtrain.tracking.run import get_client
@@ -164,6 +168,42 @@ def log_cached_stage_runs(parent: str, cfg, stages: dict[str, dict]) -> list[str
         client.set_terminated(run_id, "FINISHED")
         ids.append(run_id)
     return ids
+
+
+def snapshot_documents(workdir: Path) -> dict | None:
+    """Version the ingested documents of the newest local run in a DVC repo with a local remote.
+
+        <workdir>/dataset/            DVC repo (no git: core.no_scm), documents.parquet + documents.parquet.dvc
+        <workdir>/dvc-remote/         its default remote (`dvc push` target; point it at S3/GCS to share)
+
+    Returns {"md5", "pushed", "repo", "remote"}; idempotent (an unchanged table pushes 0 files).
+    """
+    import shutil
+
+    from packtrain.versioning import data_md5, ensure_dvc_repo, push
+
+    runs = sorted((workdir / "kfp").glob("packtrain-*/ingest/documents/documents.parquet"),
+                  key=lambda p: p.stat().st_mtime)
+    if not runs:
+        return None
+    root, remote = workdir / "dataset", workdir / "dvc-remote"
+    if not (root / ".dvc").is_dir():  # our own repo, never `dvc init --subdir` into the user's git
+        import io
+
+        from dvc.repo import Repo
+
+        root.mkdir(parents=True, exist_ok=True)
+        logging.getLogger("dvc").setLevel(logging.WARNING)
+        with contextlib.redirect_stdout(io.StringIO()):  # not DVC's "Initialized DVC repository." banner
+            Repo.init(str(root), no_scm=True).close()
+    ensure_dvc_repo(root, remote_dir=remote)
+    dst = root / "documents.parquet"
+    if not dst.exists() or data_md5(dst) != data_md5(runs[-1]):
+        tmp = root / ".documents.parquet.tmp"
+        shutil.copyfile(runs[-1], tmp)
+        tmp.replace(dst)
+    pushed = push([dst], root)
+    return {"md5": data_md5(dst), "pushed": pushed, "repo": str(root), "remote": str(remote)}
 
 
 def _read_error(path: Path) -> dict | None:
@@ -221,6 +261,11 @@ def run_local(cfg, *, verbose: bool = False, use_cache: bool | None = None, out=
             metrics = {f"{s}.{k}": v for s, st in stages.items() for k, v in _flat_numbers(st).items()}
             _end_parent(cfg, parent, status, metrics, {"packtrain.log": str(log_path)})
     summary = build_summary(stages)
+    try:
+        summary["dataset"] = snapshot_documents(workdir)
+    except Exception as e:  # the run succeeded; versioning the data is a bonus, never a failure
+        summary["dataset"] = None
+        out.write(f"warning: could not version the documents in DVC: {type(e).__name__}: {e}\n")
     seconds = time.perf_counter() - t_start
     out.write(format_summary(cfg.name, summary, seconds, len(stages), tracking_uri) + "\n")
     return {"stages": stages, "summary": summary, "parent_run_id": parent, "tracking_uri": tracking_uri,

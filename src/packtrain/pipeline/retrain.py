@@ -101,7 +101,7 @@ def run_pipeline(cfg, version: str, *, wait: bool = True) -> dict:
                                "version": s.get("version"), "alias": s.get("alias")}}
     from packtrain.pipeline.kfp_ops import submit, wait_for_run
 
-    sub = submit(cfg.pipeline.kfp_host or "", cfg, data_version=version)
+    sub = submit(cfg.pipeline.kfp_host or "", cfg=cfg, data_version=version)
     if not wait:
         return {"mode": "cluster", **sub, "registered": None}
     state = wait_for_run(cfg.pipeline.kfp_host, sub["run_id"], cfg.pipeline.run_timeout_s)

@@ -5,6 +5,7 @@
       train      12,340 tok/s · CPU util 87% · MFU 0.40% · peak RSS 1.21 GiB
       evaluate   perplexity 58.1 (loss 4.06)
       register   packtrain-lm v3 → champion
+      data       documents md5 3f1c… in DVC remote /abs/data/dvc-remote
       MLflow     .venv/bin/mlflow ui --backend-store-uri sqlite:////abs/data/mlflow.db
 
 Each stage room names its stats; `pick` looks a value up by the first matching dotted key suffix, so the
@@ -106,6 +107,9 @@ def format_summary(name: str, summary: dict, seconds: float, n_stages: int, trac
     if s.get("version") is not None:
         lines.append(f"  register   {s.get('model_name') or 'model'} v{s['version']}"
                      + (f" → {s['alias']}" if s.get("alias") else ""))
+    ds = s.get("dataset")
+    if ds:
+        lines.append(f"  data       documents md5 {ds['md5']} in DVC remote {ds['remote']}")
     if tracking_uri:
         lines.append(f"  MLflow     {mlflow_ui_command(tracking_uri)}")
     return "\n".join(lines)

@@ -70,7 +70,7 @@ def train(model_cfg, train_cfg, pack_cfg, telemetry_cfg, packs_dir, tokenizer_di
                       tracker, plan_cfg) as s:
         start = s.restore(resume)
         ga, world, compiled = s.shape.grad_accum, s.dist.world_size, train_cfg.compile
-        batches = iter(s.loader)
+        batches = s.batches()
         bar = tqdm(total=train_cfg.max_steps, initial=start, desc="train", unit="step", file=sys.stderr,
                    disable=not s.dist.is_main, dynamic_ncols=True)
         t_loop = time.perf_counter()
@@ -101,6 +101,7 @@ def train(model_cfg, train_cfg, pack_cfg, telemetry_cfg, packs_dir, tokenizer_di
                 s.save_checkpoint(step)
         bar.close()
         train_s = time.perf_counter() - t_loop
+        s.end_steady_state()
         t_save = time.perf_counter()
         model_dir = s.save_model()
         return _result(s, start, train_s, time.perf_counter() - t_save, time.perf_counter() - t_start, model_dir)

@@ -6,6 +6,9 @@ segment's first token and on padding, so no term crosses a document boundary (se
     standard   logits (T, V) fp32 at once: T=16k, V=32k → 2 GiB, plus as much again for its gradient
     chunked    C tokens at a time under torch.utils.checkpoint: (C, V) live in forward and once more in
                backward (recomputed), e.g. C=2048 → 256 MiB; ~+1 LM-head matmul of compute (≈ 2·T·h·V FLOPs)
+    fused      CUDA: Liger's fused linear + cross-entropy (Triton): chunks over tokens, computes the logits'
+               gradient inside the forward, so neither full logits nor a recompute exist; falls back to
+               chunked (with one warning) where liger-kernel or CUDA is missing
 
 Both return per-token losses summed in one `sum()` over the same (T,) vector, so the loss is bitwise equal in
 fp32 (tested); the LM-head weight gradient is summed chunk by chunk instead of in one matmul, equal up to
@@ -63,6 +66,25 @@ def lm_loss_sum(hidden: torch.Tensor, head, labels: torch.Tensor, chunk_tokens: 
     return torch.cat(parts).sum()
 
 
+_FUSED_WARNED = False
+
+
+def fused_loss_fn():
+    """Liger's fused linear cross-entropy (sum over tokens, ignore -100), or None where unavailable."""
+    global _FUSED_WARNED
+    try:
+        from liger_kernel.transformers.fused_linear_cross_entropy import LigerFusedLinearCrossEntropyLoss
+    except Exception as e:  # noqa: BLE001 - an optional GPU extra; anything failing means "not here"
+        if not _FUSED_WARNED:
+            import warnings
+
+            warnings.warn(f"train.loss=fused needs liger-kernel on CUDA ({type(e).__name__}: {e}); "
+                          "using the chunked loss instead", stacklevel=2)
+            _FUSED_WARNED = True
+        return None
+    return LigerFusedLinearCrossEntropyLoss(ignore_index=IGNORE, reduction="sum")
+
+
 def _module():
     import torch
 
@@ -72,10 +94,18 @@ def _module():
         def __init__(self, lm, loss: str = "standard", chunk_tokens: int = 2048):
             super().__init__()
             self.lm = lm
-            self.chunk_tokens = chunk_tokens if loss == "chunked" else None
+            self.chunk_tokens = chunk_tokens if loss in ("chunked", "fused") else None
+            self.fused = fused_loss_fn() if loss == "fused" else None
 
         def forward(self, labels, **inputs):
             hidden = self.lm.model(**inputs).last_hidden_state   # (rows, L, h) or (1, T, h)
+            if self.fused is not None and hidden.is_cuda:
+                h = hidden.reshape(-1, hidden.shape[-1])         # (N, h)
+                w = self.lm.lm_head.weight
+                if torch.is_autocast_enabled("cuda"):            # the Triton kernel wants one dtype
+                    dt = torch.get_autocast_dtype("cuda")
+                    h, w = h.to(dt), w.to(dt)
+                return self.fused(w, h, next_token_targets(labels)).float()
             return lm_loss_sum(hidden, self.lm.lm_head, labels, self.chunk_tokens)
 
     return PackedCausalLM

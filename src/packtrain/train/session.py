@@ -121,6 +121,8 @@ class TrainSession:
         """Stop the sampler thread and the compile counter, restore torch's thread count (idempotent)."""
         import torch
 
+        if getattr(self, "_batches", None) is not None and hasattr(self._batches, "close"):
+            self._batches.close()
         if self.sampler is not None:
             self.sampler.stop()
         if self.compile_counter is not None:
@@ -213,6 +215,26 @@ class TrainSession:
         every = self.cfg.checkpoint.every_steps
         return (every > 0 and step % every == 0) or step == self.cfg.max_steps
 
+    def batches(self):
+        """The micro-batch iterator: prefetched in a thread on CUDA (collate + pin overlap the GPU's step),
+        the loader itself on CPU (nothing to overlap with)."""
+        from packtrain.train.runtime import Prefetcher
+
+        self._batches = Prefetcher(self.loader) if self.device.type == "cuda" else iter(self.loader)
+        return self._batches
+
+    def loader_state(self) -> dict:
+        """Loader position after the last batch the loop consumed (not the prefetch thread's position)."""
+        b = getattr(self, "_batches", None)
+        return b.state_dict() if hasattr(b, "state_dict") else self.loader.state_dict()
+
+    def end_steady_state(self) -> None:
+        """Training steps are over: stop sampling so saving the model does not count as idle GPU time."""
+        if getattr(self, "_batches", None) is not None and hasattr(self._batches, "close"):
+            self._batches.close()
+        if self.sampler is not None:
+            self.sampler.stop()
+
     def save_checkpoint(self, step: int) -> None:
         t0 = time.perf_counter()
         deepspeed = self.cfg.engine == "deepspeed"
@@ -224,7 +246,7 @@ class TrainSession:
         barrier(self.dist)
         if self.dist.is_main:
             state = {"scheduler": self.scheduler.state_dict(), "scaler": self.stepper.scaler_state(),
-                     "loader": self.loader.state_dict(), "history": self.history}
+                     "loader": self.loader_state(), "history": self.history}
             self.last_ckpt = ckpt.commit_checkpoint(self.ckpt_root, tmp, step, state,
                                                     self.cfg.checkpoint.keep_last)
         barrier(self.dist)
