@@ -1,4 +1,4 @@
-"""dvc.yaml + params.yaml in a fresh git+DVC repo (a tmp copy of the repo's files, tiny settings):
+"""dvc.yaml + params.yaml + the committed .dvc/config in a fresh git repo (a tmp copy, tiny settings):
 `dvc repro` runs the chain, a second `dvc repro` does nothing, and changing pack.budget reruns pack and
 the stages after it only."""
 
@@ -66,8 +66,10 @@ def test_dvc_repro_chain_noop_and_budget_change(tmp_path):
     repo = tmp_path / "repo"
     repo.mkdir()
     subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
-    subprocess.run([str(DVC), "init", "-q"], cwd=repo, check=True)
-    shutil.copy(REPO / "dvc.yaml", repo / "dvc.yaml")
+    # what a fresh clone has: the committed DVC config (no `dvc init`), dvc.yaml, the code deps
+    for f in (".dvc/config", ".dvc/.gitignore", ".dvcignore", ".gitignore", "dvc.yaml"):
+        (repo / f).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(REPO / f, repo / f)
     shutil.copytree(REPO / "src" / "packtrain", repo / "src" / "packtrain",
                     ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     tiny_corpus(repo / "corpus")
@@ -89,3 +91,8 @@ def test_dvc_repro_chain_noop_and_budget_change(tmp_path):
     out = _repro(repo)
     assert _ran(out) == ["pack", "train", "evaluate", "register"], out[-3000:]
     assert yaml.safe_load((repo / "metrics" / "pack.json").read_text())["budget"] == params["pack"]["budget"]
+
+    # the outputs go to the default (local) remote of the committed config
+    r = subprocess.run([str(DVC), "push"], cwd=repo, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert any((repo / ".packtrain" / "dvc-remote").rglob("*"))

@@ -99,3 +99,11 @@ def test_failing_validation_stops_before_training(tiny_pipeline):
     _, runs = _runs(wd / "mlflow.db")
     assert [x for x in runs if "mlflow.parentRunId" not in x.data.tags][-1].info.status == "FAILED"
     assert {p.name: p.read_bytes() for p in corpus.iterdir()} == before  # input untouched
+
+
+def test_missing_source_is_a_clear_error(tmp_path):
+    missing = tmp_path / "no_such_corpus"
+    r = run_cli(["run", "--set", f"workdir={tmp_path / 'wd'}", "--set", f"ingest.source={missing}"], cwd=tmp_path)
+    assert r.returncode in (3, 5), r.stdout + r.stderr
+    assert "stage ingest failed" in r.stderr and str(missing) in r.stderr and "Traceback" not in r.stderr
+    assert not missing.exists()

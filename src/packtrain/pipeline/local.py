@@ -255,6 +255,9 @@ def run_local(cfg, *, verbose: bool = False, use_cache: bool | None = None, out=
         if parent:
             log_cached_stage_runs(parent, cfg, stages)
         status = "FINISHED"
+    except KeyboardInterrupt:
+        status = "KILLED"
+        raise
     finally:
         log.close()
         if parent:

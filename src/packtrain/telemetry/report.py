@@ -32,7 +32,7 @@ class TelemetryReport:
 
 def build_report(out_dir: str | Path, cfg: TelemetryConfig, meter=None, sampler=None,
                  memory: Mapping[str, Any] | None = None, extra: Mapping[str, Any] | None = None,
-                 since_t: float = 0.0, plots: bool = True) -> TelemetryReport:
+                 since_t: float = 0.0, plots: bool = True, until_t: float | None = None) -> TelemetryReport:
     """Merge meter (steady state), sampler (samples with t ≥ since_t) and memory stats; check thresholds.
 
     Key collisions resolve in this order (later wins): sampler, meter, memory, extra. The sampler's
@@ -45,7 +45,7 @@ def build_report(out_dir: str | Path, cfg: TelemetryConfig, meter=None, sampler=
     summary: dict[str, Any] = {}
     samples: list[dict] = []
     if sampler is not None:
-        s = dict(sampler.summary(since_t))
+        s = dict(sampler.summary(since_t, until_t))
         summary["sampler_kind"] = s.pop("kind")
         summary["sampler_samples"] = s.pop("n_samples")
         summary.update(s)

@@ -243,15 +243,17 @@ class SystemSampler:
                 "sys_mem_used_gib": psutil.virtual_memory().used / GIB}
 
     # -- results -----------------------------------------------------------------------------------------
-    def summary(self, since_t: float = 0.0) -> dict:
-        """Over samples with t ≥ since_t (e.g. the end of warmup): utilization as a fraction 0..1.
+    def summary(self, since_t: float = 0.0, until_t: float | None = None) -> dict:
+        """Over samples with since_t ≤ t ≤ until_t (e.g. warmup end .. last training step, so compiling and
+        saving do not count as idle time): utilization as a fraction 0..1.
 
         {"kind": "nvml", "n_samples": 60, "utilization": 0.97 (median), "utilization_mean": 0.95,
          "utilization_min": 0.41, "mem_used_max_gib": 61.2, "power_mean_w": 600.0, "sm_clock_mean_mhz": 1980,
          "fragmentation_max": 0.09 (when CUDA memory was sampled)}
         """
         with self._lock:
-            recs = [r for r in self.samples if r["t"] >= since_t] or list(self.samples)
+            end = float("inf") if until_t is None else until_t
+            recs = [r for r in self.samples if since_t <= r["t"] <= end] or list(self.samples)
         out: dict[str, Any] = {"kind": self.kind, "n_samples": len(recs)}
         if not recs:
             return out

@@ -136,7 +136,7 @@ def choose_shape(model_cfg: ModelConfig, train_cfg: TrainConfig, pack_budget: in
 
 @dataclass
 class StepInfo:
-    grad_norm: float | None
+    grad_norm: Any                # float, None, or (CUDA, no scaler) a 0-d tensor the loop reads a step later
     skipped: bool             # fp16: inf/nan gradients → the optimizer step was skipped, scale halved
     loss_scale: float | None
 
@@ -175,7 +175,8 @@ class TorchStepper:
         else:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return StepInfo(float(norm), skipped, scale)
+        # on CUDA without a scaler the norm stays a device tensor: the loop reads it one step later (no sync)
+        return StepInfo(norm if self.scaler is None and norm.is_cuda else float(norm), skipped, scale)
 
     def save(self, tmp: Path) -> None:
         from packtrain.train.checkpoint import torch_payload_writer

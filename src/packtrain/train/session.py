@@ -207,13 +207,22 @@ class TrainSession:
                     extra["loss_scale"] = info.loss_scale
                 log = getattr(self.tracker, "log_step", None) or self.tracker.log_metrics   # batched when available
                 log({**m, **extra}, step=step)
-        if self.sampler is not None and step == self.start_step + self.tel_cfg.warmup_steps:
-            self.steady_since = self.sampler.elapsed()   # system summary over the steady state only
+        if self.sampler is not None:
+            if step == self.start_step + self.tel_cfg.warmup_steps:
+                self.steady_since = self.sampler.elapsed()   # system summary over the steady state only
+            self.steady_until = self.sampler.elapsed()       # ... up to the last step (not the final save)
         return m
 
     def checkpoint_due(self, step: int) -> bool:
         every = self.cfg.checkpoint.every_steps
         return (every > 0 and step % every == 0) or step == self.cfg.max_steps
+
+    def stepper_is_async(self) -> bool:
+        """True when a step needs no host sync (plain torch engine, no fp16 loss scaler): the loop may then
+        read each step's numbers one step late."""
+        from packtrain.train.runtime import TorchStepper
+
+        return isinstance(self.stepper, TorchStepper) and self.stepper.scaler is None
 
     def batches(self):
         """The micro-batch iterator: prefetched in a thread on CUDA (collate + pin overlap the GPU's step),
@@ -289,12 +298,13 @@ class TrainSession:
         from packtrain.telemetry.memory import cuda_memory_stats
 
         memory = cuda_memory_stats(self.device if self.device.type == "cuda" else None)
-        system = self.sampler.stop().summary(self.steady_since) if self.sampler else {}
+        system = self.sampler.stop().summary(self.steady_since, getattr(self, "steady_until", None)) if self.sampler else {}
         if not self.dist.is_main:
             return None, memory, system
         from packtrain.telemetry.report import build_report
 
         plots = bool(getattr(self.tracker, "enabled", False))   # PNGs are for the MLflow run
         report = build_report(self.out_dir, self.tel_cfg, meter=self.meter, sampler=self.sampler, memory=memory,
-                              extra={"peak_tflops": self.peak / 1e12}, since_t=self.steady_since, plots=plots)
+                              extra={"peak_tflops": self.peak / 1e12}, since_t=self.steady_since, plots=plots,
+                              until_t=getattr(self, "steady_until", None))
         return report, memory, system

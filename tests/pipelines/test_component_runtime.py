@@ -1,0 +1,64 @@
+"""`run_stage_component` as it runs in a cluster pod: config from one JSON string, the KFP run id on the
+MLflow runs, the parent run opened by the first stage and found by the next (separate pods: no env)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from pipeline_helpers import tiny_corpus, tiny_settings
+
+from packtrain.config import load_run_config
+from packtrain.errors import ConfigError, ValidationFailed
+from packtrain.pipeline.runtime import ERROR_ENV, PARENT_ENV, config_from_text, run_stage_component
+
+
+def test_config_text_roundtrip_and_empty():
+    cfg = load_run_config("tiny-cpu", ["pack.budget=128"])
+    assert config_from_text(json.dumps(cfg.to_dict())) == cfg
+    with pytest.raises(ConfigError, match="pipeline parameter 'config' is empty"):
+        config_from_text(" ")
+    with pytest.raises(ConfigError, match="pack.budget"):
+        config_from_text(json.dumps({**cfg.to_dict(), "pack": {"budget": "big"}}))
+
+
+def test_pods_share_one_parent_run_by_kfp_run_id(tmp_path, monkeypatch):
+    import mlflow
+
+    corpus = tiny_corpus(tmp_path / "corpus", n_docs=20)
+    cfg = load_run_config("tiny-cpu", tiny_settings(tmp_path / "wd", corpus) + ["tracking.system_metrics=false"])
+    text = json.dumps(cfg.to_dict())
+    uri = f"sqlite:///{tmp_path / 'store.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.setenv(ERROR_ENV, str(tmp_path / "err.json"))
+    # the component exports these into os.environ: register them so they are removed after the test
+    monkeypatch.setenv(PARENT_ENV, "")
+    monkeypatch.setenv("KFP_RUN_ID", "")
+
+    docs = tmp_path / "art" / "documents"
+    s1 = run_stage_component("ingest", text, {}, str(docs), kfp_run_id="kfp-123", code_version="0.1.0+gabc",
+                             data_version="d41d.dir")
+    assert s1["code_version"] == "0.1.0+gabc" and s1["data_version"] == "d41d.dir"
+    first_parent = os.environ[PARENT_ENV]
+    os.environ[PARENT_ENV] = os.environ["KFP_RUN_ID"] = ""  # the next stage runs in another pod
+    run_stage_component("validate", text, {"docs": str(docs)}, str(tmp_path / "art" / "report"),
+                        kfp_run_id="kfp-123")
+    assert os.environ[PARENT_ENV] == first_parent
+    os.environ[PARENT_ENV] = ""
+
+    client = mlflow.MlflowClient(tracking_uri=uri)
+    exp = client.get_experiment_by_name(cfg.tracking.experiment)
+    runs = client.search_runs([exp.experiment_id])
+    (parent,) = [r for r in runs if r.data.tags.get("packtrain.pipeline_run") == "kfp-123"]
+    stages = {r.info.run_name: r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id}
+    assert set(stages) == {"ingest", "validate"}
+    assert {r.data.tags.get("kfp.run_id") for r in stages.values()} == {"kfp-123"}
+
+    # a failing stage records its error for `packtrain run` and re-raises
+    bad = json.dumps(load_run_config("tiny-cpu", tiny_settings(tmp_path / "wd", corpus)
+                                     + ["validate.min_rows=10000"]).to_dict())
+    with pytest.raises(ValidationFailed):
+        run_stage_component("validate", bad, {"docs": str(docs)}, str(tmp_path / "art" / "report2"))
+    err = json.loads((tmp_path / "err.json").read_text())
+    assert err["stage"] == "validate" and err["exit_code"] == 4 and "report" in err["message"].lower()
