@@ -14,15 +14,15 @@ for part in "$@"; do
   case $part in
     env) nvidia-smi --query-gpu=name,memory.total,clocks.sm,utilization.gpu --format=csv
          python3 -c "import torch,transformers;print(torch.__version__,transformers.__version__,torch.cuda.get_device_name(0))";;
-    bench350) timeout 330 python3 bench/gpu_bench.py --model 350m --steps 30 --warmup 6 \
+    bench350) timeout 200 python3 bench/gpu_bench.py --model 350m --steps 25 --warmup 6 \
                 --out $OUT/gpu_bench_350m.json ${BENCH_ARGS:-} 2>&1 | grep -v Warning | tee $OUT/bench350.log | tail -40;;
     bench350c) timeout 300 python3 bench/gpu_bench.py --model 350m --data corpus --variants aef --steps 30 --warmup 6 \
                 --out $OUT/gpu_bench_350m_corpus.json ${BENCH_ARGS:-} 2>&1 | grep -v Warning | tail -12;;
-    bench1b) timeout 330 python3 bench/gpu_bench.py --model 1b --steps 25 --warmup 6 \
+    bench1b) timeout 220 python3 bench/gpu_bench.py --model 1b --steps 20 --warmup 6 \
                 --out $OUT/gpu_bench_1b.json ${BENCH_ARGS:-} 2>&1 | grep -v Warning | tee $OUT/bench1b.log | tail -14;;
     benchf) timeout 300 python3 bench/gpu_bench.py --model ${M:-350m} --variants f --steps 30 --warmup 6 \
                 --out $OUT/gpu_bench_f.json ${BENCH_ARGS:-} 2>&1 | grep -v Warning | tail -6;;
-    tests) timeout 300 python3 -m pytest -q -x -p no:cacheprovider tests/gpu 2>&1 | tee $OUT/gpu_tests.log | tail -15;;
+    tests) timeout 130 python3 -m pytest -q -p no:cacheprovider tests/gpu -k "isolation or 350m" 2>&1 | tee $OUT/gpu_tests.log | tail -15;;
     smoke) timeout 300 python3 bench/train_gpu_smoke.py $OUT/train_gpu_smoke.json --steps 20 2>&1 | tail -25;;
     memhead) timeout 420 python3 bench/memory_headline.py $OUT/memory_headline_350m.json --steps 14 2>&1 | grep -v Warning | tail -12;;
     isotests) timeout 150 python3 -m pytest -q -p no:cacheprovider tests/gpu -k isolation 2>&1 | tail -6;;
@@ -34,7 +34,7 @@ for part in "$@"; do
         --set tracking.buffer_dir=/tmp/tw/mlbuf 2>&1 | grep -v Warning | tail -5
       tar czf $OUT/telemetry_350m.tgz -C /tmp/tw mlbuf train/telemetry.json train/train_result.json \
         $(cd /tmp/tw && ls train/*.png 2>/dev/null);;
-    calib) timeout 280 python3 bench/memory_calibration.py $OUT/memory_plan_calibration.json --max-seconds 250 2>&1 | tail -20;;
+    calib) timeout 130 python3 bench/memory_calibration.py $OUT/memory_plan_calibration.json --max-seconds 250 2>&1 | tail -20;;
     *) echo "unknown part $part";;
   esac
 done
