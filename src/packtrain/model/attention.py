@@ -184,7 +184,9 @@ def flex_attention_forward(module, query, key, value, attention_mask, scaling=No
         raise ValueError("packtrain_flex attention needs a document BlockMask as attention_mask "
                          "(pass packtrain.model.attention.model_inputs(batch, 'flex'))")
     query, key, value = _same_dtype(query, key, value)
-    fn = _compiled_flex() if query.is_cuda else flex_attention
+    # compiled kernel for block-aligned lengths (every training shape: rows × budget); eager flex otherwise
+    # (torch 2.11 inductor has no flex template for T=120 — measured on the H200: NoValidChoicesError)
+    fn = _compiled_flex() if query.is_cuda and query.shape[2] % 128 == 0 else flex_attention
     gqa = query.shape[1] != key.shape[1]
     out = fn(query, key, value, block_mask=attention_mask, scale=scaling, enable_gqa=gqa)   # (1, Hq, T, D)
     return out.transpose(1, 2).contiguous(), None

@@ -69,8 +69,13 @@ def smoke_run(cfg, tokens_dir: Path, packs_dir: Path, out_dir: Path, attention: 
               warmup_steps: int = 5) -> dict:
     """`steps` steps of `cfg` (a RunConfig, e.g. the 350m-h200 recipe) with one backend/engine; returns the
     numbers that matter: tokens/s (steady-state median), step time, MFU, peak memory, recompiles, losses."""
+    import torch
+
     from packtrain.train.loop import train
 
+    # A fresh dynamo cache per run: several backends in one process share the decoder layer's code object,
+    # so without this the second backend's first step counts as a recompile of the first's graph.
+    torch._dynamo.reset()
     t = cfg.train
     ds = t.deepspeed.model_copy(update={"zero_stage": zero_stage, "offload_optimizer": offload,
                                         "offload_params": offload and zero_stage == 3})
