@@ -15,7 +15,11 @@ export MLFLOW_DISABLE_TELEMETRY := true
 export DO_NOT_TRACK := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: run test setup setup-airflow lint clean bench-pack lock
+.PHONY: run test setup setup-airflow lint clean bench-pack lock repro
+
+# `dvc repro` with the venv's packtrain on PATH (dvc.yaml calls the CLI)
+repro: $(STAMP)
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(VENV)/bin/dvc repro
 
 setup: $(STAMP)
 
@@ -38,6 +42,7 @@ run: $(STAMP)
 
 test: $(STAMP) $(AF_STAMP)
 	$(PY) -m pytest -q tests
+	$(PY) bench/ci_gate.py
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests components pipelines bench

@@ -205,7 +205,7 @@ def validate_documents(docs: str | Path, out_dir: str | Path, cfg: ValidateConfi
         shutil.rmtree(tmp_docs)
     ctx.add_data_docs_site(site_name=SITE_NAME, site_config={
         "class_name": "SiteBuilder",
-        "store_backend": {"class_name": "TupleFilesystemStoreBackend", "base_directory": str(tmp_docs)},
+        "store_backend": {"class_name": "TupleFilesystemStoreBackend", "base_directory": str(tmp_docs.resolve())},
         "site_index_builder": {"class_name": "DefaultSiteIndexBuilder"},
     })
     batch_def = (ctx.data_sources.add_pandas("packtrain").add_dataframe_asset("documents")
