@@ -76,6 +76,7 @@ def run_train(cfg: RunConfig, packs_dir: str | Path, tokens_dir: str | Path, out
         run.log_metrics(summary_metrics(stats))
         if result.report is not None:
             run.log_report(result.report)   # summary.* metrics, violation tags, telemetry.json + PNGs
+            log_system_series(run, result.report)
         run.set_tags({"packtrain.train.attention": stats["setup"]["attention"],
                       "packtrain.train.engine": stats["setup"]["engine"],
                       "packtrain.train.world_size": stats["setup"]["world_size"],
@@ -83,3 +84,17 @@ def run_train(cfg: RunConfig, packs_dir: str | Path, tokens_dir: str | Path, out
         for name in ("train_result.json", "train_log.jsonl", "deepspeed_config.json"):
             run.log_artifact(out_dir / name)
     return stats
+
+
+def log_system_series(run, report) -> None:
+    """The sampler's utilization / memory / fragmentation samples as MLflow time series (system.*)."""
+    import json
+
+    from packtrain.telemetry.report import system_series
+
+    path = next((f for f in report.files if str(f).endswith("telemetry.json")), None)
+    if path is None:
+        return
+    for step, metrics in system_series(json.loads(Path(path).read_text()).get("samples", [])):
+        run.log_step(metrics, step)
+    run.flush()

@@ -66,3 +66,25 @@ def build_report(out_dir: str | Path, cfg: TelemetryConfig, meter=None, sampler=
     if plots and records:
         files.append(P.plot_throughput(records, out_dir / "throughput.png"))
     return TelemetryReport(summary, violations, files)
+
+
+SERIES_KEYS = {"util": "system.utilization_pct", "mem_used_gib": "system.memory_used_gib",
+               "fragmentation": "system.fragmentation", "power_w": "system.power_w",
+               "sm_clock_mhz": "system.sm_clock_mhz", "alloc_gib": "system.allocated_gib",
+               "reserved_gib": "system.reserved_gib"}
+
+
+def system_series(samples: list[dict]) -> list[tuple[int, dict]]:
+    """Sampler records → (step, metrics) rows for MLflow time series, step = milliseconds since the sampler
+    started (so the x axis is time): NVML utilization %, memory used, fragmentation (1 − alloc/reserved),
+    power, SM clock — or the CPU fallback's utilization and RSS.
+
+    >>> system_series([{"t": 1.5, "util": 97.0, "mem_used_gib": 60.0}])
+    [(1500, {'system.utilization_pct': 97.0, 'system.memory_used_gib': 60.0, 'system.t_s': 1.5})]
+    """
+    rows = []
+    for r in samples:
+        m = {name: float(r[k]) for k, name in SERIES_KEYS.items() if isinstance(r.get(k), (int, float))}
+        m["system.t_s"] = float(r["t"])
+        rows.append((int(round(float(r["t"]) * 1000)), m))
+    return rows

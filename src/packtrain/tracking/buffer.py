@@ -344,6 +344,9 @@ class BufferedClient:
                         tags=[RunTag(k, str(v)) for k, v in op["tags"].items()])
         elif kind == "log_artifact":
             path = Path(op["path"])
+            if not path.exists():   # the buffer was moved (e.g. brought back from a GPU machine): its copy
+                moved = self.buffer_dir / "artifacts" / path.parent.name / path.name
+                path = moved if moved.exists() else path
             if path.is_dir():
                 c.log_artifacts(rid, str(path), artifact_path=op.get("artifact_path"))
             elif path.exists():
