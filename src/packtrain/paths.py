@@ -18,6 +18,10 @@ Adapters (CLI, KFP components, dvc.yaml, Airflow) pass explicit paths; these are
 
 from __future__ import annotations
 
+import contextlib
+import os
+import shutil
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -82,3 +86,37 @@ def write_json(path: Path, obj) -> None:
     import json
 
     atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n")
+
+
+def replace_dir(tmp: Path, root: Path) -> None:
+    """Move a finished temp directory into place, replacing `root` (old copy renamed away first), so readers
+    never see a half-written directory."""
+    if root.exists():
+        old = root.with_name(f".{root.name}.old")
+        if old.exists():
+            shutil.rmtree(old)
+        root.rename(old)
+        tmp.rename(root)
+        shutil.rmtree(old)
+    else:
+        root.parent.mkdir(parents=True, exist_ok=True)
+        tmp.rename(root)
+
+
+@contextlib.contextmanager
+def patched_env(**values: str | None) -> Iterator[None]:
+    """Set (or, with None, unset) environment variables inside the block; restore them after."""
+    old = {k: os.environ.get(k) for k in values}
+    for k, v in values.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v

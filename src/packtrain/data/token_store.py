@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from packtrain.errors import InputDataError, MissingDataError
+from packtrain.paths import replace_dir
 
 SPLIT_TRAIN, SPLIT_EVAL = 0, 1
 
@@ -105,13 +106,5 @@ def write_token_store(root: str | Path, token_arrays: list[np.ndarray], doc_ids:
     (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
     if tokenizer_dir is not None:
         shutil.copytree(tokenizer_dir, tmp / "tokenizer")
-    if root.exists():
-        old = root.with_name(f".{root.name}.old")
-        if old.exists():
-            shutil.rmtree(old)
-        root.rename(old)
-        tmp.rename(root)
-        shutil.rmtree(old)
-    else:
-        tmp.rename(root)
+    replace_dir(tmp, root)
     return TokenStore.open(root)

@@ -36,6 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from packtrain.errors import InputDataError, MissingDataError
+from packtrain.paths import replace_dir  # noqa: F401  (re-exported for packing.dataset)
 
 FORMAT, VERSION = "packtrain.packs", 1
 FILES = ("tokens.bin", "pack_offsets.npy", "seg_offsets.npy", "segments.npy")
@@ -195,15 +196,3 @@ def write_pack_store(root: str | Path, token_chunks: Iterable[np.ndarray], pack_
     return root
 
 
-def replace_dir(tmp: Path, root: Path) -> None:
-    """Move a finished temp directory into place, replacing `root` (old copy renamed away first)."""
-    if root.exists():
-        old = root.with_name(f".{root.name}.old")
-        if old.exists():
-            shutil.rmtree(old)
-        root.rename(old)
-        tmp.rename(root)
-        shutil.rmtree(old)
-    else:
-        root.parent.mkdir(parents=True, exist_ok=True)
-        tmp.rename(root)

@@ -34,6 +34,7 @@ from pathlib import Path
 
 from packtrain import STAGES
 from packtrain.errors import PacktrainError
+from packtrain.paths import patched_env
 from packtrain.pipeline.runtime import CACHE_ENV, ERROR_ENV, PARENT_ENV
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -96,22 +97,7 @@ class _StageLog:
         self.f.close()
 
 
-@contextlib.contextmanager
-def _env(**values: str | None):
-    old = {k: os.environ.get(k) for k in values}
-    for k, v in values.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
-    try:
-        yield
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+_env = patched_env
 
 
 def _start_parent(cfg) -> str | None:

@@ -88,16 +88,10 @@ def short_http(uri: str, timeout_s: float | None) -> Iterator[None]:
     new = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0"}
     if timeout_s is not None:
         new["MLFLOW_HTTP_REQUEST_TIMEOUT"] = str(int(max(1, timeout_s)))
-    old = {k: os.environ.get(k) for k in new}
-    os.environ.update(new)
-    try:
+    from packtrain.paths import patched_env
+
+    with patched_env(**new):
         yield
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 @dataclass
