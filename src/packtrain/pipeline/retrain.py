@@ -115,8 +115,9 @@ def registered_model(cfg) -> dict:
     import mlflow
 
     from packtrain.tracking import resolve_tracking_uri
+    from packtrain.tracking.run import set_fluent_tracking_uri
 
-    mlflow.set_tracking_uri(resolve_tracking_uri(cfg))
+    set_fluent_tracking_uri(resolve_tracking_uri(cfg))
     client = mlflow.MlflowClient()
     name = cfg.register_.model_name
     versions = client.search_model_versions(f"name = '{name}'")

@@ -183,8 +183,9 @@ def _ensure_parent_run(cfg, kfp_run_id: str) -> None:
     import mlflow
 
     from packtrain.tracking import resolve_tracking_uri
+    from packtrain.tracking.run import set_fluent_tracking_uri
 
-    mlflow.set_tracking_uri(resolve_tracking_uri(cfg))
+    set_fluent_tracking_uri(resolve_tracking_uri(cfg))
     exp = mlflow.set_experiment(cfg.tracking.experiment)
     client = mlflow.MlflowClient()
     found = client.search_runs([exp.experiment_id],

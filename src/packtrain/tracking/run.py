@@ -40,6 +40,20 @@ _clients_lock = threading.Lock()
 _pipeline_clients: dict[str, BufferedClient] = {}
 
 
+def set_fluent_tracking_uri(uri: str) -> None:
+    """mlflow.set_tracking_uri for the fluent API without its side effect on os.environ: MLflow 3 also writes
+    MLFLOW_TRACKING_URI, which `resolve_tracking_uri` honours first — so the first stage's store would stick
+    for every later stage in the process, whatever their workdir."""
+    import mlflow
+
+    before = os.environ.get("MLFLOW_TRACKING_URI")
+    mlflow.set_tracking_uri(uri)
+    if before is None:
+        os.environ.pop("MLFLOW_TRACKING_URI", None)
+    else:
+        os.environ["MLFLOW_TRACKING_URI"] = before
+
+
 def resolve_tracking_uri(cfg: RunConfig) -> str:
     """MLFLOW_TRACKING_URI, else cfg.tracking.tracking_uri, else sqlite:///<workdir>/mlflow.db."""
     env = os.environ.get("MLFLOW_TRACKING_URI")
@@ -301,7 +315,7 @@ def stage_run(stage: str, cfg: RunConfig, section: Any = None, tags: Mapping[str
     handle = StageRun(client, run_id, stage, cfg.tracking.flush_interval_s)
     fluent = monitor = None
     if not run_id.startswith(PENDING):
-        mlflow.set_tracking_uri(client.uri)
+        set_fluent_tracking_uri(client.uri)
         with short_http(client.uri, 5), contextlib.suppress(Exception):
             fluent = mlflow.start_run(run_id=run_id, nested=mlflow.active_run() is not None,
                                       log_system_metrics=False)
