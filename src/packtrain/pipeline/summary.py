@@ -1,11 +1,13 @@
 """The end-of-run summary of `packtrain run`: a few numbers from the stages' stats, and the MLflow UI command.
 
     packtrain run — tiny-cpu — 7 stages in 95.2 s (2 from cache)
+      data       1,446 documents · 7,331,486 tokens · tokens/doc p50 1,790 p90 12,853 p99 48,283
+      validate   passed (11/11 expectations)
       pack       fill 99.7% (padding 0.3%)
       train      12,340 tok/s · CPU util 87% · MFU 0.40% · peak RSS 1.21 GiB
       evaluate   perplexity 58.1 (loss 4.06)
       register   packtrain-lm v3 → champion
-      data       documents md5 3f1c… in DVC remote /abs/data/dvc-remote
+      dvc        documents md5 3f1c… in DVC remote /abs/data/dvc-remote
       MLflow     .venv/bin/mlflow ui --backend-store-uri sqlite:////abs/data/mlflow.db
 
 Each stage room names its stats; `pick` looks a value up by the first matching dotted key suffix, so the
@@ -23,6 +25,14 @@ from packtrain.config import flatten
 
 # candidates per summary field, in order of preference (dotted-key suffixes)
 FIELDS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "documents": ("ingest", ("documents",)),
+    "validation_success": ("validate", ("success",)),
+    "expectations": ("validate", ("expectations",)),
+    "expectations_passed": ("validate", ("passed",)),
+    "tokens": ("tokenize", ("tokens",)),
+    "tok_p50": ("tokenize", ("length_tokens.p50",)),
+    "tok_p90": ("tokenize", ("length_tokens.p90",)),
+    "tok_p99": ("tokenize", ("length_tokens.p99",)),
     "fill": ("pack", ("fill", "train.fill", "fill_ratio")),
     "tokens_per_s": ("train", ("real_tokens_per_s", "tokens_per_s", "tokens_per_sec")),
     "utilization": ("train", ("system.utilization_mean", "utilization_mean", "gpu_util_mean", "utilization")),
@@ -83,6 +93,17 @@ def format_summary(name: str, summary: dict, seconds: float, n_stages: int, trac
     cached = s.get("cached") or []
     lines = [f"packtrain run — {name} — {n_stages} stages in {seconds:.1f} s"
              + (f" ({len(cached)} from cache: {', '.join(cached)})" if cached else "")]
+    if s.get("documents") is not None:
+        line = f"  data       {_fmt(s['documents'])} documents"
+        if s.get("tokens") is not None:
+            line += f" · {_fmt(s['tokens'])} tokens"
+        if s.get("tok_p50") is not None:
+            line += (f" · tokens/doc p50 {_fmt(s['tok_p50'])} p90 {_fmt(s['tok_p90'])}"
+                     f" p99 {_fmt(s['tok_p99'])}")
+        lines.append(line)
+    if s.get("validation_success") is not None:
+        ok = "passed" if s["validation_success"] else "FAILED"
+        lines.append(f"  validate   {ok} ({s.get('expectations_passed')}/{s.get('expectations')} expectations)")
     if s.get("fill") is not None:
         f = float(s["fill"])
         lines.append(f"  pack       fill {f:.2%} (padding {1 - f:.2%})")
@@ -109,7 +130,7 @@ def format_summary(name: str, summary: dict, seconds: float, n_stages: int, trac
                      + (f" → {s['alias']}" if s.get("alias") else ""))
     ds = s.get("dataset")
     if ds:
-        lines.append(f"  data       documents md5 {ds['md5']} in DVC remote {ds['remote']}")
+        lines.append(f"  dvc        documents md5 {ds['md5']} in DVC remote {ds['remote']}")
     if tracking_uri:
         lines.append(f"  MLflow     {mlflow_ui_command(tracking_uri)}")
     return "\n".join(lines)
