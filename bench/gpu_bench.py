@@ -345,7 +345,7 @@ def main(argv=None):
     p.add_argument("--vocab", type=int, default=32768)
     p.add_argument("--peak-tflops", type=float, default=790.0)
     p.add_argument("--attention", default="varlen")
-    p.add_argument("--loss", default="chunked")
+    p.add_argument("--loss", default="fused", help="packtrain loss: fused (Liger; chunked fallback), chunked, standard")
     p.add_argument("--no-compile", action="store_true")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cuda", help="cuda; cpu only to smoke-test this script")

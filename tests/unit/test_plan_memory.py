@@ -184,7 +184,7 @@ def test_choose_budget_nothing_fits_names_peak_and_suggestion():
 
 
 def test_plan_suggests_changes_when_it_does_not_fit():
-    cfg = _cfg("1b-h200", "train.rows=32")
+    cfg = _cfg("1b-h200", "train.rows=32", "train.loss=standard")
     plan = plan_memory(cfg.model, cfg.train, 4096, cfg.plan, 80, vocab_size=32768)
     assert not plan.fits
     changes = {a["change"] for a in plan.alternatives}

@@ -146,7 +146,7 @@ def _backend(train_cfg: TrainConfig, device: str) -> str:
 
 
 def _loss_chunk(train_cfg: TrainConfig) -> int | None:
-    if train_cfg.loss != "chunked":
+    if train_cfg.loss not in ("chunked", "fused"):   # fused (Liger) chunks too; modelled at loss_chunk_tokens
         return None
     return int(getattr(train_cfg, "loss_chunk_tokens", None) or mem.LOSS_CHUNK_DEFAULT)
 
@@ -284,7 +284,7 @@ def _suggest(plan: MemoryPlan, model_cfg, train_cfg, plan_cfg, dev_gib, vocab_si
     changes: list[tuple[str, dict]] = []
     if train_cfg.activation_checkpointing != "full":
         changes.append(("--set train.activation_checkpointing=full", {"activation_checkpointing": "full"}))
-    if train_cfg.loss != "chunked":
+    if train_cfg.loss not in ("chunked", "fused"):
         changes.append(("--set train.loss=chunked", {"loss": "chunked"}))
     if _backend(train_cfg, "cuda") in ("sdpa", "eager") and train_cfg.precision != "fp32":
         changes.append(("--set train.attention=varlen", {"attention": "varlen"}))
