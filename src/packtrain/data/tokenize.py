@@ -109,17 +109,11 @@ def split_eval(doc_ids: np.ndarray, eval_fraction: float) -> np.ndarray:
 @contextlib.contextmanager
 def tokenizer_threads(workers: int):
     """Enable tokenizers' Rayon parallelism (`workers` threads) for the duration of the block."""
-    saved = {k: os.environ.get(k) for k in ("TOKENIZERS_PARALLELISM", "RAYON_NUM_THREADS")}
-    os.environ["TOKENIZERS_PARALLELISM"] = "true" if workers > 1 else "false"
-    os.environ.setdefault("RAYON_NUM_THREADS", str(workers))  # read once, when the pool starts
-    try:
+    from packtrain.paths import patched_env
+
+    rayon = os.environ.get("RAYON_NUM_THREADS", str(workers))  # read once, when the pool starts
+    with patched_env(TOKENIZERS_PARALLELISM="true" if workers > 1 else "false", RAYON_NUM_THREADS=rayon):
         yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def train_tokenizer(texts: list[str], vocab_size: int, out_dir: Path):
