@@ -27,14 +27,22 @@ import json
 import os
 import platform
 import sys
-import threading
-import time
 from pathlib import Path
 
 os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 import numpy as np  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from hf_baselines import (  # noqa: E402
+    batches_concat,
+    batches_packed_rows,
+    batches_padded,
+    build_hf,
+    isolation_error,
+    run_hf_variant,
+)
 
 SIZES = {  # the recipes' model sections, repeated so the bench needs no pydantic/yaml on the GPU box
     "tiny": dict(hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4),
@@ -69,118 +77,7 @@ def bfd_packs(lengths: np.ndarray, budget: int) -> list[list[int]]:
     return [[seg[0] for seg in pack] for pack in plan.to_lists()]  # lengths ≤ budget: one segment per doc
 
 
-# -------------------------------------------------------------------------------------- batch builders
-# Every builder yields dicts of CPU tensors: input_ids/labels/(attention_mask|position_ids) shaped (rows, S),
-# plus "real" (non-padding tokens), "slot" (rows * S) and "seq_lens" (document lengths, for useful FLOPs).
-def _rows_batch(docs, S, pad_id, with_mask):
-    import torch
-
-    ids = torch.full((len(docs), S), pad_id, dtype=torch.long)
-    lab = torch.full((len(docs), S), -100, dtype=torch.long)
-    mask = torch.zeros((len(docs), S), dtype=torch.long)
-    for r, d in enumerate(docs):
-        t = torch.from_numpy(d[:S])
-        ids[r, : len(t)] = t
-        lab[r, : len(t)] = t
-        lab[r, 0] = -100
-        mask[r, : len(t)] = 1
-    out = {"input_ids": ids, "labels": lab, "attention_mask": mask}
-    out["real"] = int(mask.sum())  # non-padding tokens, as packtrain's meter counts them
-    out["slot"] = len(docs) * S
-    out["seq_lens"] = [min(len(d), S) for d in docs]
-    return out
-
-
-def batches_padded(kind, docs, rows, budget, pad_id, n_steps, seed):
-    rng = np.random.default_rng(seed)
-    order = rng.permutation(len(docs))
-    if kind == "group":  # HF group_by_length: megabatches of 50·rows sorted by length, then chunked
-        mb = 50 * rows
-        order = np.concatenate([sorted(order[i: i + mb], key=lambda j: -len(docs[j]))
-                                for i in range(0, len(order), mb)])
-    out = []
-    for s in range(n_steps):
-        sel = [docs[j] for j in order[s * rows: (s + 1) * rows]]
-        S = budget if kind == "pad" else max(len(d) for d in sel)
-        out.append(_rows_batch(sel, S, pad_id, with_mask=True))
-    if kind == "group":
-        rng.shuffle(out)
-    return out
-
-
-def batches_concat(docs, rows, budget, n_steps):
-    import torch
-
-    stream = np.concatenate(docs[: n_steps * rows * budget // 100 + 1000])
-    out = []
-    for s in range(n_steps):
-        chunk = torch.from_numpy(stream[s * rows * budget: (s + 1) * rows * budget].copy()).view(rows, budget)
-        lab = chunk.clone()
-        lab[:, 0] = -100
-        out.append({"input_ids": chunk, "labels": lab, "real": rows * budget, "slot": rows * budget,
-                    "seq_lens": [budget] * rows, "causal_full": True})
-    return out
-
-
-def batches_packed_rows(docs, packs, rows, budget, n_steps):
-    """(rows, budget) packed rows with position_ids restarting per document; padding only at row tails."""
-    import torch
-
-    out = []
-    for s in range(n_steps):
-        ids = torch.zeros((rows, budget), dtype=torch.long)
-        pos = torch.zeros((rows, budget), dtype=torch.long)
-        lab = torch.full((rows, budget), -100, dtype=torch.long)
-        seq_lens = []
-        for r, pack in enumerate(packs[s * rows: (s + 1) * rows]):
-            o = 0
-            for j in pack:
-                d = torch.from_numpy(docs[j])
-                n = len(d)
-                ids[r, o: o + n] = d
-                lab[r, o + 1: o + n] = d[1:]
-                pos[r, o: o + n] = torch.arange(n)
-                o += n
-                seq_lens.append(n)
-            if o < budget:  # tail padding as its own segment
-                pos[r, o:] = torch.arange(budget - o)
-        out.append({"input_ids": ids, "position_ids": pos, "labels": lab, "real": sum(seq_lens),
-                    "slot": rows * budget, "seq_lens": seq_lens})
-    return out
-
-
 # ------------------------------------------------------------------------------------------ measuring
-class NvmlSampler:
-    """Samples GPU utilization % every `interval` s in a thread (NVML 'a kernel was running')."""
-
-    def __init__(self, interval=0.2):
-        self.interval, self.samples, self._stop = interval, [], threading.Event()
-        try:
-            import pynvml
-
-            pynvml.nvmlInit()
-            self._h = pynvml.nvmlDeviceGetHandleByIndex(int(os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0] or 0))
-            self._nvml = pynvml
-        except Exception:  # noqa: BLE001 - NVML missing: report None
-            self._nvml = None
-
-    def __enter__(self):
-        if self._nvml:
-            self._t = threading.Thread(target=self._run, daemon=True)
-            self._t.start()
-        return self
-
-    def _run(self):
-        while not self._stop.wait(self.interval):
-            self.samples.append(self._nvml.nvmlDeviceGetUtilizationRates(self._h).gpu)
-
-    def __exit__(self, *exc):
-        self._stop.set()
-
-    def median(self):
-        return float(np.median(self.samples)) / 100 if self.samples else None
-
-
 def batch_flops(b, n_nonembed, n_layers, hidden, vocab) -> tuple[float, float]:
     """(useful, dense) fwd+bwd FLOPs of one batch with packtrain's own MFU arithmetic (telemetry.mfu), so
     every variant is counted the same way: the row length S of a padded batch is its 'budget'."""
@@ -190,57 +87,12 @@ def batch_flops(b, n_nonembed, n_layers, hidden, vocab) -> tuple[float, float]:
     return step_flops(n_nonembed, n_layers, hidden, b["seq_lens"], b["slot"], S, vocab)
 
 
-# -------------------------------------------------------------------------------------- HF variants
-def build_hf(size, vocab, attn, device, seed, max_pos):
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=vocab, max_position_embeddings=max_pos, tie_word_embeddings=True,
-                      use_cache=False, attn_implementation=attn, **SIZES[size])
-    with torch.device(device):
-        model = LlamaForCausalLM(cfg)
-    return model
-
-
-def run_hf_variant(name, model, batches, steps, warmup, device):
-    import torch
-
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda")
-    model.train()
-
-    def step(b):
-        kw = {k: v.to(device, non_blocking=True) for k, v in b.items()
-              if k in ("input_ids", "labels", "attention_mask", "position_ids")}
-        with torch.autocast(device.type, dtype=torch.bfloat16):
-            loss = model(**kw, use_cache=False).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        return loss
-
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    for b in batches[:warmup]:
-        step(b)
-    sync()
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats()
-    with NvmlSampler() as nv:
-        t0 = time.perf_counter()
-        for b in batches[warmup: warmup + steps]:
-            loss = step(b)
-        sync()
-        dt = time.perf_counter() - t0
-    opt.zero_grad(set_to_none=True)
-    opt.state.clear()
-    return dt, nv.median(), float(loss)
-
-
 # --------------------------------------------------------------------------------- packtrain variant
-def run_packtrain_variant(size, vocab, docs, packs, rows, budget, steps, warmup, device, seed, args):
+def run_packtrain_variant(size, vocab, docs, rows, budget, steps, warmup, device, args) -> dict:
     """packtrain's own training path, end to end: the same documents written as a token store, packed by the
     pack stage's library (bfd), trained by `packtrain.train.loop.train` with the recipe's settings
-    (varlen attention, bf16, per-layer torch.compile, fused AdamW, pinned loader) — the product, not a copy."""
+    (varlen attention, bf16, per-layer torch.compile, fused AdamW, pinned loader) — the product, not a copy.
+    Returns the row's measured fields; tokens/s and MFU are the train meter's steady-state medians."""
     import tempfile
 
     from packtrain.config import load_run_config
@@ -270,14 +122,13 @@ def run_packtrain_variant(size, vocab, docs, packs, rows, budget, steps, warmup,
                       compile=not args.no_compile, warmup_steps=warmup)
         iso = packtrain_isolation_error(cfg, vocab, args.attention, device, docs)
     print(json.dumps({"packtrain_smoke": r}), flush=True)
-    tok_s = r["real_tokens_per_s"]
-    real = int(tok_s * 100)  # the meter's steady-state median tok/s → express as tokens over 100 s
-    return {"seconds": 100.0, "real_tokens": real, "slot_tokens": int(r["slot_tokens_per_s"] * 100),
-            "seq_lens": None, "useful_mfu": r["useful_mfu"], "dense_mfu": r["dense_mfu"],
-            "nvml_util": r.get("nvml_util"), "loss": r["final_loss"], "isolation_err": iso,
-            "recompiles": r["recompiles"], "fill": stats.train.fill, "peak_alloc_gib": r["peak_alloc_gib"],
-            "peak_reserved_gib": r["peak_reserved_gib"], "fragmentation": r["fragmentation"],
-            "step_time_p50_s": r["step_time_p50_s"], "compiles": r["compiles"]}
+    return {"real_tok_per_s": r["real_tokens_per_s"], "slot_tok_per_s": r["slot_tokens_per_s"],
+            "useful_mfu": r["useful_mfu"], "dense_mfu": r["dense_mfu"],
+            "nvml_util": r.get("nvml_util") if r.get("system_kind") == "nvml" else None,
+            "peak_alloc_gib": r["peak_alloc_gib"], "peak_reserved_gib": r["peak_reserved_gib"],
+            "fragmentation": r["fragmentation"], "fill": stats.train.fill, "isolation_err": iso,
+            "recompiles": r["recompiles"], "compiles": r["compiles"], "final_loss": r["final_loss"],
+            "step_time_p50_s": r["step_time_p50_s"]}
 
 
 def packtrain_isolation_error(cfg, vocab, backend, device, docs):
@@ -303,33 +154,6 @@ def packtrain_isolation_error(cfg, vocab, backend, device, docs):
     s0, n = len(picked[0]), len(picked[1])
     alone = logits(picked[1], [n], n)
     return float((packed[s0: s0 + n] - alone[:n]).abs().max())
-
-
-def isolation_error(model, batch, device, kind):
-    """Max |logits(doc inside batch) − logits(doc alone)| in bf16 for the first document of row 0 that does
-    not start the row (so an unisolated model sees a preceding document)."""
-    import torch
-
-    model.eval()
-    with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16):
-        ids = batch["input_ids"][:1].to(device)
-        kw = {"input_ids": ids, "use_cache": False}
-        if "position_ids" in batch:
-            kw["position_ids"] = batch["position_ids"][:1].to(device)
-            pos = batch["position_ids"][0]
-            starts = (pos == 0).nonzero().flatten().tolist()
-            s0 = starts[1] if len(starts) > 1 else 0
-            n = (starts[2] if len(starts) > 2 else int(ids.shape[1])) - s0
-        elif kind == "concat":
-            S = int(ids.shape[1])
-            s0, n = S // 2, S // 4  # a window inside the stream: what an unisolated document sees
-        else:
-            kw["attention_mask"] = batch["attention_mask"][:1].to(device)
-            s0, n = 0, int(batch["attention_mask"][0].sum())
-        full = model(**kw).logits[0, s0: s0 + n].float()
-        alone = model(input_ids=ids[:, s0: s0 + n], use_cache=False).logits[0].float()
-    model.train()
-    return float((full - alone).abs().max())
 
 
 def main(argv=None):
@@ -380,18 +204,10 @@ def main(argv=None):
             torch.cuda.reset_peak_memory_stats()
         try:
             if name == "packtrain":
-                res = run_packtrain_variant(args.model, args.vocab, docs, packs, args.rows, args.budget,
-                                            args.steps, args.warmup, device, args.seed, args)
-                row = {"variant": name, "model": args.model, "data": args.data, "isolated": True,
-                       "real_tok_per_s": res["real_tokens"] / res["seconds"],
-                       "slot_tok_per_s": res["slot_tokens"] / res["seconds"],
-                       "useful_mfu": res["useful_mfu"], "dense_mfu": res["dense_mfu"],
-                       "nvml_util": res["nvml_util"], "peak_alloc_gib": res["peak_alloc_gib"],
-                       "peak_reserved_gib": res["peak_reserved_gib"], "fragmentation": res["fragmentation"],
-                       "fill": res["fill"], "isolation_err": res["isolation_err"],
-                       "recompiles": res["recompiles"], "compiles": res["compiles"], "final_loss": res["loss"],
-                       "step_time_p50_s": res["step_time_p50_s"], "steps": args.steps, "rows": args.rows,
-                       "budget": args.budget, "command": command}
+                res = run_packtrain_variant(args.model, args.vocab, docs, args.rows, args.budget, args.steps,
+                                            args.warmup, device, args)
+                row = {"variant": name, "model": args.model, "data": args.data, "isolated": True, **res,
+                       "steps": args.steps, "rows": args.rows, "budget": args.budget, "command": command}
                 rows_out.append(row)
                 print(json.dumps(row), flush=True)
                 continue
@@ -402,7 +218,7 @@ def main(argv=None):
                     batches = batches_concat(docs, args.rows, args.budget, n_steps)
                 else:
                     batches = batches_packed_rows(docs, packs, args.rows, args.budget, n_steps)
-                model = build_hf(args.model, args.vocab, "sdpa", device, args.seed, args.budget * 2)
+                model = build_hf(SIZES[args.model], args.vocab, "sdpa", device, args.seed, args.budget * 2)
                 dt, util, loss = run_hf_variant(name, model, batches, args.steps, args.warmup, device)
                 meas = batches[args.warmup:]
                 real = sum(b["real"] for b in meas)
