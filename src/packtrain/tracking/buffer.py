@@ -38,60 +38,14 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from packtrain.tracking.transport import Blocked, is_transient, short_http
+
 log = logging.getLogger(__name__)
 PENDING = "pending-"
-
-
-class _Blocked(Exception):
-    """The op refers to a run created while the store was down whose real id is not known yet."""
-
-
-def is_transient(err: BaseException) -> bool:
-    """True for 'the store is unreachable' errors (buffer and retry), False for bad requests (raise)."""
-    if isinstance(err, _Blocked):
-        return True
-    seen: set[int] = set()
-    e: BaseException | None = err
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        name = type(e).__name__
-        if isinstance(e, (ConnectionError, TimeoutError)) or name in ("ConnectionError", "Timeout",
-                                                                     "ReadTimeout", "ConnectTimeout",
-                                                                     "MaxRetryError", "NewConnectionError"):
-            return True
-        msg = str(e)
-        if "database is locked" in msg or "failed with exception" in msg and "API request to" in msg:
-            return True
-        status = getattr(e, "get_http_status_code", None)
-        if callable(status):
-            try:
-                code = int(status())
-            except (TypeError, ValueError):
-                code = 0
-            if code >= 500 or code == 429:
-                return True
-        e = e.__cause__ or e.__context__
-    return False
-
-
-@contextlib.contextmanager
-def short_http(uri: str, timeout_s: float | None) -> Iterator[None]:
-    """No MLflow HTTP retries (and a short timeout) for the calls inside; restores the environment."""
-    if not uri.startswith(("http://", "https://")):
-        yield
-        return
-    new = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0"}
-    if timeout_s is not None:
-        new["MLFLOW_HTTP_REQUEST_TIMEOUT"] = str(int(max(1, timeout_s)))
-    from packtrain.paths import patched_env
-
-    with patched_env(**new):
-        yield
 
 
 @dataclass
@@ -251,7 +205,7 @@ class BufferedClient:
             res = self._replay_fh(self._fh)
             self._backlog = res.left
             if res.left:
-                raise _Blocked(f"{res.left} buffered ops still pending")
+                raise Blocked(f"{res.left} buffered ops still pending")
         if not self._scanned_orphans:
             self._scanned_orphans = True
             res = replay_dir(self.buffer_dir, client=self)
@@ -296,7 +250,7 @@ class BufferedClient:
     def _run_id(self, op: dict) -> str:
         rid = self.resolve(op["run_id"])
         if rid.startswith(PENDING):
-            raise _Blocked(f"run {rid} was created while the store was down and is not replayed yet")
+            raise Blocked(f"run {rid} was created while the store was down and is not replayed yet")
         return rid
 
     def _experiment_id(self, name: str) -> str:

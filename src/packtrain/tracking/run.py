@@ -29,8 +29,9 @@ from pathlib import Path
 from typing import Any
 
 from packtrain.config import RunConfig, flatten
-from packtrain.tracking.buffer import PENDING, BufferedClient, short_http
+from packtrain.tracking.buffer import PENDING, BufferedClient
 from packtrain.tracking.context import base_tags, git_sha, is_rank_zero  # noqa: F401 (git_sha re-exported)
+from packtrain.tracking.transport import short_http
 
 log = logging.getLogger(__name__)
 PARENT_ENV = "PACKTRAIN_PARENT_RUN_ID"
