@@ -79,6 +79,11 @@ def test_run_writes_result_log_model_and_mlflow_metrics(data, straight):
     assert [m.step for m in hist] == list(range(1, 21))
     assert [m.value for m in hist] == pytest.approx(result["loss_curve"], rel=1e-12)
     assert {"real_tokens_per_s", "useful_mfu", "step_time_s", "lr", "grad_norm"} <= set(run.data.metrics)
+    # the sampler's records as time series (CPU here: process utilization and RSS), x = ms since start
+    telemetry = json.loads((straight / "telemetry.json").read_text())
+    util = client.get_metric_history(run.info.run_id, "system.utilization_pct")
+    assert len(util) == len(telemetry["samples"]) > 0
+    assert [m.value for m in sorted(util, key=lambda m: m.step)] == [r["util"] for r in telemetry["samples"]]
 
 
 def test_saved_model_loads_with_plain_transformers(straight):

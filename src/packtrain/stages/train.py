@@ -88,13 +88,8 @@ def run_train(cfg: RunConfig, packs_dir: str | Path, tokens_dir: str | Path, out
 
 def log_system_series(run, report) -> None:
     """The sampler's utilization / memory / fragmentation samples as MLflow time series (system.*)."""
-    import json
-
     from packtrain.telemetry.report import system_series
 
-    path = next((f for f in report.files if str(f).endswith("telemetry.json")), None)
-    if path is None:
-        return
-    for step, metrics in system_series(json.loads(Path(path).read_text()).get("samples", [])):
+    for step, metrics in system_series(report.samples):
         run.log_step(metrics, step)
     run.flush()

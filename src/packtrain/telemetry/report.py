@@ -28,6 +28,7 @@ class TelemetryReport:
     summary: dict[str, Any]
     violations: list[str]
     files: list[Path] = field(default_factory=list)
+    samples: list[dict] = field(default_factory=list)   # the sampler's records (also in telemetry.json)
 
 
 def build_report(out_dir: str | Path, cfg: TelemetryConfig, meter=None, sampler=None,
@@ -65,7 +66,7 @@ def build_report(out_dir: str | Path, cfg: TelemetryConfig, meter=None, sampler=
         files.append(P.plot_system(samples, out_dir / "system.png"))
     if plots and records:
         files.append(P.plot_throughput(records, out_dir / "throughput.png"))
-    return TelemetryReport(summary, violations, files)
+    return TelemetryReport(summary, violations, files, samples)
 
 
 SERIES_KEYS = {"util": "system.utilization_pct", "mem_used_gib": "system.memory_used_gib",
