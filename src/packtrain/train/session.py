@@ -40,6 +40,7 @@ class TrainSession:
         import torch
 
         self.sampler, self.compile_counter, self._threads_before = None, None, torch.get_num_threads()
+        self._batches = None   # the loop's batch iterator (a Prefetcher on CUDA), set by batches()
         try:
             self._setup(model_cfg, train_cfg, telemetry_cfg, packs_dir, tokenizer_dir, out_dir, tracker, plan_cfg)
         except BaseException:
@@ -121,10 +122,7 @@ class TrainSession:
         """Stop the sampler thread and the compile counter, restore torch's thread count (idempotent)."""
         import torch
 
-        if getattr(self, "_batches", None) is not None and hasattr(self._batches, "close"):
-            self._batches.close()
-        if self.sampler is not None:
-            self.sampler.stop()
+        self.end_steady_state()
         if self.compile_counter is not None:
             self.compile_counter.stop()
         torch.set_num_threads(self._threads_before)
@@ -138,7 +136,7 @@ class TrainSession:
         self.meter = ThroughputMeter(self.tel_cfg.warmup_steps)
         prec = self.cfg.precision if self.device.type == "cuda" else "fp32"
         self.peak = peak_flops(device_name(self.device), prec, self.tel_cfg.peak_tflops)
-        self.sampler, self.steady_since = None, 0.0
+        self.sampler, self.steady_since, self.steady_until = None, 0.0, None
         if self.dist.is_main:
             gpus = list(range(self.dist.local_world_size)) if self.device.type == "cuda" else None   # this node
             try:
@@ -234,12 +232,12 @@ class TrainSession:
 
     def loader_state(self) -> dict:
         """Loader position after the last batch the loop consumed (not the prefetch thread's position)."""
-        b = getattr(self, "_batches", None)
+        b = self._batches
         return b.state_dict() if hasattr(b, "state_dict") else self.loader.state_dict()
 
     def end_steady_state(self) -> None:
         """Training steps are over: stop sampling so saving the model does not count as idle GPU time."""
-        if getattr(self, "_batches", None) is not None and hasattr(self._batches, "close"):
+        if hasattr(self._batches, "close"):
             self._batches.close()
         if self.sampler is not None:
             self.sampler.stop()
@@ -298,7 +296,7 @@ class TrainSession:
         from packtrain.telemetry.memory import cuda_memory_stats
 
         memory = cuda_memory_stats(self.device if self.device.type == "cuda" else None)
-        system = self.sampler.stop().summary(self.steady_since, getattr(self, "steady_until", None)) if self.sampler else {}
+        system = self.sampler.stop().summary(self.steady_since, self.steady_until) if self.sampler else {}
         if not self.dist.is_main:
             return None, memory, system
         from packtrain.telemetry.report import build_report
@@ -306,5 +304,5 @@ class TrainSession:
         plots = bool(getattr(self.tracker, "enabled", False))   # PNGs are for the MLflow run
         report = build_report(self.out_dir, self.tel_cfg, meter=self.meter, sampler=self.sampler, memory=memory,
                               extra={"peak_tflops": self.peak / 1e12}, since_t=self.steady_since, plots=plots,
-                              until_t=getattr(self, "steady_until", None))
+                              until_t=self.steady_until)
         return report, memory, system
