@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: everything the GPU issues need, each part bounded, logs + JSON under $OUT.
-#   bash bench/gpu_session.sh PART...   parts: env bench350 bench1b tests smoke calib telemetry
+#   bash bench/gpu_session.sh PART...   parts: env bench350 bench350c bench1b benchf tests smoke memhead isotests telemetry calib scale
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export TQDM_DISABLE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false PYTHONPATH=$PWD/src
@@ -34,6 +34,9 @@ for part in "$@"; do
         --set tracking.buffer_dir=/tmp/tw/mlbuf 2>&1 | grep -v Warning | tail -5
       tar czf $OUT/telemetry_350m.tgz -C /tmp/tw mlbuf train/telemetry.json train/train_result.json \
         $(cd /tmp/tw && ls train/*.png 2>/dev/null);;
+    scale) timeout ${SCALE_TIMEOUT:-540} python3 bench/scaling.py $OUT/scaling_${SCALE_NAME:-1b_h200x2}.json --gpus ${GPUS:-2} \
+             --configs ${CONFIGS:-zero2,zero3} --steps ${SCALE_STEPS:-20} --warmup 6 --timeout ${RUN_TIMEOUT:-200} 2>&1 \
+             | grep -v Warning | tee $OUT/scaling.log | tail -30;;
     calib) timeout 130 python3 bench/memory_calibration.py $OUT/memory_plan_calibration.json --max-seconds 250 2>&1 | tail -20;;
     *) echo "unknown part $part";;
   esac

@@ -193,6 +193,8 @@ def test_two_processes_match_one_with_the_same_global_batch(data, straight, tmp_
     # steps 1-3 see only warmup learning rates (warmup 2), identical in both runs
     assert result["loss_curve"] == pytest.approx(_losses(straight)[:3], rel=1e-5)
     assert result["slot_tokens"] == 3 * 2 * 2 * 128
+    per_rank = result["memory"]["per_rank"]   # both ranks report, not only rank 0
+    assert [r["rank"] for r in per_rank] == [0, 1] and all(r["real_tokens_per_s"] > 0 for r in per_rank)
 
     import mlflow
 

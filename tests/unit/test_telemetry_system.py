@@ -59,6 +59,25 @@ def test_sampler_forced_cpu_backend_does_not_warn(caplog, monkeypatch):
         sampler.SystemSampler(0)
 
 
+def test_summary_has_one_line_per_gpu_when_several_are_sampled():
+    """Data-parallel runs sample every GPU of the node; the summary keeps each GPU's own utilization and memory
+    next to the mean, so one lagging GPU is visible."""
+    s = sampler.SystemSampler(interval_s=0.5, backend="cpu")
+
+    def rec(t, u0, u1):
+        gpus = [{"index": i, "util": u, "mem_used_gib": 30.0 + i} for i, u in enumerate((u0, u1))]
+        return {"t": t, "util": (u0 + u1) / 2, "mem_used_gib": 61.0, "gpus": gpus}
+
+    s.samples = [rec(1.0, 98, 60), rec(2.0, 100, 62), rec(3.0, 96, 64)]
+    summ = s.summary()
+    assert summ["utilization"] == pytest.approx(0.80)   # median of the per-sample means
+    assert summ["per_gpu"] == [{"index": 0, "utilization": pytest.approx(0.98), "mem_used_max_gib": 30.0},
+                               {"index": 1, "utilization": pytest.approx(0.62), "mem_used_max_gib": 31.0}]
+    s.samples = [{"t": 1.0, "util": 90.0, "mem_used_gib": 1.0, "gpus": [{"index": 0, "util": 90.0,
+                                                                         "mem_used_gib": 1.0}]}]
+    assert "per_gpu" not in s.summary()   # one GPU: the summary is already that GPU's
+
+
 def test_cuda_memory_stats_on_cpu_are_zeros():
     stats = memory.cuda_memory_stats()
     assert stats["peak_alloc_gib"] == 0.0 and stats["peak_reserved_gib"] == 0.0

@@ -249,7 +249,8 @@ class SystemSampler:
 
         {"kind": "nvml", "n_samples": 60, "utilization": 0.97 (median), "utilization_mean": 0.95,
          "utilization_min": 0.41, "mem_used_max_gib": 61.2, "power_mean_w": 600.0, "sm_clock_mean_mhz": 1980,
-         "fragmentation_max": 0.09 (when CUDA memory was sampled)}
+         "fragmentation_max": 0.09 (when CUDA memory was sampled),
+         "per_gpu": [{"index": 0, "utilization": 0.98, "mem_used_max_gib": 30.1}, ...] (when > 1 GPU)}
         """
         with self._lock:
             end = float("inf") if until_t is None else until_t
@@ -264,6 +265,12 @@ class SystemSampler:
         if self.kind == "nvml":
             out["power_mean_w"] = statistics.fmean(r["power_w"] for r in recs)
             out["sm_clock_mean_mhz"] = statistics.fmean(r["sm_clock_mhz"] for r in recs)
+        if len(recs[0].get("gpus", ())) > 1:   # several GPUs: each one's own line, so a lagging GPU shows
+            out["per_gpu"] = [
+                {"index": g0["index"],
+                 "utilization": statistics.median(r["gpus"][i]["util"] / 100.0 for r in recs),
+                 "mem_used_max_gib": max(r["gpus"][i]["mem_used_gib"] for r in recs)}
+                for i, g0 in enumerate(recs[0]["gpus"])]
         frag = [r["fragmentation"] for r in recs if "fragmentation" in r]
         if frag:
             out["fragmentation_max"] = max(frag)

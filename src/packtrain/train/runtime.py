@@ -84,6 +84,19 @@ def global_sum(x: float | int, d: DistInfo, device) -> float:
     return t.item()
 
 
+def gather_floats(values: list[float], d: DistInfo, device) -> list[list[float]]:
+    """Every rank's `values` (same length on all ranks), in rank order; [values] on one process."""
+    if d.world_size <= 1:
+        return [list(values)]
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor([float(v) for v in values], dtype=torch.float64, device=device)
+    out = [torch.empty_like(t) for _ in range(d.world_size)]
+    dist.all_gather(out, t)
+    return [o.tolist() for o in out]
+
+
 def barrier(d: DistInfo) -> None:
     if d.world_size > 1:
         import torch.distributed as dist

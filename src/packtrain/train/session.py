@@ -27,6 +27,7 @@ from packtrain.train.runtime import (
     barrier,
     choose_shape,
     dist_info,
+    gather_floats,
     global_sum,
     init_distributed,
     oom_error,
@@ -296,6 +297,13 @@ class TrainSession:
         from packtrain.telemetry.memory import cuda_memory_stats
 
         memory = cuda_memory_stats(self.device if self.device.type == "cuda" else None)
+        if self.dist.world_size > 1:   # every rank's peak and throughput, not just rank 0's (all ranks call this)
+            tok_s = self.meter.summary().get("real_tokens_per_s") or 0.0
+            per = gather_floats([memory["peak_alloc_gib"], memory["peak_reserved_gib"], tok_s], self.dist,
+                                self.device)
+            memory["per_rank"] = [{"rank": r, "peak_alloc_gib": a, "peak_reserved_gib": b, "real_tokens_per_s": v}
+                                  for r, (a, b, v) in enumerate(per)]
+            memory["max_peak_alloc_gib"] = max(a for a, _, _ in per)
         system = self.sampler.stop().summary(self.steady_since, self.steady_until) if self.sampler else {}
         if not self.dist.is_main:
             return None, memory, system

@@ -1,0 +1,183 @@
+"""Data-parallel scaling on one node: `packtrain train --gpus N` against the same run on one GPU.
+
+    python bench/scaling.py bench/results/scaling_1b_h200x2.json [--gpus 2] [--configs zero2,zero3,ddp]
+        [--recipe 1b-h200] [--steps 24] [--rows 8] [--global-accum 4] [--docs 6000] [--timeout 300]
+
+For each config (zero2 / zero3: `train.engine=deepspeed`, compile off; ddp: `train.engine=torch`, the recipe's
+compile), two runs of the recipe through the real CLI — one GPU with grad_accum = G, N GPUs with G / N each —
+so both see the same global batch (rows × budget × G tokens, the same packs per optimizer step: the loader
+gives rank r the packs order[(s·N + r)·rows …], the 1-GPU run walks the same order micro-batch by micro-batch).
+MLflow points at a dead server, so each run buffers its tracking locally; the buffer shows how many runs
+were opened (only rank 0 opens one).
+
+Per config the JSON holds both runs (tokens/s per GPU from every rank, peak allocated memory per rank, the
+planner's prediction for 1 and N GPUs, NVML utilization per GPU, loss curves) and the comparison:
+  scaling_efficiency = mean per-GPU real tokens/s at N GPUs / real tokens/s at 1 GPU   (target ≥ 0.90)
+  loss_max_rel_diff  = max over steps |loss_N − loss_1| / loss_1                      (bf16: ≤ 1e-2)
+  memory: measured vs predicted peak per GPU at 1 and N GPUs, and the fall between them.
+Exit 1 when a run failed. Needs CUDA and ≥ N GPUs, deepspeed for the zero configs, mlflow(-skinny).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO / "src") not in sys.path:
+    sys.path.insert(0, str(REPO / "src"))
+
+GIB = 1024**3
+EFFICIENCY_TARGET = 0.90
+LOSS_REL_TOL = 1e-2
+CONFIGS = {
+    "zero2": ["train.engine=deepspeed", "train.deepspeed.zero_stage=2", "train.compile=false"],
+    "zero3": ["train.engine=deepspeed", "train.deepspeed.zero_stage=3", "train.compile=false"],
+    "ddp": ["train.engine=torch"],
+}
+
+
+def predicted_peak_gib(recipe: str, overrides: list[str], gpus: int, vocab_size: int) -> dict:
+    """The memory planner's per-GPU peak (allocated) for this run on `gpus` GPUs."""
+    from packtrain.config import load_run_config
+    from packtrain.planner.plan import plan_memory
+
+    cfg = load_run_config(recipe, overrides)
+    plan_cfg = cfg.plan.model_copy(update={"gpus": gpus})
+    p = plan_memory(cfg.model, cfg.train, cfg.pack.budget, plan_cfg, vocab_size=vocab_size, suggest=False)
+    return {"peak_alloc_gib": round(p.peak_allocated / GIB, 3), "peak_phase": p.peak_phase,
+            "components_gib": {k: round(v / GIB, 3) for k, v in p.components.items()}}
+
+
+def run_one(name: str, gpus: int, a, data: Path, work: Path) -> dict:
+    ga = a.global_accum // gpus
+    out, buf = work / f"{name}-{gpus}gpu", work / f"{name}-{gpus}gpu-mlbuf"
+    overrides = CONFIGS[name] + [
+        f"train.rows={a.rows}", f"train.grad_accum={ga}", f"train.max_steps={a.steps}",
+        f"telemetry.warmup_steps={a.warmup}", "train.checkpoint.every_steps=0", f"workdir={work}",
+        f"tracking.buffer_dir={buf}", "tracking.retry_after_s=3600"]
+    cmd = [sys.executable, "-m", "packtrain.cli", "train", "--recipe", a.recipe, "--gpus", str(gpus),
+           "--packs", str(data / "pack"), "--tokens", str(data / "tokenize"), "--out", str(out)]
+    for o in overrides:
+        cmd += ["--set", o]
+    env = {**os.environ, "MLFLOW_TRACKING_URI": "http://127.0.0.1:9", "TQDM_DISABLE": "1"}
+    row: dict = {"config": name, "gpus": gpus, "grad_accum_per_gpu": ga, "overrides": overrides,
+                 "command": " ".join(cmd[1:])}
+    t0 = time.perf_counter()
+    try:
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=a.timeout)
+    except subprocess.TimeoutExpired:
+        return {**row, "error": f"timed out after {a.timeout} s"}
+    row["wall_s"] = round(time.perf_counter() - t0, 1)
+    if proc.returncode != 0 or not (out / "train_result.json").exists():
+        return {**row, "error": f"exit {proc.returncode}", "stderr_tail": proc.stderr[-4000:]}
+    r = json.loads((out / "train_result.json").read_text())
+    mem, tp, sysm = r["memory"], r.get("throughput") or {}, r.get("system") or {}
+    per_rank = mem.get("per_rank") or [{"rank": 0, "peak_alloc_gib": mem["peak_alloc_gib"],
+                                        "peak_reserved_gib": mem["peak_reserved_gib"],
+                                        "real_tokens_per_s": tp.get("real_tokens_per_s", 0.0)}]
+    row.update(
+        steps=r["steps"], tokens=r["tokens"], loss_curve=r["loss_curve"], final_loss=r["final_loss"],
+        real_tokens_per_s_per_gpu=sum(x["real_tokens_per_s"] for x in per_rank) / len(per_rank),
+        real_tokens_per_s_total=sum(x["real_tokens_per_s"] for x in per_rank),
+        useful_mfu_rank0=tp.get("useful_mfu"), step_time_p50_s=tp.get("step_time_p50_s"),
+        peak_alloc_gib_max=max(x["peak_alloc_gib"] for x in per_rank), per_rank=per_rank,
+        nvml_utilization=sysm.get("utilization"), nvml_per_gpu=sysm.get("per_gpu"),
+        recompiles=r.get("recompiles"), timings=r.get("timings"), setup=r.get("setup"),
+        predicted=predicted_peak_gib(a.recipe, overrides, gpus, a.vocab_size),
+        mlflow_runs_opened=len(list(buf.glob("*.jsonl"))) if buf.is_dir() else 0,   # one file per opened run
+        mlflow_buffer=sorted(p.name for p in buf.iterdir()) if buf.is_dir() else [],
+    )
+    row["memory_error"] = round(row["peak_alloc_gib_max"] / row["predicted"]["peak_alloc_gib"] - 1, 4)
+    return row
+
+
+def compare(one: dict, many: dict) -> dict:
+    eff = many["real_tokens_per_s_per_gpu"] / one["real_tokens_per_s"] if one.get("real_tokens_per_s") else None
+    l1, ln = one["loss_curve"], many["loss_curve"]
+    rel = max(abs(a - b) / abs(a) for a, b in zip(l1, ln)) if l1 and len(l1) == len(ln) else None
+    m1, mn = one["peak_alloc_gib_max"], many["peak_alloc_gib_max"]
+    p1, pn = one["predicted"]["peak_alloc_gib"], many["predicted"]["peak_alloc_gib"]
+    return {"scaling_efficiency": eff, "efficiency_ok": eff is not None and eff >= EFFICIENCY_TARGET,
+            "loss_max_rel_diff": rel, "loss_ok": rel is not None and rel <= LOSS_REL_TOL,
+            "memory_measured_gib": [m1, mn], "memory_predicted_gib": [p1, pn],
+            "memory_fall_measured_gib": round(m1 - mn, 3), "memory_fall_predicted_gib": round(p1 - pn, 3),
+            "memory_ok": abs(mn / pn - 1) <= 0.10 and abs(m1 / p1 - 1) <= 0.10}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("out", help="JSON path for the results")
+    p.add_argument("--recipe", default="1b-h200")
+    p.add_argument("--gpus", type=int, default=2)
+    p.add_argument("--configs", default="zero2,zero3")
+    p.add_argument("--steps", type=int, default=24)
+    p.add_argument("--warmup", type=int, default=8, help="telemetry warmup steps (excluded from tokens/s)")
+    p.add_argument("--rows", type=int, default=8)
+    p.add_argument("--global-accum", type=int, default=4, help="micro-batches per optimizer step over all GPUs")
+    p.add_argument("--docs", type=int, default=6000)
+    p.add_argument("--timeout", type=int, default=300, help="seconds per run")
+    a = p.parse_args(argv)
+    names = [c for c in a.configs.split(",") if c]
+    bad = [c for c in names if c not in CONFIGS]
+    if bad or a.global_accum % a.gpus:
+        p.error(f"--configs {bad} not in {sorted(CONFIGS)}" if bad else
+                f"--global-accum {a.global_accum} must be a multiple of --gpus {a.gpus}")
+
+    import torch
+
+    from packtrain.config import load_run_config
+    from packtrain.train.smoke import cuda_environment
+    from packtrain.train.synthetic import make_synthetic_inputs
+
+    if torch.cuda.device_count() < a.gpus:
+        print(f"error: {torch.cuda.device_count()} CUDA devices < --gpus {a.gpus}", file=sys.stderr)
+        return 2
+    cfg = load_run_config(a.recipe)
+    a.vocab_size = cfg.tokenize.vocab_size
+    work = Path(tempfile.mkdtemp(prefix="packtrain-scaling-"))
+    print(f"synthetic data → {work}", file=sys.stderr, flush=True)
+    make_synthetic_inputs(work / "data", n_docs=a.docs, vocab_size=a.vocab_size, budget=cfg.pack.budget)
+    report: dict = {"recipe": a.recipe, "gpus": a.gpus, "environment": cuda_environment(),
+                    "command": "python bench/scaling.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+                    "global_batch_tokens": a.rows * cfg.pack.budget * a.global_accum, "configs": {}}
+    failed = False
+    for name in names:
+        entry: dict = {}
+        for g in (1, a.gpus):
+            print(f"→ {name} on {g} GPU", file=sys.stderr, flush=True)
+            row = run_one(name, g, a, work / "data", work)
+            if g == 1 and "error" not in row:
+                row["real_tokens_per_s"] = row["real_tokens_per_s_per_gpu"]
+            entry["1gpu" if g == 1 else f"{g}gpu"] = row
+            failed |= "error" in row
+            print(json.dumps({k: v for k, v in row.items() if k not in ("loss_curve", "overrides", "command")}),
+                  file=sys.stderr, flush=True)
+        one, many = entry.get("1gpu", {}), entry.get(f"{a.gpus}gpu", {})
+        if "error" not in one and "error" not in many and one and many:
+            entry["comparison"] = compare(one, many)
+        report["configs"][name] = entry
+        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.out).write_text(json.dumps(report, indent=2) + "\n")   # partial results survive a crash
+    print(f"| config | tok/s 1 GPU | tok/s/GPU at {a.gpus} | efficiency | peak GiB 1→{a.gpus} (planned) "
+          "| max loss rel diff |")
+    print("|---|---|---|---|---|---|")
+    for name, e in report["configs"].items():
+        c = e.get("comparison")
+        if not c:
+            print(f"| {name} | failed: {e.get('1gpu', {}).get('error')} / {e.get(f'{a.gpus}gpu', {}).get('error')} |")
+            continue
+        print(f"| {name} | {e['1gpu']['real_tokens_per_s']:,.0f} | {e[f'{a.gpus}gpu']['real_tokens_per_s_per_gpu']:,.0f}"
+              f" | {c['scaling_efficiency']:.3f} | {c['memory_measured_gib'][0]:.1f}→{c['memory_measured_gib'][1]:.1f}"
+              f" ({c['memory_predicted_gib'][0]:.1f}→{c['memory_predicted_gib'][1]:.1f}) | {c['loss_max_rel_diff']:.2e} |")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
