@@ -101,7 +101,7 @@ def run_one(name: str, gpus: int, a, data: Path, work: Path) -> dict:
 def compare(one: dict, many: dict) -> dict:
     eff = many["real_tokens_per_s_per_gpu"] / one["real_tokens_per_s"] if one.get("real_tokens_per_s") else None
     l1, ln = one["loss_curve"], many["loss_curve"]
-    rel = max(abs(a - b) / abs(a) for a, b in zip(l1, ln)) if l1 and len(l1) == len(ln) else None
+    rel = max(abs(a - b) / abs(a) for a, b in zip(l1, ln, strict=True)) if l1 and len(l1) == len(ln) else None
     m1, mn = one["peak_alloc_gib_max"], many["peak_alloc_gib_max"]
     p1, pn = one["predicted"]["peak_alloc_gib"], many["predicted"]["peak_alloc_gib"]
     return {"scaling_efficiency": eff, "efficiency_ok": eff is not None and eff >= EFFICIENCY_TARGET,
