@@ -56,15 +56,17 @@ def _child(spec: dict, timeout: int) -> dict:
     """Run one spec in a fresh interpreter; its JSON result comes back through a file."""
     with tempfile.NamedTemporaryFile("r", suffix=".json", delete=False) as f:
         result_path = f.name
-    cmd = [sys.executable, __file__, "--run-one", json.dumps(spec), "--result", result_path]
+    cmd = [sys.executable, __file__, "--run-one", json.dumps(spec), "--result", result_path,
+           "--stack-after", str(max(10, timeout - 15))]
     try:
         proc = subprocess.run(cmd, timeout=timeout, capture_output=True, text=True)
         text = Path(result_path).read_text() if Path(result_path).stat().st_size else ""
         if proc.returncode == 0 and text:
             return json.loads(text)
         return {**spec, "error": f"exit {proc.returncode}", "stderr_tail": proc.stderr[-4000:]}
-    except subprocess.TimeoutExpired:
-        return {**spec, "error": f"timed out after {timeout} s"}
+    except subprocess.TimeoutExpired as e:   # the child dumped its stacks shortly before: keep them
+        err = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
+        return {**spec, "error": f"timed out after {timeout} s", "stderr_tail": err[-6000:]}
     finally:
         Path(result_path).unlink(missing_ok=True)
 
@@ -82,8 +84,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=int, default=900, help="seconds per run")
     p.add_argument("--run-one", help=argparse.SUPPRESS)
     p.add_argument("--result", help=argparse.SUPPRESS)
+    p.add_argument("--stack-after", type=float, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.run_one:
+        if a.stack_after:   # a run about to time out prints where it is stuck (compile? a kernel?)
+            import faulthandler
+
+            faulthandler.dump_traceback_later(a.stack_after, exit=False)
         result = _run_one(json.loads(a.run_one))
         Path(a.result).write_text(json.dumps(result))
         return 0
