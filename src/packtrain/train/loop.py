@@ -75,9 +75,10 @@ def train(model_cfg, train_cfg, pack_cfg, telemetry_cfg, packs_dir, tokenizer_di
         bar = tqdm(total=train_cfg.max_steps, initial=start, desc="train", unit="step", file=sys.stderr,
                    disable=not s.dist.is_main, dynamic_ncols=True)
         t_loop = time.perf_counter()
-        # One step behind on one CUDA GPU without a loss scaler: the host reads step t's loss/grad norm only
-        # after it has queued step t+1, so the GPU never idles on a per-step `.item()` (NVML util 94% → 99%).
-        deferred = s.device.type == "cuda" and world == 1 and s.stepper_is_async()
+        # One step behind on CUDA without a loss scaler: the host reads step t's loss/grad norm only after it
+        # has queued step t+1, so the GPU never idles on a per-step `.item()` (NVML util 94% → 99%). Over
+        # several GPUs the sums over ranks are host all-reduces (gloo), which do not drain the GPU either.
+        deferred = s.device.type == "cuda" and s.stepper_is_async()
         pending = None
         for step in range(start + 1, train_cfg.max_steps + 1):
             t0 = time.perf_counter()

@@ -1,7 +1,7 @@
 """Small builders the loop stands on: ranks and devices, the micro-batch shape, the torch optimizer step, OOM.
 
     dist_info()                 rank / local_rank / world_size from torchrun or the DeepSpeed launcher env
-    init_distributed(d, dev)    NCCL (CUDA) or gloo (CPU) process group when world_size > 1
+    init_distributed(d, dev)    NCCL (CUDA) or gloo (CPU) process group when world_size > 1 (+ a gloo host group)
     resolve_device(cfg, d)      cuda:LOCAL_RANK, or cpu
     choose_shape(...)           rows per micro-batch + grad accumulation for train.budget None | int | 'auto'
     TorchStepper                backward per micro-batch (DDP no_sync until the last), clip, step, GradScaler
@@ -63,24 +63,34 @@ def resolve_device(device: str, d: DistInfo):
     return torch.device("cpu")
 
 
+_HOST_GROUP = None
+"""A gloo process group for host numbers on CUDA runs (None: the default group, gloo on CPU)."""
+
+
 def init_distributed(d: DistInfo, device) -> None:
+    """NCCL (CUDA) or gloo (CPU) default group; on CUDA also a gloo group for the loop's host numbers, so summing
+    a label count or a loss over ranks never waits for the GPU's queue to drain (an NCCL all-reduce + .item()
+    would: 2 full syncs per step cost DDP ~5% of its step time on 2 H200s)."""
+    global _HOST_GROUP
     if d.world_size <= 1:
         return
     import torch.distributed as dist
 
     if not dist.is_initialized():
         dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+    if device.type == "cuda" and _HOST_GROUP is None:
+        _HOST_GROUP = dist.new_group(backend="gloo")
 
 
-def global_sum(x: float | int, d: DistInfo, device) -> float:
-    """Σ over ranks of a Python number (the window's label tokens, its loss sum)."""
+def global_sum(x: float | int, d: DistInfo, device=None) -> float:
+    """Σ over ranks of a Python number (the window's label tokens, its loss sum), all-reduced on the host."""
     if d.world_size <= 1:
         return x
     import torch
     import torch.distributed as dist
 
-    t = torch.tensor([float(x)], dtype=torch.float64, device=device)
-    dist.all_reduce(t)
+    t = torch.tensor([float(x)], dtype=torch.float64)
+    dist.all_reduce(t, group=_HOST_GROUP)
     return t.item()
 
 
@@ -91,9 +101,9 @@ def gather_floats(values: list[float], d: DistInfo, device) -> list[list[float]]
     import torch
     import torch.distributed as dist
 
-    t = torch.tensor([float(v) for v in values], dtype=torch.float64, device=device)
+    t = torch.tensor([float(v) for v in values], dtype=torch.float64)
     out = [torch.empty_like(t) for _ in range(d.world_size)]
-    dist.all_gather(out, t)
+    dist.all_gather(out, t, group=_HOST_GROUP)
     return [o.tolist() for o in out]
 
 
@@ -163,7 +173,9 @@ class TorchStepper:
         if d.world_size > 1:
             from torch.nn.parallel import DistributedDataParallel as DDP
 
-            module = DDP(module, device_ids=[device.index] if device.type == "cuda" else None)
+            # gradients live in the all-reduce buckets (no copy in, no second gradient-sized buffer)
+            module = DDP(module, device_ids=[device.index] if device.type == "cuda" else None,
+                         gradient_as_bucket_view=True)
         self.module, self.ddp = module, d.world_size > 1
         self._params = [p for p in self.lm.parameters() if p.requires_grad]
 
