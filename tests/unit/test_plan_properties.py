@@ -89,7 +89,7 @@ def test_higher_zero_stage_less_state_per_gpu(shape, gpus, fused):
 @settings(max_examples=40, deadline=None)
 @given(configs, st.integers(128, 4096))
 def test_zero3_offload_plan_below_zero2_for_large_models(c, budget):
-    """Whole plan per GPU on 8 GPUs for models ≥ 1B-ish parameters: ZeRO-3 + offload < ZeRO-2 < ZeRO-1."""
+    """Whole plan per GPU on 8 GPUs for models ≥ 1B-ish parameters: ZeRO-3 + offload < ZeRO-2 ≤ ZeRO-1."""
     c = {**c, "engine": "deepspeed", "hidden": 2048, "layers": max(c["layers"], 16), "ffn": 3}
     plan_cfg = BASE.plan.model_copy(update={"gpus": 8})
 
@@ -97,4 +97,6 @@ def test_zero3_offload_plan_below_zero2_for_large_models(c, budget):
         model, train = _cfgs(c, zero=zero, offload=offload)
         return plan_memory(model, train, budget, plan_cfg, 80, vocab_size=c["vocab"], suggest=False).peak_allocated
 
-    assert peak(3, offload=True) < peak(2) < peak(1)
+    # ZeRO-2 differs from ZeRO-1 only in partitioned gradients, which do not exist yet when the peak is the loss
+    # backward of an activation-heavy step (found by hypothesis: 16 × 2334 tokens, standard loss): ≤ there.
+    assert peak(3, offload=True) < peak(2) <= peak(1)

@@ -198,6 +198,9 @@ def plan_memory(model_cfg: ModelConfig, train_cfg: TrainConfig, budget: int, pla
     a_tok = mem.layer_activation_bytes_per_token(shape, prec, backend)
     quad = mem.attention_quadratic_bytes(shape, prec, backend, rows, budget)
     layer_bytes = a_tok * n_tok
+    compiled = train_cfg.compile and device == "cuda"
+    if compiled:   # inductor fuses the elementwise chains and saves fewer, smaller tensors for backward
+        layer_bytes = int(layer_bytes * mem.COMPILED_LAYER_ACTIVATION_FACTOR)
     ck_bytes = prec.residual_bytes * shape.hidden * n_tok
     head_tok, shared_tok = mem.head_activation_bytes_per_token(shape, prec, chunk is not None)
     head_bytes = head_tok * n_tok
@@ -254,6 +257,7 @@ def plan_memory(model_cfg: ModelConfig, train_cfg: TrainConfig, budget: int, pla
         "gradients": st.notes.get("grads", ""), "optimizer_states": st.notes.get("optimizer", ""),
         "optimizer_workspace": st.notes.get("step_workspace", ""), "zero_buffers": st.notes.get("zero_buffers", ""),
         "activations": f"{shape.layers - n_ck} layers × {layer_bytes / GIB:.3f} GiB"
+                       + (" (compiled)" if compiled else "")
                        + (f" + {n_ck} checkpointed × {ck_bytes / GIB:.3f}" if n_ck else "") + " + head",
         "attention_workspace": {"sdpa": "packed-row mask → per-layer additive bias (b·s²)",
                                 "eager": "softmax probabilities (b·a·s²)"}.get(backend, ""),
