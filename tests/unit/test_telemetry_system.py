@@ -78,6 +78,19 @@ def test_summary_has_one_line_per_gpu_when_several_are_sampled():
     assert "per_gpu" not in s.summary()   # one GPU: the summary is already that GPU's
 
 
+def test_system_series_has_per_gpu_lines_for_several_gpus():
+    from packtrain.telemetry.report import system_series
+
+    two = {"t": 0.25, "util": 80.0, "mem_used_gib": 61.0,
+           "gpus": [{"index": 0, "util": 98.0, "mem_used_gib": 30.0}, {"index": 1, "util": 62.0, "mem_used_gib": 31.0}]}
+    [(step, m)] = system_series([two])
+    assert step == 250 and m["system.utilization_pct"] == 80.0
+    assert (m["system.gpu0.utilization_pct"], m["system.gpu1.utilization_pct"]) == (98.0, 62.0)
+    assert m["system.gpu1.memory_used_gib"] == 31.0
+    one = {**two, "gpus": two["gpus"][:1]}
+    assert not [k for k in system_series([one])[0][1] if k.startswith("system.gpu")]
+
+
 def test_cuda_memory_stats_on_cpu_are_zeros():
     stats = memory.cuda_memory_stats()
     assert stats["peak_alloc_gib"] == 0.0 and stats["peak_reserved_gib"] == 0.0

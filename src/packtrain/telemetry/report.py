@@ -78,7 +78,8 @@ SERIES_KEYS = {"util": "system.utilization_pct", "mem_used_gib": "system.memory_
 def system_series(samples: list[dict]) -> list[tuple[int, dict]]:
     """Sampler records → (step, metrics) rows for MLflow time series, step = milliseconds since the sampler
     started (so the x axis is time): NVML utilization %, memory used, fragmentation (1 − alloc/reserved),
-    power, SM clock — or the CPU fallback's utilization and RSS.
+    power, SM clock — or the CPU fallback's utilization and RSS. With several GPUs sampled, also
+    system.gpu<i>.utilization_pct and system.gpu<i>.memory_used_gib per GPU.
 
     >>> system_series([{"t": 1.5, "util": 97.0, "mem_used_gib": 60.0}])
     [(1500, {'system.utilization_pct': 97.0, 'system.memory_used_gib': 60.0, 'system.t_s': 1.5})]
@@ -86,6 +87,11 @@ def system_series(samples: list[dict]) -> list[tuple[int, dict]]:
     rows = []
     for r in samples:
         m = {name: float(r[k]) for k, name in SERIES_KEYS.items() if isinstance(r.get(k), (int, float))}
+        gpus = r.get("gpus") or []
+        if len(gpus) > 1:   # data-parallel: each GPU's own line next to the node's mean
+            for g in gpus:
+                m[f"system.gpu{g['index']}.utilization_pct"] = float(g["util"])
+                m[f"system.gpu{g['index']}.memory_used_gib"] = float(g["mem_used_gib"])
         m["system.t_s"] = float(r["t"])
         rows.append((int(round(float(r["t"]) * 1000)), m))
     return rows
