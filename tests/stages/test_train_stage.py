@@ -179,6 +179,19 @@ def test_missing_and_corrupt_inputs_fail_cleanly(data, tmp_path, capsys):
     assert _tree_digest(broken) == before
 
 
+def test_more_gpus_than_the_machine_has_is_a_config_error(data, tmp_path, capsys, monkeypatch):
+    """Asking torchrun for more processes than CUDA devices would crash every rank on set_device: refuse first."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    args = _args(data, tmp_path / "o", "--gpus", "2")
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "--gpus 2: this machine has 1 CUDA device(s)" in err and "Traceback" not in err
+    assert not (tmp_path / "o").exists()
+
+
 @pytest.mark.slow
 def test_two_processes_match_one_with_the_same_global_batch(data, straight, tmp_path):
     """`--gpus 2` on the CPU: torchrun + gloo DDP, rows 2 per rank = the straight run's 4 rows per step. The

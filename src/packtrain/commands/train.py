@@ -52,6 +52,13 @@ def run(cfg, args) -> int:
     if args.gpus > 1 and LAUNCHED not in os.environ:
         import subprocess
 
+        import torch
+
+        n_dev = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if cfg.train.device != "cpu" and 0 < n_dev < args.gpus:
+            raise ConfigError(f"--gpus {args.gpus}: this machine has {n_dev} CUDA device(s); use --gpus ≤ {n_dev} "
+                              "(or CUDA_VISIBLE_DEVICES to pick them)")
+
         return subprocess.call(launcher_command(args), env={**os.environ, LAUNCHED: str(args.gpus)})
     from packtrain.stages.train import run_train
 
