@@ -137,6 +137,46 @@ def test_tokenize_is_deterministic_and_loads_a_tokenizer_dir(chain, tmp_path, ca
     assert "tokenize.tokenizer_dir" in capsys.readouterr().err
 
 
+@pytest.mark.slow
+def test_tokenize_streams_in_any_batch_size_to_the_same_store(chain, tmp_path, monkeypatch):
+    """Documents are read and encoded batch by batch (tokenize.batch_docs documents, encode calls of at most
+    ENCODE_CHARS characters): tiny batches give the byte-identical store and tokenizer."""
+    import packtrain.data.tokenize as tk
+
+    wd, _ = chain
+    monkeypatch.setattr(tk, "ENCODE_CHARS", 500)
+    small = tmp_path / "small"
+    assert main(["tokenize", "--docs", str(wd / "ingest"), "--out", str(small), "--set", f"workdir={tmp_path}",
+                 *SMALL, "--set", "tracking.enabled=false", "--set", "tokenize.batch_docs=3"]) == 0
+    for f in ("tokens.bin", "offsets.npy", "doc_ids.npy", "split.npy", "tokenizer/tokenizer.json"):
+        assert _md5(wd / "tokenize" / f) == _md5(small / f), f
+    assert [len(b) for b in tk._by_chars(["a" * 300, "b" * 300, "c" * 900, "d"], 500)] == [1, 1, 1, 1]
+    assert [len(b) for b in tk._by_chars(["a" * 200, "b" * 200, "c" * 50, "d" * 400], 500)] == [3, 1]
+
+
+def test_tokenize_missing_text_midway_names_it_and_keeps_the_old_store(tmp_path, capsys):
+    """A null text in a later batch: an error naming its doc_id after some batches were already encoded; the
+    previous token store is left as it was and no temp directory remains."""
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    texts = [f"document number {i} with some words" for i in range(40)]
+    pq.write_table(pa.table({"doc_id": pa.array(range(40), pa.int64()), "text": texts}), docs / "documents.parquet")
+    out = tmp_path / "tok"
+    common = ["--docs", str(docs), "--out", str(out), "--set", f"workdir={tmp_path}", "--set", "tracking.enabled=false",
+              "--set", "tokenize.vocab_size=300", "--set", "tokenize.batch_docs=4"]
+    assert main(["tokenize", *common]) == 0
+    before = _md5(out / "tokens.bin")
+    texts[33] = None
+    pq.write_table(pa.table({"doc_id": pa.array(range(40), pa.int64()), "text": pa.array(texts, pa.string())}),
+                   docs / "documents.parquet")
+    capsys.readouterr()
+    assert main(["tokenize", *common, "--set", f"tokenize.tokenizer_dir={out / 'tokenizer'}"]) == 3
+    err = capsys.readouterr().err
+    assert "doc_id 33: text is None" in err and "Traceback" not in err
+    assert _md5(out / "tokens.bin") == before
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
+
+
 def test_validate_fail_report_names_offending_doc_ids(tmp_path, capsys):
     """A table with one problem per row; each expectation lists exactly the doc_ids that break it."""
     texts = ["fine text"] * 3 + ["", "   \n", None, "x" * 50, "dup", "dup", "ok"]

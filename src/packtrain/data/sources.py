@@ -182,7 +182,7 @@ def read_parquet(f: SourceFile, column: str, progress: Progress | None = None) -
     import pyarrow.parquet as pq
 
     try:
-        pf = pq.ParquetFile(f.path)
+        pf = pq.ParquetFile(f.path, pre_buffer=False)   # streamed: no row group kept after use
         schema = pf.schema_arrow
     except (pa.ArrowException, OSError) as e:
         raise InputDataError(f"{f.path}: not a readable parquet file ({e})") from None

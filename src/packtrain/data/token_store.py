@@ -85,26 +85,67 @@ class TokenStore:
         return cls(root, tokens, offsets, doc_ids, split, meta)
 
 
+class TokenStoreWriter:
+    """Streams documents' token ids into `.<root>.tmp/` beside `root`; `finish()` writes the index files and
+    renames the directory into place. Memory is O(documents) (8 bytes each), not O(tokens). Used as a context
+    manager, an exception removes the temp dir and leaves `root` as it was.
+
+        with TokenStoreWriter(out) as w:
+            for ids in encoded_documents:
+                w.append(ids)
+            store = w.finish(doc_ids, split, meta, tokenizer_dir)
+    """
+
+    def __init__(self, root: str | Path):
+        from array import array
+
+        self.root = Path(root)
+        self.tmp = self.root.with_name(f".{self.root.name}.tmp")
+        if self.tmp.exists():
+            shutil.rmtree(self.tmp)
+        self.tmp.mkdir(parents=True)
+        self._f = open(self.tmp / "tokens.bin", "wb")  # noqa: SIM115 - closed by finish()/abort()
+        self._lengths = array("q")
+        self.n_tokens = 0
+
+    def append(self, ids) -> None:
+        a = np.asarray(ids, dtype=np.uint32)
+        self._f.write(a.tobytes())
+        self._lengths.append(len(a))
+        self.n_tokens += len(a)
+
+    def finish(self, doc_ids: np.ndarray, split: np.ndarray, meta: dict,
+               tokenizer_dir: Path | None = None) -> TokenStore:
+        self._f.close()
+        n = len(self._lengths)
+        offsets = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(np.frombuffer(self._lengths, dtype=np.int64) if n else np.zeros(0, np.int64), out=offsets[1:])
+        np.save(self.tmp / "offsets.npy", offsets)
+        np.save(self.tmp / "doc_ids.npy", np.asarray(doc_ids, dtype=np.int64))
+        np.save(self.tmp / "split.npy", np.asarray(split, dtype=np.uint8))
+        meta = {**meta, "n_docs": int(n), "n_tokens": int(offsets[-1]), "dtype": "uint32"}
+        (self.tmp / "meta.json").write_text(json.dumps(meta, indent=2))
+        if tokenizer_dir is not None:
+            shutil.copytree(tokenizer_dir, self.tmp / "tokenizer")
+        replace_dir(self.tmp, self.root)
+        return TokenStore.open(self.root)
+
+    def abort(self) -> None:
+        self._f.close()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def __enter__(self) -> TokenStoreWriter:
+        return self
+
+    def __exit__(self, exc_type, *exc) -> None:
+        if exc_type is not None:
+            self.abort()
+
+
 def write_token_store(root: str | Path, token_arrays: list[np.ndarray], doc_ids: np.ndarray,
                       split: np.ndarray, meta: dict, tokenizer_dir: Path | None = None) -> TokenStore:
     """Write a token store atomically (temp dir + rename). `token_arrays[i]` are document i's ids."""
-    root = Path(root)
-    tmp = root.with_name(f".{root.name}.tmp")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
-    lengths = np.fromiter((len(a) for a in token_arrays), dtype=np.int64, count=len(token_arrays))
-    offsets = np.zeros(len(token_arrays) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    with open(tmp / "tokens.bin", "wb") as f:
+    with TokenStoreWriter(root) as w:
         for a in token_arrays:
-            f.write(np.asarray(a, dtype=np.uint32).tobytes())
-    np.save(tmp / "offsets.npy", offsets)
-    np.save(tmp / "doc_ids.npy", np.asarray(doc_ids, dtype=np.int64))
-    np.save(tmp / "split.npy", np.asarray(split, dtype=np.uint8))
-    meta = {**meta, "n_docs": int(len(token_arrays)), "n_tokens": int(offsets[-1]), "dtype": "uint32"}
-    (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
-    if tokenizer_dir is not None:
-        shutil.copytree(tokenizer_dir, tmp / "tokenizer")
-    replace_dir(tmp, root)
-    return TokenStore.open(root)
+            w.append(a)
+        return w.finish(doc_ids, split, meta, tokenizer_dir)
