@@ -118,7 +118,7 @@ def text_surrogates(texts: list) -> list:
 def load_frame(path: Path, batch_rows: int = 2048):
     """The table as the pandas DataFrame the suite runs on, read batch by batch: string columns as object dtype
     (None for nulls), the text column as `text_surrogates` (so memory is O(documents), not O(text): 400 MB
-    of text validated in 0.4 GB instead of 2.2 GB, bench/results/data_memory.json); other columns as pyarrow
+    of text validated at a 475 MiB peak instead of 2,764 MiB, bench/results/data_memory.json); other columns as pyarrow
     converts them (an int32 doc_id stays int32, so the type expectation reports it)."""
     import pandas as pd
     import pyarrow as pa
