@@ -55,6 +55,27 @@ def predicted_peak_gib(recipe: str, overrides: list[str], gpus: int, vocab_size:
             "components_gib": {k: round(v / GIB, 3) for k, v in p.components.items()}}
 
 
+def run_bounded(cmd: list[str], env: dict, timeout: float) -> tuple[int | None, str]:
+    """(exit code or None on timeout, stderr). The launch gets its own session; on timeout torchrun gets
+    SIGTERM (it stops its workers, which run in sessions of their own), then the whole group SIGKILL, so no
+    rank is left holding a GPU for the next configuration."""
+    import signal
+
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        _, err = proc.communicate(timeout=timeout)
+        return proc.returncode, err
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            _, err = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            _, err = proc.communicate()
+        return None, err or ""
+
+
 def run_one(name: str, gpus: int, a, data: Path, work: Path) -> dict:
     ga = a.global_accum // gpus
     out, buf = work / f"{name}-{gpus}gpu", work / f"{name}-{gpus}gpu-mlbuf"
@@ -70,13 +91,12 @@ def run_one(name: str, gpus: int, a, data: Path, work: Path) -> dict:
     row: dict = {"config": name, "gpus": gpus, "grad_accum_per_gpu": ga, "overrides": overrides,
                  "command": " ".join(cmd[1:])}
     t0 = time.perf_counter()
-    try:
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=a.timeout)
-    except subprocess.TimeoutExpired:
-        return {**row, "error": f"timed out after {a.timeout} s"}
+    code, stderr = run_bounded(cmd, env, a.timeout)
     row["wall_s"] = round(time.perf_counter() - t0, 1)
-    if proc.returncode != 0 or not (out / "train_result.json").exists():
-        return {**row, "error": f"exit {proc.returncode}", "stderr_tail": proc.stderr[-4000:]}
+    if code is None:
+        return {**row, "error": f"timed out after {a.timeout} s", "stderr_tail": stderr[-4000:]}
+    if code != 0 or not (out / "train_result.json").exists():
+        return {**row, "error": f"exit {code}", "stderr_tail": stderr[-4000:]}
     r = json.loads((out / "train_result.json").read_text())
     mem, tp, sysm = r["memory"], r.get("throughput") or {}, r.get("system") or {}
     per_rank = mem.get("per_rank") or [{"rank": 0, "peak_alloc_gib": mem["peak_alloc_gib"],
@@ -173,9 +193,12 @@ def main(argv: list[str] | None = None) -> int:
         if not c:
             print(f"| {name} | failed: {e.get('1gpu', {}).get('error')} / {e.get(f'{a.gpus}gpu', {}).get('error')} |")
             continue
+        eff, rel = c["scaling_efficiency"], c["loss_max_rel_diff"]
         print(f"| {name} | {e['1gpu']['real_tokens_per_s']:,.0f} | {e[f'{a.gpus}gpu']['real_tokens_per_s_per_gpu']:,.0f}"
-              f" | {c['scaling_efficiency']:.3f} | {c['memory_measured_gib'][0]:.1f}→{c['memory_measured_gib'][1]:.1f}"
-              f" ({c['memory_predicted_gib'][0]:.1f}→{c['memory_predicted_gib'][1]:.1f}) | {c['loss_max_rel_diff']:.2e} |")
+              f" | {'n/a' if eff is None else f'{eff:.3f}'}"
+              f" | {c['memory_measured_gib'][0]:.1f}→{c['memory_measured_gib'][1]:.1f}"
+              f" ({c['memory_predicted_gib'][0]:.1f}→{c['memory_predicted_gib'][1]:.1f})"
+              f" | {'n/a' if rel is None else f'{rel:.2e}'} |")
     return 1 if failed else 0
 
 

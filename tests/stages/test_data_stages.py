@@ -154,6 +154,23 @@ def test_tokenize_streams_in_any_batch_size_to_the_same_store(chain, tmp_path, m
     assert [len(b) for b in tk._by_chars(["a" * 200, "b" * 200, "c" * 50, "d" * 400], 500)] == [3, 1]
 
 
+def test_tokenize_reads_dictionary_encoded_text_like_plain_text(tmp_path):
+    """A hand-made table whose text column is dictionary-encoded (a pandas categorical) tokenizes to the same
+    store as the plain string column."""
+    texts = [f"row {i % 7} says hello" for i in range(30)]
+    outs = []
+    for kind, col in (("plain", pa.array(texts, pa.string())), ("dict", pa.array(texts).dictionary_encode())):
+        d = tmp_path / kind
+        d.mkdir()
+        pq.write_table(pa.table({"doc_id": pa.array(range(30), pa.int64()), "text": col}), d / "documents.parquet")
+        assert main(["tokenize", "--docs", str(d), "--out", str(d / "tok"), "--set", f"workdir={tmp_path}",
+                     "--set", "tracking.enabled=false", "--set", "tokenize.vocab_size=300",
+                     "--set", "tokenize.batch_docs=8"]) == 0
+        outs.append(d / "tok")
+    for f in ("tokens.bin", "offsets.npy", "tokenizer/tokenizer.json"):
+        assert _md5(outs[0] / f) == _md5(outs[1] / f), f
+
+
 def test_tokenize_missing_text_midway_names_it_and_keeps_the_old_store(tmp_path, capsys):
     """A null text in a later batch: an error naming its doc_id after some batches were already encoded; the
     previous token store is left as it was and no temp directory remains."""

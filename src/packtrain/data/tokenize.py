@@ -172,6 +172,16 @@ def _by_chars(texts: list[str], limit: int):
         yield texts[start:]
 
 
+def _is_text_type(t) -> bool:
+    """string, large_string, string_view, null, or a dictionary of one of them (a pandas categorical)."""
+    import pyarrow as pa
+
+    if pa.types.is_dictionary(t):
+        t = t.value_type
+    return (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_null(t)
+            or getattr(pa.types, "is_string_view", lambda _: False)(t))
+
+
 def _open_documents(path: Path):
     """(ParquetFile, doc_ids int64 [n]) after checking the columns; the texts stay on disk."""
     import pyarrow as pa
@@ -186,7 +196,7 @@ def _open_documents(path: Path):
         doc_ids = pq.read_table(path, columns=["doc_id"]).column("doc_id").to_numpy().astype(np.int64)
     except (pa.ArrowException, OSError, KeyError, ValueError) as e:
         raise InputDataError(f"{path}: cannot read columns doc_id, text ({e})") from None
-    if not (pa.types.is_string(text_type) or pa.types.is_large_string(text_type) or pa.types.is_null(text_type)):
+    if not _is_text_type(text_type):
         raise InputDataError(f"{path}: column text is {text_type}; expected strings")
     if not len(doc_ids):
         raise InputDataError(f"{path}: no documents")
@@ -196,9 +206,13 @@ def _open_documents(path: Path):
 def _text_batches(pf, path: Path, doc_ids: np.ndarray, batch_docs: int):
     """Yield (first document index, arrow string array) batch by batch; a missing text is an InputDataError
     naming its doc_id."""
+    import pyarrow as pa
+
     start = 0
     for rb in pf.iter_batches(batch_size=batch_docs, columns=["text"]):
         col = rb.column(0)
+        if not pa.types.is_large_string(col.type):   # dictionary / string_view / null → one plain layout
+            col = col.cast(pa.large_string())
         if col.null_count:
             j = int(np.flatnonzero(col.is_null().to_numpy(zero_copy_only=False))[0])
             raise InputDataError(f"{path}: doc_id {doc_ids[start + j]}: text is None; expected a string "

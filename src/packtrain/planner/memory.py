@@ -63,8 +63,8 @@ class Precision:
 COMPILED_LAYER_ACTIVATION_FACTOR = 0.60
 """Saved activations of a torch.compile'd decoder layer / the eager layer's: measured on the H200 (torch 2.11,
 bf16, fused loss, rows 8 × 2048): 350M 0.596 (varlen and sdpa alike), 1B 0.608 (bench/results/
-train_gpu_smoke.json, scaling_1b_h200x2_run2.json). Eager-mode predictions are calibrated separately
-(memory_plan_calibration.json)."""
+train_gpu_smoke.json, scaling_1b_h200x2_run2.json). Applied only where it was measured — the torch engine
+under bf16/fp16 autocast; fp32 and DeepSpeed runs keep the eager sizes (memory_plan_calibration.json)."""
 
 
 def precision_of(engine: str, precision: str) -> Precision:

@@ -198,7 +198,9 @@ def plan_memory(model_cfg: ModelConfig, train_cfg: TrainConfig, budget: int, pla
     a_tok = mem.layer_activation_bytes_per_token(shape, prec, backend)
     quad = mem.attention_quadratic_bytes(shape, prec, backend, rows, budget)
     layer_bytes = a_tok * n_tok
-    compiled = train_cfg.compile and device == "cuda"
+    # measured for the torch engine under 16-bit autocast only (fp32 and DeepSpeed + compile keep eager sizes)
+    compiled = (train_cfg.compile and device == "cuda" and train_cfg.engine == "torch"
+                and train_cfg.precision in ("bf16", "fp16"))
     if compiled:   # inductor fuses the elementwise chains and saves fewer, smaller tensors for backward
         layer_bytes = int(layer_bytes * mem.COMPILED_LAYER_ACTIVATION_FACTOR)
     ck_bytes = prec.residual_bytes * shape.hidden * n_tok

@@ -173,7 +173,9 @@ class TorchStepper:
         if d.world_size > 1:
             from torch.nn.parallel import DistributedDataParallel as DDP
 
-            # gradients live in the all-reduce buckets (no copy in, no second gradient-sized buffer)
+            # the synchronising backward writes gradients into the all-reduce buckets (no copy in). zero_grad
+            # (set_to_none) drops the views each step, so no_sync micro-batches still allocate fresh gradients;
+            # measured on 2 H200s at grad_accum 2: 42.2 → 38.9 GiB peak, not the whole gradient size
             module = DDP(module, device_ids=[device.index] if device.type == "cuda" else None,
                          gradient_as_bucket_view=True)
         self.module, self.ddp = module, d.world_size > 1
