@@ -12,6 +12,16 @@ os.environ.setdefault("DO_NOT_TRACK", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("GX_ANALYTICS_ENABLED", "False")
 
+# Property tests: random exploration on developer machines; in CI (.ci/run sets HYPOTHESIS_PROFILE=ci) the same
+# examples every run, so a counterexample found by chance fails a developer's run, not an unrelated merge.
+try:
+    from hypothesis import settings as _hyp_settings
+
+    _hyp_settings.register_profile("ci", derandomize=True, print_blob=True)
+    _hyp_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
+except ImportError:  # hypothesis is a dev extra
+    pass
+
 
 @pytest.fixture(autouse=True)
 def _isolated_mlflow(monkeypatch, tmp_path):
