@@ -106,13 +106,11 @@ class TokenStoreWriter:
         self.tmp.mkdir(parents=True)
         self._f = open(self.tmp / "tokens.bin", "wb")  # noqa: SIM115 - closed by finish()/abort()
         self._lengths = array("q")
-        self.n_tokens = 0
 
     def append(self, ids) -> None:
         a = np.asarray(ids, dtype=np.uint32)
         self._f.write(a.tobytes())
         self._lengths.append(len(a))
-        self.n_tokens += len(a)
 
     def finish(self, doc_ids: np.ndarray, split: np.ndarray, meta: dict,
                tokenizer_dir: Path | None = None) -> TokenStore:

@@ -193,7 +193,7 @@ def _open_documents(path: Path):
         if "doc_id" not in names or "text" not in names:
             raise KeyError(f"columns are {names}")
         text_type = pf.schema_arrow.field("text").type
-        doc_ids = pq.read_table(path, columns=["doc_id"]).column("doc_id").to_numpy().astype(np.int64)
+        doc_ids = pf.read(columns=["doc_id"]).column("doc_id").to_numpy().astype(np.int64)
     except (pa.ArrowException, OSError, KeyError, ValueError) as e:
         raise InputDataError(f"{path}: cannot read columns doc_id, text ({e})") from None
     if not _is_text_type(text_type):

@@ -70,7 +70,7 @@ _HOST_GROUP = None
 def init_distributed(d: DistInfo, device) -> None:
     """NCCL (CUDA) or gloo (CPU) default group; on CUDA also a gloo group for the loop's host numbers, so summing
     a label count or a loss over ranks never waits for the GPU's queue to drain (an NCCL all-reduce + .item()
-    would: 2 full syncs per step cost DDP ~5% of its step time on 2 H200s)."""
+    would; measured with the bucket-view change on 2 H200s: DDP 0.865 → 0.875 per-GPU efficiency)."""
     global _HOST_GROUP
     if d.world_size <= 1:
         return
@@ -82,7 +82,7 @@ def init_distributed(d: DistInfo, device) -> None:
         _HOST_GROUP = dist.new_group(backend="gloo")
 
 
-def global_sum(x: float | int, d: DistInfo, device=None) -> float:
+def global_sum(x: float | int, d: DistInfo) -> float:
     """Σ over ranks of a Python number (the window's label tokens, its loss sum), all-reduced on the host."""
     if d.world_size <= 1:
         return x
@@ -94,7 +94,7 @@ def global_sum(x: float | int, d: DistInfo, device=None) -> float:
     return t.item()
 
 
-def gather_floats(values: list[float], d: DistInfo, device) -> list[list[float]]:
+def gather_floats(values: list[float], d: DistInfo) -> list[list[float]]:
     """Every rank's `values` (same length on all ranks), in rank order; [values] on one process."""
     if d.world_size <= 1:
         return [list(values)]

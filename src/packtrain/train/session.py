@@ -264,7 +264,7 @@ class TrainSession:
         return oom_error(step, self.device, self.shape, self.model_cfg, self.cfg, self.plan_cfg, self.vocab_size)
 
     def global_sum(self, x):
-        return global_sum(x, self.dist, self.device)
+        return global_sum(x, self.dist)
 
     # ------------------------------------------------------------------------------------------ the end
     def save_model(self) -> Path | None:
@@ -299,8 +299,7 @@ class TrainSession:
         memory = cuda_memory_stats(self.device if self.device.type == "cuda" else None)
         if self.dist.world_size > 1:   # every rank's peak and throughput, not just rank 0's (all ranks call this)
             tok_s = self.meter.summary().get("real_tokens_per_s") or 0.0
-            per = gather_floats([memory["peak_alloc_gib"], memory["peak_reserved_gib"], tok_s], self.dist,
-                                self.device)
+            per = gather_floats([memory["peak_alloc_gib"], memory["peak_reserved_gib"], tok_s], self.dist)
             memory["per_rank"] = [{"rank": r, "peak_alloc_gib": a, "peak_reserved_gib": b, "real_tokens_per_s": v}
                                   for r, (a, b, v) in enumerate(per)]
             memory["max_peak_alloc_gib"] = max(a for a, _, _ in per)
