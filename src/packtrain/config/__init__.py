@@ -10,7 +10,9 @@ from pathlib import Path
 from pydantic import Field, ValidationError
 
 from packtrain.config.base import (
+    PathStr,
     StrictModel,
+    Text,
     apply_overrides,
     flatten,
     format_validation_error,
@@ -35,8 +37,10 @@ __all__ = [
 class RunConfig(StrictModel):
     """A whole run. `workdir` holds every stage's outputs (see packtrain.paths)."""
 
-    name: str = "tiny-cpu"
-    workdir: str = "data"
+    name: Text = "tiny-cpu"
+    """Run family: MLflow run names and tags; defaults to the recipe file's name."""
+    workdir: PathStr = "data"
+    """Directory of every stage's outputs, the MLflow sqlite store and the buffer (relative to the cwd)."""
     ingest: IngestConfig = IngestConfig()
     validate_: ValidateConfig = Field(ValidateConfig(), alias="validate")
     tokenize: TokenizeConfig = TokenizeConfig()
@@ -91,12 +95,11 @@ def load_run_config(recipe: str | Path = "tiny-cpu", overrides: list[str] | None
             names = ", ".join(p.stem for p in list_recipes())
             raise ConfigError(f"unknown recipe {recipe!r} (available: {names}, or a path to a .yaml file)")
     data = read_yaml(path)
-    origin = f"recipe {path.name}"
     if overrides:
         data = apply_overrides(data, overrides)
-        origin += " + --set " + " ".join(overrides)
     data.setdefault("name", path.stem)
     try:
         return RunConfig.model_validate(data)
     except ValidationError as e:
-        raise ConfigError(format_validation_error(e, RunConfig, origin)) from None
+        # each line names the --set that set the value, or the recipe file
+        raise ConfigError(format_validation_error(e, RunConfig, f"recipe {path.name}", overrides)) from None

@@ -1,58 +1,103 @@
-"""Typed config plumbing: strict pydantic models, recipe loading, `--set dotted.key=value` overrides.
+"""Typed config plumbing: strict pydantic models, shared value types, recipe loading, `--set` overrides.
 
 Every stage config derives from `StrictModel`: unknown keys are rejected and every value is validated at
-load time. Errors name the dotted field path, the offending value and what is allowed, e.g.::
+load time. Values that cannot work are refused there, not at the stage that would trip over them: numbers are
+finite, sizes and counts are positive, `true`/`false` is never read as 1/0, paths and names are not empty.
+Errors name where the value came from, the dotted field path, the value and what is allowed, e.g.::
 
-    recipe tiny-cpu: pack.budgett: unknown key (allowed: budget, strategy, window, ...)
-    --set pack.budget=abc: pack.budget: 'abc' is not an integer
+    recipe tiny-cpu.yaml: pack.budgett: unknown key (allowed: budget, min_doc_tokens, overlong, ...)
+    --set pack.budget=abc: pack.budget: 'abc' is not allowed: must be an integer ≥ 2 — tokens per pack (...)
+    --set train.lr=inf: train.lr: 'inf' is not allowed: must be a finite number > 0
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import (
+    AfterValidator,
+    AllowInfNan,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StringConstraints,
+)
+from pydantic_core import PydanticCustomError
 
+from packtrain.config.messages import Allowed, describe_allowed, format_validation_error
 from packtrain.errors import ConfigError
+
+__all__ = [
+    "StrictModel", "Allowed", "describe_allowed", "format_validation_error", "NoBool", "Int", "Float",
+    "PositiveInt", "NonNegativeInt", "PositiveFloat", "NonNegativeFloat", "Fraction", "Seed", "Text", "PathStr",
+    "Word", "K8sName", "K8sQuantity", "parse_override", "apply_overrides", "read_yaml", "flatten",
+]
 
 
 class StrictModel(BaseModel):
-    """Base for every config: unknown keys are errors, assignments are validated, instances are frozen."""
+    """Base for every config: unknown keys are errors, assignments are validated, instances are frozen.
+    Field docstrings become field descriptions (quoted in error messages)."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=True)
-
-
-def format_validation_error(err: ValidationError, model: type[BaseModel], origin: str) -> str:
-    """Turn pydantic's error list into lines naming field path, value and what is allowed."""
-    lines = []
-    for e in err.errors():
-        path = ".".join(str(p) for p in e["loc"])
-        value = e.get("input")
-        if e["type"] == "extra_forbidden":
-            allowed = _allowed_keys(model, e["loc"][:-1])
-            lines.append(f"{origin}: {path}: unknown key (allowed: {', '.join(allowed)})")
-        else:
-            msg = e["msg"]
-            ctx = e.get("ctx") or {}
-            if "expected" in ctx:
-                msg = f"must be one of {ctx['expected']}"
-            lines.append(f"{origin}: {path}: {value!r} is not allowed: {msg}")
-    return "\n".join(lines)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=True, use_attribute_docstrings=True)
 
 
-def _allowed_keys(model: type[BaseModel], loc: tuple) -> list[str]:
-    """Field names of the sub-model at `loc`, for 'unknown key' messages."""
-    cur: Any = model
-    for part in loc:
-        fields = getattr(cur, "model_fields", None)
-        if not fields or part not in fields:
-            return []
-        ann = fields[part].annotation
-        cur = ann
-    fields = getattr(cur, "model_fields", None)
-    return sorted(fields) if fields else []
+# ---- shared value types: every config field uses one of these (or Literal / bool) ----------------------------
+
+def _reject_bool(value: Any) -> Any:
+    # pydantic's lax mode reads True as 1 and False as 0.0: `--set pack.budget=true` must not mean 1 token.
+    if isinstance(value, bool):
+        raise PydanticCustomError("bool_not_number", "true/false is not a number")
+    return value
+
+
+def _reject_blank(value: str) -> str:
+    if not value.strip():
+        raise PydanticCustomError("blank_string", "only whitespace")
+    return value
+
+
+def _quantity_text(value: Any) -> Any:
+    # `--set pipeline.cpu_request=4` arrives as the YAML int 4; a Kubernetes quantity is its text.
+    return str(value) if isinstance(value, int | float) and not isinstance(value, bool) else value
+
+
+def _positive_quantity(value: str) -> str:
+    if float(re.sub(r"[a-zA-Z]+$", "", value)) <= 0:
+        raise PydanticCustomError("zero_quantity", "must be > 0")
+    return value
+
+
+NoBool = BeforeValidator(_reject_bool)
+
+Int = Annotated[int, NoBool]
+"""An integer; `true`/`false` rejected; "4096" and 4096.0 accepted (YAML and --set values)."""
+Float = Annotated[float, NoBool, AllowInfNan(False)]
+"""A finite number; nan/inf/-inf and `true`/`false` rejected; "1e-4" accepted (YAML reads it as a string)."""
+PositiveInt = Annotated[Int, Field(ge=1)]
+NonNegativeInt = Annotated[Int, Field(ge=0)]
+PositiveFloat = Annotated[Float, Field(gt=0)]
+NonNegativeFloat = Annotated[Float, Field(ge=0)]
+Fraction = Annotated[Float, Field(ge=0, le=1)]
+"""0 ≤ x ≤ 1."""
+Seed = Annotated[Int, Field(ge=0, le=2**32 - 1)]
+"""numpy's seed range (np.random.seed rejects negatives and ≥ 2³²)."""
+Text = Annotated[str, StringConstraints(min_length=1), AfterValidator(_reject_blank),
+                 Allowed("a non-empty string (not only spaces)")]
+"""A non-empty string that is not only whitespace."""
+PathStr = Annotated[str, StringConstraints(min_length=1), AfterValidator(_reject_blank),
+                    Allowed("a non-empty path (not only spaces)")]
+Word = Annotated[str, StringConstraints(pattern=r"^\S+$"), Allowed("a non-empty string without spaces")]
+"""Image references, resource names, URLs."""
+K8sName = Annotated[str, StringConstraints(max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"),
+                    Allowed("a Kubernetes object name (lowercase letters, digits, '-', '.'; "
+                            "starts and ends with a letter or digit)")]
+K8sQuantity = Annotated[str, BeforeValidator(_quantity_text),
+                        StringConstraints(pattern=r"^([0-9]+(\.[0-9]+)?|\.[0-9]+)(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$"),
+                        AfterValidator(_positive_quantity), Allowed("a Kubernetes quantity > 0 such as 2, 500m or 16Gi")]
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:

@@ -6,23 +6,32 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from packtrain.config.base import StrictModel
+from packtrain.config.base import (
+    Float,
+    Fraction,
+    Int,
+    NonNegativeInt,
+    PathStr,
+    PositiveInt,
+    StrictModel,
+    Text,
+)
 
 
 class IngestConfig(StrictModel):
     """Where documents come from and how a source splits into documents."""
 
-    source: str | None = None
+    source: PathStr | None = None
     """A .txt/.jsonl/.parquet file or a folder of them. None → the default corpus (Python stdlib text)."""
     txt_mode: Literal["file", "paragraph"] = "file"
     """.txt sources: one document per file, or one per blank-line-separated block."""
-    text_field: str = "text"
+    text_field: Text = "text"
     """JSON field (.jsonl) or column (.parquet) holding the text."""
-    default_corpus_mb: float = Field(24.0, gt=0)
+    default_corpus_mb: Float = Field(24.0, gt=0)
     """Target size of the default corpus in MB of UTF-8 text (≥ 20 MB keeps the long tail real)."""
-    max_doc_chars: int = Field(50_000_000, gt=0)
+    max_doc_chars: PositiveInt = 50_000_000
     """Documents longer than this are rejected at ingest (a single 100 MB document is almost always a bug)."""
-    max_docs: int | None = Field(None, gt=0)
+    max_docs: PositiveInt | None = None
     """Keep only the first N documents in deterministic order (small runs, tests)."""
     unsupported: Literal["error", "skip"] = "error"
     """Folder sources: files that are not .txt/.jsonl/.parquet (hidden files aside) are an error naming
@@ -32,14 +41,14 @@ class IngestConfig(StrictModel):
 class ValidateConfig(StrictModel):
     """Thresholds of the Great Expectations suite for text corpora."""
 
-    min_rows: int = Field(10, ge=1)
-    min_chars: int = Field(1, ge=0)
-    max_chars: int = Field(5_000_000, ge=1)
-    length_mostly: float = Field(0.99, gt=0, le=1)
+    min_rows: PositiveInt = 10
+    min_chars: NonNegativeInt = 1
+    max_chars: PositiveInt = 5_000_000
+    length_mostly: Float = Field(0.99, gt=0, le=1)
     """Fraction of documents whose length must lie in [min_chars, max_chars]."""
-    max_duplicate_ratio: float = Field(0.05, ge=0, le=1)
+    max_duplicate_ratio: Fraction = 0.05
     """Duplicate texts / rows must not exceed this."""
-    max_offending_ids: int = Field(20, ge=0)
+    max_offending_ids: NonNegativeInt = 20
     """How many offending doc_ids the report lists per expectation."""
 
     @model_validator(mode="after")
@@ -52,14 +61,14 @@ class ValidateConfig(StrictModel):
 class TokenizeConfig(StrictModel):
     """Tokenizer training/loading and the token store."""
 
-    tokenizer_dir: str | None = None
+    tokenizer_dir: PathStr | None = None
     """A local directory with a saved tokenizer. None → train a byte-level BPE on the corpus."""
-    vocab_size: int = Field(4096, ge=260, le=1 << 20)
-    train_chars: int = Field(8_000_000, gt=0)
+    vocab_size: Int = Field(4096, ge=260, le=1 << 20)
+    train_chars: PositiveInt = 8_000_000
     """Characters of corpus used to train the BPE (enough for a stable vocab, bounded time)."""
-    eval_fraction: float = Field(0.02, ge=0, lt=1)
+    eval_fraction: Float = Field(0.02, ge=0, lt=1)
     """Documents held out for evaluation, chosen by a hash of doc_id (deterministic, never trained on)."""
     append_eos: bool = True
     """Append EOS to every document so the model learns to stop; the EOS counts as a document token."""
-    workers: int = Field(2, ge=1)
-    batch_docs: int = Field(2000, ge=1)
+    workers: PositiveInt = 2
+    batch_docs: PositiveInt = 2000

@@ -2,24 +2,24 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field
 
-from packtrain.config.base import StrictModel
+from packtrain.config.base import Allowed, Float, PositiveInt, Seed, StrictModel, Text
 
 
 class EvalConfig(StrictModel):
     """Held-out loss/perplexity on packed batches and greedy generation samples."""
 
-    rows: int = Field(4, ge=1)
+    rows: PositiveInt = 4
     """Packs per evaluation micro-batch: one forward sees rows × pack.budget tokens."""
-    max_batches: int | None = Field(None, ge=1)
+    max_batches: PositiveInt | None = None
     """Cap on evaluation micro-batches (smoke runs). None → exactly one epoch over the eval packs, so every
     held-out document counts; a cap is recorded in eval_result.json (`complete: false`)."""
-    prompts: list[str] = ["def ", "import ", "The "]
+    prompts: list[Text] = ["def ", "import ", "The "]
     """Fixed prompts of the generation samples (samples.json); the same prompts every run, so runs compare."""
-    sample_tokens: int = Field(32, ge=1)
+    sample_tokens: PositiveInt = 32
     """New tokens generated greedily per prompt."""
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
     """Autocast dtype of the forward; the loss itself is always accumulated in fp64."""
@@ -28,23 +28,24 @@ class EvalConfig(StrictModel):
     CUDA, else sdpa. Generation samples always use sdpa."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """auto → cuda when available, else cpu."""
-    seed: int = 0
+    seed: Seed = 0
     """Order of the eval packs (the loss sum does not depend on it)."""
 
 
 class RegisterConfig(StrictModel):
     """Model Registry name and the champion/challenger rule."""
 
-    model_name: str = Field("packtrain-lm", min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9._\-]*$")
+    model_name: Annotated[str, Allowed("a name of letters, digits, '.', '_', '-' that starts with a letter "
+                                       "or digit")] = Field("packtrain-lm", pattern=r"^[A-Za-z0-9][A-Za-z0-9._\-]*$")
     """Registered model name: letters, digits, '.', '_', '-'."""
     metric: Literal["eval_loss", "perplexity"] = "eval_loss"
     """Lower is better."""
-    margin: float = Field(0.0, ge=0, lt=1)
+    margin: Float = Field(0.0, ge=0, lt=1)
     """The challenger must beat the champion's metric by this relative margin to take the alias:
     new < champion · (1 − margin)."""
     flavor: Literal["auto", "transformers", "pytorch"] = "auto"
     """auto → the transformers flavor, falling back to the pytorch flavor (with the tokenizer as extra files)
     if the transformers flavor raises on the installed versions; the reason is tagged on the version."""
-    pip_requirements: list[str] | None = None
+    pip_requirements: list[Text] | None = None
     """Requirements written with the model. None → the installed torch/transformers/tokenizers/safetensors
     pinned without local suffixes (torch==2.13.0, not 2.13.0+cpu): MLflow's inference is slow and wrong."""

@@ -6,24 +6,24 @@ from typing import Literal
 
 from pydantic import Field
 
-from packtrain.config.base import StrictModel
+from packtrain.config.base import Int, PositiveInt, Seed, StrictModel
 
 
 class PackConfig(StrictModel):
     """How documents are bin-packed into fixed token budgets."""
 
-    budget: int = Field(2048, ge=2)
+    budget: Int = Field(2048, ge=2)
     """Tokens per pack (= one row of a micro-batch)."""
     strategy: Literal["bfd", "ffd", "sequential"] = "bfd"
     """bfd: best-fit-decreasing (O(log L) search over remaining space) + exact-fill completion of the gaps by
     the short documents (≥ 99.9% of the lower bound on packs); ffd: first-fit-decreasing; sequential: in
     order (next fit). docs/packing.md has the measured fill and speed."""
-    window: int = Field(200_000, ge=1)
+    window: PositiveInt = 200_000
     """Documents per streaming window that bfd/ffd sort and pack together; packs of a window with free space
     are reopened in the next one (≥ 100k keeps fill ≥ 99.9% of the bound)."""
     overlong: Literal["split", "truncate"] = "split"
     """Documents longer than the budget: split into continuation chunks, or truncate (dropped tokens counted)."""
-    seed: int = 0
+    seed: Seed = 0
     """Shuffles the order of packs (not their content); packing is deterministic for a seed."""
-    min_doc_tokens: int = Field(1, ge=1)
+    min_doc_tokens: PositiveInt = 1
     """Documents shorter than this (e.g. only an EOS) are dropped and counted."""

@@ -4,70 +4,95 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
-from packtrain.config.base import StrictModel
+from packtrain.config.base import (
+    Float,
+    Fraction,
+    Int,
+    K8sName,
+    K8sQuantity,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    StrictModel,
+    Text,
+    Word,
+)
 
 
 class PipelineConfig(StrictModel):
     """How the stages are chained on a cluster (KFP), locally (`packtrain run`) and by Airflow."""
 
-    base_image: str = "ghcr.io/packtrain/packtrain:0.1.0"
+    base_image: Word = "ghcr.io/packtrain/packtrain:0.1.0"
     """CUDA image (docker/Dockerfile) the GPU stages (train, evaluate) run in on a cluster."""
-    cpu_image: str = "ghcr.io/packtrain/packtrain-cpu:0.1.0"
+    cpu_image: Word = "ghcr.io/packtrain/packtrain-cpu:0.1.0"
     """CPU image (docker/Dockerfile.cpu) the other stages run in on a cluster."""
-    gpu_type: str = "nvidia.com/gpu"
+    gpu_type: Word = "nvidia.com/gpu"
     """Kubernetes accelerator resource name requested by train and evaluate."""
-    gpus: int = Field(1, ge=0)
+    gpus: NonNegativeInt = 1
     """GPUs on one node for train and evaluate (0: no accelerator request)."""
-    mlflow_secret: str = "mlflow-credentials"
+    mlflow_secret: K8sName = "mlflow-credentials"
     """Kubernetes secret with MLFLOW_TRACKING_URI (+ _USERNAME/_PASSWORD) mounted as env into every stage."""
-    shm_size: str = "16Gi"
+    shm_size: K8sQuantity = "16Gi"
     """Size of the in-memory emptyDir mounted at /dev/shm for train/evaluate (PyTorch workers, NCCL)."""
-    retries: int = Field(2, ge=0)
+    retries: NonNegativeInt = 2
     """Retries of the transient stages (ingest, train, evaluate, register) on a cluster."""
-    schedule: str = "0 0 3 * * 1"
+    schedule: Text = "0 0 3 * * 1"
     """6-field cron (seconds first) for the recurring KFP run / weekly retrain."""
     mode: Literal["local", "cluster"] = "local"
     """Airflow: run the DAG through kfp.local on the worker, or submit it to `kfp_host` and wait."""
-    kfp_host: str | None = None
+    kfp_host: Word | None = None
     """KFP API endpoint (e.g. http://ml-pipeline-ui.kubeflow:80) for `submit` and Airflow's cluster mode."""
-    cpu_request: str = "2"
+    cpu_request: K8sQuantity = "2"
     """CPU request of the CPU stages (Kubernetes quantity)."""
-    memory_request: str = "8Gi"
+    memory_request: K8sQuantity = "8Gi"
     """Memory request of the CPU stages."""
-    gpu_cpu_request: str = "8"
+    gpu_cpu_request: K8sQuantity = "8"
     """CPU request of train/evaluate (data loading, tokenizer, telemetry sampler)."""
-    gpu_memory_request: str = "64Gi"
+    gpu_memory_request: K8sQuantity = "64Gi"
     """Memory request of train/evaluate (host copy of the model, pinned batches, ZeRO offload)."""
     stage_cache: bool = True
     """`packtrain run`: reuse a stage's outputs from <workdir>/cache when its inputs (md5), its config
     section and the code are unchanged (kfp.local has no cache keyed on data)."""
-    run_timeout_s: int = Field(6 * 3600, ge=60)
+    run_timeout_s: Int = Field(6 * 3600, ge=60)
     """Airflow's cluster mode: how long to wait for the KFP run to finish."""
-    nodes: int = Field(1, ge=1)
+    nodes: PositiveInt = 1
     """`packtrain pipeline pytorchjob`: nodes of the multi-node training job."""
-    data_pvc: str = "packtrain-data"
+    data_pvc: K8sName = "packtrain-data"
     """PersistentVolumeClaim holding the workdir (packs, tokens, outputs) for the multi-node job."""
+
+    @field_validator("schedule")
+    @classmethod
+    def _cron(cls, value: str) -> str:
+        from packtrain.errors import ConfigError
+        from packtrain.pipeline.cron import validate_cron
+
+        try:
+            validate_cron(value)        # 6 fields, seconds first: a 5-field cron is the classic mistake
+        except ConfigError as e:
+            raise ValueError(str(e)) from None
+        return value
 
 
 class PlanConfig(StrictModel):
     """The memory planner (`packtrain plan`, `train.budget: auto`): see docs/planner.md."""
 
-    device_memory_gib: float | None = Field(None, gt=0)
+    device_memory_gib: PositiveFloat | None = None
     """None → the current device's memory (80 GiB if there is no GPU)."""
-    target_fraction: float = Field(0.85, gt=0, le=1)
+    target_fraction: Float = Field(0.85, gt=0, le=1)
     """choose_budget keeps the predicted peak (allocated + allocator overhead + context) ≤ this × device memory."""
-    gpus: int = Field(1, ge=1)
+    gpus: PositiveInt = 1
     """Data-parallel GPUs: ZeRO divides states by it; the global batch is split over it."""
-    allocator_overhead: float = Field(0.05, ge=0, le=1)
+    allocator_overhead: Fraction = 0.05
     """Caching-allocator slack on top of the allocated peak (reserved − allocated; ~2–5% with expandable segments)."""
-    cuda_context_gib: float = Field(0.5, ge=0)
+    cuda_context_gib: NonNegativeFloat = 0.5
     """Device memory outside PyTorch's allocator: CUDA context, kernels, NCCL (~0.5 GiB on an H100/H200)."""
-    vocab_size: int | None = Field(None, ge=2)
+    vocab_size: Int | None = Field(None, ge=2)
     """Vocabulary when the caller does not pass it (`packtrain plan` uses tokenize.vocab_size)."""
-    global_batch_tokens: int | None = Field(None, ge=1)
+    global_batch_tokens: PositiveInt | None = None
     """Tokens per optimizer step over all GPUs that choose_budget keeps via grad_accum; None → the recipe's
     rows × reference budget (pack.budget) × train.grad_accum × gpus."""
-    max_budget: int | None = Field(None, ge=128)
+    max_budget: Int | None = Field(None, ge=128)
     """Largest budget choose_budget considers; None → model.max_position_embeddings."""
