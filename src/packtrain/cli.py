@@ -3,7 +3,8 @@
 Each command lives in `packtrain.commands.<name>` with two functions:
 `add_arguments(parser)` (cheap, no heavy imports) and `run(cfg, args) -> int` (imports what it needs).
 Every command takes `--recipe NAME|PATH` (default tiny-cpu) and repeated `--set dotted.key=value`.
-Bad input ends with `error: <message>` on stderr and a non-zero exit code, never a traceback.
+Bad input ends with `error: <message>` on stderr and a non-zero exit code, never a traceback. Commands that
+write into the workdir hold its lock (exit 7 when another run holds it; packtrain.pipeline.lock).
 """
 
 from __future__ import annotations
@@ -28,6 +29,10 @@ COMMANDS: dict[str, str] = {
     "plan": "predict peak GPU memory and choose the token budget",
     "mlflow": "MLflow helpers (replay buffered metrics)",
 }
+
+
+LOCKED = ("ingest", "validate", "tokenize", "pack", "train", "evaluate", "register", "run")
+"""Commands that write into the workdir: they hold its lock (packtrain.pipeline.lock) while they run."""
 
 
 def _module(name: str):
@@ -79,7 +84,12 @@ def main(argv: list[str] | None = None) -> int:
         from packtrain.config import load_run_config
 
         cfg = load_run_config(args.recipe, args.overrides)
-        return int(mod.run(cfg, args) or 0)
+        if args.command not in LOCKED:
+            return int(mod.run(cfg, args) or 0)
+        from packtrain.pipeline.lock import workdir_lock
+
+        with workdir_lock(cfg.workdir, args.command):
+            return int(mod.run(cfg, args) or 0)
     except PacktrainError as e:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code

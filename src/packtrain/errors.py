@@ -2,7 +2,8 @@
 
 Every stage raises `PacktrainError` (or a subclass) for bad input; the CLI prints the message and exits with
 `exit_code`. Exit codes: 2 bad config/usage, 3 bad input data, 4 validation failed, 5 missing data,
-1 regression (gate) / generic failure.
+1 regression (gate) / generic failure, 7 the workdir is in use by another run (retry later),
+8 training diverged (non-finite loss, gradient norm or weights; the last good checkpoint is kept).
 """
 
 from __future__ import annotations
@@ -41,3 +42,15 @@ class MissingDataError(PacktrainError):
     """An expected upstream output or metric does not exist."""
 
     exit_code = 5
+
+
+class WorkdirBusy(PacktrainError):
+    """Another packtrain process holds the workdir lock; the message names its pid, host, command and start."""
+
+    exit_code = 7
+
+
+class TrainingDiverged(PacktrainError):
+    """The loss, gradient norm or weights became non-finite; nothing after the last good checkpoint is saved."""
+
+    exit_code = 8

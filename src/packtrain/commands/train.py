@@ -1,4 +1,9 @@
-"""`packtrain train [--packs DIR] [--tokens DIR] [--out DIR] [--resume] [--gpus N]`.
+"""`packtrain train [--packs DIR] [--tokens DIR] [--out DIR] [--resume | --overwrite] [--gpus N]`.
+
+An --out that already holds checkpoints is refused (exit 2) unless --resume (continue from the newest one that
+verifies; broken ones are moved to <out>/checkpoints/quarantine/) or --overwrite (delete them, start at 0).
+A loss, gradient norm or weights that become non-finite stop the run with exit 8, keeping the last good
+checkpoint and saving no model.
 
 `--gpus N` (N > 1) re-executes this command through torchrun (`python -m torch.distributed.run --standalone
 --nproc_per_node N`), one process per GPU; the DeepSpeed engine uses the same launcher (deepspeed.initialize
@@ -23,6 +28,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", metavar="DIR", help="output dir (default <workdir>/train)")
     parser.add_argument("--resume", action="store_true",
                         help="continue from the newest valid checkpoint in <out>/checkpoints")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="start from step 0 even though <out>/checkpoints holds checkpoints (deletes them); "
+                             "without --resume or --overwrite such a directory is refused")
     parser.add_argument("--gpus", type=int, default=1, metavar="N",
                         help="data-parallel processes (one per GPU) launched through torchrun (default 1)")
 
@@ -38,6 +46,8 @@ def launcher_command(args: argparse.Namespace) -> list[str]:
             cmd += [f"--{flag}", str(getattr(args, flag))]
     if args.resume:
         cmd.append("--resume")
+    if args.overwrite:
+        cmd.append("--overwrite")
     return cmd
 
 
@@ -64,7 +74,8 @@ def run(cfg, args) -> int:
 
     paths = RunPaths(Path(cfg.workdir))
     out = Path(args.out) if args.out else paths.train_dir
-    s = run_train(cfg, args.packs or paths.pack_dir, args.tokens or paths.tokenize_dir, out, resume=args.resume)
+    s = run_train(cfg, args.packs or paths.pack_dir, args.tokens or paths.tokenize_dir, out, resume=args.resume,
+                  overwrite=args.overwrite)
     if int(os.environ.get("RANK", "0")) == 0:
         tp = s.get("throughput") or {}
         first = s["loss_curve"][0] if s["loss_curve"] else float("nan")

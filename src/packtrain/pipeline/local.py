@@ -16,8 +16,9 @@
    report, exit code 4 for a failed validation).
 5. The ingested documents are versioned in a DVC repo (<workdir>/dataset) and pushed to a local DVC remote
    (<workdir>/dvc-remote); the summary shows their md5.
-6. The component logs go to <workdir>/logs/run-<time>.log; the terminal shows one line per stage, then the
-   summary and the `mlflow ui --backend-store-uri ...` command.
+6. The component logs go to <workdir>/logs/run-<time>-<pid>.log (never reused); the terminal shows one line
+   per stage, then the summary and the `mlflow ui --backend-store-uri ...` command. The whole run holds the
+   workdir lock (packtrain.pipeline.lock): a second `packtrain run` in the same workdir stops with exit 7.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ class _StageLog:
     def __init__(self, path: Path, out, verbose: bool):
         self.path, self.out, self.verbose = path, out, verbose
         path.parent.mkdir(parents=True, exist_ok=True)
-        self.f = open(path, "w", encoding="utf-8")
+        self.f = open(path, "x", encoding="utf-8")   # never truncates another run's log
         self.buf = ""
         self.t0: dict[str, float] = {}
         self.hits: set[str] = set()
@@ -192,6 +193,17 @@ def snapshot_documents(workdir: Path) -> dict | None:
     return {"md5": data_md5(dst), "pushed": pushed, "repo": str(root), "remote": str(remote)}
 
 
+def new_log_path(logs: Path) -> Path:
+    """logs/run-<date>-<time>-<pid>.log, with -2, -3 ... if that name exists (two runs in one second of one
+    process never share a file; the file is created with mode "x")."""
+    base = f"run-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    path, k = logs / f"{base}.log", 1
+    while path.exists():
+        k += 1
+        path = logs / f"{base}-{k}.log"
+    return path
+
+
 def _read_error(path: Path) -> dict | None:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
@@ -200,7 +212,15 @@ def _read_error(path: Path) -> dict | None:
 
 
 def run_local(cfg, *, verbose: bool = False, use_cache: bool | None = None, out=None) -> dict:
-    """Run the whole DAG locally on `cfg` (see the module docstring); prints progress + summary to `out`."""
+    """Run the whole DAG locally on `cfg` (see the module docstring); prints progress + summary to `out`.
+    Holds the workdir lock throughout (a no-op when the calling CLI already holds it)."""
+    from packtrain.pipeline.lock import workdir_lock
+
+    with workdir_lock(cfg.workdir, "run"):
+        return _run_local(cfg, verbose=verbose, use_cache=use_cache, out=out)
+
+
+def _run_local(cfg, *, verbose: bool, use_cache: bool | None, out) -> dict:
     from packtrain.pipeline.kfp_ops import load_pipeline, pipeline_arguments
     from packtrain.pipeline.summary import build_summary, format_summary, mlflow_ui_command
     from packtrain.tracking import resolve_tracking_uri
@@ -213,8 +233,7 @@ def run_local(cfg, *, verbose: bool = False, use_cache: bool | None = None, out=
     use_cache = cfg.pipeline.stage_cache if use_cache is None else use_cache
     error_file = workdir / "kfp" / "last_error.json"
     error_file.unlink(missing_ok=True)
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    log_path = workdir / "logs" / f"run-{stamp}.log"
+    log_path = new_log_path(workdir / "logs")
 
     tracking_uri = resolve_tracking_uri(cfg) if cfg.tracking.enabled else None
     parent = _start_parent(cfg) if tracking_uri else None

@@ -116,7 +116,6 @@ def runner_args(stage: str, inputs: dict[str, str]) -> list[Path]:
 def run_stage_component(stage: str, config_text: str, inputs: dict[str, str], out_dir: str, *,
                         kfp_run_id: str = "", code_version: str = "", data_version: str = "") -> dict:
     """Run one stage as a pipeline step (see the module docstring); returns the stage's stats dict."""
-    from packtrain.stages import get_runner
 
     try:
         cfg = config_from_text(config_text)
@@ -126,7 +125,7 @@ def run_stage_component(stage: str, config_text: str, inputs: dict[str, str], ou
         args = runner_args(stage, inputs)
         cache_dir = os.environ.get(CACHE_ENV)
         if not cache_dir:
-            stats = get_runner(stage)(cfg, *args, Path(out_dir))
+            stats = _call_runner(stage, cfg, args, out_dir)
             return _with_versions(stats, code_version, data_version)
         return _run_cached(stage, cfg, inputs, args, out_dir, Path(cache_dir), code_version, data_version)
     except PacktrainError as e:
@@ -137,7 +136,6 @@ def run_stage_component(stage: str, config_text: str, inputs: dict[str, str], ou
 def _run_cached(stage, cfg, inputs, args, out_dir, cache_dir: Path, code_version: str, data_version: str) -> dict:
     from packtrain.pipeline.cache import StageCache, source_md5, stage_cache_key
     from packtrain.pipeline.cache import code_version as cur_code
-    from packtrain.stages import get_runner
 
     # PACKTRAIN_CODE_VERSION pins the code part (set in the images; tests pin it too), else the package
     # version + git sha + md5 of the package source, so an uncommitted edit also invalidates the cache
@@ -152,10 +150,19 @@ def _run_cached(stage, cfg, inputs, args, out_dir, cache_dir: Path, code_version
         # no MLflow here (importing it costs ~2.5 s a stage): `packtrain run` logs the cached stage runs
         # under the parent from the returned stats (packtrain.pipeline.local.log_cached_stage_runs)
         return {**hit.stats, "cache": "hit", "cache_key": key, "kfp_run_id": os.environ.get("KFP_RUN_ID", "")}
-    stats = get_runner(stage)(cfg, *args, Path(out_dir))
+    stats = _call_runner(stage, cfg, args, out_dir)
     stats = _with_versions(stats, code_version, data_version)
     cache.store(stage, key, out_dir, stats, parts)
     return {**stats, "cache": "miss"}
+
+
+def _call_runner(stage: str, cfg, args: tuple, out_dir) -> dict:
+    """The stage runner on the artifact dirs. `train` resumes from its own checkpoints: a retried pod (same
+    output dir) continues its killed attempt instead of being refused; a fresh output dir starts at step 0."""
+    from packtrain.stages import get_runner
+
+    extra = {"resume": True} if stage == "train" else {}
+    return get_runner(stage)(cfg, *args, Path(out_dir), **extra)
 
 
 def _with_versions(stats: dict, code_version: str, data_version: str) -> dict:

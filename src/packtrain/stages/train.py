@@ -5,7 +5,9 @@
       writes  out_dir/model/              save_pretrained (safetensors) + tokenizer files
               out_dir/train_result.json   TrainResult (steps, tokens, loss curve, timings, throughput, memory)
               out_dir/train_log.jsonl     one line per optimizer step
-              out_dir/checkpoints/        resumable checkpoints (train.checkpoint.every_steps, keep_last)
+              out_dir/checkpoints/        resumable checkpoints (train.checkpoint: every_steps, keep_last,
+                                          keep_best); quarantine/ holds ones that failed verification
+      refuses  a fresh run (no resume) into an out_dir holding checkpoints unless overwrite (exit 2)
               out_dir/deepspeed_config.json   (engine: deepspeed)
               out_dir/telemetry.json (+ system.png, throughput.png)   packtrain.telemetry.report
       MLflow  run "train" (rank 0 only): params train.* and model.*, per-step metrics with step= (loss, lr,
@@ -18,7 +20,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from packtrain.config import RunConfig, flatten
-from packtrain.errors import MissingDataError
+from packtrain.errors import ConfigError, MissingDataError
 from packtrain.paths import write_json
 
 
@@ -54,23 +56,36 @@ def summary_metrics(d: dict) -> dict[str, float]:
     return {k: float(v) for k, v in out.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
+def refuse_existing_run(out_dir: Path, resume: bool, overwrite: bool) -> None:
+    """A fresh run into an output dir with checkpoints is refused before any work (and before an MLflow run
+    opens): the checkpoints are someone's training run. --resume continues it, --overwrite deletes it."""
+    from packtrain.train.checkpoint import existing_run
+
+    found = existing_run(out_dir / "checkpoints")
+    if found and not (resume or overwrite):
+        raise ConfigError(f"{out_dir / 'checkpoints'} already holds {len(found)} checkpoint(s) "
+                          f"({', '.join(p.name for p in found[:6])}) from an earlier run: pass --resume to continue "
+                          "it, or --overwrite to delete them and start from step 0 (or train into another --out)")
+
+
 def run_train(cfg: RunConfig, packs_dir: str | Path, tokens_dir: str | Path, out_dir: str | Path,
-              resume: bool = False) -> dict:
+              resume: bool = False, overwrite: bool = False) -> dict:
     from packtrain.train.loop import train
     from packtrain.train.runtime import dist_info
 
     packs_dir, tokens_dir, out_dir = Path(packs_dir), Path(tokens_dir), Path(out_dir)
     tokenizer_dir = check_inputs(cfg, packs_dir, tokens_dir)
+    refuse_existing_run(out_dir, resume, overwrite)
     out_dir.mkdir(parents=True, exist_ok=True)
     if not dist_info().is_main:   # only rank 0 talks to MLflow and writes the stage's stats
         return train(cfg.model, cfg.train, cfg.pack, cfg.telemetry, packs_dir, tokenizer_dir, out_dir,
-                     tracker=None, resume=resume, plan_cfg=cfg.plan).to_dict()
+                     tracker=None, resume=resume, plan_cfg=cfg.plan, overwrite=overwrite).to_dict()
     from packtrain.tracking import stage_run
 
     with stage_run("train", cfg, section=cfg.train) as run:
         run.log_params({f"model.{k}": v for k, v in flatten(cfg.model.model_dump(mode="json")).items()})
         result = train(cfg.model, cfg.train, cfg.pack, cfg.telemetry, packs_dir, tokenizer_dir, out_dir,
-                       tracker=run, resume=resume, plan_cfg=cfg.plan)
+                       tracker=run, resume=resume, plan_cfg=cfg.plan, overwrite=overwrite)
         stats = result.to_dict()
         write_json(out_dir / "train_result.json", stats)
         run.log_metrics(summary_metrics(stats))

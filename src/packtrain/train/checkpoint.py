@@ -10,17 +10,31 @@
         manifest.json       written last: {"format", "version", "step", "files": {relpath: {"bytes", "sha256"}}}
       step_000020/ ...
 
+      quarantine/
+        step_000030/          a checkpoint that failed verification on --resume, moved here untouched
+        step_000030.reason.txt   why (names the file: "model.safetensors fails its sha256 checksum")
+
 A checkpoint is written into `.tmp-step_N/` and renamed into place, so a crash (SIGKILL included) leaves
-either the complete directory or a `.tmp-*` leftover that is ignored and cleaned. `find_latest_checkpoint`
-walks newest → oldest and verifies every file's size and sha256 against the manifest (~2 GB/s; a 350M model
-with AdamW state is 4.2 GB ≈ 2 s); a missing or mismatching file is reported in a warning and the previous
-checkpoint is used.
+either the complete directory or a `.tmp-*` leftover (an incomplete write, never a usable checkpoint) that
+the next save removes. `find_latest_checkpoint` walks newest → oldest and verifies every file's size and
+sha256 against the manifest (~2 GB/s; a 350M model with AdamW state is 4.2 GB ≈ 2 s).
+
+Nothing is deleted implicitly:
+- a checkpoint that fails verification is *moved* to `quarantine/` (with a `.reason.txt`), named in a warning,
+  and resume falls back to the newest one that verifies; quarantined files are never pruned or overwritten;
+- retention is the one explicit policy `train.checkpoint`: after each save keep the newest `keep_last` and,
+  with `keep_best`, the one with the lowest mean training loss over its interval (`interval_loss` in the
+  manifest); every other `step_N` is removed. Example, every 5 steps, keep_last 2, keep_best, interval
+  losses 5:4.1 10:3.2 15:3.6 20:3.5 → kept 10 (best), 15, 20;
+- a fresh `packtrain train` into an output directory that already holds checkpoints refuses (see
+  `existing_run`), naming `--resume` and `--overwrite`.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import random
 import re
 import shutil
@@ -30,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from packtrain.errors import InputDataError
+from packtrain.faults import kill_point
 
 FORMAT, VERSION = "packtrain.checkpoint", 1
 STEP_RE = re.compile(r"^step_(\d{6,})$")
@@ -76,13 +91,13 @@ def set_rng_state(plain: dict, tensors: dict) -> None:
         torch.cuda.set_rng_state_all(tensors["cuda"])
 
 
-def _manifest(root: Path, step: int) -> dict:
+def _manifest(root: Path, step: int, loss: float | None = None) -> dict:
     files = {}
     for p in sorted(root.rglob("*")):
         if p.is_file() and p.name != "manifest.json":
             rel = p.relative_to(root).as_posix()
             files[rel] = {"bytes": p.stat().st_size, "sha256": sha256_file(p)}
-    return {"format": FORMAT, "version": VERSION, "step": step, "files": files}
+    return {"format": FORMAT, "version": VERSION, "step": step, "interval_loss": loss, "files": files}
 
 
 def begin_checkpoint(ckpt_root: Path, step: int) -> Path:
@@ -95,16 +110,21 @@ def begin_checkpoint(ckpt_root: Path, step: int) -> Path:
     return tmp
 
 
-def commit_checkpoint(ckpt_root: Path, tmp: Path, step: int, state: dict, keep_last: int) -> Path:
+def commit_checkpoint(ckpt_root: Path, tmp: Path, step: int, state: dict, keep_last: int,
+                      keep_best: bool = False, after_step: int = 0) -> Path:
     """Add state.json, rng.pt and the manifest (last: it marks completeness) to `tmp`, rename it to
-    step_N atomically and prune to the newest `keep_last`. `state` is the JSON-able part (scheduler, scaler,
-    loader, progress); the weights/optimizer files are already in `tmp`."""
+    step_N atomically and apply the retention policy (`prune_checkpoints`). `state` is the JSON-able part
+    (scheduler, scaler, loader, history); the weights/optimizer files are already in `tmp`. `after_step`: the
+    previous checkpoint's step (the manifest's `interval_loss` averages the steps after it)."""
     import torch
 
+    kill_point("checkpoint.payload")
     plain, tensors = rng_state()
     torch.save(tensors, tmp / "rng.pt")
     (tmp / "state.json").write_text(json.dumps({**state, "step": step, "rng": plain}))
-    (tmp / "manifest.json").write_text(json.dumps(_manifest(tmp, step), indent=1))
+    loss = interval_loss(state.get("history"), after_step)
+    (tmp / "manifest.json").write_text(json.dumps(_manifest(tmp, step, loss), indent=1))
+    kill_point("checkpoint.manifest")
     final = ckpt_root / step_dir_name(step)
     if final.exists():
         old = ckpt_root / f".old-{final.name}"
@@ -114,16 +134,25 @@ def commit_checkpoint(ckpt_root: Path, tmp: Path, step: int, state: dict, keep_l
         shutil.rmtree(old, ignore_errors=True)
     else:
         tmp.rename(final)
-    prune_checkpoints(ckpt_root, keep_last)
+    kill_point("checkpoint.renamed")
+    prune_checkpoints(ckpt_root, keep_last, keep_best)
     return final
 
 
+def interval_loss(history: list[dict] | None, after_step: int) -> float | None:
+    """Mean training loss of the steps after `after_step` (the previous checkpoint's step, or 0): the number
+    `keep_best` ranks checkpoints by. [{'step':1,'loss':4.0}, {'step':2,'loss':2.0}], 0 → 3.0; ..., 1 → 2.0"""
+    vals = [float(h["loss"]) for h in history or [] if h.get("step", 0) > after_step
+            and isinstance(h.get("loss"), (int, float))]
+    return sum(vals) / len(vals) if vals else None
+
+
 def save_checkpoint(ckpt_root: Path, step: int, state: dict, write_payload: Callable[[Path], None],
-                    keep_last: int) -> Path:
+                    keep_last: int, keep_best: bool = False) -> Path:
     """Single-process save: begin, `write_payload(tmp)` (e.g. `torch_payload_writer`), commit."""
     tmp = begin_checkpoint(ckpt_root, step)
     write_payload(tmp)
-    return commit_checkpoint(ckpt_root, tmp, step, state, keep_last)
+    return commit_checkpoint(ckpt_root, tmp, step, state, keep_last, keep_best)
 
 
 def list_checkpoints(ckpt_root: Path) -> list[tuple[int, Path]]:
@@ -134,11 +163,31 @@ def list_checkpoints(ckpt_root: Path) -> list[tuple[int, Path]]:
     return sorted(out, reverse=True)
 
 
-def prune_checkpoints(ckpt_root: Path, keep_last: int) -> None:
-    for _, p in list_checkpoints(ckpt_root)[keep_last:]:
+def prune_checkpoints(ckpt_root: Path, keep_last: int, keep_best: bool = False) -> list[Path]:
+    """Apply the retention policy: keep the newest `keep_last` step_N directories and, with `keep_best`, the
+    one whose manifest has the lowest `interval_loss`; remove the other step_N directories and leftover
+    `.tmp-*`/`.old-*` writes. Quarantined checkpoints are never touched. Returns the removed directories."""
+    ckpts = list_checkpoints(ckpt_root)
+    keep = {p for _, p in ckpts[:keep_last]}
+    if keep_best:
+        scored = [(loss, -step, p) for step, p in ckpts if (loss := manifest_loss(p)) is not None]
+        if scored:
+            keep.add(min(scored)[2])
+    removed = [p for _, p in ckpts if p not in keep]
+    for p in removed:
         shutil.rmtree(p, ignore_errors=True)
     for p in [*ckpt_root.glob(".tmp-*"), *ckpt_root.glob(".old-*")]:
         shutil.rmtree(p, ignore_errors=True)
+    return removed
+
+
+def manifest_loss(path: Path) -> float | None:
+    """`interval_loss` from a checkpoint's manifest (None when absent, unreadable or not finite)."""
+    try:
+        v = json.loads((path / "manifest.json").read_text()).get("interval_loss")
+    except (OSError, ValueError):
+        return None
+    return float(v) if isinstance(v, (int, float)) and math.isfinite(v) else None
 
 
 def verify_checkpoint(path: Path) -> str | None:
@@ -166,15 +215,44 @@ def verify_checkpoint(path: Path) -> str | None:
     return None
 
 
-def find_latest_checkpoint(ckpt_root: Path) -> Path | None:
-    """The newest checkpoint that verifies; each newer broken one is skipped with a RuntimeWarning."""
+QUARANTINE = "quarantine"
+
+
+def find_latest_checkpoint(ckpt_root: Path, quarantine: bool = False) -> Path | None:
+    """The newest checkpoint that verifies. Each newer broken one gets a RuntimeWarning naming the file at
+    fault; with `quarantine` it is also moved, untouched, to `<ckpt_root>/quarantine/` (see `quarantine_checkpoint`)
+    so that retention never removes it and the next save of that step cannot overwrite it."""
     for step, p in list_checkpoints(ckpt_root):
         reason = verify_checkpoint(p)
         if reason is None:
             return p
-        warnings.warn(f"checkpoint {p} (step {step}) is corrupt or partial: {reason}; skipping it and "
-                      "trying the previous one", RuntimeWarning, stacklevel=2)
+        where = f"; moved to {quarantine_checkpoint(p, reason)}" if quarantine else ""
+        warnings.warn(f"checkpoint {p} (step {step}) is corrupt or partial: {reason}{where}; trying the "
+                      "previous one", RuntimeWarning, stacklevel=2)
     return None
+
+
+def quarantine_checkpoint(path: Path, reason: str) -> Path:
+    """Move a checkpoint that failed verification to `<root>/quarantine/<name>[-k]` (files byte-identical) and
+    write the reason beside it as `<name>[-k].reason.txt`. Returns the new location."""
+    qdir = path.parent / QUARANTINE
+    qdir.mkdir(exist_ok=True)
+    dst, k = qdir / path.name, 1
+    while dst.exists():
+        k += 1
+        dst = qdir / f"{path.name}-{k}"
+    path.rename(dst)
+    (qdir / f"{dst.name}.reason.txt").write_text(reason + "\n", encoding="utf-8")
+    return dst
+
+
+def existing_run(ckpt_root: Path) -> list[Path]:
+    """Everything a fresh (non-resume) run would clobber: step_N checkpoints and quarantined ones."""
+    found = [p for _, p in list_checkpoints(ckpt_root)]
+    q = ckpt_root / QUARANTINE
+    if q.is_dir():
+        found += sorted(p for p in q.iterdir() if p.is_dir())
+    return found
 
 
 def read_state(path: Path) -> dict:

@@ -14,6 +14,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from packtrain.faults import active
+
 
 @dataclass
 class TrainResult:
@@ -51,12 +53,15 @@ class TrainResult:
 
 
 def train(model_cfg, train_cfg, pack_cfg, telemetry_cfg, packs_dir, tokenizer_dir, out_dir, tracker=None,
-          resume: bool = False, plan_cfg=None) -> TrainResult:
+          resume: bool = False, plan_cfg=None, overwrite: bool = False) -> TrainResult:
     """Train on `packs_dir/train` and write `out_dir/model` (+ checkpoints, train_log.jsonl).
 
     tokenizer_dir: the tokenize stage's output (its tokenizer/ is copied next to the model).
     tracker: a `packtrain.tracking.StageRun` (per-step metrics with step=) or None.
-    resume: continue from the newest valid checkpoint in out_dir/checkpoints (corrupt ones skipped).
+    resume: continue from the newest valid checkpoint in out_dir/checkpoints (corrupt ones quarantined).
+    overwrite: start from step 0 even though out_dir/checkpoints holds checkpoints (they are deleted); without
+    it (and without resume) such a directory is refused. A non-finite loss, gradient norm or weights stop the
+    run with TrainingDiverged (exit 8) before anything of that step is saved.
     """
     import torch
     from tqdm import tqdm
@@ -68,7 +73,7 @@ def train(model_cfg, train_cfg, pack_cfg, telemetry_cfg, packs_dir, tokenizer_di
     t_start = time.perf_counter()
     with TrainSession(model_cfg, train_cfg, pack_cfg, telemetry_cfg, packs_dir, tokenizer_dir, out_dir,
                       tracker, plan_cfg) as s:
-        start = s.restore(resume)
+        start = s.restore(resume, overwrite)
         ga, world, compiled = s.shape.grad_accum, s.dist.world_size, train_cfg.compile
         batches = s.batches()
         s.last_step_end = time.perf_counter()
@@ -112,6 +117,8 @@ def train(model_cfg, train_cfg, pack_cfg, telemetry_cfg, packs_dir, tokenizer_di
         bar.close()
         train_s = time.perf_counter() - t_loop
         s.end_steady_state()
+        if s.last_ckpt is None or not s.last_ckpt.name.endswith(f"{train_cfg.max_steps:06d}"):
+            s.check_finite_weights(train_cfg.max_steps)   # (a checkpoint at the last step checked them already)
         t_save = time.perf_counter()
         model_dir = s.save_model()
         return _result(s, start, train_s, time.perf_counter() - t_save, time.perf_counter() - t_start, model_dir)
@@ -153,6 +160,9 @@ def _finish(s, bar, d: StepDone, world: int) -> None:
     step_time, s.last_step_end = now - s.last_step_end, now
     d.info.grad_norm = norm
     loss = s.global_sum(loss_sum) / max(d.n_labels, 1)
+    if active(f"train.nan_loss@{d.step}"):   # fault-injection test hook (packtrain.faults)
+        loss = float("nan")
+    s.check_step_finite(d.step, loss, norm, bool(d.info.skipped))   # before it is logged as a good step
     m = s.record(d.step, d.window, d.n_labels, loss, d.lr, d.info, step_time, d.data_wait)
     bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{m['real_tokens_per_s'] * world:,.0f}")
     bar.update(1)

@@ -107,6 +107,17 @@ def gather_floats(values: list[float], d: DistInfo) -> list[list[float]]:
     return [o.tolist() for o in out]
 
 
+def broadcast_object(obj, d: DistInfo):
+    """Rank 0's `obj` (any picklable value) on every rank, over the host group (never waits on the GPU)."""
+    if d.world_size <= 1:
+        return obj
+    import torch.distributed as dist
+
+    box = [obj]
+    dist.broadcast_object_list(box, src=0, group=_HOST_GROUP)
+    return box[0]
+
+
 def barrier(d: DistInfo) -> None:
     if d.world_size > 1:
         import torch.distributed as dist

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import random
 import shutil
 import sys
@@ -20,11 +21,14 @@ import time
 import warnings
 from pathlib import Path
 
-from packtrain.errors import MissingDataError
+from packtrain.errors import ConfigError, MissingDataError, TrainingDiverged
+from packtrain.faults import kill_point
+from packtrain.paths import replace_dir
 from packtrain.train import checkpoint as ckpt
 from packtrain.train.runtime import (
     DistInfo,
     barrier,
+    broadcast_object,
     choose_shape,
     dist_info,
     gather_floats,
@@ -156,19 +160,50 @@ class TrainSession:
         return useful, dense
 
     # ------------------------------------------------------------------------------------------ resume
-    def restore(self, resume: bool) -> int:
-        """Resume from the newest valid checkpoint (resume=True) or start clean; returns the first step."""
-        if not resume:
-            if self.dist.is_main:
+    def restore(self, resume: bool, overwrite: bool = False) -> int:
+        """Where this run starts; returns the first step. Nothing is deleted implicitly:
+
+        - resume: the newest checkpoint that verifies (broken newer ones are quarantined and named); no
+          checkpoint at all → step 0;
+        - fresh (no resume) into a directory that holds checkpoints: refused (ConfigError, exit 2) unless
+          `overwrite`, which removes them and train_log.jsonl, saying so.
+        """
+        if resume:
+            return self._resume()
+        refusal = None
+        if self.dist.is_main:
+            found = ckpt.existing_run(self.ckpt_root)
+            if found and not overwrite:
+                steps = ", ".join(p.name for p in found[:6]) + (" ..." if len(found) > 6 else "")
+                refusal = (f"{self.ckpt_root} already holds {len(found)} checkpoint(s) ({steps}) from an earlier "
+                           "run: pass --resume to continue it, or --overwrite to delete them and start from step 0 "
+                           "(or train into another --out)")
+            elif found or self.log_path.exists():
+                if found:
+                    print(f"--overwrite: removing {len(found)} checkpoint(s) under {self.ckpt_root}",
+                          file=sys.stderr)
                 shutil.rmtree(self.ckpt_root, ignore_errors=True)
                 self.log_path.unlink(missing_ok=True)
+        refusal = broadcast_object(refusal, self.dist)   # every rank stops, not only rank 0
+        if refusal:
+            raise ConfigError(refusal)
+        return 0
+
+    def _resume(self) -> int:
+        path = None
+        if self.dist.is_main:
+            path = ckpt.find_latest_checkpoint(self.ckpt_root, quarantine=True)
+        path = broadcast_object(str(path) if path else None, self.dist)   # every rank loads rank 0's choice
+        path = Path(path) if path else None
+        if path is None:
+            kept = self.ckpt_root / ckpt.QUARANTINE
+            note = f" (quarantined checkpoints kept in {kept})" if kept.is_dir() else ""
+            warnings.warn(f"--resume: no valid checkpoint under {self.ckpt_root}{note}; starting from step 0",
+                          RuntimeWarning, stacklevel=3)
+            if self.dist.is_main:
+                self._keep_old_log(0)
             barrier(self.dist)
             return 0
-        path = ckpt.find_latest_checkpoint(self.ckpt_root)
-        if path is None:
-            warnings.warn(f"--resume: no valid checkpoint under {self.ckpt_root}; starting from step 0",
-                          RuntimeWarning, stacklevel=2)
-            return self.restore(False)
         self.stepper.load(path)
         state = ckpt.read_state(path)
         self.scheduler.load_state_dict(state["scheduler"])
@@ -178,9 +213,21 @@ class TrainSession:
         self.start_step = self.resumed_from = int(state["step"])
         self.last_ckpt = path
         if self.dist.is_main:   # the log may hold steps past the checkpoint from the killed run
+            self._keep_old_log(self.start_step)
             self.log_path.write_text("".join(json.dumps(h) + "\n" for h in self.history))
         print(f"resumed from {path} (step {self.start_step})", file=sys.stderr)
         return self.start_step
+
+    def _keep_old_log(self, step: int) -> None:
+        """The killed run's train_log.jsonl, when it holds steps past `step`, is kept as
+        train_log.before-resume-<step>[-k].jsonl (the resumed run recomputes those steps)."""
+        if not self.log_path.exists() or self.log_path.stat().st_size == 0:
+            return
+        dst, k = self.out_dir / f"train_log.before-resume-{step}.jsonl", 1
+        while dst.exists():
+            k += 1
+            dst = self.out_dir / f"train_log.before-resume-{step}-{k}.jsonl"
+        self.log_path.rename(dst)
 
     # ------------------------------------------------------------------------------------------ per step
     def record(self, step: int, window, n_labels: float, loss: float, lr: float, info, step_time: float,
@@ -244,7 +291,10 @@ class TrainSession:
             self.sampler.stop()
 
     def save_checkpoint(self, step: int) -> None:
+        """Checkpoint `step` (atomic, verified on resume) after checking the weights are finite, so the newest
+        checkpoint is always one training can continue from; then the retention policy (checkpoint.py)."""
         t0 = time.perf_counter()
+        self.check_finite_weights(step)
         deepspeed = self.cfg.engine == "deepspeed"
         tmp = ckpt.begin_checkpoint(self.ckpt_root, step) if self.dist.is_main else None
         barrier(self.dist)
@@ -255,10 +305,33 @@ class TrainSession:
         if self.dist.is_main:
             state = {"scheduler": self.scheduler.state_dict(), "scaler": self.stepper.scaler_state(),
                      "loader": self.loader_state(), "history": self.history}
-            self.last_ckpt = ckpt.commit_checkpoint(self.ckpt_root, tmp, step, state,
-                                                    self.cfg.checkpoint.keep_last)
+            prev = int(self.last_ckpt.name.split("_")[1]) if self.last_ckpt else 0
+            self.last_ckpt = ckpt.commit_checkpoint(self.ckpt_root, tmp, step, state, self.cfg.checkpoint.keep_last,
+                                                    self.cfg.checkpoint.keep_best, after_step=prev)
         barrier(self.dist)
         self.timings["checkpoint_s"] += time.perf_counter() - t0
+
+    def check_step_finite(self, step: int, loss: float, grad_norm: float | None, skipped: bool) -> None:
+        """Stop (TrainingDiverged, exit 8) when step `step`'s loss or gradient norm is not finite. An fp16 step
+        the loss scaler skipped is fine: its update was not applied."""
+        bad = [] if skipped else [f"{k} {v}" for k, v in (("loss", loss), ("grad_norm", grad_norm))
+                                  if v is not None and not math.isfinite(v)]
+        if bad:
+            raise self._diverged(step, " and ".join(bad))
+
+    def check_finite_weights(self, step: int) -> None:
+        """Before a checkpoint or the final save: every local parameter is finite (one host sync)."""
+        import torch
+
+        params = [p.detach() for p in self.model.parameters() if p.numel() > 0]
+        if params and not bool(torch.stack([torch.isfinite(p).all() for p in params]).all()):
+            raise self._diverged(step, "the weights after this step are not finite")
+
+    def _diverged(self, step: int, what: str) -> TrainingDiverged:
+        kept = (f"the last good checkpoint {self.last_ckpt} is kept (`--resume` continues from it; lower "
+                "train.lr or use bf16/fp32)") if self.last_ckpt else "no checkpoint was saved before it"
+        return TrainingDiverged(f"training diverged at step {step}: {what} (lr {self.scheduler.get_last_lr()[0]:g}); "
+                                f"stopped without saving the model; {kept}")
 
     def oom(self, step: int):
         return oom_error(step, self.device, self.shape, self.model_cfg, self.cfg, self.plan_cfg, self.vocab_size)
@@ -286,9 +359,8 @@ class TrainSession:
         for f in src.iterdir():
             if f.is_file():
                 shutil.copy2(f, tmp / f.name)
-        if final.exists():
-            shutil.rmtree(final)
-        tmp.rename(final)
+        kill_point("model.saved")
+        replace_dir(tmp, final)
         return final
 
     def telemetry_report(self):

@@ -1,0 +1,244 @@
+"""Train faults, each ending in an exact state: checkpoints are never deleted implicitly, a broken checkpoint is
+quarantined byte-identical and resume falls back to the previous one, kill -9 at seeded random points (and at
+every checkpoint commit point) resumes to the bit-identical result, a diverged run stops with exit 8 keeping the
+last good checkpoint, retention keeps the last K and the best.
+
+Reference: one uninterrupted 20-step run (`straight`, checkpoints every 5). Every other case must end with the
+same loss curve and the same final weights, to the last bit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from packtrain.cli import main
+
+V = 128
+TINY = ["model.hidden_size=32", "model.intermediate_size=64", "model.num_heads=2", "train.rows=4",
+        "train.max_steps=20", "train.warmup_steps=2", "train.checkpoint.every_steps=5",
+        "train.checkpoint.keep_last=2", "train.threads=1", "telemetry.interval_s=5", "tracking.enabled=false"]
+PACKTRAIN = [sys.executable, "-m", "packtrain.cli"]
+CKPT_FILES = ["model.safetensors", "optimizer.pt", "rng.pt", "state.json", "manifest.json"]
+
+
+def _args(data: Path, out: Path, *extra: str, sets: tuple[str, ...] = ()) -> list[str]:
+    all_sets = [*TINY, f"workdir={out.parent / 'work'}", *sets]
+    return ["train", "--packs", str(data / "pack"), "--tokens", str(data / "tokenize"), "--out", str(out),
+            *[x for s in all_sets for x in ("--set", s)], *extra]
+
+
+def _digest(root: Path) -> dict[str, str]:
+    return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def _losses(out: Path) -> list[float]:
+    return json.loads((out / "train_result.json").read_text())["loss_curve"]
+
+
+def _weights_equal(a: Path, b: Path) -> bool:
+    from safetensors.torch import load_file
+
+    x, y = load_file(a / "model" / "model.safetensors"), load_file(b / "model" / "model.safetensors")
+    return x.keys() == y.keys() and all((x[k] == y[k]).all() for k in x)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    from packtrain.train.synthetic import make_synthetic_inputs
+
+    root = tmp_path_factory.mktemp("fault_data")
+    make_synthetic_inputs(root, n_docs=200, vocab_size=V, budget=128, seed=1)
+    return root
+
+
+@pytest.fixture(scope="module")
+def straight(data, tmp_path_factory):
+    out = tmp_path_factory.mktemp("straight") / "train"
+    assert main(_args(data, out)) == 0
+    return out
+
+
+def _copy(straight: Path, tmp_path: Path) -> Path:
+    out = tmp_path / "train"
+    shutil.copytree(straight, out)
+    return out
+
+
+# ------------------------------------------------------------------------------------- never deleted implicitly
+def test_fresh_train_into_a_run_with_checkpoints_is_refused_and_changes_nothing(data, straight, tmp_path, capsys):
+    out = _copy(straight, tmp_path)
+    before = _digest(out)
+    assert main(_args(data, out)) == 2
+    err = capsys.readouterr().err
+    assert f"{out / 'checkpoints'} already holds 2 checkpoint(s) (step_000020, step_000015)" in err
+    assert "--resume" in err and "--overwrite" in err
+    assert _digest(out) == before                         # byte-identical: nothing removed, nothing written
+
+
+def test_overwrite_is_the_explicit_way_to_start_again(data, straight, tmp_path, capsys):
+    out = _copy(straight, tmp_path)
+    (out / "checkpoints" / "step_000015" / "marker").write_text("old run")
+    assert main(_args(data, out, "--overwrite")) == 0
+    assert "--overwrite: removing 2 checkpoint(s)" in capsys.readouterr().err
+    assert not (out / "checkpoints" / "step_000015" / "marker").exists()
+    assert _losses(out) == _losses(straight) and _weights_equal(out, straight)
+
+
+# ------------------------------------------------------------------------------------- broken checkpoint files
+@pytest.mark.parametrize("damage", ["truncate", "delete"])
+@pytest.mark.parametrize("name", CKPT_FILES)
+def test_broken_file_in_newest_checkpoint_is_quarantined_and_resume_falls_back(data, straight, tmp_path, name,
+                                                                                damage):
+    out = _copy(straight, tmp_path)
+    newest = out / "checkpoints" / "step_000020"
+    f = newest / name
+    if damage == "truncate":
+        f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
+    else:
+        f.unlink()
+    broken = _digest(newest)
+    with pytest.warns(RuntimeWarning, match=f"step_000020.*moved to .*quarantine"):
+        assert main(_args(data, out, "--resume")) == 0
+    q = out / "checkpoints" / "quarantine"
+    assert _digest(q / "step_000020") == broken            # kept exactly as found
+    reason = (q / "step_000020.reason.txt").read_text()
+    assert (name in reason) or ("manifest.json" in reason), reason
+    result = json.loads((out / "train_result.json").read_text())
+    assert result["setup"]["resumed_from"] == 15
+    assert _losses(out) == _losses(straight) and _weights_equal(out, straight)
+    ok = sorted(p.name for p in (out / "checkpoints").iterdir() if p.name.startswith("step_"))
+    assert ok == ["step_000015", "step_000020"]              # step 20 written again, fresh and verified
+    from packtrain.train.checkpoint import verify_checkpoint
+
+    assert verify_checkpoint(out / "checkpoints" / "step_000020") is None
+
+
+def test_every_checkpoint_broken_keeps_them_all_and_starts_from_zero(data, straight, tmp_path):
+    out = _copy(straight, tmp_path)
+    for step in ("step_000015", "step_000020"):
+        (out / "checkpoints" / step / "state.json").write_text("{")
+    with pytest.warns(RuntimeWarning, match="no valid checkpoint.*quarantined checkpoints kept"):
+        assert main(_args(data, out, "--resume")) == 0
+    q = out / "checkpoints" / "quarantine"
+    assert sorted(p.name for p in q.iterdir() if p.is_dir()) == ["step_000015", "step_000020"]
+    assert json.loads((out / "train_result.json").read_text())["setup"]["resumed_from"] is None
+    assert _losses(out) == _losses(straight)
+    assert (out / "train_log.before-resume-0.jsonl").read_text() == (straight / "train_log.jsonl").read_text()
+
+
+# ------------------------------------------------------------------------------------- kill -9, then --resume
+def _kill_after(cmd: list[str], env: dict, seconds: float) -> int:
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    try:
+        proc.wait(timeout=seconds)
+    except subprocess.TimeoutExpired:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    proc.stderr.close()
+    return proc.returncode
+
+
+def _resume_and_compare(data, straight, out: Path) -> subprocess.CompletedProcess:
+    res = subprocess.run(PACKTRAIN + _args(data, out, "--resume"), capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert _losses(out) == _losses(straight) and _weights_equal(out, straight)
+    ck = out / "checkpoints"
+    assert not list(ck.glob(".tmp-*")) and not list(ck.glob(".old-*")) and not (out / ".model.tmp").exists()
+    assert not (ck / "quarantine").exists()   # a kill never leaves a step_N that fails verification
+    return res
+
+
+@pytest.mark.parametrize("point", ["checkpoint.payload", "checkpoint.manifest", "checkpoint.renamed",
+                                   "model.saved"])
+def test_kill_at_each_commit_point_then_resume_is_exact(data, straight, tmp_path, point):
+    out = tmp_path / "train"
+    env = {**os.environ, "PACKTRAIN_FAULT": point}
+    proc = subprocess.run(PACKTRAIN + _args(data, out), env=env, capture_output=True, timeout=300)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    ck = out / "checkpoints"
+    if point == "checkpoint.payload" or point == "checkpoint.manifest":
+        assert list(ck.glob(".tmp-step_000005")) and not list(ck.glob("step_*"))   # the first save, half done
+    elif point == "checkpoint.renamed":
+        assert [p.name for p in ck.glob("step_*")] == ["step_000005"]
+    else:
+        assert (out / ".model.tmp").is_dir() and not (out / "model").exists()
+    _resume_and_compare(data, straight, out)
+
+
+@pytest.mark.parametrize("seed", [11, 23, 37])
+def test_kill_at_a_seeded_random_time_then_resume_is_exact(data, straight, tmp_path, seed):
+    """The kill lands anywhere: during setup, a step, a checkpoint save or the final save (seed in the test id)."""
+    t_full = json.loads((straight / "train_result.json").read_text())["timings"]["total_s"]
+    delay = random.Random(seed).uniform(1.0, 2.0 + t_full)   # + interpreter start and imports (~1-2 s)
+    out = tmp_path / "train"
+    _kill_after(PACKTRAIN + _args(data, out), dict(os.environ), delay)
+    if (out / "train_result.json").exists():                 # the run finished before the kill: compare it
+        assert _losses(out) == _losses(straight)
+        return
+    _resume_and_compare(data, straight, out)
+
+
+# ------------------------------------------------------------------------------------- divergence
+def test_nan_loss_stops_with_exit_8_and_keeps_the_last_good_checkpoint(data, straight, tmp_path, capsys,
+                                                                        monkeypatch):
+    out = tmp_path / "train"
+    monkeypatch.setenv("PACKTRAIN_FAULT", "train.nan_loss@12")
+    assert main(_args(data, out)) == 8
+    err = capsys.readouterr().err
+    assert "training diverged at step 12: loss nan" in err
+    assert f"the last good checkpoint {out / 'checkpoints' / 'step_000010'} is kept" in err
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step_000005", "step_000010"]
+    assert not (out / "model").exists() and not (out / "train_result.json").exists()
+    logged = [json.loads(x)["step"] for x in (out / "train_log.jsonl").read_text().splitlines()]
+    assert logged == list(range(1, 12))                       # the NaN step is never logged as a good step
+    monkeypatch.delenv("PACKTRAIN_FAULT")
+    assert main(_args(data, out, "--resume")) == 0            # continue from step 10: same result as straight
+    assert _losses(out) == _losses(straight) and _weights_equal(out, straight)
+
+
+def test_a_learning_rate_that_blows_up_the_weights_stops_the_run(data, tmp_path, capsys):
+    out = tmp_path / "train"
+    assert main(_args(data, out, sets=("train.lr=1e30", "train.warmup_steps=0"))) == 8
+    err = capsys.readouterr().err
+    assert "training diverged at step" in err and "no checkpoint was saved before it" in err
+    assert not (out / "model").exists() and not list((out / "checkpoints").glob("step_*"))
+
+
+# ------------------------------------------------------------------------------------- retention
+def test_retention_keeps_the_last_k_and_the_best(tmp_path):
+    from packtrain.train import checkpoint as ck
+
+    root = tmp_path / "checkpoints"
+    losses = {5: 4.1, 10: 3.2, 15: 3.6, 20: 3.5, 25: 3.9}
+    for step, loss in losses.items():
+        hist = [{"step": s, "loss": loss} for s in range(step - 4, step + 1)]
+        ck.save_checkpoint(root, step, {"history": hist}, lambda d: (d / "w.bin").write_bytes(b"x"), keep_last=2,
+                           keep_best=True)
+    assert sorted(p.name for _, p in ck.list_checkpoints(root)) == ["step_000010", "step_000020", "step_000025"]
+    assert ck.manifest_loss(root / "step_000010") == pytest.approx(3.2)
+    (root / "quarantine").mkdir()
+    (root / "quarantine" / "step_000003").mkdir()
+    ck.prune_checkpoints(root, keep_last=1, keep_best=False)
+    assert [p.name for _, p in ck.list_checkpoints(root)] == ["step_000025"]
+    assert (root / "quarantine" / "step_000003").is_dir()    # never pruned
+
+
+def test_interval_loss_averages_the_steps_since_the_previous_checkpoint():
+    from packtrain.train.checkpoint import interval_loss
+
+    hist = [{"step": 1, "loss": 4.0}, {"step": 2, "loss": 2.0}, {"step": 3, "loss": 1.0}]
+    assert interval_loss(hist, 0) == pytest.approx(7 / 3)
+    assert interval_loss(hist, 1) == pytest.approx(1.5)
+    assert interval_loss([], 0) is None
