@@ -6,11 +6,13 @@ name = stage name). The parent is found through the environment variable PACKTRA
 without it a stage run is top-level. Tracking URI: MLFLOW_TRACKING_URI if set, else
 `cfg.tracking.tracking_uri`, else sqlite:///<workdir>/mlflow.db. `cfg.tracking.enabled=false` (and every
 rank but 0) turns all of it into no-ops (the stage still runs). When the store is unreachable, calls are
-buffered to <workdir>/mlflow-buffer and replayed when it returns (`packtrain mlflow replay` replays leftovers).
+buffered to <workdir>/mlflow-buffer and replayed when it returns (`packtrain mlflow replay` replays leftovers),
+each op exactly once (packtrain.tracking.replay). Credentials in the URI never reach the buffer, the runs or
+the logs: they are recorded as `user:***@host` (packtrain.secrets).
 """
 
-from packtrain.tracking.buffer import ReplayResult, replay_dir
 from packtrain.tracking.context import is_rank_zero
+from packtrain.tracking.replay import ReplayResult, recorded_uris, replay_dir
 from packtrain.tracking.run import (
     PARENT_ENV,
     StageRun,
@@ -22,4 +24,4 @@ from packtrain.tracking.run import (
 )
 
 __all__ = ["StageRun", "stage_run", "resolve_tracking_uri", "start_pipeline_run", "end_pipeline_run",
-           "buffer_dir_for", "replay_dir", "ReplayResult", "is_rank_zero", "PARENT_ENV"]
+           "buffer_dir_for", "replay_dir", "recorded_uris", "ReplayResult", "is_rank_zero", "PARENT_ENV"]

@@ -1,0 +1,145 @@
+"""Applying one op to the store — idempotently, so a replay that repeats an op changes nothing.
+
+Each kind, and why applying it twice leaves one copy (checked against a real sqlite store and a real
+`mlflow server` in tests/faults/test_replay_*.py):
+
+    create_run      the run carries tag packtrain.pending_id=<its pending id>; a buffered create first
+                    searches the experiment for that tag and reuses the run it finds (pending → real id
+                    recorded in run_ids.json)
+    log_batch       metrics: MLflow drops a metric whose (key, timestamp, step, value) is already logged;
+                    params: re-logging the same value is accepted; tags: overwritten with the same value
+    log_artifact    the same artifact path is overwritten
+    log_input       MLflow reuses the (name, digest) dataset and the existing run → dataset link
+    set_terminated  sets the same status and end time
+    register_model  packtrain.evaluate.register.apply_registration: the logged model and the model version
+                    carry tag packtrain.register_op=<op id> and are looked up before being created
+
+Buffered files (artifacts, a model to register) are referenced as `buffered_path`, relative to the buffer
+directory, so a copied or moved buffer replays its own copies.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from packtrain.tracking.ledger import write_id
+from packtrain.tracking.transport import Blocked
+
+log = logging.getLogger(__name__)
+PENDING = "pending-"
+PENDING_TAG = "packtrain.pending_id"
+# op kinds implemented outside the tracking room (imported when first replayed)
+HANDLERS = {"register_model": "packtrain.evaluate.register:apply_registration"}
+
+
+def op_file(buffer_dir: Path, op: dict) -> Path | None:
+    """The local file/dir an op carries: its copy inside the buffer, else the path it was recorded with."""
+    if op.get("buffered_path"):
+        return Path(buffer_dir) / op["buffered_path"]
+    if op.get("path"):
+        path = Path(op["path"])
+        if not path.exists() and op.get("buffered"):  # old layout: <buffer>/artifacts/<uuid>/<name>, moved
+            moved = Path(buffer_dir) / "artifacts" / path.parent.name / path.name
+            return moved if moved.exists() else path
+        return path
+    return None
+
+
+def drop_copy(buffer_dir: Path, op: dict) -> None:
+    """Delete the buffer's own copy of an op's file once the op is recorded as applied."""
+    import shutil
+
+    if op.get("buffered_path") or op.get("buffered"):
+        path = op_file(buffer_dir, op)
+        if path is not None and Path(buffer_dir) in path.parents:
+            shutil.rmtree(path.parent, ignore_errors=True)
+
+
+def experiment_id(bc, name: str) -> str:
+    """Get or create the experiment. A sqlite store keeps artifacts in `mlartifacts/` next to its .db
+    (MLflow's own default is ./mlruns under whatever the current directory happens to be)."""
+    if name not in bc._experiments:
+        c = bc._client
+        exp = c.get_experiment_by_name(name)
+        if exp is None:
+            location = None
+            if bc.uri.startswith("sqlite:///"):
+                location = (Path(bc.uri[len("sqlite:///"):]).parent / "mlartifacts").resolve().as_uri()
+            with contextlib.suppress(Exception):  # lost a creation race with another process
+                c.create_experiment(name, artifact_location=location)
+            exp = c.get_experiment_by_name(name)
+        bc._experiments[name] = exp.experiment_id
+    return bc._experiments[name]
+
+
+def run_id_of(bc, run_id: str) -> str:
+    rid = bc.resolve(run_id)
+    if rid.startswith(PENDING):
+        raise Blocked(f"run {rid} was created while the store was down and is not replayed yet")
+    return rid
+
+
+def _create_run(bc, op: dict) -> str:
+    c = bc._client
+    pending = op["pending_id"]
+    tags = dict(op["tags"])
+    tags[PENDING_TAG] = pending
+    parent = tags.get("mlflow.parentRunId")
+    if parent:
+        tags["mlflow.parentRunId"] = run_id_of(bc, parent)
+    exp = experiment_id(bc, op["experiment"])
+    rid = None
+    if op.get("buffered_create"):  # maybe created before: by a replay killed before recording it, by a
+        found = c.search_runs([exp], f"tags.`{PENDING_TAG}` = '{pending}'", max_results=1)  # copy, or a
+        rid = found[0].info.run_id if found else None                       # live call that timed out
+    if rid is None:
+        rid = c.create_run(exp, start_time=op["start_time"], tags=tags, run_name=op["run_name"]).info.run_id
+    if op.get("buffered_create"):
+        bc._ids[pending] = rid
+        write_id(bc.buffer_dir, pending, rid)
+    return rid
+
+
+def apply_op(bc, op: dict) -> Any:
+    """Apply `op` through BufferedClient `bc` (its MlflowClient, id map and buffer dir). Returns the run id
+    for create_run, the handler's result for handler kinds, else None. Raises on failure (transient or not:
+    the caller decides)."""
+    from mlflow.entities import Metric, Param, RunTag
+
+    kind = op["op"]
+    if kind == "create_run":
+        return _create_run(bc, op)
+    rid = run_id_of(bc, op["run_id"])
+    c = bc._client
+    if kind == "log_batch":
+        c.log_batch(rid, metrics=[Metric(k, float(v), int(ts), int(s)) for k, v, ts, s in op["metrics"]],
+                    params=[Param(k, str(v)) for k, v in op["params"].items()],
+                    tags=[RunTag(k, str(v)) for k, v in op["tags"].items()])
+    elif kind == "log_artifact":
+        path = op_file(bc.buffer_dir, op)
+        if path is not None and path.is_dir():
+            c.log_artifacts(rid, str(path), artifact_path=op.get("artifact_path"))
+        elif path is not None and path.exists():
+            c.log_artifact(rid, str(path), artifact_path=op.get("artifact_path"))
+        else:
+            log.warning("artifact %s vanished before it could be logged", path)
+    elif kind == "log_input":
+        from mlflow.entities import Dataset, DatasetInput, InputTag
+
+        ds = Dataset(name=op["name"], digest=op["digest"], source_type="local",
+                     source=json.dumps({"uri": op["source"]}))
+        c.log_inputs(rid, datasets=[DatasetInput(ds, tags=[InputTag("mlflow.data.context", op["context"])])])
+    elif kind == "set_terminated":
+        c.set_terminated(rid, status=op["status"], end_time=op["end_time"])
+    elif kind in HANDLERS:
+        module, func = HANDLERS[kind].split(":")
+        handler = getattr(importlib.import_module(module), func)
+        return handler(c, bc.uri, rid, op, op_file(bc.buffer_dir, op))
+    else:
+        raise ValueError(f"unknown buffered op {kind!r}")
+    return None
