@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import types
+from collections.abc import Iterator
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import annotated_types as at
@@ -267,3 +268,31 @@ def _allowed_keys(model: type[BaseModel], loc: tuple) -> list[str]:
     if path != ".".join(str(p) for p in loc) or not (isinstance(target, type) and issubclass(target, BaseModel)):
         return []
     return sorted(f.alias or name for name, f in target.model_fields.items())
+
+
+# ---- the schema as a table (docs/config.md, tests that walk every field) ------------------------------------
+
+def iter_fields(model: type[BaseModel], prefix: str = "") -> Iterator[tuple[str, FieldInfo]]:
+    """Every leaf field as (dotted path in YAML spelling, FieldInfo); sections are walked into, not listed.
+
+    >>> from packtrain.config import RunConfig
+    >>> dict(iter_fields(RunConfig))["validate.min_rows"].default
+    10
+    """
+    for name, f in model.model_fields.items():
+        path = prefix + (f.alias or name)
+        sub = _as_model(f.annotation, [])
+        if isinstance(sub, type):
+            yield from iter_fields(sub, path + ".")
+        else:
+            yield path, f
+
+
+def field_table(model: type[BaseModel]) -> str:
+    """A markdown table: key | default | allowed, one row per leaf field (the reference in docs/config.md)."""
+    rows = ["| key | default | allowed |", "|---|---|---|"]
+    for path, f in iter_fields(model):
+        default = f.default if not isinstance(f.default, tuple) else list(f.default)
+        allowed = describe_allowed(f.annotation, list(f.metadata)) or "see the field's docstring"
+        rows.append(f"| `{path}` | `{_show(default)}` | {allowed.replace('|', '¦')} |")
+    return "\n".join(rows)
