@@ -30,7 +30,7 @@ _SECRET_QUERY = re.compile(r"(?i)^(x-amz-signature|x-amz-credential|x-amz-securi
                            r"access_token|api_key|apikey|key|password|secret|client_secret)$")
 # scheme://userinfo@ inside free text; userinfo stops at whitespace, '/', '@' and quotes
 _URI_USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.\-]*://)(?P<user>[^\s/@:'\"<>]*)"
-                           r"(?::(?P<password>[^\s/@'\"<>]*))?@")
+                           r"(?::(?P<password>[^\s/'\"<>]*))?@")  # a raw '@' in a password: up to the last one
 _QUERY_SECRET_IN_TEXT = re.compile(r"(?i)([?&](?:x-amz-signature|x-amz-credential|x-amz-security-token|"
                                    r"signature|sig|token|access_token|api_key|apikey|password|secret|"
                                    r"client_secret)=)[^&\s'\"<>]+")
@@ -58,6 +58,8 @@ def redact_uri(uri: str | None) -> str | None:
             k, eq, _ = item.partition("=")
             fields.append(f"{k}={MASK}" if eq and _SECRET_QUERY.match(k) else item)
         query = "&".join(fields)
+    if (netloc, query) == (parts.netloc, parts.query):
+        return uri   # nothing secret; urlunsplit would also turn sqlite://// into sqlite://
     return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
 
 

@@ -44,17 +44,22 @@ def _model_card(text: str):
 
 
 def log_model(model, tokenizer, model_dir: Path, flavor: str, pip_requirements: list[str],
-              card_text: str = "") -> tuple[object, str, str, float]:
-    """Log into the active MLflow run. Returns (ModelInfo, flavor used, note on the choice, seconds)."""
+              card_text: str = "", model_id: str | None = None, run_id: str | None = None
+              ) -> tuple[object, str, str, float]:
+    """Log into run `run_id` (default: the active MLflow run). With `model_id`, into that existing logged
+    model (its artifacts are overwritten: how a registration repeated after a crash logs nothing twice).
+    Returns (ModelInfo, flavor used, note on the choice, seconds)."""
     import mlflow
 
     note = ""
     t0 = time.perf_counter()
+    where = {"model_id": model_id, "run_id": run_id} if model_id or run_id else {}
     if flavor in ("auto", "transformers"):
         try:
             info = mlflow.transformers.log_model(
                 transformers_model={"model": model, "tokenizer": tokenizer}, name=ARTIFACT_NAME,
-                task="text-generation", pip_requirements=pip_requirements, model_card=_model_card(card_text))
+                task="text-generation", pip_requirements=pip_requirements, model_card=_model_card(card_text),
+                **where)
             return info, "transformers", "transformers flavor from in-memory components", \
                 time.perf_counter() - t0
         except Exception as e:   # auto: any rejection of the installed versions → pytorch flavor
@@ -63,7 +68,7 @@ def log_model(model, tokenizer, model_dir: Path, flavor: str, pip_requirements: 
             note = f"transformers flavor failed ({type(e).__name__}: {str(e)[:300]}); pytorch flavor used"
     extra = [str(model_dir / f) for f in TOKENIZER_FILES if (model_dir / f).is_file()]
     info = mlflow.pytorch.log_model(model, name=ARTIFACT_NAME, pip_requirements=pip_requirements,
-                                    extra_files=extra, serialization_format="pickle")
+                                    extra_files=extra, serialization_format="pickle", **where)
     return info, "pytorch", note or "pytorch flavor requested", time.perf_counter() - t0
 
 
@@ -98,5 +103,8 @@ def load_champion(name: str, tracking_uri: str | None = None):
     try:
         return load_registered(f"models:/{name}@champion", tracking_uri)
     except MlflowException as e:
-        where = tracking_uri or "the current tracking store"
-        raise MissingDataError(f"registered model {name!r} has no champion in {where}: {str(e)[:200]}") from None
+        from packtrain.secrets import redact_text, redact_uri
+
+        where = redact_uri(tracking_uri) or "the current tracking store"
+        raise MissingDataError(f"registered model {name!r} has no champion in {where}: "
+                               f"{redact_text(str(e))[:200]}") from None

@@ -72,13 +72,23 @@ def build_summary(stages: dict[str, dict]) -> dict:
 
 
 def mlflow_ui_command(tracking_uri: str) -> str:
-    """The exact command that opens the MLflow UI on this run's store."""
+    """The exact command that opens the MLflow UI on this run's store; for a tracking server, its address
+    (it serves the UI itself). Credentials in the URI are shown as `user:***@host`.
+
+    >>> mlflow_ui_command("https://user:secret@mlflow.example:5000")
+    'open https://user:***@mlflow.example:5000 (the tracking server serves the MLflow UI)'
+    """
+    from packtrain.secrets import redact_uri
+
+    shown = redact_uri(tracking_uri)
+    if tracking_uri.startswith(("http://", "https://")):
+        return f"open {shown} (the tracking server serves the MLflow UI)"
     exe = shutil.which("mlflow") or str(Path(sys.executable).with_name("mlflow"))
     try:
         exe = str(Path(exe).relative_to(Path.cwd()))
     except ValueError:
         pass
-    return f"{exe} ui --backend-store-uri {tracking_uri}"
+    return f"{exe} ui --backend-store-uri {shown}"
 
 
 def _fmt(v: Any, spec: str = ",.0f") -> str:

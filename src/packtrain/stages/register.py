@@ -5,7 +5,15 @@
               train_dir/train_result.json (optional: lineage tags MFU, peak memory, git sha, dataset md5)
       writes  out_dir/register_result.json   RegisterResult: version, decision, both numbers, tags
       MLflow  run "register": the logged model, metrics candidate_<metric>/champion_<metric>/promoted,
-              tags packtrain.decision/...; Model Registry version + alias (champion | challenger)
+              tags packtrain.decision/..., artifact register_result.json; Model Registry version + alias
+              (champion by compare-and-set on the version it was gated against, else challenger)
+
+Tracking store unreachable (before or during the registration): the stage still succeeds (exit 0). The
+registration is one buffered op, like the metrics (packtrain.tracking.buffer), with a copy of the model in
+the buffer; register_result.json says decision "deferred", version null, and names the op id and the
+buffer. The op is applied — decision, version, aliases, and register_result.json rewritten in place if it
+still names the op — when the store is back (the next tracked call of any stage) or by
+`packtrain mlflow replay`, which lists what it registered.
 """
 
 from __future__ import annotations
@@ -13,7 +21,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from packtrain.config import RunConfig
-from packtrain.errors import ConfigError, InputDataError, MissingDataError, PacktrainError
+from packtrain.errors import ConfigError, InputDataError, MissingDataError
 from packtrain.paths import write_json
 
 
@@ -21,8 +29,8 @@ def run_register(cfg: RunConfig, model_dir: str | Path, eval_dir: str | Path, tr
                  out_dir: str | Path) -> dict:
     from packtrain.evaluate.lineage import read_optional_json
     from packtrain.evaluate.loading import check_model_dir
-    from packtrain.evaluate.register import register_model
-    from packtrain.tracking import resolve_tracking_uri, stage_run
+    from packtrain.evaluate.register import RegisterResult, build_registration, deferred_result
+    from packtrain.tracking import stage_run
 
     if not cfg.tracking.enabled:
         raise ConfigError("register needs the MLflow Model Registry: tracking.enabled is false "
@@ -37,16 +45,14 @@ def run_register(cfg: RunConfig, model_dir: str | Path, eval_dir: str | Path, tr
     if isinstance(metric, bool) or not isinstance(metric, (int, float)):
         raise InputDataError(f"{eval_dir / 'eval_result.json'}: field {cfg.register_.metric!r} is missing or "
                              f"not a number (got {metric!r}); register.metric allows eval_loss, perplexity")
+    op = build_registration(model_dir, ev, train_dir / "train_result.json", cfg.register_)
+    op["result_path"] = str((out_dir / "register_result.json").resolve())
     with stage_run("register", cfg, section=cfg.register_) as run:
-        import mlflow
-
-        active = mlflow.active_run()
-        if active is None or active.info.run_id != run.run_id:   # the store is down: metrics are buffered,
-            raise PacktrainError(                                 # but a registry write cannot be
-                f"register needs a reachable MLflow tracking/registry store ({resolve_tracking_uri(cfg)}); "
-                f"retry when it is up (`packtrain mlflow replay` sends the buffered metrics of other stages)")
-        result = register_model(model_dir, ev, train_dir / "train_result.json", cfg.register_, tracker=run)
-        stats = result.to_dict()
+        out = run.submit(op)   # live: the result; store unreachable: None (buffered with a model copy)
+        if out is None:
+            client = run.client
+            stats = deferred_result(op, run.run_id, client.shown_uri, client.buffer_dir).to_dict()
+        else:
+            stats = RegisterResult(**out).to_dict()
         write_json(out_dir / "register_result.json", stats)
-        run.log_artifact(out_dir / "register_result.json")
     return stats

@@ -127,7 +127,7 @@ class BufferedClient:
 
     def submit(self, op: dict) -> Any:
         """Run `op` live (after replaying any backlog) or buffer it. Returns the live result or None."""
-        op = {**op, "id": uuid.uuid4().hex, "uri": self.shown_uri, "ts": time.time()}
+        op = {**op, "id": op.get("id") or uuid.uuid4().hex, "uri": self.shown_uri, "ts": time.time()}
         with self._lock:
             if time.monotonic() < self._down_until:
                 self._append(op)

@@ -178,6 +178,15 @@ class StageRun:
             if clean:
                 self._client.log_batch(self._run_id, tags=clean)
 
+    def submit(self, op: dict) -> Any:
+        """Send a custom op for this run (e.g. register_model, packtrain.tracking.apply.HANDLERS) through the
+        buffered client, after the pending per-step metrics. The op's result when the store applied it
+        live; None when it was buffered (or tracking is off)."""
+        if not self.enabled:
+            return None
+        self.flush()
+        return self._client.submit({**op, "run_id": self._run_id})
+
     def tag_violations(self, violations: list[str]) -> None:
         """Threshold violations (packtrain.telemetry.thresholds) as tags packtrain.violation.<name>."""
         from packtrain.telemetry.thresholds import violation_tags
