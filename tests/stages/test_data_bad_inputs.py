@@ -144,14 +144,18 @@ def test_all_duplicate_corpus_ingests_but_fails_validation(tmp_path, capsys):
                  "--set", "validate.min_rows=5", *NO_TRACK])
     err = capsys.readouterr().err
     assert code == 4
-    assert "duplicate_ratio" in err and str(val / "report.json") in err
+    # a failed suite publishes nothing to --out (no validated dataset); its report goes to <out>.failed
+    failed = tmp_path / "val.failed"
+    assert "duplicate_ratio" in err and str(failed / "report.json") in err
     assert _snapshot(out / "documents.parquet") == docs_before
-    report = json.loads((val / "report.json").read_text())
+    assert not val.exists() and [p.name for p in tmp_path.iterdir() if ".packtrain-" in p.name] == []
+    report = json.loads((failed / "report.json").read_text())
     dup = next(r for r in report["results"] if r["name"] == "duplicate_ratio")
     assert report["success"] is False and report["failed"] == ["duplicate_ratio"]
     assert dup["unexpected_count"] == 11 and dup["observed"]["duplicate_ratio"] == pytest.approx(11 / 12, abs=1e-6)
     assert dup["offending_doc_ids"] == list(range(1, 12))
-    assert (val / "data_docs" / "index.html").is_file()
+    assert report["report"] == str(failed / "report.json") and (failed / "data_docs" / "index.html").is_file()
+    assert json.loads((failed / "validate_stats.json").read_text())["success"] is False
 
 
 def test_validate_without_documents(tmp_path, capsys):

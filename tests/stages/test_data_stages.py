@@ -191,7 +191,7 @@ def test_tokenize_missing_text_midway_names_it_and_keeps_the_old_store(tmp_path,
     err = capsys.readouterr().err
     assert "doc_id 33: text is None" in err and "Traceback" not in err
     assert _md5(out / "tokens.bin") == before
-    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
+    assert [p.name for p in tmp_path.iterdir() if ".packtrain-" in p.name or p.name.endswith(".tmp")] == []
 
 
 def test_validate_fail_report_names_offending_doc_ids(tmp_path, capsys):
@@ -210,6 +210,8 @@ def test_validate_fail_report_names_offending_doc_ids(tmp_path, capsys):
                  "--set", "validate.length_mostly=0.9", "--set", "validate.max_duplicate_ratio=0.1"])
     err = capsys.readouterr().err
     assert code == 4 and _md5(docs / "documents.parquet") == before
+    assert not out.exists()   # a failed suite publishes its report to <out>.failed only
+    out = tmp_path / "val.failed"
     report = json.loads((out / "report.json").read_text())
     by = {r["name"]: r for r in report["results"]}
     assert set(report["failed"]) == {"text_not_null", "text_not_empty", "length_in_range", "duplicate_ratio",
@@ -236,7 +238,7 @@ def test_validate_wrong_types_and_missing_column(tmp_path, capsys):
                  "--set", "tracking.enabled=false", "--set", "validate.min_rows=1"])
     err = capsys.readouterr().err
     assert code == 4
-    by = {r["name"]: r for r in json.loads((tmp_path / "v" / "report.json").read_text())["results"]}
+    by = {r["name"]: r for r in json.loads((tmp_path / "v.failed" / "report.json").read_text())["results"]}
     assert by["columns_present"]["observed"]["missing"] == ["source"] and not by["columns_present"]["success"]
     assert by["doc_id_type"]["observed"] == "int32" and not by["doc_id_type"]["success"]
     assert not by["text_type"]["success"] and not by["source_type"]["success"]

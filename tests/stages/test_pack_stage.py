@@ -137,14 +137,16 @@ def test_bad_token_stores_fail_cleanly(tmp_path, kind, code, message):
     tok = _bad_store(tmp_path / "tok", kind)
     before = _digest(tok)
     out = tmp_path / "out"
-    out.mkdir()
-    (out / "previous.txt").write_text("an earlier output stays intact")
+    (out / "train").mkdir(parents=True)   # stands for an earlier pack output: it stays byte-identical
+    (out / "pack_stats.json").write_text("an earlier output stays intact")
+    (out / "train" / "tokens.bin").write_bytes(b"\x01\x02")
+    previous = _digest(out)
     r = _run_cli("pack", "--tokens", str(tok), "--out", str(out), *NO_TRACKING)
     assert r.returncode == code, r.stderr
     assert message in r.stderr and "Traceback" not in r.stderr
     assert _digest(tok) == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "tok"]      # no temp dir left behind
-    assert [p.name for p in out.iterdir()] == ["previous.txt"]
+    assert _digest(out) == previous and sorted(p.name for p in out.iterdir()) == ["pack_stats.json", "train"]
 
 
 def test_bad_budget_and_missing_store(tmp_path, store, capsys):

@@ -8,7 +8,9 @@
 Order and ids are deterministic: files in sorted relative-path order, documents in file order; the same
 source gives a byte-identical table (same pyarrow version). The table is streamed to a temp file in
 batches (≤ 4,096 documents or 64 MB) and renamed into place, so a failed ingest leaves no table behind and
-the source is only ever read. Duplicates are kept (validate reports them).
+the source is only ever read. Duplicates are kept (validate reports them). Symbolic links in a source folder
+are followed safely (packtrain.data.sources.discover_files); the stage (packtrain.stages.ingest) builds the
+table and ingest_stats.json in a staging directory and publishes both together (packtrain.paths).
 """
 
 from __future__ import annotations
@@ -16,12 +18,14 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from packtrain.config import IngestConfig
 from packtrain.data.corpus import select_default_corpus
 from packtrain.data.sources import (
+    Discovery,
     SourceFile,
     discover_files,
     read_jsonl,
@@ -48,16 +52,24 @@ class IngestStats:
     output: str
     files_by_type: dict[str, int] = field(default_factory=dict)
     skipped_files: list[str] = field(default_factory=list)
+    skipped_entries: list[dict] = field(default_factory=list)
+    """Unreadable entries skipped with ingest.unsupported=skip: [{"name", "target", "problem"}] (dangling or
+    looping links, links to a folder already read, special files)."""
+    linked_folders: list[dict] = field(default_factory=list)
+    """Folders read through a symbolic link: [{"name": name in the source, "target": resolved path}]."""
     length_chars: dict[str, float] = field(default_factory=dict)
     stopped_at_max_docs: bool = False
     seconds: float = 0.0
     default_corpus: dict | None = None
     input_files: dict[str, Path] = field(default_factory=dict, repr=False)
     """Files read, keyed by their `source` name (for the DVC-style md5 of exactly what was read)."""
+    input_exact: bool = field(default=True, repr=False)
+    """True when the files read are exactly the source's plain files (nothing skipped, no link followed)."""
 
     def to_dict(self) -> dict:
         d = asdict(self)
         d.pop("input_files")
+        d.pop("input_exact")
         return d
 
 
@@ -119,13 +131,17 @@ class _DocWriter:
             self.tmp.unlink(missing_ok=True)
 
 
-def ingest_documents(source: str | Path | None, dst_dir: str | Path, cfg: IngestConfig) -> IngestStats:
+def ingest_documents(source: str | Path | None, dst_dir: str | Path, cfg: IngestConfig,
+                     published_dir: str | Path | None = None) -> IngestStats:
     """Read `source` (None → the default corpus, `packtrain.data.corpus`) into `dst_dir/documents.parquet`.
 
     Raises InputDataError (file, line/row, field, value, what is allowed) for: a missing/unsupported source,
     an empty file or folder, non-UTF-8 bytes (byte offset), malformed JSONL (line number), a missing text
-    field/column, a non-string value, a document over `cfg.max_doc_chars`, unsupported files in a folder
-    (unless `cfg.unsupported == "skip"`). 24 MB default corpus: ≈2 s on one core.
+    field/column, a non-string value, a document over `cfg.max_doc_chars`, an unreadable file, unsupported
+    files, dangling or looping links and special files in a folder (unless `cfg.unsupported == "skip"`: then
+    they are skipped, named on stderr and in the stats). `published_dir`: where the table will be published
+    when `dst_dir` is a staging directory (default `dst_dir`); a source file inside it is an error (it would
+    read the previous output). 24 MB default corpus: ≈2 s on one core.
     """
     from tqdm import tqdm
 
@@ -133,22 +149,22 @@ def ingest_documents(source: str | Path | None, dst_dir: str | Path, cfg: Ingest
     dst_dir = Path(dst_dir)
     final = dst_dir / DOCUMENTS_FILE
     default = None
+    disc = Discovery([], [])
     if source is None:
         default = select_default_corpus(cfg.default_corpus_mb)
         files = [SourceFile(f.path, f.source, "txt", f.n_bytes) for f in default.files]
-        skipped: list[str] = []
         label, kind = f"default corpus ({default.python} standard library)", "default"
     else:
         src = Path(source)
         disc = discover_files(src, cfg.unsupported)
-        files, skipped = disc.files, disc.skipped
+        files = disc.files
         label, kind = str(src), ("folder" if src.is_dir() else files[0].kind)
-        out = final.resolve()
-        if any(f.path.resolve() == out for f in files):
-            raise InputDataError(f"source {src} contains the output {final}: choose another --out")
-        if skipped:
-            print(f"warning: ingest skipped {len(skipped)} unsupported file(s) in {src}: "
-                  + ", ".join(skipped[:10]) + (" ..." if len(skipped) > 10 else ""), file=sys.stderr)
+        out = Path(published_dir if published_dir is not None else dst_dir).resolve()
+        inside = next((f for f in files if f.path.resolve() == out or out in f.path.resolve().parents), None)
+        if inside is not None:
+            raise InputDataError(f"source {src} contains the output directory {out} ({inside.name}): choose "
+                                 "another --out, outside the source")
+        _warn_skipped(src, disc)
     if not files:
         raise InputDataError(f"{label}: no files to ingest")
 
@@ -172,7 +188,7 @@ def ingest_documents(source: str | Path | None, dst_dir: str | Path, cfg: Ingest
                 docs = read_jsonl(f, cfg.text_field, bar.update)
             else:
                 docs = read_parquet(f, cfg.text_field, bar.update)
-            for text, where in docs:
+            for text, where in _reading(f, docs):
                 if len(text) > cfg.max_doc_chars:
                     raise too_long_error(f, where, len(text), cfg.max_doc_chars)
                 writer.add(text, where)
@@ -193,7 +209,33 @@ def ingest_documents(source: str | Path | None, dst_dir: str | Path, cfg: Ingest
         bar.close()
     return IngestStats(
         documents=writer.n, chars=sum(lengths), bytes_utf8=n_bytes, files=len(read), source=label,
-        source_kind=kind, output=str(final), files_by_type=by_type, skipped_files=skipped,
+        source_kind=kind, output=str(final), files_by_type=by_type, skipped_files=disc.skipped,
+        skipped_entries=[e.to_dict() for e in disc.bad_entries], linked_folders=disc.linked_folders,
         length_chars=length_summary(lengths), stopped_at_max_docs=stopped,
         seconds=round(time.perf_counter() - t0, 3),
-        default_corpus=default.provenance() if default else None, input_files=read)
+        default_corpus=default.provenance() if default else None, input_files=read,
+        input_exact=source is not None and disc.exact)
+
+
+def _warn_skipped(src: Path, disc: Discovery) -> None:
+    """Name every skipped entry on stderr (ingest.unsupported=skip); the stats list them too."""
+    if disc.skipped:
+        print(f"warning: ingest skipped {len(disc.skipped)} unsupported file(s) in {src}: "
+              + ", ".join(disc.skipped[:10]) + (" ..." if len(disc.skipped) > 10 else ""), file=sys.stderr)
+    if disc.bad_entries:
+        print(f"warning: ingest skipped {len(disc.bad_entries)} entr{'y' if len(disc.bad_entries) == 1 else 'ies'} "
+              f"of {src} that cannot be read: " + ", ".join(e.describe() for e in disc.bad_entries),
+              file=sys.stderr)
+
+
+def _reading(f: SourceFile, docs: Iterator[tuple[str, str]]) -> Iterator[tuple[str, str]]:
+    """`docs`, with an OS error while reading `f` (permissions, I/O) turned into an InputDataError naming it."""
+    while True:
+        try:
+            item = next(docs)
+        except StopIteration:
+            return
+        except OSError as e:
+            raise InputDataError(f"{f.path}: cannot read ({e.strerror or e}); make it readable or remove it from "
+                                 "the source") from None
+        yield item

@@ -7,8 +7,9 @@
     <dir>/meta.json     {"vocab_size", "eos_id", "pad_id", "n_docs", "n_tokens", "dtype": "uint32"}
     <dir>/tokenizer/    AutoTokenizer.from_pretrained-loadable
 
-Written with `write_token_store` into a temp dir and renamed into place, so a crash never leaves a
-half-written store; `TokenStore.open` checks shapes and bounds and names the broken file.
+Written with `write_token_store` / `TokenStoreWriter` into a staging dir and published as one unit
+(packtrain.paths.publish_dir), so a crash never leaves a half-written store; `TokenStore.open` checks shapes
+and bounds and names the broken file.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from packtrain.errors import InputDataError, MissingDataError
-from packtrain.paths import replace_dir
+from packtrain.paths import publish_dir, staging_dir
 
 SPLIT_TRAIN, SPLIT_EVAL = 0, 1
 
@@ -86,25 +87,33 @@ class TokenStore:
 
 
 class TokenStoreWriter:
-    """Streams documents' token ids into `.<root>.tmp/` beside `root`; `finish()` writes the index files and
-    renames the directory into place. Memory is O(documents) (8 bytes each), not O(tokens). Used as a context
-    manager, an exception removes the temp dir and leaves `root` as it was.
+    """Streams documents' token ids into a staging directory beside `root`; `finish()` writes the index files
+    and publishes the directory as one unit. Memory is O(documents) (8 bytes each), not O(tokens). Used as a
+    context manager, an exception removes the staging dir and leaves `root` as it was.
 
         with TokenStoreWriter(out) as w:
             for ids in encoded_documents:
                 w.append(ids)
             store = w.finish(doc_ids, split, meta, tokenizer_dir)
+
+    `publish=False`: write straight into `root`, which must be new or empty — for a caller that builds `root`
+    as part of its own staging directory and publishes that (the tokenize stage). `w.dir` is where the
+    files go (e.g. save the tokenizer to `w.dir / "tokenizer"` instead of passing `tokenizer_dir`).
     """
 
-    def __init__(self, root: str | Path):
+    def __init__(self, root: str | Path, publish: bool = True):
         from array import array
 
         self.root = Path(root)
-        self.tmp = self.root.with_name(f".{self.root.name}.tmp")
-        if self.tmp.exists():
-            shutil.rmtree(self.tmp)
-        self.tmp.mkdir(parents=True)
-        self._f = open(self.tmp / "tokens.bin", "wb")  # noqa: SIM115 - closed by finish()/abort()
+        self.publish = publish
+        if publish:
+            self.dir = staging_dir(self.root)
+        else:
+            self.dir = self.root
+            self.dir.mkdir(parents=True, exist_ok=True)
+            if any(self.dir.iterdir()):
+                raise ValueError(f"TokenStoreWriter(publish=False) needs a new or empty directory: {self.dir}")
+        self._f = open(self.dir / "tokens.bin", "wb")  # noqa: SIM115 - closed by finish()/abort()
         self._lengths = array("q")
 
     def append(self, ids) -> None:
@@ -118,19 +127,24 @@ class TokenStoreWriter:
         n = len(self._lengths)
         offsets = np.zeros(n + 1, dtype=np.int64)
         np.cumsum(np.frombuffer(self._lengths, dtype=np.int64) if n else np.zeros(0, np.int64), out=offsets[1:])
-        np.save(self.tmp / "offsets.npy", offsets)
-        np.save(self.tmp / "doc_ids.npy", np.asarray(doc_ids, dtype=np.int64))
-        np.save(self.tmp / "split.npy", np.asarray(split, dtype=np.uint8))
+        np.save(self.dir / "offsets.npy", offsets)
+        np.save(self.dir / "doc_ids.npy", np.asarray(doc_ids, dtype=np.int64))
+        np.save(self.dir / "split.npy", np.asarray(split, dtype=np.uint8))
         meta = {**meta, "n_docs": int(n), "n_tokens": int(offsets[-1]), "dtype": "uint32"}
-        (self.tmp / "meta.json").write_text(json.dumps(meta, indent=2))
+        (self.dir / "meta.json").write_text(json.dumps(meta, indent=2))
         if tokenizer_dir is not None:
-            shutil.copytree(tokenizer_dir, self.tmp / "tokenizer")
-        replace_dir(self.tmp, self.root)
+            shutil.copytree(tokenizer_dir, self.dir / "tokenizer")
+        store = TokenStore.open(self.dir)   # check before publishing
+        if not self.publish:
+            return store
+        del store
+        publish_dir(self.dir, self.root)
         return TokenStore.open(self.root)
 
     def abort(self) -> None:
         self._f.close()
-        shutil.rmtree(self.tmp, ignore_errors=True)
+        if self.publish:
+            shutil.rmtree(self.dir, ignore_errors=True)
 
     def __enter__(self) -> TokenStoreWriter:
         return self

@@ -28,9 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -253,13 +251,15 @@ def _training_texts(pf, path: Path, doc_ids: np.ndarray, split: np.ndarray, u: n
     return [chosen[int(i)] for i in order if int(i) in chosen]
 
 
-def tokenize_documents(docs: str | Path, out_dir: str | Path, cfg: TokenizeConfig) -> TokenizeStats:
+def tokenize_documents(docs: str | Path, out_dir: str | Path, cfg: TokenizeConfig,
+                       publish: bool = True) -> TokenizeStats:
     """Train/load the tokenizer, encode every document (+ EOS), write the token store to `out_dir`.
 
     Streams: texts are read `batch_docs` at a time and each batch's ids go straight to the store's temp file,
     so memory is O(documents) + one batch, whatever the corpus size (200 MB of text: peak RSS 1.66 GB when
     everything was held in memory; see docs/data.md for the streamed figure). `out_dir` is replaced atomically
-    (token_store.TokenStoreWriter); a failure leaves it as it was.
+    (token_store.TokenStoreWriter); a failure leaves it as it was. `publish=False`: write straight into
+    `out_dir` (new or empty), which the caller publishes with its other outputs (the tokenize stage).
     """
     from tqdm import tqdm
 
@@ -271,21 +271,20 @@ def tokenize_documents(docs: str | Path, out_dir: str | Path, cfg: TokenizeConfi
     split = split_eval(doc_ids, cfg.eval_fraction)
     u = doc_hash_unit(doc_ids)
 
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp_tok = Path(tempfile.mkdtemp(prefix=".tokenizer-", dir=out_dir.parent))
-    try:
+    with TokenStoreWriter(out_dir, publish=publish) as writer:
+        tok_dir = writer.dir / "tokenizer"   # saved straight into the store being built
         t1 = time.perf_counter()
         train_chars = 0
         with tokenizer_threads(cfg.workers):
             if cfg.tokenizer_dir:
                 hf = load_tokenizer(cfg.tokenizer_dir)
-                hf.save_pretrained(str(tmp_tok))
+                hf.save_pretrained(str(tok_dir))
                 source = str(Path(cfg.tokenizer_dir).resolve())
             else:
                 lengths = _char_lengths(pf, path, doc_ids, cfg.batch_docs)
                 sample = _training_texts(pf, path, doc_ids, split, u, lengths, cfg.train_chars, cfg.batch_docs)
                 train_chars = sum(map(len, sample))
-                hf = train_tokenizer(sample, cfg.vocab_size, tmp_tok)
+                hf = train_tokenizer(sample, cfg.vocab_size, tok_dir)
                 del sample
                 source = "trained"
             train_s = time.perf_counter() - t1
@@ -297,8 +296,7 @@ def tokenize_documents(docs: str | Path, out_dir: str | Path, cfg: TokenizeConfi
             tail = [eos] if cfg.append_eos else []
             chars = 0
             t2 = time.perf_counter()
-            with (TokenStoreWriter(out_dir) as writer,
-                  tqdm(total=n_docs, unit="doc", desc="tokenize", file=sys.stderr, delay=2.0, leave=False) as bar):
+            with tqdm(total=n_docs, unit="doc", desc="tokenize", file=sys.stderr, delay=2.0, leave=False) as bar:
                 for _, col in _text_batches(pf, path, doc_ids, cfg.batch_docs):
                     texts = col.to_pylist()
                     for sub in _by_chars(texts, ENCODE_CHARS):   # bounds the Encoding objects alive at once
@@ -306,12 +304,10 @@ def tokenize_documents(docs: str | Path, out_dir: str | Path, cfg: TokenizeConfi
                             writer.append(enc.ids + tail)
                     chars += sum(map(len, texts))
                     bar.update(len(texts))
-                encode_s = time.perf_counter() - t2
-                meta = {"vocab_size": len(hf), "eos_id": eos, "pad_id": hf.pad_token_id, "bos_id": hf.bos_token_id,
-                        "append_eos": cfg.append_eos, "tokenizer": source}
-                store = writer.finish(doc_ids, split, meta, tokenizer_dir=tmp_tok)
-    finally:
-        shutil.rmtree(tmp_tok, ignore_errors=True)
+            encode_s = time.perf_counter() - t2
+            meta = {"vocab_size": len(hf), "eos_id": eos, "pad_id": hf.pad_token_id, "bos_id": hf.bos_token_id,
+                    "append_eos": cfg.append_eos, "tokenizer": source}
+            store = writer.finish(doc_ids, split, meta)
 
     lengths = store.lengths()
     is_eval = store.split == SPLIT_EVAL

@@ -221,11 +221,13 @@ def _to_result(name: str, r, df, cfg: ValidateConfig) -> ExpectationResult:
 
 
 def validate_documents(docs: str | Path, out_dir: str | Path, cfg: ValidateConfig,
-                       raise_on_failure: bool = True) -> ValidationReport:
+                       raise_on_failure: bool = True, published_dir: str | Path | None = None) -> ValidationReport:
     """Run the suite on `docs` (a directory with documents.parquet, or the file); write report + Data Docs.
 
     Raises ValidationFailed (after writing both) naming the failed expectations and the report path,
-    unless `raise_on_failure` is False (the stage runner logs to MLflow first, then raises).
+    unless `raise_on_failure` is False (the stage runner logs to MLflow first, then raises). `published_dir`:
+    where the stage will publish `out_dir` when it is a staging directory — the paths inside report.json and
+    the message name it (default `out_dir`).
     """
     os.environ.setdefault("GX_ANALYTICS_ENABLED", "False")
     path = resolve_documents(docs)
@@ -267,20 +269,28 @@ def validate_documents(docs: str | Path, out_dir: str | Path, cfg: ValidateConfi
     results = [_to_result(n, by_name[n], df, cfg) for n in names if n in by_name]
 
     docs_dir = out_dir / "data_docs"
-    index = None
     if (tmp_docs / "index.html").is_file():
         if docs_dir.exists():
             shutil.rmtree(docs_dir)
         tmp_docs.rename(docs_dir)
-        index = str(docs_dir / "index.html")
-    report_path = out_dir / "report.json"
     failed = [r.name for r in results if not r.success]
     report = ValidationReport(
-        success=not failed, documents=len(df), input=str(path), report=str(report_path), data_docs=index,
+        success=not failed, documents=len(df), input=str(path), report="", data_docs=None,
         failed=failed, thresholds=cfg.model_dump(mode="json"), results=results)
-    write_json(report_path, report.to_dict())
+    report = write_report(report, out_dir, published_dir if published_dir is not None else out_dir)
     if failed and raise_on_failure:
         raise validation_error(report)
+    return report
+
+
+def write_report(report: ValidationReport, out_dir: str | Path, published_dir: str | Path) -> ValidationReport:
+    """(Re)write `out_dir/report.json` with `report.report` / `report.data_docs` naming `published_dir`, where
+    the directory is (or will be) published; returns the updated report."""
+    out_dir, published_dir = Path(out_dir), Path(published_dir)
+    report.report = str(published_dir / "report.json")
+    index = Path("data_docs") / "index.html"
+    report.data_docs = str(published_dir / index) if (out_dir / index).is_file() else None
+    write_json(out_dir / "report.json", report.to_dict())
     return report
 
 

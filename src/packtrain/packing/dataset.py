@@ -6,13 +6,14 @@
       pack_stats.json   PackStats.to_dict()
 
 Train and eval documents are packed separately (no eval token ever shares a pack with training). The whole
-`dst` is built in a temp directory and renamed into place: a crash or a bad input leaves the previous
-output (or nothing) behind, never half of one. Same token store + same PackConfig → byte-identical output.
+`dst` is built in a staging directory and published as one unit (packtrain.paths.staged_output): a crash or
+a bad input leaves the previous output (or nothing) behind, never half of one. `write_packs` writes into a
+directory the caller publishes (the pack stage adds its lineage first). Same token store + same PackConfig →
+byte-identical output.
 """
 
 from __future__ import annotations
 
-import shutil
 import sys
 import time
 from collections.abc import Iterator
@@ -25,10 +26,12 @@ from packtrain.config.packing import PackConfig
 from packtrain.data.token_store import SPLIT_EVAL, SPLIT_TRAIN, TokenStore
 from packtrain.errors import InputDataError
 from packtrain.packing.plan import PackPlan, l2_bound_packs, lower_bound_packs, pack_lengths
-from packtrain.packing.store import replace_dir, write_pack_store
-from packtrain.paths import write_json
+from packtrain.packing.store import write_pack_store
+from packtrain.paths import staged_output, write_json
 
 CHUNK_TOKENS = 1 << 22   # tokens gathered per write (32 MB of int64 indices)
+STATS_FILE = "pack_stats.json"
+OUTPUTS = ("train", "eval", STATS_FILE)
 
 
 @dataclass
@@ -73,31 +76,31 @@ class PackStats:
 
 
 def pack_dataset(src: Path, dst: Path, cfg: PackConfig) -> PackStats:
-    """Pack the token store at `src` into `dst` (see module doc). Raises InputDataError/MissingDataError
-    naming the file and value for: a missing or corrupt store, no documents, no training documents,
-    zero-length documents, token ids ≥ vocab_size."""
+    """Pack the token store at `src` into `dst` (see module doc), published as one unit. Raises
+    InputDataError/MissingDataError naming the file and value for: a missing or corrupt store, no documents,
+    no training documents, zero-length documents, token ids ≥ vocab_size; ConfigError when `dst` holds
+    files that are not pack output."""
+    with staged_output(dst, OUTPUTS, "pack") as tmp:
+        return write_packs(src, tmp, cfg)
+
+
+def write_packs(src: Path, out: Path, cfg: PackConfig) -> PackStats:
+    """Pack the token store at `src` into the new or empty directory `out` (train/, eval/, pack_stats.json),
+    in place: the caller publishes `out` (pack_dataset, the pack stage). Same errors as pack_dataset."""
     t0 = time.perf_counter()
-    src, dst = Path(src), Path(dst)
+    src, out = Path(src), Path(out)
     ts = TokenStore.open(src)
     _check_store(ts)
-    tmp = dst.with_name(f".{dst.name}.tmp")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
-    try:
-        stats = {}
-        for name, code in (("train", SPLIT_TRAIN), ("eval", SPLIT_EVAL)):
-            stats[name] = _pack_split(ts, code, name, tmp / name, cfg)
-        if stats["train"].n_packs == 0:
-            raise InputDataError(f"token store {src}: no training documents with ≥ {cfg.min_doc_tokens} "
-                                 f"tokens (split.npy marks {len(ts.select(SPLIT_TRAIN))} as train)")
-        result = PackStats(cfg.budget, cfg.strategy, cfg.overlong, cfg.seed, stats["train"], stats["eval"],
-                           round(time.perf_counter() - t0, 3))
-        write_json(tmp / "pack_stats.json", result.to_dict())
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    replace_dir(tmp, dst)
+    out.mkdir(parents=True, exist_ok=True)
+    stats = {}
+    for name, code in (("train", SPLIT_TRAIN), ("eval", SPLIT_EVAL)):
+        stats[name] = _pack_split(ts, code, name, out / name, cfg)
+    if stats["train"].n_packs == 0:
+        raise InputDataError(f"token store {src}: no training documents with ≥ {cfg.min_doc_tokens} "
+                             f"tokens (split.npy marks {len(ts.select(SPLIT_TRAIN))} as train)")
+    result = PackStats(cfg.budget, cfg.strategy, cfg.overlong, cfg.seed, stats["train"], stats["eval"],
+                       round(time.perf_counter() - t0, 3))
+    write_json(out / STATS_FILE, result.to_dict())
     return result
 
 

@@ -18,8 +18,8 @@ Example, budget 8, documents 7 (len 5), 9 (len 2), 4 (len 6)::
     seg_offsets.npy   [0, 2, 3]
     segments.npy      [[7, 0, 5], [9, 0, 2], [4, 0, 6]]
 
-`write_pack_store` writes into a temp directory and renames it into place, so a crash never leaves a
-half-written store. `PackStore.open` checks every file's checksum (tokens.bin's by default only when it is at
+`write_pack_store` writes into a staging directory and publishes it as one unit (packtrain.paths.publish_dir),
+so a crash never leaves a half-written store. `PackStore.open` checks every file's checksum (tokens.bin's by default only when it is at
 most `VERIFY_TOKENS_MAX_BYTES`; crc32 reads ~1 GB/s), shapes, offsets and the budget, and raises
 `InputDataError` naming the broken file.
 """
@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from packtrain.errors import InputDataError, MissingDataError
-from packtrain.paths import replace_dir  # noqa: F401  (re-exported for packing.dataset)
+from packtrain.paths import publish_dir, replace_dir, staging_dir  # noqa: F401  (replace_dir: re-exported)
 
 FORMAT, VERSION = "packtrain.packs", 1
 FILES = ("tokens.bin", "pack_offsets.npy", "seg_offsets.npy", "segments.npy")
@@ -167,10 +167,7 @@ def write_pack_store(root: str | Path, token_chunks: Iterable[np.ndarray], pack_
     """Write a split atomically. `token_chunks` yields uint32 arrays whose concatenation is tokens.bin
     (streamed, so the whole split never sits in memory). Returns `root`."""
     root = Path(root)
-    tmp = root.with_name(f".{root.name}.tmp")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
+    tmp = staging_dir(root)
     try:
         crc, n_tok = 0, 0
         with open(tmp / "tokens.bin", "wb") as f:
@@ -189,10 +186,10 @@ def write_pack_store(root: str | Path, token_chunks: Iterable[np.ndarray], pack_
         full = {"format": FORMAT, "version": VERSION, **meta, "n_packs": len(pack_offsets) - 1,
                 "n_segments": int(len(segments)), "n_tokens": n_tok, "checksums": sums}
         (tmp / "meta.json").write_text(json.dumps(full, indent=2) + "\n", encoding="utf-8")
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    replace_dir(tmp, root)
+        publish_dir(tmp, root)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
     return root
 
 

@@ -6,6 +6,9 @@
               out_dir/samples.json       [{"prompt", "completion", "n_new_tokens"}]
       MLflow  run "evaluate": metrics eval_loss, perplexity, eval_tokens_per_s, eval_peak_memory_gib, ...;
               both files as artifacts; the eval packs as a dataset input (digest = input_md5 when known)
+
+Both files are written into a staging directory next to out_dir, read back and published together
+(packtrain.paths.staged_output): a failed or killed evaluation leaves the previous out_dir byte-identical.
 """
 
 from __future__ import annotations
@@ -14,7 +17,9 @@ from pathlib import Path
 
 from packtrain.config import RunConfig
 from packtrain.errors import MissingDataError
-from packtrain.paths import write_json
+from packtrain.paths import check_replaceable, staged_output, write_json
+
+OUTPUTS = ("eval_result.json", "samples.json")
 
 
 def run_evaluate(cfg: RunConfig, model_dir: str | Path, packs_dir: str | Path, out_dir: str | Path) -> dict:
@@ -25,6 +30,7 @@ def run_evaluate(cfg: RunConfig, model_dir: str | Path, packs_dir: str | Path, o
     from packtrain.tracking import stage_run
 
     model_dir, packs_dir, out_dir = Path(model_dir), Path(packs_dir), Path(out_dir)
+    check_replaceable(out_dir, OUTPUTS, "evaluate")
     check_model_dir(model_dir)
     split = packs_dir / "eval"
     if not split.is_dir():
@@ -32,13 +38,15 @@ def run_evaluate(cfg: RunConfig, model_dir: str | Path, packs_dir: str | Path, o
                                f"<packs>/eval) or pass --packs DIR")
     PackStore.open(split)   # a broken pack store fails here, before an MLflow run is opened
     lineage = lineage_subset(read_optional_json(packs_dir / "pack_stats.json"))
-    with stage_run("evaluate", cfg, section=cfg.evaluate) as run:
+    with stage_run("evaluate", cfg, section=cfg.evaluate) as run, \
+            staged_output(out_dir, OUTPUTS, "evaluate") as tmp:
         result = evaluate(model_dir, split, cfg.evaluate)
         stats = result.to_dict()
         samples = stats.pop("samples")
         stats["lineage"] = lineage
-        write_json(out_dir / "samples.json", samples)
-        write_json(out_dir / "eval_result.json", stats)
+        write_json(tmp / "samples.json", samples)
+        write_json(tmp / "eval_result.json", stats)
+        _check_written(tmp, stats, out_dir)
         run.log_metrics({
             "eval_loss": result.eval_loss, "perplexity": result.perplexity,
             "eval_tokens_per_s": result.tokens_per_s, "eval_seconds": result.seconds,
@@ -49,6 +57,19 @@ def run_evaluate(cfg: RunConfig, model_dir: str | Path, packs_dir: str | Path, o
         run.set_tags({"packtrain.eval.memory_kind": result.memory_kind, "packtrain.eval.device": result.device})
         run.log_dataset(split, name="eval_packs", digest=next(
             (str(v) for k, v in lineage.items() if k.endswith("md5")), None), context="eval")
-        run.log_artifact(out_dir / "eval_result.json")
-        run.log_artifact(out_dir / "samples.json")
+        run.log_artifact(tmp / "eval_result.json")
+        run.log_artifact(tmp / "samples.json")
     return stats
+
+
+def _check_written(staged: Path, stats: dict, out_dir: Path) -> None:
+    """eval_result.json must read back as what was measured (register reads it), else nothing is published."""
+    import json
+
+    from packtrain.errors import PacktrainError
+
+    back = json.loads((staged / "eval_result.json").read_text(encoding="utf-8"))
+    if back.get("n_label_tokens") != stats["n_label_tokens"] or "perplexity" not in back:
+        raise PacktrainError(f"evaluate: the staged eval_result.json does not read back as written; nothing "
+                             f"was published to {out_dir}")
+    json.loads((staged / "samples.json").read_text(encoding="utf-8"))

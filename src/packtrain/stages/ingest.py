@@ -1,44 +1,77 @@
-"""Stage runner: ingest. `run_ingest(cfg, out_dir)` → out_dir/documents.parquet + ingest_stats.json."""
+"""Stage runner: ingest. `run_ingest(cfg, out_dir)` → out_dir/documents.parquet + ingest_stats.json.
+
+Both files are built in a staging directory next to `out_dir`, checked (the table's row count equals the
+stats' `documents`) and published together (packtrain.paths.staged_output): a failed or killed ingest leaves
+the previous out_dir byte-identical, a successful one replaces it whole.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from packtrain.config import RunConfig
-from packtrain.paths import RunPaths, write_json
+from packtrain.paths import RunPaths, staged_output, write_json
 
 STATS_FILE = "ingest_stats.json"
+OUTPUTS = ("documents.parquet", STATS_FILE)
 
 
 def run_ingest(cfg: RunConfig, out_dir: str | Path | None = None) -> dict:
     """Ingest `cfg.ingest.source` (None → default corpus) into `out_dir` (default <workdir>/ingest).
 
-    Stats add `input_md5` (DVC md5 of the source file/folder, or the `.dir` md5 of exactly the default
-    corpus files read, keyed `stdlib/<relpath>`), `output_md5` (documents.parquet) and `git_rev`. MLflow:
-    metrics from the stats, tags `dvc.md5.source` / `dvc.md5.documents`, dataset inputs with those digests.
+    Stats add `input_md5`, `output_md5` (documents.parquet) and `git_rev`. `input_md5` is the DVC md5 of the
+    source file or folder; when files were skipped (ingest.unsupported=skip) or links followed it is the
+    `.dir` md5 of exactly the files read, keyed by their source names (`input_md5_of: "files read"`), as for
+    the default corpus (keyed `stdlib/<relpath>`). MLflow: metrics from the stats, tags `dvc.md5.source` /
+    `dvc.md5.documents`, dataset inputs with those digests.
     """
     from packtrain.data.ingest import DOCUMENTS_FILE, ingest_documents
     from packtrain.tracking import stage_run
-    from packtrain.versioning import data_md5, files_md5, git_rev
+    from packtrain.versioning import data_md5, git_rev
 
     out = Path(out_dir) if out_dir is not None else RunPaths(Path(cfg.workdir)).stage_dir("ingest")
     source = cfg.ingest.source
-    with stage_run("ingest", cfg, section=cfg.ingest) as run:
-        stats = ingest_documents(source, out, cfg.ingest)
+    with stage_run("ingest", cfg, section=cfg.ingest) as run, staged_output(out, OUTPUTS, "ingest") as tmp:
+        stats = ingest_documents(source, tmp, cfg.ingest, published_dir=out)
         d = stats.to_dict()
-        if source is None:
-            d["input_md5"] = files_md5({k.replace(":", "/", 1): p for k, p in stats.input_files.items()})
-        else:
-            d["input_md5"] = data_md5(source)
-        docs = out / DOCUMENTS_FILE
-        d["output_md5"] = data_md5(docs)
+        d["output"] = str(out / DOCUMENTS_FILE)
+        d["input_md5"], d["input_md5_of"] = _input_md5(source, stats)
+        staged_docs = tmp / DOCUMENTS_FILE
+        d["output_md5"] = data_md5(staged_docs)
         d["git_rev"] = git_rev()
-        write_json(out / STATS_FILE, d)
+        _check_table(staged_docs, d["documents"])
+        write_json(tmp / STATS_FILE, d)
         run.log_stats(d)
         run.set_tags({"dvc.md5.source": d["input_md5"], "dvc.md5.documents": d["output_md5"],
                       "dvc.git_rev": d["git_rev"]})
         src_path = Path(source) if source is not None else Path(next(iter(d["default_corpus"]["roots"].values())))
         run.log_dataset(src_path, "source", d["input_md5"], context="input")
-        run.log_dataset(docs, "documents", d["output_md5"], context="output")
-        run.log_artifact(out / STATS_FILE)
+        run.log_dataset(out / DOCUMENTS_FILE, "documents", d["output_md5"], context="output")
+        run.log_artifact(tmp / STATS_FILE)
     return d
+
+
+def _input_md5(source, stats) -> tuple[str, str]:
+    """(md5, what it covers): "source" (DVC md5 of the file/folder) or "files read"."""
+    from packtrain.versioning import data_md5, files_md5
+
+    if source is None:
+        return files_md5({k.replace(":", "/", 1): p for k, p in stats.input_files.items()}), "files read"
+    if stats.input_exact:
+        try:
+            return data_md5(source), "source"
+        except OSError:   # e.g. a broken link among the hidden entries discovery ignores
+            pass
+    return files_md5(stats.input_files), "files read"
+
+
+def _check_table(path: Path, documents: int) -> None:
+    """The staged table must open and hold exactly `documents` rows, else nothing is published."""
+    import pyarrow.parquet as pq
+
+    from packtrain.errors import PacktrainError
+
+    rows = pq.ParquetFile(path).metadata.num_rows
+    if rows != documents:
+        raise PacktrainError(f"ingest: the staged {path.name} holds {rows} rows but {documents} documents were "
+                             "read; nothing was published")

@@ -1,11 +1,17 @@
-"""Stage runner: pack. `run_pack(cfg, tokens_dir, out_dir)` → out_dir/train/, out_dir/eval/, pack_stats.json."""
+"""Stage runner: pack. `run_pack(cfg, tokens_dir, out_dir)` → out_dir/train/, out_dir/eval/, pack_stats.json.
+
+Both pack stores and pack_stats.json (with the lineage md5) are built in a staging directory next to
+`out_dir`, checked (each store opens with its checksums verified) and published together
+(packtrain.paths.staged_output): a failed or killed pack leaves the previous out_dir byte-identical, a
+successful one replaces it whole.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from packtrain.config import RunConfig
-from packtrain.paths import RunPaths
+from packtrain.paths import RunPaths, staged_output
 
 STATS_FILE = "pack_stats.json"
 
@@ -18,14 +24,17 @@ def run_pack(cfg: RunConfig, tokens_dir: str | Path | None = None, out_dir: str 
     dataset. Returns the stats dict (also in out_dir/pack_stats.json).
     """
     from packtrain.data.token_store import TokenStore
-    from packtrain.packing.dataset import pack_dataset
+    from packtrain.packing.dataset import OUTPUTS, write_packs
+    from packtrain.packing.store import PackStore
     from packtrain.tracking import stage_run
 
     paths = RunPaths(Path(cfg.workdir))
     src = Path(tokens_dir) if tokens_dir is not None else paths.tokenize_dir
     dst = Path(out_dir) if out_dir is not None else paths.pack_dir
-    with stage_run("pack", cfg, section=cfg.pack) as run:
-        stats = pack_dataset(src, dst, cfg.pack)
+    with stage_run("pack", cfg, section=cfg.pack) as run, staged_output(dst, OUTPUTS, "pack") as tmp:
+        stats = write_packs(src, tmp, cfg.pack)
+        for split in ("train", "eval"):
+            PackStore.open(tmp / split)   # shapes, offsets, checksums (tokens.bin's up to 1 GiB) before publishing
         d = stats.to_dict()
         d.update(input=str(src), output=str(dst))
         digest = _md5(src / "tokens.bin")
@@ -33,9 +42,9 @@ def run_pack(cfg: RunConfig, tokens_dir: str | Path | None = None, out_dir: str 
             d["input_md5"] = digest
             run.set_tags({"dvc.md5.tokens": digest})
             run.log_dataset(src, "tokens", digest, context="input")
-            _add_to_stats_file(dst / STATS_FILE, {"input_md5": digest})
+            _add_to_stats_file(tmp / STATS_FILE, {"input_md5": digest})
         run.log_stats({k: v for k, v in d.items() if k not in ("input", "output")})
-        run.log_artifact(dst / STATS_FILE)
+        run.log_artifact(tmp / STATS_FILE)
         if run.enabled:
             _log_length_histogram(run, TokenStore.open(src), stats.train.fill, cfg.pack.budget)
     return d

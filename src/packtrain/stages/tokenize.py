@@ -1,13 +1,20 @@
-"""Stage runner: tokenize. `run_tokenize(cfg, docs_dir, out_dir)` → token store + stats.json in out_dir."""
+"""Stage runner: tokenize. `run_tokenize(cfg, docs_dir, out_dir)` → token store + stats.json in out_dir.
+
+The token store, its tokenizer/ and stats.json are built in a staging directory next to `out_dir`, checked
+(the store opens with consistent shapes, the tokenizer loads, the counts match the stats) and published
+together (packtrain.paths.staged_output): a failed or killed tokenize leaves the previous out_dir
+byte-identical, a successful one replaces it whole.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from packtrain.config import RunConfig
-from packtrain.paths import RunPaths, write_json
+from packtrain.paths import RunPaths, staged_output, write_json
 
 STATS_FILE = "stats.json"
+OUTPUTS = ("tokens.bin", "offsets.npy", "doc_ids.npy", "split.npy", "meta.json", "tokenizer", STATS_FILE)
 
 
 def run_tokenize(cfg: RunConfig, docs_dir: str | Path | None = None, out_dir: str | Path | None = None) -> dict:
@@ -27,18 +34,36 @@ def run_tokenize(cfg: RunConfig, docs_dir: str | Path | None = None, out_dir: st
     out = Path(out_dir) if out_dir is not None else paths.stage_dir("tokenize")
     md5 = data_md5(docs)
     tok_md5 = data_md5(check_tokenizer_dir(cfg.tokenize.tokenizer_dir)) if cfg.tokenize.tokenizer_dir else None
-    with stage_run("tokenize", cfg, section=cfg.tokenize) as run:
+    with stage_run("tokenize", cfg, section=cfg.tokenize) as run, \
+            staged_output(out, OUTPUTS, "tokenize") as tmp:
         run.set_tags({"dvc.md5.documents": md5, "dvc.md5.tokenizer": tok_md5})
         run.log_dataset(docs, "documents", md5, context="input")
         if tok_md5:
             run.log_dataset(cfg.tokenize.tokenizer_dir, "tokenizer", tok_md5, context="input")
-        stats = tokenize_documents(docs, out, cfg.tokenize)
+        stats = tokenize_documents(docs, tmp, cfg.tokenize, publish=False)
+        _check_store(tmp, stats)
         d = stats.to_dict()
-        d.update(input=str(docs), input_md5=md5, tokenizer_md5=tok_md5, tokens_md5=data_md5(out / "tokens.bin"),
-                 git_rev=git_rev())
-        write_json(out / STATS_FILE, d)
+        d.update(output=str(out), input=str(docs), input_md5=md5, tokenizer_md5=tok_md5,
+                 tokens_md5=data_md5(tmp / "tokens.bin"), git_rev=git_rev())
+        write_json(tmp / STATS_FILE, d)
         run.log_stats(d)
         run.set_tags({"dvc.md5.tokens": d["tokens_md5"]})
-        run.log_artifact(out / STATS_FILE)
-        run.log_artifact(out / "meta.json")
+        run.log_artifact(tmp / STATS_FILE)
+        run.log_artifact(tmp / "meta.json")
     return d
+
+
+def _check_store(staged: Path, stats) -> None:
+    """The staged store must open, agree with the stats, and its tokenizer must load; else nothing is published."""
+    from packtrain.data.token_store import TokenStore
+    from packtrain.data.tokenize import load_tokenizer
+    from packtrain.errors import PacktrainError
+
+    store = TokenStore.open(staged)
+    n_tokens = int(store.meta["n_tokens"])
+    if store.n_docs != stats.documents or n_tokens != stats.tokens:
+        raise PacktrainError(f"tokenize: the staged store holds {store.n_docs} documents / {n_tokens} tokens, "
+                             f"the stats say {stats.documents} / {stats.tokens}; nothing was published")
+    if len(load_tokenizer(staged / "tokenizer")) != store.vocab_size:
+        raise PacktrainError(f"tokenize: the staged tokenizer's vocabulary differs from meta.json's vocab_size "
+                             f"{store.vocab_size}; nothing was published")
