@@ -46,7 +46,7 @@ def launcher_command(args: argparse.Namespace) -> list[str]:
             cmd += [f"--{flag}", str(getattr(args, flag))]
     if args.resume:
         cmd.append("--resume")
-    if args.overwrite:
+    if getattr(args, "overwrite", False):
         cmd.append("--overwrite")
     return cmd
 

@@ -162,9 +162,11 @@ def choose_shape(model_cfg: ModelConfig, train_cfg: TrainConfig, pack_budget: in
         source = "auto"
     rows = (int(b) * train_cfg.rows) // pack_budget
     if rows < 1:
+        need = -(-pack_budget // train_cfg.rows)
         raise ConfigError(f"train.budget {b} × train.rows {train_cfg.rows} = {int(b) * train_cfg.rows} tokens is "
-                          f"less than one pack ({pack_budget} tokens, the pack stage's budget): re-run "
-                          f"`packtrain pack --set pack.budget={b}` or raise train.rows")
+                          f"less than one pack ({pack_budget} tokens, the pack stage's budget): set train.budget ≥ "
+                          f"{need} or raise train.rows, or re-pack with `packtrain pack --set pack.budget=N` for some "
+                          f"2 ≤ N ≤ {int(b) * train_cfg.rows}")
     return Shape(pack_budget, rows, int(ga), source, plan)
 
 
