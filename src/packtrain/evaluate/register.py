@@ -264,6 +264,10 @@ def apply_registration(client, tracking_uri: str, run_id: str, op: dict, model_d
         card = (f"# {name}\n\n{metric}: {candidate:.6g}; decision: {decision} ({reason})\n\n"
                 + "\n".join(f"- {k}: {v}" for k, v in op["version_tags"].items()))
         model_id, flavor, note, log_s = _log_model_once(client, run_id, op, Path(model_dir), card)
+        if os.environ.get("PACKTRAIN_FAULT"):   # tests: die between the logged model and its version
+            from packtrain.faults import kill_point
+
+            kill_point("register.model_logged")
         tags = {**op["version_tags"], "decision": decision, "decision_reason": reason[:4000], "flavor": flavor,
                 "previous_champion_version": prev_version, "had_champion": str(had).lower(),
                 "previous_champion_value": prev_value, "log_model_s": f"{log_s:.3f}", OP_TAG: oid}

@@ -1,0 +1,195 @@
+"""`packtrain mlflow replay` applies every buffered op exactly once: replayed twice, killed (SIGKILL) at a
+seeded random op and replayed again, or replayed from a copy of the buffer, the sqlite store ends with
+exactly one copy of every run, param, metric step, tag, dataset input and artifact.
+
+The buffer is recorded once per module (two files: the pipeline + train stage of one "process", a validate
+stage of another, all against a dead port) and copied into each test. The expected end state is that of a
+single clean replay into a fresh store; every other case must equal it exactly (run ids normalised to run
+names). Kill points: PACKTRAIN_FAULT=replay.before_record@K dies after the store applied the K-th op, before
+its id is on disk — the window only the store's own idempotency covers; replay.after_record@K just after.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from mlflow import MlflowClient
+from mlflow.entities import ViewType
+
+from packtrain.cli import main as cli_main
+from packtrain.config import load_run_config
+from packtrain.tracking import end_pipeline_run, stage_run, start_pipeline_run
+from packtrain.tracking.buffer import BufferedClient
+from packtrain.tracking.ledger import read_ops
+from packtrain.tracking.run import StageRun, _clients, _close_clients
+
+EXPERIMENT = "replay"
+# (seed, fault point): the kill op k is drawn from the seed (shown in the test id and every failure message).
+# With the 23 recorded ops these land on the first create_run (23 → k=1), an artifact directory (5 → 16), an op
+# of the second file (7 → 22), and params just recorded as applied (11 → 4).
+CASES = [(23, "before_record"), (5, "before_record"), (7, "before_record"), (11, "after_record")]
+
+
+def _dead_uri() -> str:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{s.getsockname()[1]}"   # closed again: nothing listens there
+
+
+def record_buffer(root: Path) -> Path:
+    """Run a pipeline + two stages against a dead store; returns the buffer directory (2 files)."""
+    os.environ["MLFLOW_TRACKING_URI"] = dead = _dead_uri()
+    try:
+        cfg = load_run_config("tiny-cpu", [f"workdir={root}", "tracking.flush_interval_s=0",
+                                           "tracking.retry_after_s=30", "tracking.system_metrics=false",
+                                           f"tracking.experiment={EXPERIMENT}"])
+        parent = start_pipeline_run(cfg)
+        plots = root / "plots"
+        plots.mkdir(parents=True)
+        (plots / "a.txt").write_text("a\n")
+        (plots / "b.txt").write_text("bb\n")
+        docs = root / "documents.parquet"
+        docs.write_bytes(b"not really parquet")
+        with stage_run("train", cfg, section=cfg.train, tags={"packtrain.note": "outage"}) as run:
+            for step in range(8):
+                run.log_step({"loss": 8.0 - step, "lr": 1e-3 * (step + 1)}, step=step)
+            run.log_metrics({"nan_metric": float("nan")})
+            run.log_json({"steps": 8}, "train_result.json")
+            run.log_artifact(plots, "plots")
+            run.log_dataset(docs, "documents", "0f343b0931126a20f133d67c2b018a3b")
+        end_pipeline_run(parent)
+        # a second "process": its own buffer file, a stage nested under the (pending) parent
+        other = BufferedClient(dead, root / "mlflow-buffer", retry_after_s=30)
+        rid = other.create_run(EXPERIMENT, "validate", {"mlflow.parentRunId": parent, "packtrain.stage": "validate"})
+        StageRun(other, rid, "validate", 0).log_metrics({"n_failed": 0, "n_passed": 11})
+        other.set_terminated(rid)
+        other.close()
+    finally:
+        _close_clients()
+        _clients.clear()
+        os.environ.pop("MLFLOW_TRACKING_URI", None)
+    buf = root / "mlflow-buffer"
+    assert len(list(buf.glob("*.jsonl"))) == 2
+    return buf
+
+
+def n_ops(buf: Path) -> int:
+    return sum(len(read_ops(p.read_text())[0]) for p in buf.glob("*.jsonl"))
+
+
+def store_state(uri: str) -> dict:
+    """Everything a replay writes, run ids replaced by run names; fails on a duplicated run."""
+    c = MlflowClient(uri)
+    exp = c.get_experiment_by_name(EXPERIMENT)
+    runs = c.search_runs([exp.experiment_id], run_view_type=ViewType.ALL, max_results=1000)
+    names = {r.info.run_id: r.info.run_name for r in runs}
+    assert len(names) == len(set(names.values())), f"duplicated runs: {sorted(names.values())}"
+
+    def artifacts(rid, path=None):
+        out = []
+        for a in c.list_artifacts(rid, path):
+            out += artifacts(rid, a.path) if a.is_dir else [(a.path, a.file_size)]
+        return out
+
+    state = {}
+    for r in runs:
+        rid = r.info.run_id
+        state[r.info.run_name] = {
+            "status": r.info.status, "start": r.info.start_time, "end": r.info.end_time,
+            "params": r.data.params,
+            "tags": {k: names.get(v, v) if k == "mlflow.parentRunId" else v for k, v in r.data.tags.items()},
+            "metrics": {k: sorted((m.step, m.timestamp, str(m.value)) for m in c.get_metric_history(rid, k))
+                        for k in r.data.metrics},
+            "artifacts": sorted(artifacts(rid)),
+            "inputs": sorted((d.dataset.name, d.dataset.digest) for d in r.inputs.dataset_inputs),
+        }
+    return state
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory):
+    """(buffer, empty migrated store db, expected state): recorded and replayed cleanly once."""
+    root = tmp_path_factory.mktemp("recorded")
+    buf = record_buffer(root / "work")
+    template = root / "template.db"
+    MlflowClient(f"sqlite:///{template}").search_experiments()   # migrations run once (2-8 s)
+    ref = root / "ref"
+    shutil.copytree(buf, ref / "buffer")
+    shutil.copy(template, ref / "mlflow.db")
+    uri = f"sqlite:///{ref / 'mlflow.db'}"
+    assert cli_main(["mlflow", "replay", "--buffer", str(ref / "buffer"), "--tracking-uri", uri]) == 0
+    expected = store_state(uri)
+    # sanity of the reference itself: what was recorded arrived once
+    assert set(expected) == {"pipeline", "train", "validate"}
+    train = expected["train"]
+    assert [s for s, _, _ in train["metrics"]["loss"]] == list(range(8))
+    assert train["tags"]["mlflow.parentRunId"] == "pipeline" == expected["validate"]["tags"]["mlflow.parentRunId"]
+    assert train["artifacts"] == [("plots/a.txt", 2), ("plots/b.txt", 3), ("train_result.json", 17)]
+    assert train["inputs"] == [("documents", "0f343b0931126a20f133d67c2b018a3b")]
+    assert train["params"]["train.max_steps"] == "30" and train["tags"]["packtrain.note"] == "outage"
+    assert len(train["metrics"]["nan_metric"]) == 1 and all(r["status"] == "FINISHED" for r in expected.values())
+    return buf, template, expected
+
+
+def _case(recorded, tmp_path) -> tuple[Path, str]:
+    buf, template, _ = recorded
+    shutil.copytree(buf, tmp_path / "buffer")
+    shutil.copy(template, tmp_path / "mlflow.db")
+    return tmp_path / "buffer", f"sqlite:///{tmp_path / 'mlflow.db'}"
+
+
+def _replay(buf: Path, uri: str, capsys) -> dict:
+    capsys.readouterr()
+    rc = cli_main(["mlflow", "replay", "--buffer", str(buf), "--tracking-uri", uri])
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert rc == 0 and out["left"] == 0 and out["rejected"] == 0, out
+    return out
+
+
+def _assert_drained(buf: Path) -> None:
+    assert not list(buf.glob("*.jsonl")) and not (buf / "applied.log").exists()
+    assert not [p for p in (buf / "artifacts").rglob("*") if p.is_file()]   # the buffer's copies are gone
+    assert not (buf / "rejected.jsonl").exists()
+
+
+def test_replay_twice_and_from_a_copy(recorded, tmp_path, capsys):
+    buf, uri = _case(recorded, tmp_path)
+    copy = tmp_path / "copy"
+    shutil.copytree(buf, copy)   # e.g. the same buffer brought back from a GPU machine twice
+    total = n_ops(buf)
+    assert _replay(buf, uri, capsys)["applied"] == total
+    assert _replay(buf, uri, capsys)["applied"] == 0   # nothing left to do
+    _assert_drained(buf)
+    assert _replay(copy, uri, capsys)["applied"] == total   # the copy has no applied.log of the first …
+    assert store_state(uri) == recorded[2]                  # … and still adds nothing
+    _assert_drained(copy)
+
+
+@pytest.mark.parametrize(("seed", "point"), CASES)
+def test_kill_at_random_op_then_replay(recorded, tmp_path, capsys, seed, point):
+    buf, uri = _case(recorded, tmp_path)
+    total = n_ops(buf)
+    k = int(np.random.default_rng(seed).integers(1, total + 1))
+    why = f"seed {seed}: SIGKILL at replay.{point}@{k} of {total} ops"
+    env = {**os.environ, "PACKTRAIN_FAULT": f"replay.{point}@{k}"}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    proc = subprocess.run([sys.executable, "-m", "packtrain.cli", "mlflow", "replay", "--buffer", str(buf),
+                           "--tracking-uri", uri], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == -9, f"{why}: rc {proc.returncode}\n{proc.stderr[-2000:]}"
+    applied_ids = (buf / "applied.log").read_text().split() if (buf / "applied.log").exists() else []
+    assert len(applied_ids) == (k - 1 if point == "before_record" else k), why
+    assert n_ops(buf) <= total   # files are never rewritten; a fully applied one is deleted
+    left = total - len(applied_ids)
+    out = _replay(buf, uri, capsys)
+    assert out["applied"] == left, why
+    assert store_state(uri) == recorded[2], why
+    _assert_drained(buf)
