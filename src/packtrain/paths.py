@@ -264,7 +264,8 @@ def staged_output(dst: str | Path, outputs: Sequence[str] | None = None, what: s
 
     `outputs`: the names the stage writes; a `dst` holding anything else is refused up front (ConfigError)
     because publishing replaces the whole directory. `required` (default: all `outputs`) must exist in tmp
-    when the block ends, else nothing is published. The staging directory never outlives the block.
+    when the block ends, else nothing is published. The staging directory never outlives the block. An OS
+    error while publishing (disk full, I/O) becomes a PacktrainError (exit 1) saying `dst` is unchanged.
     """
     dst = output_target(dst)
     check_replaceable(dst, outputs, what)
@@ -275,7 +276,10 @@ def staged_output(dst: str | Path, outputs: Sequence[str] | None = None, what: s
         missing = [n for n in need if not os.path.lexists(tmp / n)]
         if missing:
             raise PacktrainError(f"{what}: {', '.join(missing)} not written; nothing was published to {dst}")
-        publish_dir(tmp, dst, outputs, what)
+        try:
+            publish_dir(tmp, dst, outputs, what)
+        except OSError as e:   # raised only before the commit (see publish_dir): dst is untouched
+            raise PacktrainError(f"{what}: publishing {dst} failed ({e}); it is as it was before this run") from e
     finally:
         if os.path.lexists(tmp):
             shutil.rmtree(tmp, ignore_errors=True)

@@ -16,11 +16,12 @@ def summarize(d: dict) -> str:
     """One paragraph: documents, size, length percentiles, md5s, time."""
     lc = d.get("length_chars") or {}
     skipped = f" Skipped {len(d['skipped_files'])} unsupported file(s)." if d.get("skipped_files") else ""
-    if d.get("skipped_entries"):
-        skipped += (f" Skipped {len(d['skipped_entries'])} unreadable entr"
-                    f"{'y' if len(d['skipped_entries']) == 1 else 'ies'} that cannot be read (named in ingest_stats.json).")
+    n_bad = len(d.get("skipped_entries") or ())
+    if n_bad:
+        skipped += f" Skipped {n_bad} entr{'y' if n_bad == 1 else 'ies'} that cannot be read (see ingest_stats.json)."
     if d.get("linked_folders"):
-        skipped += " Read linked folder(s) " + ", ".join(f"{x['name']} → {x['target']}" for x in d["linked_folders"]) + "."
+        skipped += " Read linked folder(s) " + ", ".join(f"{x['name']} → {x['target']}"
+                                                         for x in d["linked_folders"]) + "."
     capped = " Stopped at ingest.max_docs." if d.get("stopped_at_max_docs") else ""
     return (
         f"ingest: {d['documents']:,} documents ({d['bytes_utf8'] / 1e6:.1f} MB of UTF-8 text) from {d['files']:,} "
