@@ -269,7 +269,11 @@ def staged_output(dst: str | Path, outputs: Sequence[str] | None = None, what: s
     """
     dst = output_target(dst)
     check_replaceable(dst, outputs, what)
-    tmp = staging_dir(dst)
+    try:
+        tmp = staging_dir(dst)
+    except OSError as e:
+        raise PacktrainError(f"{what}: cannot create a staging directory next to {dst} ({e.strerror or e}): "
+                             "outputs are built beside the output directory, so its parent must be writable") from e
     try:
         yield tmp
         need = list(outputs or ()) if required is None else list(required)

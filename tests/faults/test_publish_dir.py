@@ -211,3 +211,14 @@ def test_staging_dir_is_hidden_and_unique(tmp_path):
     assert a != b and a.name.startswith(".out.packtrain-new-") and a.parent == tmp_path
     publish_dir(a, dst)
     assert dst.is_dir() and not a.exists() and b.exists()
+
+
+def test_unpublishable_places_are_a_clear_error_before_any_work():
+    """A mount point cannot be swapped by a rename; an output whose parent cannot hold a staging directory
+    cannot be published: both are refused up front, naming the path (Linux /proc stands for both)."""
+    with pytest.raises(ConfigError, match="output /proc is a mount point.*pass a directory below it"), \
+            staged_output(Path("/proc"), OUTPUTS, "demo"):
+        pytest.fail("the block must not run")
+    with pytest.raises(PacktrainError, match="cannot create a staging directory next to /proc/packtrain-x/out"), \
+            staged_output(Path("/proc/packtrain-x/out"), OUTPUTS, "demo"):
+        pytest.fail("the block must not run")

@@ -8,7 +8,10 @@ and says where the document came from:
     .jsonl                 "dump.jsonl:3"         (line 3, field cfg.text_field)
     .parquet               "part-0.parquet#41"    (row 41, column cfg.text_field)
 
-Bad input raises `InputDataError` naming the file, line/row, field and value, and what is allowed. Rules:
+Folders are walked in sorted order following symbolic links (also out of the folder), every folder read at
+most once by its resolved path; dangling or looping links, links to a folder already read and special files
+are named (`discover_files`). Bad input raises `InputDataError` naming the file, line/row, field and value,
+and what is allowed. Rules:
 an empty or whitespace-only file is an error (it is almost always a broken export); an empty string value
 inside a .jsonl/.parquet is accepted here and reported by `packtrain validate`; null is an error.
 """
