@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+import re
+import warnings
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import AfterValidator, Field, StringConstraints, model_validator
+from pydantic_core import PydanticCustomError
 
 from packtrain.config.base import (
+    Allowed,
     Float,
     Fraction,
     Int,
@@ -23,11 +27,39 @@ from packtrain.config.base import (
 Beta = Annotated[Float, Field(ge=0, lt=1)]
 
 
-class ModelConfig(StrictModel):
-    """A Llama-style transformers model: from these sizes (random init) or a local pretrained directory."""
+REGISTRY_URI = re.compile(r"^models:/(?P<name>[^/@\s]+)(?:@(?P<alias>[A-Za-z0-9_-]+)|/(?P<version>[1-9][0-9]*))$")
+"""models:/NAME@ALIAS or models:/NAME/VERSION (MLflow's registered-model URIs)."""
+_URI_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+:/")
 
+
+def _check_init_from(value: str) -> str:
+    """Syntax only: scratch | champion | models:/NAME@ALIAS | models:/NAME/VERSION | a local path. Whether the
+    directory exists or the registry knows the name is checked where the model is built
+    (packtrain.model.source.resolve_init_source)."""
+    if not value.strip():
+        raise PydanticCustomError("blank_string", "only whitespace")
+    if value.startswith("models:") and not REGISTRY_URI.match(value):
+        raise PydanticCustomError("registry_uri", "a models:/ URI must be models:/NAME@ALIAS or models:/NAME/VERSION")
+    if _URI_SCHEME.match(value) and not value.startswith("models:"):
+        raise PydanticCustomError("uri_scheme", "only models:/ URIs and local directories (nothing is downloaded)")
+    return value
+
+
+InitFrom = Annotated[str, StringConstraints(min_length=1), AfterValidator(_check_init_from),
+                     Allowed("'scratch', 'champion', models:/NAME@ALIAS, models:/NAME/VERSION or a local "
+                             "save_pretrained directory")]
+
+
+class ModelConfig(StrictModel):
+    """The model: random init from the sizes below (a Llama-style model), or a checkpoint of any supported
+    family (llama, mistral, qwen2, qwen3, gemma2, gemma3_text, phi3 — packtrain.model.families) to continue."""
+
+    init_from: InitFrom = "scratch"
+    """scratch: random init from the sizes below; a local save_pretrained directory (its config.json decides
+    the family and every size; the sizes below are ignored); models:/NAME@ALIAS, models:/NAME/VERSION or
+    champion: a registered model."""
     pretrained_dir: PathStr | None = None
-    """A local directory saved by transformers (config + weights); None → random init from the sizes below."""
+    """Deprecated alias of init_from=<dir> (moved into init_from when the config loads)."""
     hidden_size: Int = Field(64, ge=8)
     intermediate_size: Int = Field(176, ge=8)
     num_layers: PositiveInt = 2
@@ -38,6 +70,20 @@ class ModelConfig(StrictModel):
     rope_theta: PositiveFloat = 10000.0
     tie_word_embeddings: bool = True
     init_std: PositiveFloat = 0.02
+
+    @model_validator(mode="before")
+    @classmethod
+    def _pretrained_dir_alias(cls, data: Any) -> Any:
+        old = data.get("pretrained_dir") if isinstance(data, dict) else None
+        if isinstance(old, str) and old.strip():   # a blank one is left for the field's own check
+            init = data.get("init_from", "scratch")
+            if init not in ("scratch", data["pretrained_dir"]):
+                raise ValueError(f"init_from ({init!r}) and its deprecated alias pretrained_dir "
+                                 f"({data['pretrained_dir']!r}) disagree: set init_from only")
+            warnings.warn("model.pretrained_dir is deprecated: use model.init_from=<dir>", DeprecationWarning,
+                          stacklevel=2)
+            data = {**data, "init_from": data["pretrained_dir"], "pretrained_dir": None}
+        return data
 
     @model_validator(mode="after")
     def _heads(self):

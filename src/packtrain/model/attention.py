@@ -120,6 +120,12 @@ def _varlen_kwargs() -> tuple[dict, bool]:
     return causal, "enable_gqa" in params
 
 
+def varlen_supports_window() -> bool:
+    """True when this torch's varlen_attn takes window_size (sliding-window families can run on varlen)."""
+    fn = _varlen_fn()
+    return fn is not None and "window_size" in inspect.signature(fn).parameters
+
+
 def _repeat_heads(x: torch.Tensor, n_rep: int) -> torch.Tensor:
     """(T, H_kv, D) → (T, H_kv·n_rep, D), each kv head repeated for its group of query heads."""
     if n_rep == 1:
@@ -128,16 +134,32 @@ def _repeat_heads(x: torch.Tensor, n_rep: int) -> torch.Tensor:
     return x[:, :, None, :].expand(t, h, n_rep, d).reshape(t, h * n_rep, d)
 
 
+def _refuse_unsupported(backend: str, dropout: float, kwargs: dict, softcap_ok: bool) -> None:
+    """Attention semantics a packtrain kernel would drop are an error, never silently ignored (families.py
+    refuses these pairs at setup; this is the guard for a model loaded some other way)."""
+    if dropout:
+        raise ValueError(f"packtrain_{backend} attention has no dropout (got {dropout}); use sdpa/eager")
+    if kwargs.get("softcap") and not softcap_ok:
+        raise ValueError(f"packtrain_{backend} attention cannot soft-cap scores (softcap={kwargs['softcap']}); "
+                         "use flex or eager")
+    for key in ("s_aux", "sinks"):
+        if kwargs.get(key) is not None:
+            raise ValueError(f"packtrain_{backend} attention does not implement attention sinks ({key})")
+
+
 def varlen_attention_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
-                             cu_seq_lens_q=None, max_length_q=None, **kwargs):
+                             cu_seq_lens_q=None, max_length_q=None, sliding_window=None, **kwargs):
     """transformers attention function: query (1, Hq, T, D), key/value (1, Hkv, T, D) → ((1, T, Hq, D), None).
 
-    Causal attention within each [cu_seq_lens_q[i], cu_seq_lens_q[i+1]) span of the flattened T tokens."""
+    Causal attention within each [cu_seq_lens_q[i], cu_seq_lens_q[i+1]) span of the flattened T tokens; with a
+    layer's `sliding_window` W, FlashAttention's window (W-1 left, 0 right): q sees kv iff 0 ≤ q - kv < W, the
+    same as transformers' sliding mask (kv > q - W)."""
     if cu_seq_lens_q is None or max_length_q is None:
         raise ValueError("packtrain_varlen attention needs cu_seq_lens_q and max_length_q "
                          "(pass packtrain.model.attention.model_inputs(batch, 'varlen'))")
     if query.shape[0] != 1:
         raise ValueError(f"packtrain_varlen expects a flattened (1, T) batch, got batch size {query.shape[0]}")
+    _refuse_unsupported("varlen", dropout, kwargs, softcap_ok=False)
     query, key, value = _same_dtype(query, key, value)
     q = query[0].transpose(0, 1)   # (T, Hq, D)
     k = key[0].transpose(0, 1)     # (T, Hkv, D)
@@ -145,6 +167,11 @@ def varlen_attention_forward(module, query, key, value, attention_mask, scaling=
     causal, has_gqa = _varlen_kwargs()
     n_rep = q.shape[1] // k.shape[1]
     extra = dict(causal)
+    if sliding_window is not None:
+        if not varlen_supports_window():
+            raise ValueError(f"packtrain_varlen: sliding_window={sliding_window} but this torch's varlen_attn "
+                             "has no window_size argument")
+        extra["window_size"] = (int(sliding_window) - 1, 0)
     if n_rep > 1:
         if has_gqa:
             extra["enable_gqa"] = True
@@ -173,22 +200,50 @@ def _compiled_create_block_mask():
     return torch.compile(create_block_mask)
 
 
-def flex_attention_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+@functools.cache
+def _score_mod(window: int | None, softcap: float | None):
+    """A flex score_mod for a layer's sliding window and soft-cap, or None for plain causal attention.
+
+    Cached per (window, softcap): the compiled flex kernel guards on the score_mod object, so every layer of a
+    kind reuses one function (a new closure per call would recompile every step). The window is applied here,
+    not in the BlockMask: the document BlockMask is built once per micro-batch from segment ids alone (the
+    loop's `model_inputs(batch, 'flex')` knows nothing of the model), so out-of-window blocks are computed and
+    masked instead of skipped — equal results, less block sparsity when documents are longer than W."""
+    if window is None and not softcap:
+        return None
+    import torch
+
+    def score_mod(score, b, h, q_idx, kv_idx):
+        if softcap:
+            score = softcap * torch.tanh(score / softcap)
+        if window is not None:
+            score = torch.where(q_idx - kv_idx < window, score, -float("inf"))
+        return score
+
+    return score_mod
+
+
+def flex_attention_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
+                           sliding_window=None, **kwargs):
     """transformers attention function: (1, H, T, D) tensors + a document BlockMask → ((1, T, Hq, D), None).
 
-    The BlockMask arrives as `attention_mask` (4-D, so transformers passes it through untouched). On CUDA the
-    compiled flex kernel runs; on CPU flex runs in eager mode (materializes scores; for tests only)."""
+    The BlockMask arrives as `attention_mask` (4-D, so transformers passes it through untouched). A layer's
+    `sliding_window` and `softcap` (Gemma2) become a score_mod. On CUDA the compiled flex kernel runs; on CPU
+    flex runs in eager mode (materializes scores; for tests only)."""
     from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
     if not isinstance(attention_mask, BlockMask):
         raise ValueError("packtrain_flex attention needs a document BlockMask as attention_mask "
                          "(pass packtrain.model.attention.model_inputs(batch, 'flex'))")
+    _refuse_unsupported("flex", dropout, kwargs, softcap_ok=True)
     query, key, value = _same_dtype(query, key, value)
     # compiled kernel for block-aligned lengths (every training shape: rows × budget); eager flex otherwise
     # (torch 2.11 inductor has no flex template for T=120 — measured on the H200: NoValidChoicesError)
     fn = _compiled_flex() if query.is_cuda and query.shape[2] % 128 == 0 else flex_attention
     gqa = query.shape[1] != key.shape[1]
-    out = fn(query, key, value, block_mask=attention_mask, scale=scaling, enable_gqa=gqa)   # (1, Hq, T, D)
+    mod = _score_mod(None if sliding_window is None else int(sliding_window), kwargs.get("softcap") or None)
+    out = fn(query, key, value, score_mod=mod, block_mask=attention_mask, scale=scaling,
+             enable_gqa=gqa)   # (1, Hq, T, D)
     return out.transpose(1, 2).contiguous(), None
 
 

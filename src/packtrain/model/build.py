@@ -1,4 +1,5 @@
-"""Build the Llama-style model: random init from `ModelConfig` (never materialized twice) or a local directory.
+"""Build the model: a Llama-style random init from `ModelConfig` (never materialized twice), or any supported
+family's checkpoint (`model.init_from=<dir>`, loaded through AutoModelForCausalLM; packtrain.model.families).
 
 Random init runs the module constructors on the `meta` device (no memory, no init kernels), allocates the
 storage once on the target device with `to_empty`, then runs transformers' own `init_weights` (normal(0,
@@ -20,12 +21,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from packtrain.errors import ConfigError, MissingDataError
+from packtrain.errors import ConfigError, InputDataError
 from packtrain.model.attention import HF_NAMES, register_attention_backends
 
 if TYPE_CHECKING:
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaConfig, PreTrainedModel
 
     from packtrain.config import ModelConfig
 
@@ -68,24 +69,28 @@ def llama_config(model_cfg: ModelConfig, vocab_size: int, attn_implementation: s
 
 def build_model(model_cfg: ModelConfig, vocab_size: int, attention: str = "sdpa", device: Any = "cpu",
                 dtype: torch.dtype | None = None, pad_token_id: int | None = None,
-                eos_token_id: int | None = None) -> LlamaForCausalLM:
-    """A LlamaForCausalLM on `device` in `dtype` (default fp32: the master weights under AMP) whose attention is
-    the packtrain backend `attention` (sdpa | eager | flex | varlen, already resolved from 'auto').
+                eos_token_id: int | None = None, training: bool = True) -> PreTrainedModel:
+    """A causal LM on `device` in `dtype` (default fp32: the master weights under AMP) whose attention is the
+    packtrain backend `attention` (sdpa | eager | flex | varlen, already resolved from 'auto').
 
-    `model_cfg.pretrained_dir` set → `from_pretrained` (its vocab must cover `vocab_size`); else random init
-    via meta device + to_empty + init_weights. The caller seeds torch first for reproducible weights.
+    `model.init_from` scratch → a LlamaForCausalLM by random init (meta device + to_empty + init_weights; the
+    caller seeds torch first for reproducible weights); a directory → `load_pretrained` (any supported family,
+    packtrain.model.families). `training=False` builds for a forward only (evaluation, isolation checks), where
+    a family whose final logit soft-cap the packed loss cannot apply is allowed.
     """
     import torch
     from transformers import LlamaForCausalLM
+
+    from packtrain.model.source import resolve_init_source
 
     register_attention_backends()
     if attention not in HF_NAMES:
         raise ConfigError(f"train.attention: {attention!r} is not a backend (allowed: {', '.join(HF_NAMES)})")
     impl = HF_NAMES[attention]
     dtype = dtype or torch.float32
-    if model_cfg.pretrained_dir:
-        model = _load_pretrained(Path(model_cfg.pretrained_dir), vocab_size, impl, dtype)
-        return model.to(device)
+    source = resolve_init_source(model_cfg)
+    if source is not None:
+        return load_pretrained(source, vocab_size, attention, device, dtype, training)
     cfg = llama_config(model_cfg, vocab_size, impl, pad_token_id, eos_token_id)
     with torch.device("meta"):
         model = LlamaForCausalLM._from_config(cfg, dtype=dtype)
@@ -95,20 +100,50 @@ def build_model(model_cfg: ModelConfig, vocab_size: int, attention: str = "sdpa"
     return model
 
 
-def _load_pretrained(path: Path, vocab_size: int, impl: str, dtype) -> LlamaForCausalLM:
-    from transformers import AutoConfig, LlamaForCausalLM
+def read_checkpoint_config(path: Path):
+    """The transformers config of a save_pretrained directory; an architecture transformers does not know (or
+    an unreadable config.json) is a ConfigError naming the directory."""
+    from transformers import AutoConfig
 
-    if not (path / "config.json").is_file():
-        raise MissingDataError(f"model.pretrained_dir {path}: no config.json (a save_pretrained directory is needed)")
-    cfg = AutoConfig.from_pretrained(path)
-    if getattr(cfg, "model_type", None) != "llama":
-        raise ConfigError(f"model.pretrained_dir {path}: model_type {cfg.model_type!r}; only 'llama' is supported")
+    try:
+        return AutoConfig.from_pretrained(str(path))
+    except (ValueError, KeyError, OSError) as e:   # unknown model_type: ValueError; bad JSON: OSError
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ConfigError(f"model.init_from {path}: config.json cannot be read by transformers "
+                          f"{_transformers_version()}: {first[:300]}") from None
+
+
+def load_pretrained(path: Path, vocab_size: int, attention: str = "sdpa", device: Any = "cpu", dtype=None,
+                    training: bool = True) -> PreTrainedModel:
+    """AutoModelForCausalLM.from_pretrained(path) with packtrain's backend, use_cache off, in `dtype` (fp32
+    default), after refusing what cannot be trained faithfully: an unsupported family, a (family, backend) pair
+    that is not isolated or drops the family's attention semantics (families.check_attention), or a vocabulary
+    smaller than the token store's."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from packtrain.model.families import check_attention
+
+    register_attention_backends()
+    path = Path(path)
+    cfg = read_checkpoint_config(path)
+    check_attention(cfg, attention, training, where=f"model.init_from {path}")
     if cfg.vocab_size < vocab_size:
-        raise ConfigError(f"model.pretrained_dir {path}: vocab_size {cfg.vocab_size} < the tokenizer's "
+        raise ConfigError(f"model.init_from {path}: vocab_size {cfg.vocab_size} < the tokenizer's "
                           f"{vocab_size}; re-tokenize with that model's tokenizer (tokenize.tokenizer_dir)")
-    model = LlamaForCausalLM.from_pretrained(path, attn_implementation=impl, dtype=dtype)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(str(path), attn_implementation=HF_NAMES[attention],
+                                                     dtype=dtype or torch.float32)
+    except (OSError, ValueError, KeyError, RuntimeError) as e:
+        raise InputDataError(f"model.init_from {path}: cannot be loaded: {str(e).strip()[:400]}") from None
     model.config.use_cache = False
-    return model
+    return model.to(device)
+
+
+def _transformers_version() -> str:
+    import transformers
+
+    return transformers.__version__
 
 
 def count_params(model) -> ParamCount:

@@ -22,6 +22,9 @@ The O(s²) term depends on the attention backend (bytes per layer):
     eager  fp32 softmax output + its bf16 copy:                                    (4 + 2)·b·a·s²
     flex, varlen   nothing quadratic (Korthikanti's 5·a·s/h term disappears).
 Grouped-query attention under sdpa/eager repeats k and v to all heads before attention (h instead of h_kv).
+Other families (packtrain.model.families) use the same count with q and the attention output h_q = heads ·
+head_dim wide; their extra small tensors (Gemma's two more RMSNorms, Qwen3/Gemma3 q/k norms, q/k/v biases) are
+not counted — a few h per token, under 2% of a layer.
 
 Checkpointed layers keep only their input (4 bytes·h per token under autocast, c otherwise) and recompute one
 layer at a time in backward. Logits + loss (standard): bf16 logits + fp32 copy + fp32 log-softmax in forward
@@ -78,13 +81,14 @@ def precision_of(engine: str, precision: str) -> Precision:
 
 def layer_activation_bytes_per_token(shape: ModelShape, prec: Precision, backend: Backend) -> int:
     """Bytes one layer keeps for backward per token, without the O(s²) attention term (see module doc)."""
-    h, i, a = shape.hidden, shape.intermediate, shape.heads
-    kv = shape.hidden if (shape.kv_heads < shape.heads and backend in ("sdpa", "eager")) else shape.kv_hidden
+    h, i, a, q = shape.hidden, shape.intermediate, shape.heads, shape.q_hidden
+    kv = q if (shape.kv_heads < shape.heads and backend in ("sdpa", "eager")) else shape.kv_hidden
     c = prec.compute_bytes
     lse = 0 if backend == "eager" else 4 * a
+    # q and the attention output are h_q wide (= h except where head_dim ≠ h / heads: Qwen3, Gemma)
     if prec.autocast:
-        return 16 * h + 5 * c * h + 2 * c * h + 2 * c * kv + 4 * c * i + lse
-    return (8 + 6 * c) * h + 2 * c * kv + 4 * c * i + lse
+        return 16 * h + 5 * c * h + 2 * c * q + 2 * c * kv + 4 * c * i + lse
+    return (8 + 4 * c) * h + 2 * c * q + 2 * c * kv + 4 * c * i + lse
 
 
 def attention_quadratic_bytes(shape: ModelShape, prec: Precision, backend: Backend, rows: int, budget: int) -> int:

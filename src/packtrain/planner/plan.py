@@ -318,7 +318,8 @@ def _suggest(plan: MemoryPlan, model_cfg, train_cfg, plan_cfg, dev_gib, vocab_si
 def choose_budget(model_cfg: ModelConfig, train_cfg: TrainConfig, plan_cfg: PlanConfig,
                   device_memory_gib: float | None = None, *, vocab_size: int | None = None,
                   reference_budget: int | None = None) -> tuple[int, int, MemoryPlan]:
-    """The largest budget (a multiple of 128, ≤ plan.max_budget or max_position_embeddings) whose predicted
+    """The largest budget (a multiple of 128, ≤ plan.max_budget or max_position_embeddings — the checkpoint's
+    with model.init_from=<dir>) whose predicted
     peak ≤ target_fraction × device memory, and the grad_accum that keeps the global batch in tokens.
 
     Global batch G = plan.global_batch_tokens, else rows × reference budget × train.grad_accum × gpus
@@ -332,7 +333,8 @@ def choose_budget(model_cfg: ModelConfig, train_cfg: TrainConfig, plan_cfg: Plan
     rows, gpus = train_cfg.rows, plan_cfg.gpus
     ref = reference_budget or (train_cfg.budget if isinstance(train_cfg.budget, int) else None)
     global_tokens = plan_cfg.global_batch_tokens or (rows * ref * train_cfg.grad_accum * gpus if ref else None)
-    max_budget = plan_cfg.max_budget or model_cfg.max_position_embeddings
+    shape = model_shape(model_cfg, plan_cfg, vocab_size)
+    max_budget = plan_cfg.max_budget or shape.max_positions or model_cfg.max_position_embeddings
     best: tuple[int, int, MemoryPlan] | None = None
     smallest: MemoryPlan | None = None
     for budget in range(128, max_budget + 1, 128):

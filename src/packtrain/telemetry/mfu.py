@@ -12,6 +12,10 @@ h hidden size, V vocabulary; sᵢ the real document segments; T_real = Σ sᵢ; 
     useful = (6N + 6hV) · T_real  + 12 · L · h · Σ sᵢ²          # only work inside documents
     dense  = (6N + 6hV) · T_slot  + 12 · L · h · rows · budget² # what an unpacked, unmasked kernel runs
 
+Other families (packtrain.model.families): the attention term's h is heads · head_dim (Qwen3-0.6B: 2048 for
+a hidden size of 1024), and a sliding-window layer (window W) counts sᵢ · min(sᵢ, W) instead of sᵢ² — its
+kernel never computes scores further back than W (`model_flop_dims(config)` reads both off a config).
+
 Causal halving: we count the full s² score matrix, NOT halved for the causal mask. This is the convention of
 PaLM (Chowdhery et al. 2022, App. B: "6N + 12·L·H·Q·T" FLOPs per token), Megatron-LM (Narayanan et al. 2021,
 eq. 3: the 1 + s/6h term) and nanoGPT/torchtitan, so packtrain's MFU compares with published numbers. A causal
@@ -64,24 +68,51 @@ _logged: set[tuple[str, str]] = set()
 
 
 def step_flops(n_params_nonembed: int, n_layers: int, hidden_size: int, seq_lens: Sequence[int],
-               slot_tokens: int, budget: int, vocab_size: int = 0) -> tuple[float, float]:
+               slot_tokens: int, budget: int, vocab_size: int = 0, attn_width: int | None = None,
+               windows: Sequence[int | None] | None = None) -> tuple[float, float]:
     """FLOPs of one forward+backward over a packed micro-batch: `(useful, dense)` (see module docstring).
 
     seq_lens: lengths of the real document segments (padding excluded), e.g. `PackedBatch.seq_lens`.
     slot_tokens: rows · budget, the micro-batch's full token count. A 350M model (N=302M, L=24, h=1024,
     V=32000) on 8 × 2048 slots all filled by 512-token documents: useful 3.54e13, dense 4.28e13.
+    attn_width: heads · head_dim where it differs from hidden_size (Qwen3, Gemma). windows: per layer, a
+    sliding window W (a token attends to at most W keys: s² becomes s·min(s, W)) or None; default all full.
     """
     if budget <= 0 or slot_tokens < 0 or slot_tokens % budget:
         raise ValueError(f"slot_tokens ({slot_tokens}) must be a non-negative multiple of budget ({budget})")
     real = sum(int(s) for s in seq_lens)
     if real > slot_tokens:
         raise ValueError(f"sum(seq_lens) = {real} exceeds slot_tokens = {slot_tokens}")
+    wins = list(windows) if windows is not None else [None] * n_layers
+    if len(wins) != n_layers:
+        raise ValueError(f"windows has {len(wins)} entries for {n_layers} layers")
     rows = slot_tokens // budget
     per_token = 6.0 * n_params_nonembed + 6.0 * hidden_size * vocab_size
-    attn = 12.0 * n_layers * hidden_size
-    useful = per_token * real + attn * sum(int(s) * int(s) for s in seq_lens)
-    dense = per_token * slot_tokens + attn * rows * budget * budget
+    attn = 12.0 * (attn_width or hidden_size)
+    useful = per_token * real
+    dense = per_token * slot_tokens
+    for w in set(wins):   # layers sharing a window share the sum
+        k = wins.count(w)
+        useful += attn * k * sum(int(s) * min(int(s), w or int(s)) for s in seq_lens)
+        dense += attn * k * rows * budget * min(budget, w or budget)
     return useful, dense
+
+
+def model_flop_dims(config) -> dict:
+    """What `step_flops` needs from a transformers config, for every supported family: layers, hidden size,
+    attention width (heads · head_dim), per-layer sliding windows and the LM head's vocabulary.
+
+    >>> from transformers import LlamaConfig
+    >>> model_flop_dims(LlamaConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, vocab_size=10))
+    {'n_layers': 2, 'hidden_size': 64, 'vocab_size': 10, 'attn_width': 64, 'windows': (None, None)}
+    """
+    from packtrain.model.families import attention_semantics
+
+    heads = int(config.num_attention_heads)
+    head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
+    return {"n_layers": int(config.num_hidden_layers), "hidden_size": int(config.hidden_size),
+            "vocab_size": int(config.vocab_size), "attn_width": heads * head_dim,
+            "windows": attention_semantics(config).windows}
 
 
 def count_nonembedding_params(model) -> int:

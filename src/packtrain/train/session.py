@@ -61,6 +61,7 @@ class TrainSession:
         from packtrain.model.build import build_model, count_params
         from packtrain.packing.batches import PackedLoader
         from packtrain.packing.store import PackStore
+        from packtrain.telemetry.mfu import model_flop_dims
         from packtrain.train import techniques as tq
         from packtrain.train.loss import packed_causal_lm
 
@@ -89,8 +90,10 @@ class TrainSession:
                                    world_size=self.dist.world_size, pin_memory=self.device.type == "cuda")
         self.backend = resolve_attention(train_cfg.attention, self.device, train_cfg.precision)
         self.model = build_model(model_cfg, self.vocab_size, self.backend, self.device, torch.float32,
-                                 pad_token_id=store.meta.get("pad_id"), eos_token_id=store.meta.get("eos_id"))
+                                 pad_token_id=store.meta.get("pad_id"), eos_token_id=store.meta.get("eos_id"),
+                                 training=True)   # any family: model.init_from (packtrain.model.families)
         self.params = count_params(self.model)
+        self.flop_dims = model_flop_dims(self.model.config)   # layers, attention width, windows of the family
         module = packed_causal_lm(self.model, train_cfg.loss, train_cfg.loss_chunk_tokens)
         # Order: activation checkpointing, then compile, then sharding (DDP/DeepSpeed) — techniques.py says why.
         self.ac_layers = tq.apply_activation_checkpointing(self.model, train_cfg)
@@ -152,10 +155,11 @@ class TrainSession:
     def window_flops(self, window) -> tuple[float, float]:
         from packtrain.telemetry.mfu import step_flops
 
-        m, useful, dense = self.model_cfg, 0.0, 0.0
+        f, useful, dense = self.flop_dims, 0.0, 0.0   # the built model's own shape (any family)
         for b in window:
-            u, d = step_flops(self.params.non_embedding, m.num_layers, m.hidden_size, b.seq_lens,
-                              b.rows * b.budget, b.budget, self.vocab_size)
+            u, d = step_flops(self.params.non_embedding, f["n_layers"], f["hidden_size"], b.seq_lens,
+                              b.rows * b.budget, b.budget, f["vocab_size"], attn_width=f["attn_width"],
+                              windows=f["windows"])
             useful, dense = useful + u, dense + d
         return useful, dense
 
