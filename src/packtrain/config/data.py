@@ -34,8 +34,10 @@ class IngestConfig(StrictModel):
     max_docs: PositiveInt | None = None
     """Keep only the first N documents in deterministic order (small runs, tests)."""
     unsupported: Literal["error", "skip"] = "error"
-    """Folder sources: files that are not .txt/.jsonl/.parquet (hidden files aside) are an error naming
-    them (default: silently dropped data is a classic pipeline bug), or skipped with a warning listing them."""
+    """Folder sources: files that are not .txt/.jsonl/.parquet (hidden files aside), dangling or looping
+    symlinks, links to a folder already read, and special files (FIFOs, sockets, devices) are an error naming
+    them (default: silently dropped data is a classic pipeline bug), or skipped with a warning listing them
+    (also recorded as `skipped_entries` in ingest_stats.json)."""
 
 
 class ValidateConfig(StrictModel):
