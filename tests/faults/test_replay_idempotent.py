@@ -218,16 +218,19 @@ class Server:
              f"sqlite:///{self.root / 'server.db'}", "--artifacts-destination", str(self.root / "artifacts"),
              "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1"],
             stdout=self.log, stderr=subprocess.STDOUT, env=env, cwd=self.root, start_new_session=True)
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, (self.root / "server.log").read_text()[-2000:]
-            try:
-                urllib.request.urlopen(f"{self.uri}/health", timeout=1).read()
-                return self
-            except OSError:
-                time.sleep(0.2)
-        self.__exit__()
-        raise TimeoutError("mlflow server not healthy after 120 s")
+        try:   # whatever fails while waiting, the server group is stopped (a with-block would not)
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                assert self.proc.poll() is None, (self.root / "server.log").read_text()[-2000:]
+                try:
+                    urllib.request.urlopen(f"{self.uri}/health", timeout=1).read()
+                    return self
+                except OSError:
+                    time.sleep(0.2)
+            raise TimeoutError("mlflow server not healthy after 120 s")
+        except BaseException:
+            self.__exit__()
+            raise
 
     def __exit__(self, *exc) -> None:
         import signal

@@ -77,9 +77,20 @@ def load_registered(model_uri: str, tracking_uri: str | None = None):
     import mlflow
     from mlflow.models import Model
 
-    # explicit URIs, no global state: mlflow.set_tracking_uri would also pin MLFLOW_TRACKING_URI in os.environ
-    local = Path(mlflow.artifacts.download_artifacts(artifact_uri=model_uri, tracking_uri=tracking_uri,
-                                                     registry_uri=tracking_uri))
+    from packtrain.tracking.run import set_fluent_tracking_uri
+
+    # MLflow 3.17 resolves `models:/name@alias` through the *global* registry URI whatever download_artifacts
+    # is given, so the store is made global for the download and the previous one restored after (also
+    # MLFLOW_TRACKING_URI, which mlflow.set_tracking_uri would otherwise leave pinned in os.environ)
+    before = mlflow.get_tracking_uri()
+    if tracking_uri:
+        set_fluent_tracking_uri(tracking_uri)
+    try:
+        local = Path(mlflow.artifacts.download_artifacts(artifact_uri=model_uri, tracking_uri=tracking_uri,
+                                                         registry_uri=tracking_uri))
+    finally:
+        if tracking_uri:
+            set_fluent_tracking_uri(before)
     flavors = Model.load(str(local)).flavors
     if "transformers" in flavors:
         comps = mlflow.transformers.load_model(str(local), return_type="components")
