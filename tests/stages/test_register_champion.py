@@ -128,3 +128,53 @@ def test_champion_challenger_and_load_back(setup, capsys):
                     pad_token_id=tok4.eos_token_id)
     assert y.shape[1] > 1
     assert "champion" in capsys.readouterr().out
+
+
+def test_champion_alias_moves_only_by_compare_and_set(tmp_path, monkeypatch):
+    """Another registration moves the champion between this one's decision and its alias write (done here by
+    a real second MlflowClient in the `before_alias` hook): the alias stays where the other put it and the
+    new version becomes challenger, with a reason naming both versions. Without interference it moves."""
+    import mlflow
+    from mlflow import MlflowClient
+
+    from packtrain.config.evaluate import RegisterConfig
+    from packtrain.evaluate.register import register_model
+    from packtrain.tracking.run import set_fluent_tracking_uri
+
+    monkeypatch.chdir(tmp_path)
+    model = build_tiny_model_dir(tmp_path / "model", TEXTS)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    before = mlflow.get_tracking_uri()
+    set_fluent_tracking_uri(uri)
+    try:
+        cfg = RegisterConfig(model_name=NAME, margin=0.0, pip_requirements=["torch", "transformers"])
+        r1 = register_model(model, {"eval_loss": 4.0}, None, cfg)
+        r2 = register_model(model, {"eval_loss": 5.0}, None, cfg)
+        assert (r1.decision, r2.decision, r2.champion_version) == ("champion", "challenger", "1")
+
+        moved = []
+
+        def another_registration_wins(version: str) -> None:   # after v3 was gated against v1
+            MlflowClient(uri).set_registered_model_alias(NAME, "champion", "2")
+            moved.append(version)
+
+        r3 = register_model(model, {"eval_loss": 3.0}, None, cfg, before_alias=another_registration_wins)
+        assert moved == ["3"]
+        assert (r3.version, r3.decision, r3.previous_champion_version, r3.champion_version) == \
+            ("3", "challenger", "1", "2")
+        assert r3.reason.startswith("champion moved from v1 to v2 while v3 was being registered (gated against v1)")
+        client = MlflowClient(uri)
+        assert str(client.get_model_version_by_alias(NAME, "champion").version) == "2"
+        assert str(client.get_model_version_by_alias(NAME, "challenger").version) == "3"
+        v3 = client.get_model_version(NAME, "3")
+        assert v3.tags["decision"] == "challenger" and v3.tags["packtrain.alias_set"] == "challenger"
+        run = client.get_run(r3.run_id)
+        assert run.data.tags["packtrain.decision"] == "challenger" and run.data.metrics["promoted"] == 0.0
+
+        # nobody interferes: gated against v2 (eval_loss 5.0), the alias moves v2 → v4
+        r4 = register_model(model, {"eval_loss": 3.5}, None, cfg, before_alias=lambda v: None)
+        assert (r4.version, r4.decision, r4.previous_champion_version, r4.champion_version) == \
+            ("4", "champion", "2", "4")
+        assert str(client.get_model_version_by_alias(NAME, "champion").version) == "4"
+    finally:
+        set_fluent_tracking_uri(before)
