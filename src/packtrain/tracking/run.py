@@ -6,7 +6,10 @@
     end_pipeline_run(run_id, "FINISHED")
 
 Every call goes through `BufferedClient` (packtrain.tracking.buffer): when the store is unreachable ops are
-buffered to <workdir>/mlflow-buffer (cfg.tracking.buffer_dir) and replayed when it returns. Only rank 0
+buffered to <workdir>/mlflow-buffer (cfg.tracking.buffer_dir) and replayed, each exactly once, when it
+returns. Param and tag values (e.g. the pipeline run's `tracking.tracking_uri`) are logged with credentials
+redacted (`user:***@host`, packtrain.secrets). `StageRun.submit(op)` sends a custom op such as the model
+registration (buffered too: packtrain.evaluate.register). Only rank 0
 logs (RANK / LOCAL_RANK); other ranks and `tracking.enabled: false` get a `StageRun` whose methods do nothing.
 MLflow's own system metrics (cpu/memory/disk/network/GPU under system/...) run on a separate monitor.
 """
@@ -249,7 +252,9 @@ def _start_system_metrics(run_id: str, uri: str, interval_s: float):
         mon.start()
         return mon
     except Exception as e:  # psutil missing, ...: never fail a stage over it
-        log.warning("MLflow system metrics not started: %s", e)
+        from packtrain.secrets import redact_text
+
+        log.warning("MLflow system metrics not started: %s", redact_text(str(e)))
         return None
 
 
