@@ -1,8 +1,12 @@
 """Side-by-side GPU benchmark: packtrain against what users do today, same model, data and budget, one run.
 
     python bench/gpu_bench.py --model 350m --steps 30 --out bench/results/gpu_bench_350m.json
+    python bench/gpu_bench.py --model qwen2-0.5b --variants ef --out bench/results/gpu_bench_qwen2_0.5b.json
+    python bench/gpu_bench.py --model qwen2-0.5b --layers 1 --vocab 4096 --device cpu --variants ef --steps 1 \
+        --warmup 0 --rows 1 --budget 128 --attention sdpa --loss chunked --no-compile   # CPU smoke (~1 min)
 
-Variants (each trains the same random-init Llama for `--steps` optimizer steps after `--warmup`, bf16):
+Variants (each trains the same random-init model — a Llama size, or a real family's shape such as Qwen2-0.5B —
+for `--steps` optimizer steps after `--warmup`, bf16):
   a  pad         every document padded to the budget, one document per row        (HF "max_length" padding)
   b  dynamic     `rows` random documents per step padded to the longest of them   (HF default collator)
   c  group       like b, documents grouped by length in mega-batches               (HF group_by_length)
@@ -49,6 +53,15 @@ SIZES = {  # the recipes' model sections, repeated so the bench needs no pydanti
     "125m": dict(hidden_size=768, intermediate_size=2048, num_hidden_layers=12, num_attention_heads=12),
     "350m": dict(hidden_size=1024, intermediate_size=2816, num_hidden_layers=24, num_attention_heads=16),
     "1b": dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=16, num_attention_heads=16),
+    # real families, random init from the released configs' shapes: 151,936-token vocabulary, tied embeddings,
+    # GQA with 2 KV heads, q/k/v biases, RoPE base 1e6. packtrain trains them through model.init_from=<dir>
+    # (a random-init checkpoint written by the bench), the transformers variants build Qwen2ForCausalLM.
+    "qwen2-0.5b": dict(model_type="qwen2", vocab_size=151_936, hidden_size=896, intermediate_size=4864,
+                       num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2, rope_theta=1e6,
+                       tie_word_embeddings=True),
+    "qwen2-1.5b": dict(model_type="qwen2", vocab_size=151_936, hidden_size=1536, intermediate_size=8960,
+                       num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2, rope_theta=1e6,
+                       tie_word_embeddings=True),
 }
 VARIANTS = {"a": "pad", "b": "dynamic", "c": "group", "d": "concat", "e": "hf_packed", "f": "packtrain"}
 ISOLATED = {"pad": True, "dynamic": True, "group": True, "concat": False, "hf_packed": True, "packtrain": True}
@@ -78,13 +91,27 @@ def bfd_packs(lengths: np.ndarray, budget: int) -> list[list[int]]:
 
 
 # ------------------------------------------------------------------------------------------ measuring
-def batch_flops(b, n_nonembed, n_layers, hidden, vocab) -> tuple[float, float]:
+def flop_dims(spec: dict, vocab: int, budget: int) -> dict:
+    """N (non-embedding parameters) and the attention shape of the benchmarked model, from packtrain's own
+    shape arithmetic (planner.shapes, telemetry.mfu) so the baselines are counted like packtrain's meter: for a
+    tied model 6·N_nonembed + 6·h·V per token = 6·N with N including the tied embedding."""
+    from hf_baselines import hf_config
+
+    from packtrain.planner.shapes import shape_of_config
+    from packtrain.telemetry.mfu import model_flop_dims
+
+    cfg = hf_config(spec, vocab, "sdpa", budget * 2)
+    return {"n_nonembed": shape_of_config(cfg).n_params_nonembed, **model_flop_dims(cfg)}
+
+
+def batch_flops(b, dims: dict) -> tuple[float, float]:
     """(useful, dense) fwd+bwd FLOPs of one batch with packtrain's own MFU arithmetic (telemetry.mfu), so
     every variant is counted the same way: the row length S of a padded batch is its 'budget'."""
     from packtrain.telemetry.mfu import step_flops
 
     S = b["input_ids"].shape[1]
-    return step_flops(n_nonembed, n_layers, hidden, b["seq_lens"], b["slot"], S, vocab)
+    return step_flops(dims["n_nonembed"], dims["n_layers"], dims["hidden_size"], b["seq_lens"], b["slot"], S,
+                      dims["vocab_size"], attn_width=dims["attn_width"], windows=dims["windows"])
 
 
 # --------------------------------------------------------------------------------- packtrain variant
@@ -92,7 +119,9 @@ def run_packtrain_variant(size, vocab, docs, rows, budget, steps, warmup, device
     """packtrain's own training path, end to end: the same documents written as a token store, packed by the
     pack stage's library (bfd), trained by `packtrain.train.loop.train` with the recipe's settings
     (varlen attention, bf16, per-layer torch.compile, fused AdamW, pinned loader) — the product, not a copy.
-    Returns the row's measured fields; tokens/s and MFU are the train meter's steady-state medians."""
+    A real family (qwen2-*) is written as a random-init checkpoint first and continued with model.init_from,
+    the path users retraining a released model take. Returns the row's measured fields; tokens/s and MFU are
+    the train meter's steady-state medians."""
     import tempfile
 
     from packtrain.config import load_run_config
@@ -105,14 +134,16 @@ def run_packtrain_variant(size, vocab, docs, rows, budget, steps, warmup, device
     overrides = [f"pack.budget={budget}", f"train.rows={rows}", f"train.attention={args.attention}",
                  f"train.loss={args.loss}", "train.precision=bf16", f"train.compile={not args.no_compile}",
                  f"telemetry.peak_tflops={args.peak_tflops}", "telemetry.interval_s=0.2",
-                 *args.packtrain_set]
-    if size not in ("350m", "1b"):
-        s = SIZES[size]
-        overrides += [f"model.hidden_size={s['hidden_size']}", f"model.intermediate_size={s['intermediate_size']}",
-                      f"model.num_layers={s['num_hidden_layers']}", f"model.num_heads={s['num_attention_heads']}"]
-    cfg = load_run_config(recipe, overrides)
+                 f"train.device={device.type}", *args.packtrain_set]
     with tempfile.TemporaryDirectory(prefix="ptbench-") as tmp:
         tmp = Path(tmp)
+        spec = model_spec(size, args)
+        if "model_type" in spec:
+            overrides.append(f"model.init_from={write_random_checkpoint(spec, vocab, tmp / 'init', args.seed)}")
+        else:   # a Llama from sizes (the 350m/1b recipes' own, or --layers applied)
+            overrides += [f"model.hidden_size={spec['hidden_size']}", f"model.intermediate_size={spec['intermediate_size']}",
+                          f"model.num_layers={spec['num_hidden_layers']}", f"model.num_heads={spec['num_attention_heads']}"]
+        cfg = load_run_config(recipe, overrides)
         write_tokenizer(tmp / "tok", vocab)
         n = len(docs)
         write_token_store(tmp / "tokenize", docs, np.arange(n), np.zeros(n, np.uint8),
@@ -129,6 +160,29 @@ def run_packtrain_variant(size, vocab, docs, rows, budget, steps, warmup, device
             "fragmentation": r["fragmentation"], "fill": stats.train.fill, "isolation_err": iso,
             "recompiles": r["recompiles"], "compiles": r["compiles"], "final_loss": r["final_loss"],
             "step_time_p50_s": r["step_time_p50_s"]}
+
+
+def model_spec(size: str, args) -> dict:
+    """SIZES[size] with --layers applied (a CPU smoke keeps the real widths and vocabulary, fewer layers)."""
+    spec = dict(SIZES[size])
+    if args.layers:
+        spec["num_hidden_layers"] = args.layers
+    return spec
+
+
+def write_random_checkpoint(spec: dict, vocab: int, out: Path, seed: int) -> Path:
+    """A random-init checkpoint of a real family (bf16 safetensors; packtrain loads it as fp32 master weights)."""
+    import torch
+    from hf_baselines import hf_config
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = hf_config(spec, vocab, "sdpa", spec.get("max_position_embeddings", 32768))
+    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
+        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+    model.save_pretrained(str(out))
+    del model
+    return out
 
 
 def packtrain_isolation_error(cfg, vocab, backend, device, docs):
@@ -158,7 +212,10 @@ def packtrain_isolation_error(cfg, vocab, backend, device, docs):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--model", choices=list(SIZES), default="350m")
+    p.add_argument("--model", choices=list(SIZES), default="350m",
+                   help="a Llama size, or a real family's shape (qwen2-0.5b, qwen2-1.5b: random init)")
+    p.add_argument("--layers", type=int, default=None,
+                   help="override the number of layers (a CPU smoke of a large shape: --layers 1)")
     p.add_argument("--variants", default="abcdef")
     p.add_argument("--data", choices=["lognormal", "corpus"], default="lognormal")
     p.add_argument("--corpus-lengths", default="bench/data/corpus_lengths.npy")
@@ -166,7 +223,7 @@ def main(argv=None):
     p.add_argument("--rows", type=int, default=8)
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--warmup", type=int, default=5)
-    p.add_argument("--vocab", type=int, default=32768)
+    p.add_argument("--vocab", type=int, default=None, help="default: the family's (151,936 for qwen2-*), else 32768")
     p.add_argument("--peak-tflops", type=float, default=790.0)
     p.add_argument("--attention", default="varlen")
     p.add_argument("--loss", default="fused", help="packtrain loss: fused (Liger; chunked fallback), chunked, standard")
@@ -177,6 +234,8 @@ def main(argv=None):
                    help="extra recipe overrides for the packtrain variant (e.g. train.activation_checkpointing=full)")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
+    spec = model_spec(args.model, args)
+    args.vocab = args.vocab or spec.get("vocab_size", 32768)
 
     import torch
 
@@ -189,9 +248,7 @@ def main(argv=None):
     packs = bfd_packs(lengths, args.budget)
     rng = np.random.default_rng(args.seed)
     packs = [packs[i] for i in rng.permutation(len(packs))]
-    hidden, layers = SIZES[args.model]["hidden_size"], SIZES[args.model]["num_hidden_layers"]
-    inter = SIZES[args.model]["intermediate_size"]
-    n_nonembed = layers * (4 * hidden * hidden + 3 * hidden * inter + 2 * hidden) + hidden
+    dims = flop_dims(spec, args.vocab, args.budget)
     peak = args.peak_tflops * 1e12
     command = "python " + " ".join([sys.argv[0], *(argv or sys.argv[1:])])
     rows_out = []
@@ -218,7 +275,7 @@ def main(argv=None):
                     batches = batches_concat(docs, args.rows, args.budget, n_steps)
                 else:
                     batches = batches_packed_rows(docs, packs, args.rows, args.budget, n_steps)
-                model = build_hf(SIZES[args.model], args.vocab, "sdpa", device, args.seed, args.budget * 2)
+                model = build_hf(spec, args.vocab, "sdpa", device, args.seed, args.budget * 2)
                 dt, util, loss = run_hf_variant(name, model, batches, args.steps, args.warmup, device)
                 meas = batches[args.warmup:]
                 real = sum(b["real"] for b in meas)
@@ -228,7 +285,7 @@ def main(argv=None):
                 del model
             alloc = torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0
             reserved = torch.cuda.max_memory_reserved() / 2**30 if cuda else 0.0
-            fl = [batch_flops(b, n_nonembed, layers, hidden, args.vocab) for b in meas]
+            fl = [batch_flops(b, dims) for b in meas]
             useful, dense = sum(f[0] for f in fl), sum(f[1] for f in fl)
             row = {"variant": name, "model": args.model, "data": args.data, "isolated": ISOLATED[name],
                    "real_tok_per_s": real / dt, "slot_tok_per_s": slot / dt,

@@ -6,7 +6,8 @@
     concat     documents concatenated and cut into rows, NOT isolated    batches_concat(...)
     hf_packed  BFD packs as rows, SDPA + position_ids, no mask          batches_packed_rows(...)
 
-`run_hf_variant` trains a transformers LlamaForCausalLM on prebuilt CPU batches (bf16 autocast, fused AdamW)
+`run_hf_variant` trains a transformers model (LlamaForCausalLM, or the family of the bench's --model, e.g.
+Qwen2ForCausalLM) on prebuilt CPU batches (bf16 autocast, fused AdamW)
 and returns (seconds, NVML utilization, last loss); `isolation_error` is the logit check every row reports.
 """
 
@@ -100,15 +101,28 @@ def batches_packed_rows(docs, packs, rows, budget, n_steps):
 
 
 # ------------------------------------------------------------------------------------------- training
-def build_hf(size_kwargs, vocab, attn, device, seed, max_pos):
+def hf_config(spec, vocab, attn, max_pos):
+    """The transformers config of a bench model: `spec` holds config kwargs (gpu_bench.SIZES), its optional
+    model_type picks the family (default llama); tied embeddings unless the spec says otherwise."""
+    from transformers import AutoConfig
+
+    kw = {k: v for k, v in spec.items() if k not in ("model_type", "vocab_size")}
+    kw.setdefault("tie_word_embeddings", True)
+    kw.setdefault("max_position_embeddings", max_pos)
+    cfg = AutoConfig.for_model(spec.get("model_type", "llama"), vocab_size=vocab, use_cache=False, **kw)
+    cfg._attn_implementation = attn
+    return cfg
+
+
+def build_hf(spec, vocab, attn, device, seed, max_pos):
+    """A random-init transformers model of the spec's family (LlamaForCausalLM, Qwen2ForCausalLM, ...) on
+    `device` in fp32 (the variants autocast to bf16)."""
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=vocab, max_position_embeddings=max_pos, tie_word_embeddings=True,
-                      use_cache=False, attn_implementation=attn, **size_kwargs)
     with torch.device(device):
-        model = LlamaForCausalLM(cfg)
+        model = AutoModelForCausalLM.from_config(hf_config(spec, vocab, attn, max_pos))
     return model
 
 
