@@ -31,6 +31,14 @@ def _pairs():
             if not (f == "gemma2" and b in ("varlen", "sdpa"))]
 
 
+def _gpu_sizes(family: str) -> dict:
+    """Wider than the CPU fixtures: head_dim 32 (compiled flex needs ≥ 16; FlashAttention a multiple of 8)."""
+    from packtrain.model.tiny import FAMILY_KWARGS
+
+    extra = {"head_dim": 32} if "head_dim" in FAMILY_KWARGS[family] else {}
+    return dict(hidden_size=128, intermediate_size=256, max_position_embeddings=512, **extra)
+
+
 def _logits(model, batch, backend):
     from packtrain.model.attention import model_inputs
 
@@ -48,7 +56,7 @@ def test_family_isolation_bf16_cuda(tmp_path, family, backend):
 
     if backend not in available_backends("cuda", "bf16"):
         pytest.skip(f"{backend} not available on this torch/GPU")
-    d = build_tiny_family_dir(tmp_path / family, family, V, max_position_embeddings=512)
+    d = build_tiny_family_dir(tmp_path / family, family, V, **_gpu_sizes(family))
     cfg = ModelConfig(init_from=str(d))
     model = build_model(cfg, V, backend, "cuda", training=False).eval()
     ref = build_model(cfg, V, "eager", "cuda", training=False).eval()
@@ -85,7 +93,7 @@ def test_family_trains_on_varlen_compiled(tmp_path, family):
 
     if "varlen" not in available_backends("cuda", "bf16"):
         pytest.skip("varlen not available on this torch/GPU")
-    d = build_tiny_family_dir(tmp_path / family, family, V, max_position_embeddings=512)
+    d = build_tiny_family_dir(tmp_path / family, family, V, **_gpu_sizes(family))
     make_synthetic_inputs(tmp_path / "data", n_docs=400, vocab_size=V, budget=256)
     cfg = load_run_config("350m-h200", [f"model.init_from={d}", "pack.budget=256", "train.rows=4",
                                         "telemetry.interval_s=0.2"])
