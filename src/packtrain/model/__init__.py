@@ -1,2 +1,5 @@
-"""The model: a Llama-style transformers model (`build.build_model`) and isolated attention backends for
-packed batches (`attention`). torch/transformers are imported inside functions."""
+"""The model: a Llama-style random init or any supported family's checkpoint (`build.build_model`,
+`model.init_from` resolved by `source.resolve_init_source`), what each family's attention does and which
+backends honour it (`families`), isolated attention backends for packed batches (`attention`), and tiny
+random-weight checkpoints per family for tests (`tiny`). torch/transformers are imported inside functions.
+docs/model.md has the family × backend table."""

@@ -15,7 +15,10 @@ name for `train.attention` and maps to a transformers `attn_implementation`:
     varlen   packtrain_varlen     (1, T)      torch.nn.attention.varlen.varlen_attn over       FlashAttention varlen,
                                               cu_seqlens, causal                               CUDA + bf16/fp16 only
 
-`L` = pack budget, `T` = rows·L. Measured on the H200 (DESIGN.md): varlen fwd+bwd over 16k packed tokens 0.91 ms
+`L` = pack budget, `T` = rows·L. Families with sliding windows or soft-caps (packtrain.model.families): sdpa/eager
+get them from transformers' own masks and eager attention; flex applies a layer's window and soft-cap as a
+score_mod; varlen passes window_size=(W-1, 0); what a backend cannot compute is refused at setup (families.py)
+and raises in the kernel. Measured on the H200 (DESIGN.md): varlen fwd+bwd over 16k packed tokens 0.91 ms
 vs. SDPA flash on plain causal rows 0.82 ms; flex 0.90 ms. `auto` = varlen on CUDA (bf16/fp16) if torch has it,
 else flex on CUDA, else sdpa (the only sensible choice on CPU).
 
