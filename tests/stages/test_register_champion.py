@@ -163,6 +163,7 @@ def test_champion_alias_moves_only_by_compare_and_set(tmp_path, monkeypatch):
         assert (r3.version, r3.decision, r3.previous_champion_version, r3.champion_version) == \
             ("3", "challenger", "1", "2")
         assert r3.reason.startswith("champion moved from v1 to v2 while v3 was being registered (gated against v1)")
+        assert r3.version_tags["decision"] == "challenger" and r3.version_tags["previous_champion_version"] == "1"
         client = MlflowClient(uri)
         assert str(client.get_model_version_by_alias(NAME, "champion").version) == "2"
         assert str(client.get_model_version_by_alias(NAME, "challenger").version) == "3"

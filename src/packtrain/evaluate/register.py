@@ -281,6 +281,7 @@ def apply_registration(client, tracking_uri: str, run_id: str, op: dict, model_d
             float(t.get("log_model_s", 0.0))
         threshold = decide_alias(candidate, prev_value, op["margin"], had)[2]
     version = str(mv.version)
+    vtags = dict(mv.tags)
     champion_now = prev_version
     if mv.tags.get(ALIAS_SET_TAG):   # an earlier attempt finished the aliases: never move them again
         champion_now = _alias_version(client, name, CHAMPION)
@@ -297,12 +298,14 @@ def apply_registration(client, tracking_uri: str, run_id: str, op: dict, model_d
                 reason = (f"champion moved from {_v(prev_version)} to {_v(champion_now)} while v{version} was "
                           f"being registered (gated against {_v(prev_version)}); v{version} kept as challenger "
                           f"(its own comparison: {reason})")
+                vtags.update(decision=CHALLENGER, decision_reason=reason[:4000])
                 client.set_model_version_tag(name, version, "decision", CHALLENGER)
-                client.set_model_version_tag(name, version, "decision_reason", reason[:4000])
+                client.set_model_version_tag(name, version, "decision_reason", vtags["decision_reason"])
     if decision == CHALLENGER and not mv.tags.get(ALIAS_SET_TAG):
         client.set_registered_model_alias(name, CHALLENGER, version)
     if not mv.tags.get(ALIAS_SET_TAG):
         client.set_model_version_tag(name, version, ALIAS_SET_TAG, decision)
+        vtags[ALIAS_SET_TAG] = decision
     ts = int(float(op.get("ts") or time.time()) * 1000)   # the op's time: a re-applied op logs the same points
     numbers = {f"candidate_{metric}": candidate, "promoted": float(decision == CHAMPION)}
     if prev_value is not None:
@@ -316,7 +319,7 @@ def apply_registration(client, tracking_uri: str, run_id: str, op: dict, model_d
         model_name=name, version=version, model_uri=f"models:/{name}/{version}", flavor=flavor,
         flavor_note=note, decision=decision, reason=reason, metric=metric, candidate_value=candidate,
         champion_value=prev_value, previous_champion_version=prev_version, champion_version=champion_now,
-        margin=op["margin"], threshold=threshold, version_tags={k: v for k, v in mv.tags.items()},
+        margin=op["margin"], threshold=threshold, version_tags=vtags,
         lineage_origin=dict(op["lineage_origin"]), missing_tags=list(op["missing"]), log_model_s=log_s,
         register_s=time.perf_counter() - t0, run_id=run_id, tracking_uri=redact_uri(tracking_uri) or "",
         op_id=oid).to_dict()

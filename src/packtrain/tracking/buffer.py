@@ -37,6 +37,8 @@ own file while alive; a replay skips locked files, so two processes never replay
 
 from __future__ import annotations
 
+import fcntl
+import json
 import logging
 import os
 import shutil
@@ -198,8 +200,6 @@ class BufferedClient:
         if op["op"] == "create_run":
             op = {**op, "buffered_create": True}
         if self._fh is None:
-            import fcntl
-
             self.buffer_dir.mkdir(parents=True, exist_ok=True)
             name = f"{time.time_ns()}-{socket.gethostname()}-{os.getpid()}.jsonl"
             tmp = self.buffer_dir / f".{name}.new"
@@ -207,8 +207,6 @@ class BufferedClient:
             fcntl.flock(self._fh, fcntl.LOCK_EX)
             tmp.rename(self.buffer_dir / name)  # visible to replayers only once locked
             self._own_path = self.buffer_dir / name
-        import json
-
         self._fh.write(json.dumps(op, default=str) + "\n")
         self._fh.flush()
         os.fsync(self._fh.fileno())
