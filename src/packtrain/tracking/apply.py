@@ -4,8 +4,8 @@ Each kind, and why applying it twice leaves one copy (checked against a real sql
 `mlflow server` in tests/faults/test_replay_*.py):
 
     create_run      the run carries tag packtrain.pending_id=<its pending id>; a buffered create first
-                    searches the experiment for that tag and reuses the run it finds (pending → real id
-                    recorded in run_ids.json)
+                    looks it up — the pending → real id map (run_ids.json) if that run exists in this store,
+                    else a search of the experiment for the tag — and reuses the run it finds
     log_batch       metrics: MLflow drops a metric whose (key, timestamp, step, value) is already logged;
                     params: re-logging the same value is accepted; tags: overwritten with the same value
     log_artifact    the same artifact path is overwritten
@@ -84,6 +84,23 @@ def run_id_of(bc, run_id: str) -> str:
     return rid
 
 
+def _known_run(bc, experiment_id: str, pending: str) -> str | None:
+    """The run already created for `pending` in this store: the id map's entry if that run exists here
+    (the map may come from a replay into another store), else the run tagged packtrain.pending_id."""
+    from mlflow.exceptions import MlflowException
+
+    mapped = bc.resolve(pending)
+    if mapped != pending:
+        try:
+            run = bc._client.get_run(mapped)
+            if run.info.lifecycle_stage == "active" and run.data.tags.get(PENDING_TAG) == pending:
+                return mapped
+        except MlflowException:
+            pass
+    found = bc._client.search_runs([experiment_id], f"tags.`{PENDING_TAG}` = '{pending}'", max_results=1)
+    return found[0].info.run_id if found else None
+
+
 def _create_run(bc, op: dict) -> str:
     c = bc._client
     pending = op["pending_id"]
@@ -94,9 +111,8 @@ def _create_run(bc, op: dict) -> str:
         tags["mlflow.parentRunId"] = run_id_of(bc, parent)
     exp = experiment_id(bc, op["experiment"])
     rid = None
-    if op.get("buffered_create"):  # maybe created before: by a replay killed before recording it, by a
-        found = c.search_runs([exp], f"tags.`{PENDING_TAG}` = '{pending}'", max_results=1)  # copy, or a
-        rid = found[0].info.run_id if found else None                       # live call that timed out
+    if op.get("buffered_create"):   # maybe created before: by a replay killed before recording the op, from
+        rid = _known_run(bc, exp, pending)   # a copy of the buffer, or by a live call that timed out
     if rid is None:
         rid = c.create_run(exp, start_time=op["start_time"], tags=tags, run_name=op["run_name"]).info.run_id
     if op.get("buffered_create"):
