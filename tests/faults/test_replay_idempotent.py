@@ -192,6 +192,9 @@ def test_kill_at_random_op_then_replay(recorded, tmp_path, capsys, seed, point):
     pid = os.fork()
     if pid == 0:   # child: replay until the fault point kills it
         try:
+            import signal
+
+            signal.alarm(120)   # a child stuck on a lock inherited through fork dies (SIGALRM), never hangs
             from packtrain.tracking import replay as replay_mod
 
             replay_mod._applied_in_process = 0
