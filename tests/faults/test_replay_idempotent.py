@@ -181,6 +181,22 @@ def test_replay_twice_and_from_a_copy(recorded, tmp_path, capsys):
     _assert_drained(copy)
 
 
+def test_torn_last_line_is_set_aside_not_a_traceback(recorded, tmp_path, capsys):
+    """A writer killed mid-line leaves half a JSON object at the end of its file: replay applies the rest,
+    puts the fragment in rejected.jsonl and deletes the file."""
+    buf, uri = _case(recorded, tmp_path)
+    last = sorted(buf.glob("*.jsonl"))[-1]
+    with open(last, "a") as f:
+        f.write('{"op": "log_batch", "id": "0123456789abcdef0123456789abcdef", "run_id": "pen')
+    capsys.readouterr()
+    assert cli_main(["mlflow", "replay", "--buffer", str(buf), "--tracking-uri", uri]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["left"] == 0
+    assert store_state(uri) == recorded[2]
+    (rejected,) = [json.loads(ln) for ln in (buf / "rejected.jsonl").read_text().splitlines()]
+    assert rejected["raw"].endswith('"run_id": "pen') and "unreadable" in rejected["error"]
+    assert [p.name for p in buf.glob("*.jsonl")] == ["rejected.jsonl"]
+
+
 @pytest.mark.parametrize(("seed", "point"), CASES)
 def test_kill_at_random_op_then_replay(recorded, tmp_path, capsys, seed, point):
     buf, uri = _case(recorded, tmp_path)
