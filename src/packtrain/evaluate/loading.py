@@ -60,6 +60,16 @@ def load_model_dir(model_dir: str | Path, device="cpu", attention: str = "sdpa")
     register_attention_backends()
 
     model_dir = check_model_dir(model_dir)
+    from transformers import AutoConfig
+
+    from packtrain.model.families import check_attention
+
+    try:
+        hf_cfg = AutoConfig.from_pretrained(str(model_dir))
+    except (OSError, ValueError, KeyError) as e:
+        raise InputDataError(f"model directory {model_dir} cannot be loaded: {e}") from None
+    # refuse a family × backend pair that cannot isolate documents (or honour the family's attention) by name
+    check_attention(hf_cfg, attention, training=False, where=f"model directory {model_dir}", key="evaluate.attention")
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
         # fp32 master weights; `precision` autocasts the forward (bf16 weights would bias the loss).

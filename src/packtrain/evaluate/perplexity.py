@@ -83,6 +83,8 @@ def batch_loss_sum(model, model_kwargs: dict, labels, chunk: int = 4096):
     import torch
     import torch.nn.functional as F
 
+    from packtrain.train.loss import softcap_logits
+
     base, head = model.base_model, model.get_output_embeddings()
     if base is model or head is None:
         raise PacktrainError(f"{type(model).__name__} is not a causal LM with a separate LM head")
@@ -93,8 +95,9 @@ def batch_loss_sum(model, model_kwargs: dict, labels, chunk: int = 4096):
     h = hidden[:, :-1][keep]                                          # (N, H)
     y = target[keep]                                                  # (N,)
     total = torch.zeros((), dtype=torch.float64, device=labels.device)
+    cap = getattr(model.config, "final_logit_softcapping", None) or None   # Gemma2: as its own forward
     for i in range(0, y.numel(), chunk):
-        logits = head(h[i:i + chunk]).float()                         # (≤chunk, V)
+        logits = softcap_logits(head(h[i:i + chunk]).float(), cap)    # (≤chunk, V)
         total += F.cross_entropy(logits, y[i:i + chunk], reduction="sum").double()
     return total, int(y.numel())
 

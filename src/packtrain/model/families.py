@@ -18,9 +18,8 @@ setup with a ConfigError naming the family, the backend and why:
 
     ¹ varlen_attn(window_size=(W-1, 0)): needs a torch whose varlen_attn has `window_size` (≥ 2.11).
     ² no soft-cap in torch's SDPA nor in varlen_attn: transformers' sdpa path drops `softcap` silently.
-    ³ forward only while `final_logit_softcapping` is set: packtrain's packed loss computes the LM head itself
-      (train/loss.py) and would train on uncapped logits — refused for training. (evaluate/perplexity.py takes
-      the same shortcut: its held-out loss of such a model is not the model's own.)
+    ³ `final_logit_softcapping` is applied by the packed loss (train/loss.py) and the evaluate loss
+      (evaluate/perplexity.py) exactly as the model's own forward does.
 
 How windows are honoured: sdpa/eager — transformers' sliding-window mask combined with the packed-sequence mask
 it derives from position_ids (q - kv < W inside a document); flex — a score_mod that keeps q - kv < W (and
@@ -139,10 +138,6 @@ def refusal(sem: AttentionSemantics, backend: str, training: bool) -> str | None
     if training and sem.attention_dropout > 0 and backend in ("flex", "varlen"):
         return (f"attention_dropout {sem.attention_dropout:g} would be silently skipped by the {backend} "
                 "backend; set attention_dropout 0 in the checkpoint's config.json or use sdpa/eager")
-    if training and sem.final_softcap:
-        return (f"final logit soft-capping ({sem.final_softcap:g}) is not applied by packtrain's packed loss "
-                "(train/loss.py computes the LM head itself), so training would optimise uncapped logits; "
-                "the model's own forward (model(...).logits) is supported, training is not yet")
     return None
 
 

@@ -12,8 +12,10 @@ segment's first token and on padding, so no term crosses a document boundary (se
 
 Both return per-token losses summed in one `sum()` over the same (T,) vector, so the loss is bitwise equal in
 fp32 (tested); the LM-head weight gradient is summed chunk by chunk instead of in one matmul, equal up to
-summation order (≤ 4e-7 relative measured), all other gradients bitwise. `PackedCausalLM` wraps a LlamaForCausalLM so that `forward(labels=..., **inputs)` returns the
-micro-batch's loss sum — the module DeepSpeed or DDP wrap.
+summation order (≤ 4e-7 relative measured), all other gradients bitwise. `PackedCausalLM` wraps a causal LM
+(any supported family) so that `forward(labels=..., **inputs)` returns the micro-batch's loss sum — the module
+DeepSpeed or DDP wrap. A family with final logit soft-capping (Gemma2) gets cap·tanh(logits/cap) before the
+cross-entropy in every loss mode, as its own forward does.
 """
 
 from __future__ import annotations
@@ -39,16 +41,24 @@ def next_token_targets(labels: torch.Tensor) -> torch.Tensor:
     return torch.cat([flat[1:], flat.new_full((1,), IGNORE)])
 
 
-def _token_losses(hidden: torch.Tensor, head, targets: torch.Tensor) -> torch.Tensor:
+def softcap_logits(logits: torch.Tensor, cap: float | None) -> torch.Tensor:
+    """Gemma-style final logit soft-capping, cap·tanh(logits/cap) (the model's own forward does the same);
+    `cap` None/0 → unchanged."""
+    import torch
+
+    return cap * torch.tanh(logits / cap) if cap else logits
+
+
+def _token_losses(hidden: torch.Tensor, head, targets: torch.Tensor, softcap: float | None = None) -> torch.Tensor:
     """(n, h) hidden, LM head, (n,) targets → (n,) fp32 cross-entropies (0 where target = -100)."""
     import torch.nn.functional as F
 
-    logits = head(hidden).float()   # (n, V)
+    logits = softcap_logits(head(hidden).float(), softcap)   # (n, V)
     return F.cross_entropy(logits, targets, ignore_index=IGNORE, reduction="none")
 
 
-def lm_loss_sum(hidden: torch.Tensor, head, labels: torch.Tensor, chunk_tokens: int | None = None
-                ) -> torch.Tensor:
+def lm_loss_sum(hidden: torch.Tensor, head, labels: torch.Tensor, chunk_tokens: int | None = None,
+                softcap: float | None = None) -> torch.Tensor:
     """Sum of next-token cross-entropies. hidden (…, L, h), labels (…, L) → fp32 scalar.
 
     `chunk_tokens` None → standard; else the LM head + CE run `chunk_tokens` rows at a time, each under
@@ -59,8 +69,8 @@ def lm_loss_sum(hidden: torch.Tensor, head, labels: torch.Tensor, chunk_tokens: 
     h = hidden.reshape(-1, hidden.shape[-1])   # (N, h)
     targets = next_token_targets(labels)        # (N,)
     if chunk_tokens is None or chunk_tokens >= h.shape[0]:
-        return _token_losses(h, head, targets).sum()
-    parts = [checkpoint(_token_losses, h[i:i + chunk_tokens], head, targets[i:i + chunk_tokens],
+        return _token_losses(h, head, targets, softcap).sum()
+    parts = [checkpoint(_token_losses, h[i:i + chunk_tokens], head, targets[i:i + chunk_tokens], softcap,
                         use_reentrant=False)
              for i in range(0, h.shape[0], chunk_tokens)]
     return torch.cat(parts).sum()
@@ -69,8 +79,9 @@ def lm_loss_sum(hidden: torch.Tensor, head, labels: torch.Tensor, chunk_tokens: 
 _FUSED_WARNED = False
 
 
-def fused_loss_fn():
-    """Liger's fused linear cross-entropy (sum over tokens, ignore -100), or None where unavailable."""
+def fused_loss_fn(softcap: float | None = None):
+    """Liger's fused linear cross-entropy (sum over tokens, ignore -100, final logit soft-cap when given), or
+    None where unavailable."""
     global _FUSED_WARNED
     try:
         from liger_kernel.transformers.fused_linear_cross_entropy import LigerFusedLinearCrossEntropyLoss
@@ -82,6 +93,8 @@ def fused_loss_fn():
                           "using the chunked loss instead", stacklevel=2)
             _FUSED_WARNED = True
         return None
+    if softcap:
+        return LigerFusedLinearCrossEntropyLoss(ignore_index=IGNORE, reduction="sum", softcap=softcap)
     return LigerFusedLinearCrossEntropyLoss(ignore_index=IGNORE, reduction="sum")
 
 
@@ -95,7 +108,9 @@ def _module():
             super().__init__()
             self.lm = lm
             self.chunk_tokens = chunk_tokens if loss in ("chunked", "fused") else None
-            self.fused = fused_loss_fn() if loss == "fused" else None
+            # Gemma2's final_logit_softcapping (None for every other family): applied exactly as its forward does
+            self.softcap = getattr(lm.config, "final_logit_softcapping", None) or None
+            self.fused = fused_loss_fn(self.softcap) if loss == "fused" else None
 
         def forward(self, labels, **inputs):
             hidden = self.lm.model(**inputs).last_hidden_state   # (rows, L, h) or (1, T, h)
@@ -106,7 +121,7 @@ def _module():
                     dt = torch.get_autocast_dtype("cuda")
                     h, w = h.to(dt), w.to(dt)
                 return self.fused(w, h, next_token_targets(labels)).float()
-            return lm_loss_sum(hidden, self.lm.lm_head, labels, self.chunk_tokens)
+            return lm_loss_sum(hidden, self.lm.lm_head, labels, self.chunk_tokens, self.softcap)
 
     return PackedCausalLM
 
