@@ -91,7 +91,9 @@ def main(argv: list[str] | None = None) -> int:
         with workdir_lock(cfg.workdir, args.command):
             return int(mod.run(cfg, args) or 0)
     except PacktrainError as e:
-        print(f"error: {e}", file=sys.stderr)
+        from packtrain.secrets import redact_text
+
+        print(f"error: {redact_text(str(e))}", file=sys.stderr)   # messages may quote a URI with credentials
         return e.exit_code
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

@@ -15,6 +15,9 @@ The points in the code:
     publish@N            SIGKILL at the N-th point of a stage's publish (packtrain.paths.publish_dir: staged,
                          synced, moved-old, swapped, removing-old); publish.raise@N raises there instead;
                          publish.no_exchange forces the two-rename fallback
+    replay.before_record@N / replay.after_record@N   SIGKILL around recording the N-th applied op id
+                         (packtrain.tracking.replay)
+    register.model_logged  SIGKILL after a buffered registration logged its model, before the version exists
 """
 
 from __future__ import annotations

@@ -24,8 +24,12 @@ def run(cfg, args) -> int:
     out = Path(args.out) if args.out else paths.register_dir
     s = run_register(cfg, args.model or paths.model_dir, args.eval or paths.evaluate_dir,
                      args.train or paths.train_dir, out)
-    print(f"{s['model_name']} v{s['version']} → {s['decision']} ({s['reason']}); champion is "
-          f"v{s['champion_version']}  → {out / 'register_result.json'}")
+    if s["decision"] == "deferred":
+        print(f"{s['model_name']}: registration deferred (op {s.get('op_id')}): {s['reason']}  → "
+              f"{out / 'register_result.json'}")
+    else:
+        print(f"{s['model_name']} v{s['version']} → {s['decision']} ({s['reason']}); champion is "
+              f"v{s['champion_version']}  → {out / 'register_result.json'}")
     if s["missing_tags"]:
         print(f"lineage tags missing: {', '.join(s['missing_tags'])}")
     return 0

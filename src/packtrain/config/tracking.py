@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pydantic import field_validator
+
 from packtrain.config.base import (
     Fraction,
     NonNegativeFloat,
@@ -33,7 +35,10 @@ class TrackingConfig(StrictModel):
 
     enabled: bool = True
     tracking_uri: Text | None = None
-    """None → sqlite:///<workdir>/mlflow.db."""
+    """None → sqlite:///<workdir>/mlflow.db. Never with credentials in it (`https://user:pw@host`): the config
+    is written to disk (KFP parameters, stage cache, MLflow params); credentials come from
+    MLFLOW_TRACKING_USERNAME/MLFLOW_TRACKING_PASSWORD (or MLFLOW_TRACKING_TOKEN), or the whole URI from the
+    MLFLOW_TRACKING_URI environment variable, which packtrain never writes down unredacted."""
     experiment: Text = "packtrain"
     system_metrics: bool = True
     """Also run MLflow's own system-metrics monitor (system/cpu_utilization_percentage, system/gpu_*, ...)."""
@@ -43,5 +48,16 @@ class TrackingConfig(StrictModel):
     """Per-step metrics (StageRun.log_step) are sent in one batch at most this often; 0 → every step."""
     retry_after_s: NonNegativeFloat = 5.0
     """After the store is found unreachable, calls go straight to the buffer for this long before retrying."""
+    @field_validator("tracking_uri")
+    @classmethod
+    def _no_credentials(cls, v: str | None) -> str | None:
+        from packtrain.secrets import has_userinfo, redact_uri
+
+        if v and has_userinfo(v):
+            raise ValueError(f"{redact_uri(v)} carries credentials, and the run config is written to disk: set "
+                             "MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD (or MLFLOW_TRACKING_TOKEN) "
+                             "instead, or pass the URI in the MLFLOW_TRACKING_URI environment variable")
+        return v
+
     buffer_dir: PathStr | None = None
     """Where metrics are buffered while the server is unreachable; None → <workdir>/mlflow-buffer."""

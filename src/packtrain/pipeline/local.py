@@ -276,7 +276,9 @@ def _run_local(cfg, *, verbose: bool, use_cache: bool | None, out) -> dict:
         out.write(f"warning: could not version the documents in DVC: {type(e).__name__}: {e}\n")
     seconds = time.perf_counter() - t_start
     out.write(format_summary(cfg.name, summary, seconds, len(stages), tracking_uri) + "\n")
-    return {"stages": stages, "summary": summary, "parent_run_id": parent, "tracking_uri": tracking_uri,
+    from packtrain.secrets import redact_uri
+
+    return {"stages": stages, "summary": summary, "parent_run_id": parent, "tracking_uri": redact_uri(tracking_uri),
             "mlflow_ui": mlflow_ui_command(tracking_uri) if tracking_uri else None, "seconds": seconds,
             "log": str(log_path)}
 

@@ -65,7 +65,10 @@ def config_parts(stage: str, cfg) -> dict[str, Any]:
     """The config sections a stage's output depends on (its cache key and nothing else).
 
     train also reads pack.budget (rows × budget) and telemetry (recorded in train_result.json); register
-    depends on where the registry lives (tracking URI + experiment).
+    depends on where the registry lives (tracking URI + experiment). With model.init_from not scratch,
+    tokenize and train also depend on what it resolves to (packtrain.model.registry_source.cache_identity:
+    the init tokenizer's hash; the registered version or the directory's fingerprint), so a new champion
+    is a cache miss and the same one a hit.
     """
     d = cfg.to_dict()
     own = {"validate": ["validate"], "register": ["register"], "train": ["model", "train", "telemetry"],
@@ -76,10 +79,18 @@ def config_parts(stage: str, cfg) -> dict[str, Any]:
     if stage == "ingest":
         src = cfg.ingest.source
         parts["source"] = _source_fingerprint(src)
+    if stage in ("tokenize", "train"):
+        from packtrain.model.registry_source import cache_identity
+
+        init = cache_identity(cfg, stage)
+        if init is not None:
+            parts["init"] = init
     if stage == "register":
+        from packtrain.secrets import redact_uri
         from packtrain.tracking import resolve_tracking_uri
 
-        parts["tracking"] = {"uri": resolve_tracking_uri(cfg), "experiment": cfg.tracking.experiment}
+        # redacted: the key parts are written to disk (cache entry.json); a password never changes the registry
+        parts["tracking"] = {"uri": redact_uri(resolve_tracking_uri(cfg)), "experiment": cfg.tracking.experiment}
     return parts
 
 
@@ -152,6 +163,8 @@ def _run_cached(stage, cfg, inputs, args, out_dir, cache_dir: Path, code_version
         return {**hit.stats, "cache": "hit", "cache_key": key, "kfp_run_id": os.environ.get("KFP_RUN_ID", "")}
     stats = _call_runner(stage, cfg, args, out_dir)
     stats = _with_versions(stats, code_version, data_version)
+    if stats.get("decision") == "deferred":   # a buffered registration is not a result to restore next time
+        return {**stats, "cache": "skipped (registration deferred)"}
     cache.store(stage, key, out_dir, stats, parts)
     return {**stats, "cache": "miss"}
 

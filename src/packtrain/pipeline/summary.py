@@ -138,6 +138,9 @@ def format_summary(name: str, summary: dict, seconds: float, n_stages: int, trac
     if s.get("version") is not None:
         lines.append(f"  register   {s.get('model_name') or 'model'} v{s['version']}"
                      + (f" → {s['alias']}" if s.get("alias") else ""))
+    elif s.get("alias") == "deferred":
+        lines.append(f"  register   {s.get('model_name') or 'model'} deferred: the MLflow store was unreachable; "
+                     "the registration is buffered (`packtrain mlflow replay`, or automatic when it is back)")
     ds = s.get("dataset")
     if ds:
         lines.append(f"  dvc        documents md5 {ds['md5']} in DVC remote {ds['remote']}")

@@ -1,0 +1,75 @@
+"""Secrets never reach disk or output, through the whole DAG: `packtrain run --json` with the tracking server
+down and credentials in MLFLOW_TRACKING_URI (userinfo) and MLFLOW_TRACKING_PASSWORD, then `packtrain mlflow
+replay` into a real sqlite store. After each, every file under the test's directory (workdir, KFP artifacts,
+stage cache, buffer, logs, the --json file, the MLflow store and its artifacts) and every captured stdout/stderr
+is searched for the planted secrets: zero hits. The run itself finishes (exit 0) with the registration deferred,
+and the replay registers exactly one version."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import uuid
+from pathlib import Path
+
+import pytest
+from pipeline_helpers import PACKTRAIN, PINNED_CODE, as_args, run_cli, tiny_corpus, tiny_settings
+
+pytestmark = pytest.mark.slow
+
+
+def _dead_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]   # closed again: connections are refused
+
+
+def _hits(root: Path, outputs: list[str], secrets: list[str]) -> list[str]:
+    found = []
+    for p in sorted(root.rglob("*")):
+        if p.is_file() and not p.is_symlink():
+            data = p.read_bytes()
+            found += [f"{p}: {s[:4]}…" for s in secrets if s.encode() in data]
+    for i, text in enumerate(outputs):
+        found += [f"output #{i}: {s[:4]}…" for s in secrets if s in text]
+    return found
+
+
+def test_full_run_with_the_server_down_and_replay_leak_no_secret(tmp_path):
+    password, token = f"pw-{uuid.uuid4().hex}", f"tok-{uuid.uuid4().hex}"
+    uri = f"http://alice:{password}@127.0.0.1:{_dead_port()}"
+    env = {"MLFLOW_TRACKING_URI": uri, "MLFLOW_TRACKING_PASSWORD": token, "MLFLOW_TRACKING_USERNAME": "alice",
+           "PACKTRAIN_FAULT": ""}
+    corpus = tiny_corpus(tmp_path / "corpus", n_docs=40)
+    work = tmp_path / "wd"
+    settings = [*tiny_settings(work, corpus), "tracking.retry_after_s=60", f"tracking.buffer_dir={tmp_path / 'buf'}"]
+    run = subprocess.run([str(PACKTRAIN), "run", *as_args(settings), "--json", str(tmp_path / "run.json")],
+                         cwd=tmp_path, env={**os.environ, "PACKTRAIN_CODE_VERSION": PINNED_CODE, **env},
+                         capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.loads((tmp_path / "run.json").read_text())
+    assert result["stages"]["register"]["decision"] == "deferred"
+    assert "alice:***@127.0.0.1" in result["tracking_uri"]
+    assert "deferred" in run.stdout
+    outputs = [run.stdout, run.stderr]
+    assert _hits(tmp_path, outputs, [password, token]) == []
+
+    store = f"sqlite:///{tmp_path / 'store' / 'mlflow.db'}"
+    (tmp_path / "store").mkdir()
+    rep = run_cli(["mlflow", "replay", "--buffer", str(tmp_path / "buf"), "--tracking-uri", store,
+                   "--set", f"workdir={work}"], cwd=tmp_path, env={"MLFLOW_TRACKING_PASSWORD": token})
+    assert rep.returncode == 0, rep.stderr[-3000:]
+    assert "alice:***@127.0.0.1" in rep.stderr                 # which store the ops were recorded for
+    outputs += [rep.stdout, rep.stderr]
+    assert _hits(tmp_path, outputs, [password, token]) == []
+
+    from mlflow import MlflowClient
+
+    client = MlflowClient(store)
+    versions = client.search_model_versions("name='packtrain-lm'")
+    assert len(versions) == 1 and client.str(client.get_model_version_by_alias("packtrain-lm", "champion").version) == "1"
+    runs = client.search_runs([client.get_experiment_by_name("packtrain").experiment_id])
+    names = sorted(r.info.run_name for r in runs)
+    assert names.count("train") == 1 and names.count("register") == 1
