@@ -50,6 +50,18 @@ InitFrom = Annotated[str, StringConstraints(min_length=1), AfterValidator(_check
                              "save_pretrained directory")]
 
 
+def _check_init_fallback(value: str) -> str:
+    """init_from's syntax without the registry: a fallback must not need the registry that just had nothing."""
+    value = _check_init_from(value)
+    if value == "champion" or value.startswith("models:"):
+        raise PydanticCustomError("registry_fallback", "a fallback cannot be a registry source")
+    return value
+
+
+InitFallback = Annotated[str, StringConstraints(min_length=1), AfterValidator(_check_init_fallback),
+                         Allowed("'scratch' or a local save_pretrained directory")]
+
+
 class ModelConfig(StrictModel):
     """The model: random init from the sizes below (a Llama-style model), or a checkpoint of any supported
     family (llama, mistral, qwen2, qwen3, gemma2, gemma3_text, phi3 — packtrain.model.families) to continue."""
@@ -57,7 +69,13 @@ class ModelConfig(StrictModel):
     init_from: InitFrom = "scratch"
     """scratch: random init from the sizes below; a local save_pretrained directory (its config.json decides
     the family and every size; the sizes below are ignored); models:/NAME@ALIAS, models:/NAME/VERSION or
-    champion: a registered model."""
+    champion: a registered model (downloaded once into <workdir>/models/<name>/v<version>/; champion is
+    models:/<register.model_name>@champion). A source that brings a tokenizer is also what tokenize uses.
+    packtrain.model.registry_source resolves it."""
+    init_fallback: InitFallback = "scratch"
+    """What init_from=champion starts from while the registered model has no champion yet (the first scheduled
+    run): scratch or a local save_pretrained directory. The fallback is logged on stderr and tagged on the train
+    run (packtrain.init_fallback_reason); any other registry source that does not exist is an error."""
     pretrained_dir: PathStr | None = None
     """Deprecated alias of init_from=<dir> (moved into init_from when the config loads)."""
     hidden_size: Int = Field(64, ge=8)

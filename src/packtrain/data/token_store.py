@@ -4,8 +4,16 @@
     <dir>/offsets.npy   int64, document i is tokens[offsets[i]:offsets[i+1]]  [n_docs + 1]
     <dir>/doc_ids.npy   int64, the documents table's doc_id of each document [n_docs]
     <dir>/split.npy     uint8, 0 = train, 1 = eval (held out by a hash of doc_id) [n_docs]
-    <dir>/meta.json     {"vocab_size", "eos_id", "pad_id", "n_docs", "n_tokens", "dtype": "uint32"}
+    <dir>/meta.json     {"vocab_size", "eos_id", "pad_id", "bos_id", "n_docs", "n_tokens", "dtype": "uint32",
+                         "max_token_id",                  the largest id in tokens.bin (-1: no tokens)
+                         "tokenizer",                     "trained" or the directory it was loaded from
+                         "tokenizer_hash",                sha256 of the tokenizer (packtrain.data.tokenizer_files)
+                         "tokenizer_from",                model.init_from when it came with the init model
+                         "special_prefix", "special_suffix"}   ids the tokenizer's rules put around a text
     <dir>/tokenizer/    AutoTokenizer.from_pretrained-loadable
+
+The train stage refuses a store whose `tokenizer_hash` differs from the init model's tokenizer, or whose
+`max_token_id` does not fit the model's vocabulary (packtrain.model.warm_start.check_store_matches_model).
 
 Written with `write_token_store` / `TokenStoreWriter` into a staging dir and published as one unit
 (packtrain.paths.publish_dir), so a crash never leaves a half-written store; `TokenStore.open` checks shapes
@@ -47,6 +55,16 @@ class TokenStore:
     @property
     def eos_id(self) -> int | None:
         return self.meta.get("eos_id")
+
+    @property
+    def max_token_id(self) -> int:
+        """The largest token id in the store (-1 when empty): meta.json's, else one pass over tokens.bin."""
+        if "max_token_id" in self.meta:
+            return int(self.meta["max_token_id"])
+        top = -1
+        for i in range(0, len(self.tokens), 1 << 24):   # 64 MiB of uint32 at a time
+            top = max(top, int(self.tokens[i:i + (1 << 24)].max()))
+        return top
 
     def lengths(self) -> np.ndarray:
         """Token count of every document, int64 [n_docs]."""
@@ -115,11 +133,14 @@ class TokenStoreWriter:
                 raise ValueError(f"TokenStoreWriter(publish=False) needs a new or empty directory: {self.dir}")
         self._f = open(self.dir / "tokens.bin", "wb")  # noqa: SIM115 - closed by finish()/abort()
         self._lengths = array("q")
+        self._max = -1
 
     def append(self, ids) -> None:
         a = np.asarray(ids, dtype=np.uint32)
         self._f.write(a.tobytes())
         self._lengths.append(len(a))
+        if len(a):
+            self._max = max(self._max, int(a.max()))
 
     def finish(self, doc_ids: np.ndarray, split: np.ndarray, meta: dict,
                tokenizer_dir: Path | None = None) -> TokenStore:
@@ -130,7 +151,8 @@ class TokenStoreWriter:
         np.save(self.dir / "offsets.npy", offsets)
         np.save(self.dir / "doc_ids.npy", np.asarray(doc_ids, dtype=np.int64))
         np.save(self.dir / "split.npy", np.asarray(split, dtype=np.uint8))
-        meta = {**meta, "n_docs": int(n), "n_tokens": int(offsets[-1]), "dtype": "uint32"}
+        meta = {**meta, "n_docs": int(n), "n_tokens": int(offsets[-1]), "dtype": "uint32",
+                "max_token_id": self._max}
         (self.dir / "meta.json").write_text(json.dumps(meta, indent=2))
         if tokenizer_dir is not None:
             shutil.copytree(tokenizer_dir, self.dir / "tokenizer")

@@ -1,18 +1,27 @@
-"""tokenize: documents.parquet → a byte-level BPE tokenizer + the token store (packtrain.data.token_store).
+"""tokenize: documents.parquet → a tokenizer + the token store (packtrain.data.token_store).
 
-Tokenizer: trained with `tokenizers` (byte-level BPE, GPT-2 pre-tokenization regex, no normalization, so
-any UTF-8 text round-trips exactly) on ≈`train_chars` characters of *train-split* documents, or loaded from
-`tokenize.tokenizer_dir`. Saved with `PreTrainedTokenizerFast.save_pretrained`, so
-`AutoTokenizer.from_pretrained(<out>/tokenizer)` loads it. Special tokens of a trained tokenizer:
+Tokenizer, first match:
+1. the init model's own (`model.init_from` is a directory or registered model that ships tokenizer.json /
+   tokenizer_config.json; the tokenize stage passes its directory as `tokenizer_dir`): a model can only
+   read ids of its own tokenizer;
+2. `tokenize.tokenizer_dir`;
+3. trained with `tokenizers` (byte-level BPE, GPT-2 pre-tokenization regex, no normalization, so any UTF-8
+   text round-trips exactly) on ≈`train_chars` characters of *train-split* documents.
+A loaded tokenizer's files are copied byte for byte into <out>/tokenizer (so it hashes like its source,
+packtrain.data.tokenizer_files); a trained one is saved with `PreTrainedTokenizerFast.save_pretrained`.
+Either way `AutoTokenizer.from_pretrained(<out>/tokenizer)` loads it, and meta.json records its
+`tokenizer_hash`. Special tokens of a trained tokenizer:
 
     id 0  <|endoftext|>   eos_token and bos_token (GPT-2 convention: one separator token)
     id 1  <|pad|>         pad_token (packing pads the tail of a row; those labels are -100)
 
-EOS handling: the tokenizer itself adds no special tokens (`tok(text)` returns the text's ids only). With
-`append_eos` (default) the stage appends `eos_id` to every document, so a document of n text tokens has
-n + 1 ids in the store and the model learns where documents end; EOS counts as a document token in every
-statistic. No BOS is prepended: after packing, each document's first token carries no loss (its label is
--100 in PackedBatch), and the previous document's EOS marks the boundary.
+BOS/EOS follow the tokenizer's own rules: whatever `tok(text)` puts around a text's ids (Llama, Mistral,
+Gemma, Phi-3 tokenizers: BOS first; Qwen: nothing; a trained BPE: nothing) is read once from a probe text
+(`special_tokens_rule`) and put around every document — meta.json `special_prefix` / `special_suffix`. With
+`append_eos` (default) the stage then appends `eos_id` unless the tokenizer's own suffix already ends with
+it, so a document of n text tokens has n + |prefix| + 1 ids and the model learns where documents end; BOS and
+EOS count as document tokens in every statistic. After packing, each document's first token carries no loss
+(its label is -100 in PackedBatch), and the previous document's EOS marks the boundary.
 
 Eval split: document i is held out when u(doc_id) < eval_fraction, u = splitmix64(doc_id) / 2^64, a fixed
 hash (same split on every machine and run; independent of document order). If that holds out no document
@@ -38,6 +47,7 @@ import numpy as np
 from packtrain.config import TokenizeConfig
 from packtrain.data.ingest import length_summary
 from packtrain.data.token_store import SPLIT_EVAL, SPLIT_TRAIN, TokenStoreWriter
+from packtrain.data.tokenizer_files import copy_tokenizer, tokenizer_hash
 from packtrain.data.validate import resolve_documents
 from packtrain.errors import ConfigError, InputDataError
 
@@ -68,6 +78,10 @@ class TokenizeStats:
     tokens_per_second: float = 0.0
     seconds: float = 0.0
     output: str = ""
+    tokenizer_hash: str | None = None           # packtrain.data.tokenizer_files.tokenizer_hash
+    tokenizer_from: str | None = None           # model.init_from when the tokenizer came with the init model
+    special_prefix: list[int] = field(default_factory=list)   # ids the tokenizer puts before a text (BOS)
+    special_suffix: list[int] = field(default_factory=list)   # ... and after it (before the appended EOS)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -139,18 +153,52 @@ def check_tokenizer_dir(path: str | Path) -> Path:
     return p
 
 
-def load_tokenizer(path: str | Path):
+def load_tokenizer(path: str | Path, field_name: str = "tokenize.tokenizer_dir"):
     """A local AutoTokenizer directory (never a hub id); must be a fast (tokenizers-backed) tokenizer."""
     from transformers import AutoTokenizer
 
     p = check_tokenizer_dir(path)
     try:
         tok = AutoTokenizer.from_pretrained(str(p), local_files_only=True)
-    except (OSError, ValueError) as e:
-        raise ConfigError(f"tokenize.tokenizer_dir: cannot load a tokenizer from {p}: {e}") from None
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ConfigError(f"{field_name}: cannot load a tokenizer from {p}: {str(e)[:400]}") from None
     if getattr(tok, "backend_tokenizer", None) is None:
-        raise ConfigError(f"tokenize.tokenizer_dir: {p} holds a slow tokenizer; a fast (tokenizer.json) one is needed")
+        raise ConfigError(f"{field_name}: {p} holds a slow tokenizer; a fast (tokenizer.json) one is needed")
     return tok
+
+
+PROBE = "Hello world"
+
+
+def special_tokens_rule(hf, probe: str = PROBE) -> tuple[list[int], list[int]]:
+    """(prefix, suffix): the ids the tokenizer's own rules put before and after a text's ids, read from
+    `hf(probe)` vs `hf(probe, add_special_tokens=False)`.
+
+    Llama/Mistral/Gemma/Phi-3 tokenizers → ([bos_id], []); Qwen2 → ([], []); a trained BPE → ([], []).
+    """
+    full = list(hf(probe)["input_ids"])
+    plain = list(hf(probe, add_special_tokens=False)["input_ids"])
+    if not plain:   # e.g. a word-level tokenizer loaded as a BPE class: every document would be empty
+        raise ConfigError(f"tokenizer {getattr(hf, 'name_or_path', '')} ({type(hf).__name__}) encodes {probe!r} "
+                          "to no ids: it does not load as the tokenizer it was saved as (check tokenizer_class "
+                          "in its tokenizer_config.json)")
+    n = len(plain)
+    for i in range(len(full) - n + 1):
+        if full[i:i + n] == plain:
+            return full[:i], full[i + n:]
+    raise ConfigError(f"tokenizer {getattr(hf, 'name_or_path', '')}: its special-token rule is not a fixed "
+                      f"prefix/suffix around the text (with specials {full[:12]}, without {plain[:12]}); "
+                      "packtrain cannot reproduce it per document")
+
+
+def _document_ids(prefix: list[int], suffix: list[int], eos: int | None, append_eos: bool):
+    """ids of one document from its text's ids: prefix + ids + suffix, + EOS unless the suffix ends with it."""
+    tail = list(suffix)
+    if append_eos and eos is not None and not (tail and tail[-1] == eos):
+        tail.append(eos)
+    if prefix:
+        return lambda ids: prefix + ids + tail
+    return lambda ids: ids + tail
 
 
 ENCODE_CHARS = 4 << 20
@@ -252,8 +300,11 @@ def _training_texts(pf, path: Path, doc_ids: np.ndarray, split: np.ndarray, u: n
 
 
 def tokenize_documents(docs: str | Path, out_dir: str | Path, cfg: TokenizeConfig,
-                       publish: bool = True) -> TokenizeStats:
+                       publish: bool = True, tokenizer_from: str | None = None) -> TokenizeStats:
     """Train/load the tokenizer, encode every document (+ EOS), write the token store to `out_dir`.
+
+    `tokenizer_from`: set when `cfg.tokenizer_dir` is the init model's directory (the tokenize stage's
+    substitution); recorded in meta.json and the stats, and named in errors instead of tokenize.tokenizer_dir.
 
     Streams: texts are read `batch_docs` at a time and each batch's ids go straight to the store's temp file,
     so memory is O(documents) + one batch, whatever the corpus size (200 MB of text: peak RSS 1.66 GB when
@@ -277,9 +328,11 @@ def tokenize_documents(docs: str | Path, out_dir: str | Path, cfg: TokenizeConfi
         train_chars = 0
         with tokenizer_threads(cfg.workers):
             if cfg.tokenizer_dir:
-                hf = load_tokenizer(cfg.tokenizer_dir)
-                hf.save_pretrained(str(tok_dir))
+                field_name = f"model.init_from {tokenizer_from}" if tokenizer_from else "tokenize.tokenizer_dir"
+                hf = load_tokenizer(cfg.tokenizer_dir, field_name)
                 source = str(Path(cfg.tokenizer_dir).resolve())
+                tok_hash = tokenizer_hash(cfg.tokenizer_dir)
+                _ship_tokenizer(hf, Path(cfg.tokenizer_dir), tok_dir, field_name)
             else:
                 lengths = _char_lengths(pf, path, doc_ids, cfg.batch_docs)
                 sample = _training_texts(pf, path, doc_ids, split, u, lengths, cfg.train_chars, cfg.batch_docs)
@@ -287,13 +340,15 @@ def tokenize_documents(docs: str | Path, out_dir: str | Path, cfg: TokenizeConfi
                 hf = train_tokenizer(sample, cfg.vocab_size, tok_dir)
                 del sample
                 source = "trained"
+                tok_hash = tokenizer_hash(tok_dir)
             train_s = time.perf_counter() - t1
             eos = hf.eos_token_id
             if cfg.append_eos and eos is None:
                 raise ConfigError(f"tokenize.append_eos is true but the tokenizer from {source} has no eos_token")
+            prefix, suffix = special_tokens_rule(hf)
             backend = hf.backend_tokenizer
             encode = getattr(backend, "encode_batch_fast", backend.encode_batch)
-            tail = [eos] if cfg.append_eos else []
+            wrap = _document_ids(prefix, suffix, eos, cfg.append_eos)
             chars = 0
             t2 = time.perf_counter()
             with tqdm(total=n_docs, unit="doc", desc="tokenize", file=sys.stderr, delay=2.0, leave=False) as bar:
@@ -301,12 +356,13 @@ def tokenize_documents(docs: str | Path, out_dir: str | Path, cfg: TokenizeConfi
                     texts = col.to_pylist()
                     for sub in _by_chars(texts, ENCODE_CHARS):   # bounds the Encoding objects alive at once
                         for enc in encode(sub, add_special_tokens=False):
-                            writer.append(enc.ids + tail)
+                            writer.append(wrap(enc.ids))
                     chars += sum(map(len, texts))
                     bar.update(len(texts))
             encode_s = time.perf_counter() - t2
             meta = {"vocab_size": len(hf), "eos_id": eos, "pad_id": hf.pad_token_id, "bos_id": hf.bos_token_id,
-                    "append_eos": cfg.append_eos, "tokenizer": source}
+                    "append_eos": cfg.append_eos, "tokenizer": source, "tokenizer_hash": tok_hash,
+                    "tokenizer_from": tokenizer_from, "special_prefix": prefix, "special_suffix": suffix}
             store = writer.finish(doc_ids, split, meta)
 
     lengths = store.lengths()
@@ -320,4 +376,18 @@ def tokenize_documents(docs: str | Path, out_dir: str | Path, cfg: TokenizeConfi
         tokenizer=source, tokenizer_train_chars=train_chars, length_tokens=length_summary(lengths.tolist()),
         train_seconds=round(train_s, 3), encode_seconds=round(encode_s, 3),
         tokens_per_second=round(n_tok / max(encode_s, 1e-9), 1), seconds=round(time.perf_counter() - t0, 3),
-        output=str(out_dir))
+        output=str(out_dir), tokenizer_hash=tok_hash, tokenizer_from=tokenizer_from, special_prefix=prefix,
+        special_suffix=suffix)
+
+
+def _ship_tokenizer(hf, src: Path, tok_dir: Path, field_name: str) -> None:
+    """The loaded tokenizer's files, byte for byte, into the store (so store and model hash the same); a
+    tokenizer that needs a file packtrain does not know is saved by transformers instead."""
+    import shutil
+
+    copy_tokenizer(src, tok_dir)
+    try:
+        load_tokenizer(tok_dir, field_name)
+    except ConfigError:
+        shutil.rmtree(tok_dir, ignore_errors=True)
+        hf.save_pretrained(str(tok_dir))

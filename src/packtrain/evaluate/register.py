@@ -156,13 +156,33 @@ def build_registration(model_dir: str | Path, eval_result, train_result_path: st
         checkout_sha=git_sha())   # cwd, then packtrain's source tree
     tags = {"eval_loss": ev.get("eval_loss"), "perplexity": ev.get("perplexity"),
             "eval_tokens_per_s": ev.get("tokens_per_s"), "metric": cfg.metric, **lineage,
-            "missing_tags": ",".join(missing) or "none"}
+            "missing_tags": ",".join(missing) or "none", **parent_tags(train)}
     reqs = list(cfg.pip_requirements) if cfg.pip_requirements is not None else default_pip_requirements()
     return {"op": "register_model", "id": uuid.uuid4().hex, "path": str(Path(model_dir).resolve()),
             "name": cfg.model_name, "metric": cfg.metric, "candidate": candidate, "margin": cfg.margin,
             "flavor": cfg.flavor, "pip_requirements": reqs,
             "version_tags": {k: str(v) for k, v in tags.items() if v is not None},
             "lineage_origin": origin, "missing": missing}
+
+
+def parent_tags(train_result: dict | None) -> dict[str, str]:
+    """Warm-start lineage of a version from train_result.json's `init` (packtrain.stages.train):
+    packtrain.init_from (as configured), packtrain.parent_model_version / packtrain.parent_model (the registered
+    version it continued), packtrain.init_fallback_reason (champion had none: what it started from instead).
+
+    >>> parent_tags({"init": {"value": "champion", "name": "lm", "version": "3"}})["packtrain.parent_model"]
+    'models:/lm/3'
+    """
+    init = (train_result or {}).get("init") or {}
+    if not init.get("value"):
+        return {}
+    tags = {"packtrain.init_from": init["value"], "packtrain.init_resolved": init.get("resolved")}
+    if init.get("version"):
+        tags["packtrain.parent_model_version"] = str(init["version"])
+        tags["packtrain.parent_model"] = f"models:/{init.get('name')}/{init['version']}"
+    if init.get("reason"):
+        tags["packtrain.init_fallback_reason"] = init["reason"]
+    return {k: v for k, v in tags.items() if v}
 
 
 def deferred_result(op: dict, run_id: str | None, shown_uri: str, buffer_dir: str | Path) -> RegisterResult:

@@ -4,6 +4,13 @@ The token store, its tokenizer/ and stats.json are built in a staging directory 
 (the store opens with consistent shapes, the tokenizer loads, the counts match the stats) and published
 together (packtrain.paths.staged_output): a failed or killed tokenize leaves the previous out_dir
 byte-identical, a successful one replaces it whole.
+
+The tokenizer travels with the model: when `model.init_from` (resolved like the train stage does it,
+packtrain.model.registry_source.resolve_init: a registry source is downloaded once into
+<workdir>/models/<name>/v<version>/) ships a tokenizer, that tokenizer is used — not a BPE trained afresh —
+and its BOS/EOS rules apply (packtrain.data.tokenize). `tokenize.tokenizer_dir` must then be unset or hold the
+same tokenizer (same tokenizer_hash), else exit 2 naming both. meta.json and stats.json record
+`tokenizer_hash` and `tokenizer_from`; MLflow tags `packtrain.tokenizer_hash`, `packtrain.tokenizer_from`.
 """
 
 from __future__ import annotations
@@ -34,13 +41,15 @@ def run_tokenize(cfg: RunConfig, docs_dir: str | Path | None = None, out_dir: st
     out = Path(out_dir) if out_dir is not None else paths.stage_dir("tokenize")
     md5 = data_md5(docs)
     tok_md5 = data_md5(check_tokenizer_dir(cfg.tokenize.tokenizer_dir)) if cfg.tokenize.tokenizer_dir else None
+    tok_cfg, init_from = tokenizer_of_init(cfg)
     with stage_run("tokenize", cfg, section=cfg.tokenize) as run, \
             staged_output(out, OUTPUTS, "tokenize") as tmp:
         run.set_tags({"dvc.md5.documents": md5, "dvc.md5.tokenizer": tok_md5})
         run.log_dataset(docs, "documents", md5, context="input")
         if tok_md5:
             run.log_dataset(cfg.tokenize.tokenizer_dir, "tokenizer", tok_md5, context="input")
-        stats = tokenize_documents(docs, tmp, cfg.tokenize, publish=False)
+        stats = tokenize_documents(docs, tmp, tok_cfg, publish=False, tokenizer_from=init_from)
+        run.set_tags({"packtrain.tokenizer_hash": stats.tokenizer_hash, "packtrain.tokenizer_from": init_from})
         _check_store(tmp, stats)
         d = stats.to_dict()
         d.update(output=str(out), input=str(docs), input_md5=md5, tokenizer_md5=tok_md5,
@@ -51,6 +60,26 @@ def run_tokenize(cfg: RunConfig, docs_dir: str | Path | None = None, out_dir: st
         run.log_artifact(tmp / STATS_FILE)
         run.log_artifact(tmp / "meta.json")
     return d
+
+
+def tokenizer_of_init(cfg: RunConfig):
+    """(TokenizeConfig to use, model.init_from or None): the init model's tokenizer directory substituted for
+    tokenize.tokenizer_dir when the init source ships one (checked against an explicit tokenizer_dir)."""
+    from packtrain.data.tokenizer_files import has_tokenizer, tokenizer_hash
+    from packtrain.errors import ConfigError
+    from packtrain.model.registry_source import resolve_init
+
+    init = resolve_init(cfg)
+    if init.path is None or not has_tokenizer(init.path):
+        return cfg.tokenize, None
+    own = cfg.tokenize.tokenizer_dir
+    if own:
+        a, b = tokenizer_hash(own), tokenizer_hash(init.path)
+        if a != b:
+            raise ConfigError(f"tokenize.tokenizer_dir {own} (tokenizer {a or 'none'}) is not the tokenizer of "
+                              f"model.init_from {init.value!r} ({init.path}: {b}); a model reads only its own "
+                              "tokenizer's ids: unset tokenize.tokenizer_dir (the model's tokenizer is used)")
+    return cfg.tokenize.model_copy(update={"tokenizer_dir": str(init.path)}), init.value
 
 
 def _check_store(staged: Path, stats) -> None:

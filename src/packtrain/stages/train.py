@@ -13,6 +13,19 @@
       MLflow  run "train" (rank 0 only): params train.* and model.*, per-step metrics with step= (loss, lr,
               grad_norm, tokens/s, MFU, step time, data wait), the summary as metrics (summary.*, throughput.*,
               memory.*), threshold violations as tags, the files above as artifacts
+
+Warm start (`model.init_from` not scratch; packtrain.model.registry_source, packtrain.model.warm_start):
+      resolves  the init source before any work: a registry source is downloaded once into
+                <workdir>/models/<name>/v<version>/; champion without a champion → model.init_fallback
+      refuses   a token store made by another tokenizer than the init model's, or holding ids ≥ its vocabulary
+                (exit 2, both hashes named), before the MLflow run opens
+      measures  the step-0 held-out loss of the initial weights on packs_dir/eval with the evaluate stage's code
+                and settings: train_result.json `init_eval_loss` (+ `init`: the resolved source, the tokenizer
+                check, the evaluation), MLflow metrics init_eval_loss / init_perplexity, out_dir/init_eval.json
+                (a resumed run reports the number its first attempt measured)
+      tags      packtrain.init_from, packtrain.init_resolved, packtrain.init_fallback_reason,
+                packtrain.parent_model_version / packtrain.parent_model (the register stage copies them onto
+                the new version)
 """
 
 from __future__ import annotations
@@ -70,23 +83,34 @@ def refuse_existing_run(out_dir: Path, resume: bool, overwrite: bool) -> None:
 
 def run_train(cfg: RunConfig, packs_dir: str | Path, tokens_dir: str | Path, out_dir: str | Path,
               resume: bool = False, overwrite: bool = False) -> dict:
+    from packtrain.model.registry_source import resolve_init
+    from packtrain.model.warm_start import check_store_matches_model
     from packtrain.train.loop import train
     from packtrain.train.runtime import dist_info
 
     packs_dir, tokens_dir, out_dir = Path(packs_dir), Path(tokens_dir), Path(out_dir)
     tokenizer_dir = check_inputs(cfg, packs_dir, tokens_dir)
     refuse_existing_run(out_dir, resume, overwrite)
+    init = resolve_init(cfg)                             # registry → <workdir>/models/<name>/v<version>/
+    tokenizer_check = check_store_matches_model(tokens_dir, init)
+    model_cfg = init.model_config(cfg.model)             # init_from = the resolved directory (or scratch)
     out_dir.mkdir(parents=True, exist_ok=True)
     if not dist_info().is_main:   # only rank 0 talks to MLflow and writes the stage's stats
-        return train(cfg.model, cfg.train, cfg.pack, cfg.telemetry, packs_dir, tokenizer_dir, out_dir,
+        return train(model_cfg, cfg.train, cfg.pack, cfg.telemetry, packs_dir, tokenizer_dir, out_dir,
                      tracker=None, resume=resume, plan_cfg=cfg.plan, overwrite=overwrite).to_dict()
     from packtrain.tracking import stage_run
 
     with stage_run("train", cfg, section=cfg.train) as run:
         run.log_params({f"model.{k}": v for k, v in flatten(cfg.model.model_dump(mode="json")).items()})
-        result = train(cfg.model, cfg.train, cfg.pack, cfg.telemetry, packs_dir, tokenizer_dir, out_dir,
+        run.set_tags(init.tags())
+        step0 = initial_loss(cfg, init, packs_dir, out_dir, resume)
+        if step0 is not None:
+            run.log_metrics({"init_eval_loss": step0["eval_loss"], "init_perplexity": step0["perplexity"]})
+        result = train(model_cfg, cfg.train, cfg.pack, cfg.telemetry, packs_dir, tokenizer_dir, out_dir,
                        tracker=run, resume=resume, plan_cfg=cfg.plan, overwrite=overwrite)
         stats = result.to_dict()
+        stats["init_eval_loss"] = step0["eval_loss"] if step0 is not None else None
+        stats["init"] = {**init.to_dict(), "tokenizer_check": tokenizer_check, "eval": step0}
         write_json(out_dir / "train_result.json", stats)
         run.log_metrics(summary_metrics(stats))
         if result.report is not None:
@@ -96,9 +120,26 @@ def run_train(cfg: RunConfig, packs_dir: str | Path, tokens_dir: str | Path, out
                       "packtrain.train.engine": stats["setup"]["engine"],
                       "packtrain.train.world_size": stats["setup"]["world_size"],
                       "packtrain.train.resumed_from": stats["setup"]["resumed_from"]})
-        for name in ("train_result.json", "train_log.jsonl", "deepspeed_config.json"):
+        for name in ("train_result.json", "train_log.jsonl", "deepspeed_config.json", "init_eval.json"):
             run.log_artifact(out_dir / name)
     return stats
+
+
+def initial_loss(cfg: RunConfig, init, packs_dir: Path, out_dir: Path, resume: bool) -> dict | None:
+    """The step-0 held-out loss of a warm start (packtrain.model.warm_start.initial_eval), None from scratch.
+    Measured once per run: a resume from a checkpoint reports what the first attempt wrote to init_eval.json."""
+    from packtrain.model.warm_start import INIT_EVAL_FILE, initial_eval, read_init_eval
+    from packtrain.train.checkpoint import existing_run
+
+    if init.path is None:
+        return None
+    if resume and existing_run(out_dir / "checkpoints"):
+        return read_init_eval(out_dir)
+    step0 = initial_eval(init.path, packs_dir / "eval", cfg.evaluate)
+    if step0 is not None:
+        step0 = {**step0, "init_resolved": init.resolved}
+        write_json(out_dir / INIT_EVAL_FILE, step0)
+    return step0
 
 
 def log_system_series(run, report) -> None:
