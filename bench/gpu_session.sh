@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One device call: everything the GPU issues need, each part bounded, logs + JSON under $OUT.
 #   bash bench/gpu_session.sh PART...   parts: env bench350 bench350c bench1b benchf tests smoke memhead isotests telemetry calib scale
+#                                       family qwen05 qwen15
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export TQDM_DISABLE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false PYTHONPATH=$PWD/src
@@ -37,6 +38,12 @@ for part in "$@"; do
     scale) timeout ${SCALE_TIMEOUT:-540} python3 bench/scaling.py $OUT/scaling_${SCALE_NAME:-1b_h200x2}.json --gpus ${GPUS:-2} \
              --configs ${CONFIGS:-zero2,zero3} --steps ${SCALE_STEPS:-20} --warmup 6 --timeout ${RUN_TIMEOUT:-200} 2>&1 \
              | grep -v Warning | tee $OUT/scaling.log | tail -30;;
+    family) timeout 300 python3 -m pytest -q -s -p no:cacheprovider tests/gpu/test_family_varlen.py 2>&1 \
+              | tee $OUT/gpu_family_tests.log | tail -25;;
+    qwen05) timeout 330 python3 bench/gpu_bench.py --model qwen2-0.5b --variants ef --loss fused --steps 20 --warmup 6 \
+              --out $OUT/gpu_bench_qwen2_0.5b.json ${BENCH_ARGS:-} 2>&1 | grep -v Warning | tee $OUT/qwen05.log | tail -14;;
+    qwen15) timeout 420 python3 bench/gpu_bench.py --model qwen2-1.5b --variants ef --loss fused --steps 20 --warmup 6 \
+              --out $OUT/gpu_bench_qwen2_1.5b.json ${BENCH_ARGS:-} 2>&1 | grep -v Warning | tee $OUT/qwen15.log | tail -14;;
     calib) timeout 130 python3 bench/memory_calibration.py $OUT/memory_plan_calibration.json --max-seconds 250 2>&1 | tail -20;;
     *) echo "unknown part $part";;
   esac
