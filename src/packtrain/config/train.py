@@ -76,6 +76,11 @@ class ModelConfig(StrictModel):
     """What init_from=champion starts from while the registered model has no champion yet (the first scheduled
     run): scratch or a local save_pretrained directory. The fallback is logged on stderr and tagged on the train
     run (packtrain.init_fallback_reason); any other registry source that does not exist is an error."""
+    tokenizer_check: Literal["strict", "vocab"] = "strict"
+    """How the train stage checks that the token store's ids are the init model's: strict — the store was made
+    by the tokenizer the model ships (same tokenizer_hash) and its ids fit the vocabulary; vocab — only that
+    the ids fit (a checkpoint without its real tokenizer, e.g. random-weight benchmarks on synthetic tokens).
+    Scratch models take the store's tokenizer and are not checked."""
     pretrained_dir: PathStr | None = None
     """Deprecated alias of init_from=<dir> (moved into init_from when the config loads)."""
     hidden_size: Int = Field(64, ge=8)

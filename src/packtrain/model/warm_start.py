@@ -3,8 +3,9 @@
     check_store_matches_model(tokens_dir, init)   before any work: the token store's ids must be the model's
     initial_eval(init_dir, eval_split, eval_cfg)  the held-out loss of the initial weights, before training
 
-Mismatch rules (ConfigError, exit 2, naming both sides and what to do; nothing is written):
-- the token store's tokenizer_hash (meta.json; for older stores the hash of its tokenizer/) differs from the
+Mismatch rules (ConfigError, exit 2, naming both sides and what to do; nothing is written), after the family's
+own (family, backend) refusal:
+- (model.tokenizer_check=strict, the default) the token store's tokenizer_hash (meta.json; for older stores the hash of its tokenizer/) differs from the
   tokenizer the init model ships (packtrain.data.tokenizer_files.tokenizer_hash): the model would read other
   tokens' ids — silent garbage;
 - the model's vocabulary is smaller than the store's max_token_id + 1: an embedding lookup out of range.
@@ -48,37 +49,47 @@ def model_vocab_size(path: Path) -> int:
     return int(vocab)
 
 
-def check_store_matches_model(tokens_dir: str | Path, init: InitSource) -> dict:
+def check_store_matches_model(tokens_dir: str | Path, init: InitSource, attention: str | None = None,
+                              mode: str = "strict") -> dict:
     """Refuse a token store the init model cannot read (module doc). Returns what was compared:
-    {"store_tokenizer_hash", "model_tokenizer_hash", "max_token_id", "model_vocab_size"} ({} for scratch)."""
+    {"mode", "store_tokenizer_hash", "model_tokenizer_hash", "max_token_id", "model_vocab_size"} ({} from
+    scratch). `attention`: the training backend — the family's own refusal (packtrain.model.families) comes
+    first, so an unsupported pair is named as such. `mode`: model.tokenizer_check (strict | vocab)."""
     from packtrain.data.token_store import TokenStore
     from packtrain.data.tokenizer_files import tokenizer_hash
+    from packtrain.model.build import read_checkpoint_config
+    from packtrain.model.families import check_attention
 
     if init.path is None:
         return {}
     tokens_dir = Path(tokens_dir)
     where = f"model.init_from {init.value!r}" + (f" ({init.resolved} in {init.path})" if init.uri else
                                                  f" ({init.path})" if str(init.path) != init.value else "")
+    if attention is not None:
+        check_attention(read_checkpoint_config(init.path), attention, training=True,
+                        where=f"model.init_from {init.path}")
     vocab = model_vocab_size(init.path)
     store = TokenStore.open(tokens_dir) if (tokens_dir / "meta.json").is_file() else None
     meta = store.meta if store is not None else {}
     store_hash = meta.get("tokenizer_hash") or tokenizer_hash(tokens_dir / "tokenizer")
     model_hash = tokenizer_hash(init.path)
     made_by = meta.get("tokenizer_from") or meta.get("tokenizer") or str(tokens_dir / "tokenizer")
-    if model_hash and store_hash and model_hash != store_hash:
+    if mode == "strict" and model_hash and store_hash and model_hash != store_hash:
         raise ConfigError(
             f"token store {tokens_dir} was made by tokenizer {_short(store_hash)}… ({made_by}), but {where} ships "
             f"tokenizer {_short(model_hash)}…: the model would read other tokens' ids. Re-run `packtrain tokenize` "
             f"with the same model.init_from (it then tokenizes with the model's own tokenizer), or train from "
-            f"model.init_from=scratch")
-    out = {"store_tokenizer_hash": store_hash, "model_tokenizer_hash": model_hash, "model_vocab_size": vocab}
+            f"model.init_from=scratch (model.tokenizer_check=vocab skips this comparison when the ids are known "
+            f"to match)")
+    out = {"mode": mode, "store_tokenizer_hash": store_hash, "model_tokenizer_hash": model_hash,
+           "model_vocab_size": vocab}
     if store is not None:
         top = store.max_token_id
         out["max_token_id"] = top
         if top + 1 > vocab:
             raise ConfigError(
-                f"{where}: the model's vocabulary has {vocab} ids but token store {tokens_dir} holds token id "
-                f"{top} (needs ≥ {top + 1}); it was tokenized by another tokenizer ({made_by}). Re-run `packtrain "
+                f"{where}: vocab_size {vocab} < the tokenizer's {store.vocab_size}: token store {tokens_dir} holds "
+                f"token id {top} (needs ≥ {top + 1}), made by another tokenizer ({made_by}). Re-run `packtrain "
                 f"tokenize` with the same model.init_from (the model's own tokenizer), or train from scratch")
     return out
 

@@ -17,8 +17,8 @@
 Warm start (`model.init_from` not scratch; packtrain.model.registry_source, packtrain.model.warm_start):
       resolves  the init source before any work: a registry source is downloaded once into
                 <workdir>/models/<name>/v<version>/; champion without a champion → model.init_fallback
-      refuses   a token store made by another tokenizer than the init model's, or holding ids ≥ its vocabulary
-                (exit 2, both hashes named), before the MLflow run opens
+      refuses   a token store made by another tokenizer than the init model's (model.tokenizer_check=strict),
+                or holding ids ≥ its vocabulary (exit 2, both hashes named), before the MLflow run opens
       measures  the step-0 held-out loss of the initial weights on packs_dir/eval with the evaluate stage's code
                 and settings: train_result.json `init_eval_loss` (+ `init`: the resolved source, the tokenizer
                 check, the evaluation), MLflow metrics init_eval_loss / init_perplexity, out_dir/init_eval.json
@@ -37,16 +37,16 @@ from packtrain.errors import ConfigError, MissingDataError
 from packtrain.paths import write_json
 
 
-def check_inputs(cfg: RunConfig, packs_dir: Path, tokens_dir: Path) -> Path:
+def check_inputs(cfg: RunConfig, packs_dir: Path, tokens_dir: Path) -> tuple[Path, str]:
     """Fail before any work (and before an MLflow run opens) when an upstream output is missing or the
-    attention backend cannot run here; returns the tokenizer directory."""
+    attention backend cannot run here; returns the tokenizer directory and the resolved backend."""
     import torch
 
     from packtrain.model.attention import resolve_attention
     from packtrain.packing.store import PackStore
 
     device = "cuda" if cfg.train.device != "cpu" and torch.cuda.is_available() else "cpu"
-    resolve_attention(cfg.train.attention, device, cfg.train.precision)
+    backend = resolve_attention(cfg.train.attention, device, cfg.train.precision)
 
     split = packs_dir / "train"
     if not split.is_dir():
@@ -56,7 +56,7 @@ def check_inputs(cfg: RunConfig, packs_dir: Path, tokens_dir: Path) -> Path:
     if not tok.is_dir():
         raise MissingDataError(f"tokenizer {tok} does not exist: run `packtrain tokenize` first or pass --tokens "
                                "DIR (the tokenize stage's output directory)")
-    return tok
+    return tok, backend
 
 
 def summary_metrics(d: dict) -> dict[str, float]:
@@ -89,10 +89,10 @@ def run_train(cfg: RunConfig, packs_dir: str | Path, tokens_dir: str | Path, out
     from packtrain.train.runtime import dist_info
 
     packs_dir, tokens_dir, out_dir = Path(packs_dir), Path(tokens_dir), Path(out_dir)
-    tokenizer_dir = check_inputs(cfg, packs_dir, tokens_dir)
+    tokenizer_dir, backend = check_inputs(cfg, packs_dir, tokens_dir)
     refuse_existing_run(out_dir, resume, overwrite)
     init = resolve_init(cfg)                             # registry → <workdir>/models/<name>/v<version>/
-    tokenizer_check = check_store_matches_model(tokens_dir, init)
+    tokenizer_check = check_store_matches_model(tokens_dir, init, backend, cfg.model.tokenizer_check)
     model_cfg = init.model_config(cfg.model)             # init_from = the resolved directory (or scratch)
     out_dir.mkdir(parents=True, exist_ok=True)
     if not dist_info().is_main:   # only rank 0 talks to MLflow and writes the stage's stats
