@@ -7,8 +7,16 @@
 Each task calls one function of `packtrain.pipeline.retrain`; the DAG holds no logic. Parameters (trigger
 conf or the UI form): `recipe` (name or path), `overrides` (list of "dotted.key=value"), `force` (run even if
 the data version is unchanged). Defaults come from PACKTRAIN_RECIPE / PACKTRAIN_OVERRIDES (JSON list) in
-the worker's environment. Schedule: Mondays 03:00 (Airflow's 5-field cron; the KFP recurring run uses the
-6-field form `0 0 3 * * 1`). Airflow lives in .venv-airflow (`make setup-airflow`), see docs/pipeline.md.
+the worker's environment; the default recipe is `retrain-cpu`.
+
+Warm start: the default recipe sets `model.init_from: champion` — every scheduled run continues the registered
+champion (models:/<register.model_name>@champion, downloaded once into <workdir>/models/<name>/v<N>/) and
+tokenizes with its tokenizer; the very first run, with no champion yet, starts from `model.init_fallback`
+(scratch) and says so. The new version is tagged `packtrain.parent_model_version`; `report` prints the lineage.
+A recipe of your own gets the same with `model.init_from: champion` (docs/model.md, "Warm start").
+
+Schedule: Mondays 03:00 (Airflow's 5-field cron; the KFP recurring run uses the 6-field form `0 0 3 * * 1`).
+Airflow lives in .venv-airflow (`make setup-airflow`), see docs/pipeline.md.
 """
 
 from __future__ import annotations
@@ -19,7 +27,7 @@ from datetime import datetime
 
 from airflow.sdk import Param, dag, task
 
-DEFAULT_RECIPE = os.environ.get("PACKTRAIN_RECIPE", "tiny-cpu")
+DEFAULT_RECIPE = os.environ.get("PACKTRAIN_RECIPE", "retrain-cpu")   # warm start from the champion
 DEFAULT_OVERRIDES = json.loads(os.environ.get("PACKTRAIN_OVERRIDES", "[]"))
 
 
@@ -85,6 +93,10 @@ def packtrain_retrain():
         record_version(_config(params), result["version"], reg)
         print(f"registered {reg.get('model_name')} v{reg.get('version')} alias={reg.get('alias')} "
               f"(data {result['version']}, mode {result['mode']})")
+        warm = result.get("warm_start") or {}
+        if warm:
+            why = f" ({warm['fallback_reason']})" if warm.get("fallback_reason") else ""
+            print(f"warm start: init_from={warm.get('init_from')} → {warm.get('resolved') or 'scratch'}{why}")
         return reg
 
     report(run_pipeline(validate_data(detect_data_version())))

@@ -5,9 +5,9 @@
 
 Mismatch rules (ConfigError, exit 2, naming both sides and what to do; nothing is written), after the family's
 own (family, backend) refusal:
-- (model.tokenizer_check=strict, the default) the token store's tokenizer_hash (meta.json; for older stores the hash of its tokenizer/) differs from the
-  tokenizer the init model ships (packtrain.data.tokenizer_files.tokenizer_hash): the model would read other
-  tokens' ids — silent garbage;
+- (model.tokenizer_check=strict, the default) the token store's tokenizer_hash (meta.json; for older stores
+  the hash of its tokenizer/) differs from the tokenizer the init model ships
+  (packtrain.data.tokenizer_files.tokenizer_hash): the model would read other tokens' ids — silent garbage;
 - the model's vocabulary is smaller than the store's max_token_id + 1: an embedding lookup out of range.
 A model directory without a tokenizer gets the vocabulary check only.
 

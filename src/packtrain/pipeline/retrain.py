@@ -2,8 +2,14 @@
 
     detect_data_version(cfg)  → {"version", "previous", "changed", "source"}     skip the run when unchanged
     validate_data(cfg, dir)   → validate stats (raises ValidationFailed: nothing is trained)
-    run_pipeline(cfg, version)→ {"mode", "registered": {"model_name", "version", "alias"}, ...}
+    run_pipeline(cfg, version)→ {"mode", "registered": {"model_name", "version", "alias"},
+                                 "warm_start": {"init_from", "resolved", "parent_version", "fallback_reason"}, ...}
     record_version(cfg, version, registered)   the state file, written only after a successful run
+
+Warm start: the DAG's default recipe (recipes/retrain-cpu.yaml) sets `model.init_from: champion`, so each run
+continues the registered champion — the pipeline's tokenize and train stages resolve it
+(packtrain.model.registry_source), the register stage tags the new version with its parent. `warm_start` reads
+that lineage back from the registered version's tags (`warm_start_of`).
 
 "DVC data version" = the md5 DVC records for the ingest source (`packtrain.versioning.data_md5`): read from
 `<source>.dvc` when the source is DVC-tracked (a `git pull` of a new .dvc file is a new version, no
@@ -96,9 +102,10 @@ def run_pipeline(cfg, version: str, *, wait: bool = True) -> dict:
 
         res = run_local(cfg)
         s = res["summary"]
+        name = s.get("model_name") or cfg.register_.model_name
         return {"mode": "local", "seconds": res["seconds"], "parent_run_id": res["parent_run_id"],
-                "registered": {"model_name": s.get("model_name") or cfg.register_.model_name,
-                               "version": s.get("version"), "alias": s.get("alias")}}
+                "registered": {"model_name": name, "version": s.get("version"), "alias": s.get("alias")},
+                "warm_start": warm_start_of(cfg, name, s.get("version"))}
     from packtrain.pipeline.kfp_ops import submit, wait_for_run
 
     sub = submit(cfg.pipeline.kfp_host or "", cfg=cfg, data_version=version)
@@ -107,7 +114,30 @@ def run_pipeline(cfg, version: str, *, wait: bool = True) -> dict:
     state = wait_for_run(cfg.pipeline.kfp_host, sub["run_id"], cfg.pipeline.run_timeout_s)
     if state.upper() not in ("SUCCEEDED", "SUCCESS"):
         raise PacktrainError(f"KFP run {sub['run_id']} ended {state}: {sub['url']}")
-    return {"mode": "cluster", **sub, "state": state, "registered": registered_model(cfg)}
+    reg = registered_model(cfg)
+    return {"mode": "cluster", **sub, "state": state, "registered": reg,
+            "warm_start": warm_start_of(cfg, reg["model_name"], reg["version"])}
+
+
+def warm_start_of(cfg, name: str, version: str | None) -> dict:
+    """{"init_from", "resolved", "parent_version", "fallback_reason"} from a registered version's
+    packtrain.* tags (set by the register stage from train_result.json); {} when unknown or unreachable."""
+    if not version:
+        return {}
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    from packtrain.tracking import resolve_tracking_uri
+
+    uri = resolve_tracking_uri(cfg)
+    try:
+        tags = mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri).get_model_version(name, version).tags
+    except MlflowException:
+        return {}
+    out = {"init_from": tags.get("packtrain.init_from"), "resolved": tags.get("packtrain.init_resolved"),
+           "parent_version": tags.get("packtrain.parent_model_version"),
+           "fallback_reason": tags.get("packtrain.init_fallback_reason")}
+    return {k: v for k, v in out.items() if v} if out["init_from"] else {}
 
 
 def registered_model(cfg) -> dict:
