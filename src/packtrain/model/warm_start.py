@@ -13,7 +13,8 @@ A model directory without a tokenizer gets the vocabulary check only.
 
 Step-0 loss: the same evaluation as the evaluate stage (packtrain.evaluate.perplexity: open_eval_loader,
 evaluate_batches, the same evaluate.rows / max_batches / precision / attention / device / seed), on the initial
-weights loaded as the evaluate stage loads a model (fp32, AutoModelForCausalLM). Warm-started from the champion
+weights loaded as the evaluate stage loads a model (packtrain.evaluate.loading.load_model_dir: the family ×
+evaluate.attention check, fp32, AutoModelForCausalLM). Warm-started from the champion
 on the same data, it equals the champion's recorded eval_loss (fp32 CPU: to ~1e-7): training continues exactly
 where the champion ended.
 """
@@ -106,9 +107,12 @@ def initial_eval(init_dir: str | Path, eval_split_dir: str | Path, eval_cfg: Eva
     import torch
     from transformers import AutoModelForCausalLM
 
-    from packtrain.evaluate.loading import resolve_device
+    from packtrain.data.tokenizer_files import has_tokenizer
+    from packtrain.evaluate.loading import load_model_dir, resolve_device
     from packtrain.evaluate.perplexity import evaluate_batches, open_eval_loader
     from packtrain.model.attention import HF_NAMES, register_attention_backends, resolve_attention
+    from packtrain.model.build import read_checkpoint_config
+    from packtrain.model.families import check_attention
 
     eval_split_dir = Path(eval_split_dir)
     if not eval_split_dir.is_dir():
@@ -124,10 +128,14 @@ def initial_eval(init_dir: str | Path, eval_split_dir: str | Path, eval_cfg: Eva
     if n_epoch == 0:
         return None
     n = n_epoch if eval_cfg.max_batches is None else min(n_epoch, eval_cfg.max_batches)
-    register_attention_backends()
-    # loaded as packtrain.evaluate.loading.load_model_dir loads the evaluate stage's model (fp32 weights)
-    model = AutoModelForCausalLM.from_pretrained(str(init_dir), attn_implementation=HF_NAMES[backend],
-                                                 dtype=torch.float32).to(dev).eval()
+    if has_tokenizer(init_dir):   # exactly as the evaluate stage loads its model (family × backend check, fp32)
+        model, _ = load_model_dir(init_dir, dev, backend)
+    else:                         # a bare checkpoint: the same check and load without the tokenizer
+        register_attention_backends()
+        check_attention(read_checkpoint_config(Path(init_dir)), backend, training=False,
+                        where=f"model.init_from {init_dir}", key="evaluate.attention")
+        model = AutoModelForCausalLM.from_pretrained(str(init_dir), attn_implementation=HF_NAMES[backend],
+                                                     dtype=torch.float32).to(dev).eval()
     try:
         sums = evaluate_batches(model, itertools.islice(iter(loader), n), dev, eval_cfg.precision, total=n,
                                 backend=backend)

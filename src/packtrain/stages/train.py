@@ -100,10 +100,10 @@ def run_train(cfg: RunConfig, packs_dir: str | Path, tokens_dir: str | Path, out
                      tracker=None, resume=resume, plan_cfg=cfg.plan, overwrite=overwrite).to_dict()
     from packtrain.tracking import stage_run
 
+    step0 = initial_loss(cfg, init, packs_dir, out_dir, resume)   # before the MLflow run: a refusal opens none
     with stage_run("train", cfg, section=cfg.train) as run:
         run.log_params({f"model.{k}": v for k, v in flatten(cfg.model.model_dump(mode="json")).items()})
         run.set_tags(init.tags())
-        step0 = initial_loss(cfg, init, packs_dir, out_dir, resume)
         if step0 is not None:
             run.log_metrics({"init_eval_loss": step0["eval_loss"], "init_perplexity": step0["perplexity"]})
         result = train(model_cfg, cfg.train, cfg.pack, cfg.telemetry, packs_dir, tokenizer_dir, out_dir,
