@@ -75,7 +75,8 @@ def test_dag_runs_skips_and_stops_on_bad_data(airflow_env, tiny_pipeline, tmp_pa
     (bad / "new.txt").write_text("A new document arrived this week.\n")
     bad_settings = [s for s in settings if not s.startswith("ingest.source=")] + [
         f"ingest.source={bad}", "validate.min_rows=10000"]
-    confs = [{"overrides": settings}, {"overrides": settings}, {"overrides": bad_settings}]
+    # tiny-cpu, not the DAG's default retrain-cpu: this test is about skipping/validation, not warm start
+    confs = [{"recipe": "tiny-cpu", "overrides": s} for s in (settings, settings, bad_settings)]
     r = subprocess.run([str(AF_PYTHON), "-c", SCRIPT, str(airflow_env["dag"]), json.dumps(confs)],
                        env=airflow_env["env"], cwd=tmp_path, capture_output=True, text=True, timeout=600)
     log = r.stdout + r.stderr

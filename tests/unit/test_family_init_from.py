@@ -49,8 +49,8 @@ def test_family_missing_sources(tmp_path):
     with pytest.raises(MissingDataError, match="no config.json"):
         build_model(ModelConfig(init_from=str(tmp_path)), V)
     for value in ("champion", "models:/lm@champion", "models:/lm/2"):
-        with pytest.raises(ConfigError, match=f"model.init_from '{value}': loading from the model registry is not "
-                                              "supported yet"):
+        with pytest.raises(ConfigError, match=f"model.init_from '{value}': a registry source is resolved with the "
+                                              "run config"):
             resolve_init_source(ModelConfig(init_from=value))
 
 

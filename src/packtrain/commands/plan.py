@@ -44,6 +44,12 @@ def run(cfg, args) -> int:
 
     if args.device_memory_gib is not None and args.device_memory_gib <= 0:
         raise ConfigError(f"--device-memory-gib {args.device_memory_gib}: must be > 0")
+    from packtrain.model.source import init_from_value, is_registry_source
+
+    if is_registry_source(init_from_value(cfg.model)):   # champion / models:/...: plan the registered model's shape
+        from packtrain.model.registry_source import resolve_init
+
+        cfg = cfg.model_copy(update={"model": resolve_init(cfg).model_config(cfg.model)})
     vocab = cfg.plan.vocab_size or cfg.tokenize.vocab_size
     budget = _budget_arg(cfg, args)
     if budget == "auto":

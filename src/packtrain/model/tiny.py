@@ -72,7 +72,12 @@ def tiny_family_model(family: str, vocab_size: int = 97, seed: int = 0, attn_imp
 
 
 def write_family_tokenizer(path: str | Path, vocab_size: int, add_bos: bool):
-    """A word-level PreTrainedTokenizerFast over <pad> <eos> <unk> <bos> t4 … t{V-1}, saved to `path`."""
+    """A word-level PreTrainedTokenizerFast over <pad> <eos> <unk> <bos> t4 … t{V-1}, saved to `path`.
+
+    Caveat (transformers 5.24): next to a qwen2 config.json, AutoTokenizer picks Qwen2Tokenizer from the
+    model_type and rebuilds it from a byte-level BPE that this word-level vocabulary is not, so the qwen2
+    fixture's tokenizer encodes text to no ids (tokenize refuses it: "encodes 'Hello world' to no ids"). A
+    real Qwen2 checkpoint ships its own BPE files and loads fine; tests that tokenize text use qwen3."""
     from tokenizers import Tokenizer, models, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
 

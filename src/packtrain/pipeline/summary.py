@@ -68,6 +68,9 @@ def build_summary(stages: dict[str, dict]) -> dict:
     """{'fill': 0.997, 'tokens_per_s': ..., 'version': '3', 'alias': 'champion', 'cached': [...]}."""
     out: dict[str, Any] = {name: pick(stages.get(stage) or {}, cands) for name, (stage, cands) in FIELDS.items()}
     out["cached"] = [s for s, st in stages.items() if (st or {}).get("cache") == "hit"]
+    train = stages.get("train") or {}
+    out["init"] = train.get("init")                       # the resolved model.init_from (warm start)
+    out["init_eval_loss"] = train.get("init_eval_loss")   # held-out loss of the starting weights
     return out
 
 
@@ -130,6 +133,15 @@ def format_summary(name: str, summary: dict, seconds: float, n_stages: int, trac
         parts.append(f"peak GPU mem {_fmt(gpu_mem, '.2f')} GiB")
     elif s.get("peak_cpu_gib") is not None:
         parts.append(f"peak RSS {_fmt(s['peak_cpu_gib'], '.2f')} GiB")
+    init = s.get("init") or {}
+    if init.get("kind") in ("dir", "registry") or init.get("reason"):
+        start = init.get("uri") or init.get("path") or "scratch"
+        line = f"  init       {init.get('value')} → {start}"
+        if s.get("init_eval_loss") is not None:
+            line += f" · step-0 held-out loss {_fmt(s['init_eval_loss'], '.4f')}"
+        if init.get("reason"):
+            line += f" (fallback: {init['reason'].split(';')[0]})"
+        lines.append(line)
     if parts:
         lines.append("  train      " + " · ".join(parts))
     if s.get("perplexity") is not None:
