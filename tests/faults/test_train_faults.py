@@ -17,7 +17,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -109,7 +108,7 @@ def test_broken_file_in_newest_checkpoint_is_quarantined_and_resume_falls_back(d
     else:
         f.unlink()
     broken = _digest(newest)
-    with pytest.warns(RuntimeWarning, match=f"step_000020.*moved to .*quarantine"):
+    with pytest.warns(RuntimeWarning, match="step_000020.*moved to .*quarantine"):
         assert main(_args(data, out, "--resume")) == 0
     q = out / "checkpoints" / "quarantine"
     assert _digest(q / "step_000020") == broken            # kept exactly as found
