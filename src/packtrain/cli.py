@@ -31,8 +31,14 @@ COMMANDS: dict[str, str] = {
 }
 
 
-LOCKED = ("ingest", "validate", "tokenize", "pack", "train", "evaluate", "register", "run")
-"""Commands that write into the workdir: they hold its lock (packtrain.pipeline.lock) while they run."""
+LOCKED = ("ingest", "validate", "tokenize", "pack", "train", "evaluate", "register", "run", "mlflow")
+"""Commands that write into the workdir: they hold its lock (packtrain.pipeline.lock) while they run. Not the
+ranks of a distributed launch (RANK set by torchrun): `--gpus N` holds the lock for its workers, and a multi-node
+job's ranks are one run, scheduled as one by the cluster."""
+
+EXIT_FILE_ENV = "PACKTRAIN_EXIT_FILE"
+"""Set by `train --gpus N` for its workers: rank 0 writes its PacktrainError's exit code there, so the launcher
+exits with it (2, 8, ...) instead of torchrun's generic 1."""
 
 
 def _module(name: str):
@@ -68,6 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     os.environ.setdefault("DO_NOT_TRACK", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    # MLflow prints "View run NAME at: <store URI>/#/..." with the URI as given, credentials included
+    os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
     from packtrain.errors import PacktrainError
 
     parser = build_parser()
@@ -84,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         from packtrain.config import load_run_config
 
         cfg = load_run_config(args.recipe, args.overrides)
-        if args.command not in LOCKED:
+        if args.command not in LOCKED or "RANK" in os.environ:
             return int(mod.run(cfg, args) or 0)
         from packtrain.pipeline.lock import workdir_lock
 
@@ -94,6 +102,9 @@ def main(argv: list[str] | None = None) -> int:
         from packtrain.secrets import redact_text
 
         print(f"error: {redact_text(str(e))}", file=sys.stderr)   # messages may quote a URI with credentials
+        if os.environ.get(EXIT_FILE_ENV) and os.environ.get("RANK", "0") == "0":
+            with open(os.environ[EXIT_FILE_ENV], "w", encoding="utf-8") as f:
+                f.write(str(e.exit_code))
         return e.exit_code
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

@@ -245,8 +245,8 @@ def publish_dir(tmp: str | Path, dst: str | Path, outputs: Iterable[str] | None 
         except BaseException:
             os.rename(old, dst)
             raise
-    _fsync_dir(dst.parent)
-    try:
+    try:   # from here the new output is published: nothing below may report the publish as failed
+        _fsync_dir(dst.parent)
         _fault_point("swapped", dst)
         _remove_previous(old, dst)
     except Exception as e:  # the new output is published: a leftover is only untidy (the next run removes it)

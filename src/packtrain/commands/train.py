@@ -69,7 +69,20 @@ def run(cfg, args) -> int:
             raise ConfigError(f"--gpus {args.gpus}: this machine has {n_dev} CUDA device(s); use --gpus ≤ {n_dev} "
                               "(or CUDA_VISIBLE_DEVICES to pick them)")
 
-        return subprocess.call(launcher_command(args), env={**os.environ, LAUNCHED: str(args.gpus)})
+        import tempfile
+
+        from packtrain.cli import EXIT_FILE_ENV
+        from packtrain.stages.train import refuse_existing_run
+
+        paths = RunPaths(Path(cfg.workdir))
+        refuse_existing_run(Path(args.out) if args.out else paths.train_dir, args.resume,
+                            getattr(args, "overwrite", False))   # before N processes start, with its exit code 2
+        with tempfile.TemporaryDirectory(prefix="packtrain-exit-") as d:
+            exit_file = Path(d) / "code"
+            rc = subprocess.call(launcher_command(args), env={**os.environ, LAUNCHED: str(args.gpus),
+                                                              EXIT_FILE_ENV: str(exit_file)})
+            # rank 0's own exit code (2 refused, 8 diverged, ...) instead of torchrun's generic 1
+            return int(exit_file.read_text()) if rc and exit_file.is_file() else rc
     from packtrain.stages.train import run_train
 
     paths = RunPaths(Path(cfg.workdir))

@@ -221,10 +221,24 @@ def _unreachable(value: str, shown: str, name: str, workdir: str | Path, err: Ex
 def download_version(tracking_uri: str, name: str, version: str, dst: Path, run_id: str | None = None,
                      source: str | None = None) -> Path:
     """`models:/<name>/<version>` as a save_pretrained directory at `dst` (module doc); reused when complete."""
-    from packtrain.paths import publish_dir, staging_dir
-
     if (dst / SOURCE_FILE).is_file():
         return dst
+    import fcntl
+
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    # one download per version at a time (all ranks of a torchrun job, a concurrent `packtrain plan`): the others
+    # wait here and then reuse the finished copy
+    with open(dst.parent / f".{dst.name}.lock", "a+") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (dst / SOURCE_FILE).is_file():
+            return dst
+        return _download_version(tracking_uri, name, version, dst, run_id, source)
+
+
+def _download_version(tracking_uri: str, name: str, version: str, dst: Path, run_id: str | None,
+                      source: str | None) -> Path:
+    from packtrain.paths import publish_dir, staging_dir
+
     tmp = staging_dir(dst)
     try:
         raw = tmp / "_mlflow"

@@ -224,8 +224,9 @@ def _record_error(stage: str, err: PacktrainError) -> None:
     if not path:
         return
     from packtrain.paths import write_json
+    from packtrain.secrets import redact_text
 
-    write_json(Path(path), {"stage": stage, "message": str(err), "exit_code": err.exit_code,
+    write_json(Path(path), {"stage": stage, "message": redact_text(str(err)), "exit_code": err.exit_code,
                             "type": type(err).__name__})
 
 

@@ -75,6 +75,7 @@ class BufferedClient:
         self.buffer_dir = Path(buffer_dir)
         self.retry_after_s = retry_after_s
         self.applied = AppliedLog(self.buffer_dir)
+        os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")   # its "View run at <uri>" line
         self._client = MlflowClient(tracking_uri)
         self._lock = threading.RLock()
         self._down_until = 0.0

@@ -199,16 +199,24 @@ def verify_checkpoint(path: Path) -> str | None:
         return "manifest.json is missing (partial write)"
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         return f"manifest.json is not valid JSON ({e})"
-    if manifest.get("format") != FORMAT or not isinstance(manifest.get("files"), dict):
-        return f"manifest.json has format {manifest.get('format')!r}, expected {FORMAT!r}"
+    except OSError as e:
+        return f"manifest.json cannot be read ({e})"
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT or not isinstance(manifest.get("files"), dict):
+        fmt = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
+        return f"manifest.json has format {fmt!r}, expected {FORMAT!r}"
     for rel, info in manifest["files"].items():
         f = path / rel
+        if not isinstance(info, dict) or not {"bytes", "sha256"} <= set(info):
+            return f"manifest.json entry for {rel} has no bytes/sha256"
         if not f.is_file():
             return f"{rel} is missing"
         if f.stat().st_size != info["bytes"]:
             return f"{rel} has {f.stat().st_size} bytes, manifest says {info['bytes']}"
-        if sha256_file(f) != info["sha256"]:
-            return f"{rel} fails its sha256 checksum"
+        try:
+            if sha256_file(f) != info["sha256"]:
+                return f"{rel} fails its sha256 checksum"
+        except OSError as e:
+            return f"{rel} cannot be read ({e})"
     for required in ("state.json", "rng.pt"):
         if required not in manifest["files"]:
             return f"{required} is not in the manifest"
@@ -222,6 +230,7 @@ def find_latest_checkpoint(ckpt_root: Path, quarantine: bool = False) -> Path | 
     """The newest checkpoint that verifies. Each newer broken one gets a RuntimeWarning naming the file at
     fault; with `quarantine` it is also moved, untouched, to `<ckpt_root>/quarantine/` (see `quarantine_checkpoint`)
     so that retention never removes it and the next save of that step cannot overwrite it."""
+    recover_complete_writes(ckpt_root)
     for step, p in list_checkpoints(ckpt_root):
         reason = verify_checkpoint(p)
         if reason is None:
@@ -246,9 +255,27 @@ def quarantine_checkpoint(path: Path, reason: str) -> Path:
     return dst
 
 
+def recover_complete_writes(ckpt_root: Path) -> list[Path]:
+    """A `.tmp-step_N` whose manifest verifies is a complete checkpoint whose final rename was interrupted (a kill
+    between `checkpoint.manifest` and the rename): move it into place as step_N when that name is free.
+    Returns the recovered directories."""
+    out = []
+    for tmp in sorted(ckpt_root.glob(".tmp-step_*")) if ckpt_root.is_dir() else []:
+        final = ckpt_root / tmp.name[len(".tmp-"):]
+        if STEP_RE.match(final.name) and not final.exists() and verify_checkpoint(tmp) is None:
+            tmp.rename(final)
+            warnings.warn(f"checkpoint {final}: recovered a complete write whose rename was interrupted",
+                          RuntimeWarning, stacklevel=3)
+            out.append(final)
+    return out
+
+
 def existing_run(ckpt_root: Path) -> list[Path]:
-    """Everything a fresh (non-resume) run would clobber: step_N checkpoints and quarantined ones."""
+    """Everything a fresh (non-resume) run would clobber: step_N checkpoints, complete `.tmp-step_N` writes
+    and quarantined ones."""
     found = [p for _, p in list_checkpoints(ckpt_root)]
+    if ckpt_root.is_dir():
+        found += [p for p in sorted(ckpt_root.glob(".tmp-step_*")) if verify_checkpoint(p) is None]
     q = ckpt_root / QUARANTINE
     if q.is_dir():
         found += sorted(p for p in q.iterdir() if p.is_dir())

@@ -174,31 +174,44 @@ class TrainSession:
         """
         if resume:
             return self._resume()
-        refusal = None
-        if self.dist.is_main:
+
+        def decide() -> None:
             found = ckpt.existing_run(self.ckpt_root)
             if found and not overwrite:
                 steps = ", ".join(p.name for p in found[:6]) + (" ..." if len(found) > 6 else "")
-                refusal = (f"{self.ckpt_root} already holds {len(found)} checkpoint(s) ({steps}) from an earlier "
-                           "run: pass --resume to continue it, or --overwrite to delete them and start from step 0 "
-                           "(or train into another --out)")
-            elif found or self.log_path.exists():
-                if found:
-                    print(f"--overwrite: removing {len(found)} checkpoint(s) under {self.ckpt_root}",
-                          file=sys.stderr)
+                raise ConfigError(f"{self.ckpt_root} already holds {len(found)} checkpoint(s) ({steps}) from an "
+                                  "earlier run: pass --resume to continue it, or --overwrite to delete them and start "
+                                  "from step 0 (or train into another --out)")
+            if found:
+                print(f"--overwrite: removing {len(found)} checkpoint(s) under {self.ckpt_root}", file=sys.stderr)
                 shutil.rmtree(self.ckpt_root, ignore_errors=True)
-                self.log_path.unlink(missing_ok=True)
-        refusal = broadcast_object(refusal, self.dist)   # every rank stops, not only rank 0
-        if refusal:
-            raise ConfigError(refusal)
+            self._keep_old_log(0)   # a log without checkpoints (killed before the first save) is kept, renamed
+
+        self._on_main(decide)
         return 0
 
-    def _resume(self) -> int:
-        path = None
+    def _on_main(self, fn):
+        """Run `fn` on rank 0 and hand its result — or its PacktrainError/OSError, as the same PacktrainError —
+        to every rank, so no rank is left waiting in a collective while rank 0 has failed."""
+        from packtrain.errors import PacktrainError
+
+        out, err = None, None
         if self.dist.is_main:
-            path = ckpt.find_latest_checkpoint(self.ckpt_root, quarantine=True)
-        path = broadcast_object(str(path) if path else None, self.dist)   # every rank loads rank 0's choice
-        path = Path(path) if path else None
+            try:
+                out = fn()
+            except PacktrainError as e:
+                err = (type(e).__name__, str(e), e.exit_code)
+            except OSError as e:
+                err = ("PacktrainError", f"checkpoints under {self.ckpt_root}: {e}", 1)
+        out, err = broadcast_object((out, err), self.dist)
+        if err:
+            name, msg, code = err
+            cls = {"ConfigError": ConfigError}.get(name, PacktrainError)
+            raise cls(msg, exit_code=code)
+        return out
+
+    def _resume(self) -> int:
+        path = self._on_main(lambda: ckpt.find_latest_checkpoint(self.ckpt_root, quarantine=True))
         if path is None:
             kept = self.ckpt_root / ckpt.QUARANTINE
             note = f" (quarantined checkpoints kept in {kept})" if kept.is_dir() else ""
