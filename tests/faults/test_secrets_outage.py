@@ -166,7 +166,7 @@ def test_outage_with_secrets_then_replay(tmp_path, monkeypatch, capfd, caplog, f
     assert sorted(r.info.run_name for r in runs) == ["pipeline", "register", "train"]
     assert all(r.info.status == "FINISHED" for r in runs)
     by_name = {r.info.run_name: r for r in runs}
-    assert by_name["pipeline"].data.params["tracking.tracking_uri"] == shown
+    assert by_name["pipeline"].data.params.get("tracking.tracking_uri", "") in ("", "None")   # URI from the env
     assert by_name["train"].data.tags["packtrain.endpoint"] == shown
     assert by_name["train"].data.tags["packtrain.note"] == "token ***"
     assert [m.step for m in client.get_metric_history(by_name["train"].info.run_id, "loss")] == [0, 1, 2]
