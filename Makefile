@@ -40,8 +40,9 @@ $(AF_STAMP): pyproject.toml
 run: $(STAMP)
 	$(VENV)/bin/packtrain run --recipe $(RECIPE)
 
+# two workers (one per core of the CI machine), whole files per worker so module fixtures are built once
 test: $(STAMP) $(AF_STAMP)
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -n 2 --dist loadfile tests
 	$(PY) bench/ci_gate.py
 
 lint: $(STAMP)

@@ -39,3 +39,15 @@ def _isolated_mlflow(monkeypatch, tmp_path):
                 mlflow.end_run()
     except Exception:
         pass
+
+
+# Under pytest-xdist (`make test` runs `-n 2 --dist loadfile`) the slowest files start first, so the two workers
+# finish together instead of one waiting out a 4-minute DVC chain at the end.
+_SLOW_FIRST = ("test_dvc.py", "test_local_pipeline.py", "test_airflow_dag.py", "test_train_deepspeed.py",
+               "test_warm_start_run.py", "test_secrets_full_run.py", "test_train_faults.py", "test_train_stage.py",
+               "test_publish_stages.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(_SLOW_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))   # stable: file order kept otherwise

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -21,13 +22,32 @@ def tiny_pipeline(tmp_path_factory):
     """One full `packtrain run` on tiny data, shared by the local-pipeline and Airflow tests (the Airflow
     DAG's local run then restores every stage from this run's stage cache instead of training again).
 
+    Runs once per test session even under pytest-xdist: the first worker that needs it runs it under a file
+    lock in the directory all workers share; the others wait and reuse its record.
+
     Returns {"root", "workdir", "corpus", "settings", "result" (CompletedProcess), "seconds"}.
     """
-    root = tmp_path_factory.mktemp("tiny_pipeline")
-    corpus = tiny_corpus(root / "corpus")
-    workdir = root / "wd"
-    settings = tiny_settings(workdir, corpus)
-    t0 = time.perf_counter()
-    result = run_cli(["run", *as_args(settings)], cwd=root)
+    import fcntl
+    import json
+    import subprocess
+
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent   # the base temp dir of the whole session, the same for every worker
+    root = shared / "tiny_pipeline"
+    root.mkdir(exist_ok=True)
+    with open(shared / "tiny_pipeline.lock", "a+") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        record = root / "record.json"
+        corpus, workdir = root / "corpus", root / "wd"
+        settings = tiny_settings(workdir, corpus)
+        if not record.exists():
+            tiny_corpus(corpus)
+            t0 = time.perf_counter()
+            r = run_cli(["run", *as_args(settings)], cwd=root)
+            record.write_text(json.dumps({"returncode": r.returncode, "stdout": r.stdout, "stderr": r.stderr,
+                                          "args": r.args, "seconds": time.perf_counter() - t0}))
+        rec = json.loads(record.read_text())
+    result = subprocess.CompletedProcess(rec["args"], rec["returncode"], rec["stdout"], rec["stderr"])
     return {"root": root, "workdir": workdir, "corpus": corpus, "settings": settings, "result": result,
-            "seconds": time.perf_counter() - t0}
+            "seconds": rec["seconds"]}
