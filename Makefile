@@ -31,18 +31,20 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 
 setup-airflow: $(AF_STAMP)
 
-$(AF_STAMP): pyproject.toml
+# constraints-airflow.txt: the Airflow venv's resolved set (pip otherwise backtracks for minutes over fastapi/cadwyn)
+$(AF_STAMP): pyproject.toml constraints-airflow.txt
 	@test -x $(AF_VENV)/bin/python || $(PYTHON) -m venv $(AF_VENV)
 	$(AF_VENV)/bin/python -m pip install -q "$(TORCH_SPEC)"
-	$(AF_VENV)/bin/python -m pip install -q -e '.[airflow,dev]' "pytest>=8"
+	$(AF_VENV)/bin/python -m pip install -q -c constraints-airflow.txt -e '.[airflow,dev]' "pytest>=8"
 	@touch $(AF_STAMP)
 
 run: $(STAMP)
 	$(VENV)/bin/packtrain run --recipe $(RECIPE)
 
-# two workers (one per core of the CI machine), whole files per worker so module fixtures are built once
+# two workers (one per core of the CI machine), whole files per worker so module fixtures are built once, in
+# collection order (tests/conftest.py puts the slowest files first)
 test: $(STAMP) $(AF_STAMP)
-	$(PY) -m pytest -q -n 2 --dist loadfile tests
+	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder tests
 	$(PY) bench/ci_gate.py
 
 lint: $(STAMP)
@@ -54,6 +56,7 @@ bench-pack: $(STAMP)
 # Refresh the committed constraints from the current venv (after a deliberate upgrade).
 lock: $(STAMP)
 	$(PY) -m pip freeze --exclude-editable | grep -v '^torch==' > $(CONSTRAINTS)
+	$(AF_VENV)/bin/python -m pip freeze --exclude-editable | grep -v '^torch==' > constraints-airflow.txt
 
 clean:
 	rm -rf $(VENV) $(AF_VENV) .packtrain

@@ -69,7 +69,7 @@ def test_full_run_with_the_server_down_and_replay_leak_no_secret(tmp_path):
 
     client = MlflowClient(store)
     versions = client.search_model_versions("name='packtrain-lm'")
-    assert len(versions) == 1 and client.str(client.get_model_version_by_alias("packtrain-lm", "champion").version) == "1"
+    assert len(versions) == 1 and str(client.get_model_version_by_alias("packtrain-lm", "champion").version) == "1"
     runs = client.search_runs([client.get_experiment_by_name("packtrain").experiment_id])
     names = sorted(r.info.run_name for r in runs)
     assert names.count("train") == 1 and names.count("register") == 1
