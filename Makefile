@@ -31,11 +31,19 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 
 setup-airflow: $(AF_STAMP)
 
-# constraints-airflow.txt: the Airflow venv's resolved set (pip otherwise backtracks for minutes over fastapi/cadwyn)
-$(AF_STAMP): pyproject.toml constraints-airflow.txt
+# constraints-airflow.txt: the Airflow venv's resolved set, installed as it is (pip would otherwise backtrack for
+# minutes over fastapi/cadwyn). Its third-party part can build while .venv builds (`make -j2`, as .ci/run does);
+# the editable install of packtrain waits for .venv's, so the two never write src/*.egg-info at once.
+AF_DEPS := $(AF_VENV)/.deps-installed
+
+$(AF_DEPS): constraints-airflow.txt
 	@test -x $(AF_VENV)/bin/python || $(PYTHON) -m venv $(AF_VENV)
 	$(AF_VENV)/bin/python -m pip install -q "$(TORCH_SPEC)"
-	$(AF_VENV)/bin/python -m pip install -q -c constraints-airflow.txt -e '.[airflow,dev]' "pytest>=8"
+	$(AF_VENV)/bin/python -m pip install -q -r constraints-airflow.txt
+	@touch $(AF_DEPS)
+
+$(AF_STAMP): pyproject.toml $(AF_DEPS) $(STAMP)
+	$(AF_VENV)/bin/python -m pip install -q --no-deps -e .
 	@touch $(AF_STAMP)
 
 run: $(STAMP)

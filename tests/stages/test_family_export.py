@@ -70,7 +70,10 @@ def test_family_export_round_trip(data, mlflow_uri, tmp_path, family):
 
     mlflow.set_tracking_uri(mlflow_uri)
     try:
-        with mlflow.start_run() as run:
+        # an explicit experiment of this store: an earlier test in the same process may leave MLflow's active
+        # experiment pointing into another store (seen under pytest-xdist)
+        exp = mlflow.set_experiment("family-export")
+        with mlflow.start_run(experiment_id=exp.experiment_id) as run:
             info, flavor, note, _ = log_model(plain, AutoTokenizer.from_pretrained(str(out)), out, "transformers",
                                               default_pip_requirements(), run_id=run.info.run_id)
         assert flavor == "transformers", note
