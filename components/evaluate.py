@@ -19,6 +19,6 @@ def evaluate(
     """Calls packtrain.stages.evaluate.run_evaluate(cfg, model.path/model, packs.path, evaluation.path)."""
     from packtrain.pipeline.runtime import publish_stats, run_stage_component
 
-    stats = run_stage_component("evaluate", config, {"train": model.path, "packs": packs.path},
+    stats = run_stage_component("evaluate", config, {"model": model.path, "packs": packs.path},
                                 evaluation.path, kfp_run_id=kfp_run_id, code_version=code_version)
     return publish_stats(stats, evaluation, metrics)

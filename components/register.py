@@ -20,6 +20,6 @@ def register(
     registration.path); the stats carry the registered version and alias."""
     from packtrain.pipeline.runtime import publish_stats, run_stage_component
 
-    stats = run_stage_component("register", config, {"train": model.path, "evaluation": evaluation.path},
+    stats = run_stage_component("register", config, {"model": model.path, "evaluation": evaluation.path},
                                 registration.path, kfp_run_id=kfp_run_id, code_version=code_version)
     return publish_stats(stats, registration, metrics)

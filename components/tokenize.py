@@ -18,6 +18,6 @@ def tokenize(
     """Calls packtrain.stages.tokenize.run_tokenize(cfg, documents.path, tokens.path)."""
     from packtrain.pipeline.runtime import publish_stats, run_stage_component
 
-    stats = run_stage_component("tokenize", config, {"docs": documents.path}, tokens.path,
+    stats = run_stage_component("tokenize", config, {"documents": documents.path}, tokens.path,
                                 kfp_run_id=kfp_run_id, code_version=code_version)
     return publish_stats(stats, tokens, metrics)

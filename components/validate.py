@@ -18,6 +18,6 @@ def validate(
     """Calls packtrain.stages.validate.run_validate(cfg, documents.path, report.path)."""
     from packtrain.pipeline.runtime import publish_stats, run_stage_component
 
-    stats = run_stage_component("validate", config, {"docs": documents.path}, report.path,
+    stats = run_stage_component("validate", config, {"documents": documents.path}, report.path,
                                 kfp_run_id=kfp_run_id, code_version=code_version)
     return publish_stats(stats, report, metrics)

@@ -42,7 +42,7 @@ def test_pods_share_one_parent_run_by_kfp_run_id(tmp_path, monkeypatch):
     assert s1["code_version"] == "0.1.0+gabc" and s1["data_version"] == "d41d.dir"
     first_parent = os.environ[PARENT_ENV]
     os.environ[PARENT_ENV] = os.environ["KFP_RUN_ID"] = ""  # the next stage runs in another pod
-    run_stage_component("validate", text, {"docs": str(docs)}, str(tmp_path / "art" / "report"),
+    run_stage_component("validate", text, {"documents": str(docs)}, str(tmp_path / "art" / "report"),
                         kfp_run_id="kfp-123")
     assert os.environ[PARENT_ENV] == first_parent
     os.environ[PARENT_ENV] = ""
@@ -59,6 +59,6 @@ def test_pods_share_one_parent_run_by_kfp_run_id(tmp_path, monkeypatch):
     bad = json.dumps(load_run_config("tiny-cpu", tiny_settings(tmp_path / "wd", corpus)
                                      + ["validate.min_rows=10000"]).to_dict())
     with pytest.raises(ValidationFailed):
-        run_stage_component("validate", bad, {"docs": str(docs)}, str(tmp_path / "art" / "report2"))
+        run_stage_component("validate", bad, {"documents": str(docs)}, str(tmp_path / "art" / "report2"))
     err = json.loads((tmp_path / "err.json").read_text())
     assert err["stage"] == "validate" and err["exit_code"] == 4 and "report" in err["message"].lower()

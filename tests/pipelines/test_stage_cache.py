@@ -66,6 +66,17 @@ def test_config_parts_hold_only_what_the_stage_reads():
     assert config_parts("train", cfg)["pack.budget"] == cfg.pack.budget
 
 
+def test_train_key_follows_the_planner_section():
+    """The planner picks the train shape (budget auto): a new plan.target_fraction must rerun train, not
+    reuse a train stage planned for another memory target (before the stage table, `plan` was left out)."""
+    cfg = load_run_config("tiny-cpu")
+    other = load_run_config("tiny-cpu", ["plan.target_fraction=0.5"])
+    assert config_parts("train", cfg) != config_parts("train", other)
+    assert config_parts("train", other)["plan"]["target_fraction"] == 0.5
+    for stage in ("ingest", "validate", "tokenize", "pack", "evaluate", "register"):
+        assert config_parts(stage, cfg) == config_parts(stage, other)
+
+
 def test_store_then_restore_gives_the_same_tree_and_stats(tmp_path):
     out = _tree(tmp_path / "out", {"model/w.bin": b"w" * 100, "train_result.json": b"{}"})
     cache = StageCache(tmp_path / "cache")
@@ -81,12 +92,12 @@ def test_store_then_restore_gives_the_same_tree_and_stats(tmp_path):
 
 @pytest.mark.parametrize("stage, inputs, expected", [
     ("ingest", {}, []),
-    ("validate", {"docs": "/a/docs"}, ["/a/docs"]),
-    ("tokenize", {"docs": "/a/docs"}, ["/a/docs"]),
+    ("validate", {"documents": "/a/docs"}, ["/a/docs"]),
+    ("tokenize", {"documents": "/a/docs"}, ["/a/docs"]),
     ("pack", {"tokens": "/a/tok"}, ["/a/tok"]),
     ("train", {"packs": "/a/packs", "tokens": "/a/tok"}, ["/a/packs", "/a/tok"]),
-    ("evaluate", {"train": "/a/train", "packs": "/a/packs"}, ["/a/train/model", "/a/packs"]),
-    ("register", {"train": "/a/train", "evaluation": "/a/ev"}, ["/a/train/model", "/a/ev", "/a/train"]),
+    ("evaluate", {"model": "/a/train", "packs": "/a/packs"}, ["/a/train/model", "/a/packs"]),
+    ("register", {"model": "/a/train", "evaluation": "/a/ev"}, ["/a/train/model", "/a/ev", "/a/train"]),
 ])
 def test_runner_args_follow_the_stage_contract(stage, inputs, expected):
     assert set(inputs) == set(STAGE_INPUTS[stage])
@@ -98,6 +109,8 @@ def test_runner_args_name_a_missing_input():
 
     with pytest.raises(MissingDataError, match=r"stage train: missing input\(s\) \['tokens'\]"):
         runner_args("train", {"packs": "/a"})
+    with pytest.raises(MissingDataError, match=r"needs \['documents'\]; got unknown \['docs'\]"):
+        runner_args("validate", {"docs": "/a"})   # the pre-table name is refused, not guessed
 
 
 def test_metadata_is_flat_scalars():

@@ -83,7 +83,7 @@ def validate_data(cfg, out_dir: str | Path) -> dict:
         os.environ[CACHE_ENV] = str(Path(cfg.workdir).resolve() / "cache")
     try:
         run_stage_component("ingest", text, {}, str(out / "ingest"))
-        stats = run_stage_component("validate", text, {"docs": str(out / "ingest")}, str(out / "validate"))
+        stats = run_stage_component("validate", text, {"documents": str(out / "ingest")}, str(out / "validate"))
     finally:
         if old is None:
             os.environ.pop(CACHE_ENV, None)

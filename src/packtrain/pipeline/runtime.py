@@ -15,11 +15,12 @@
 5. on a PacktrainError writes {"stage", "message", "exit_code"} to PACKTRAIN_ERROR_FILE (when set) so
    `packtrain run` can report it without parsing logs, then re-raises.
 
-Inputs are named; this module maps them onto the runner's positional directories:
+Inputs are named by artifact, the names of the stage table (packtrain.stages.table: the KFP components'
+parameter names); `runner_args` maps them onto the runner's positional directories:
 
-    ingest   ()                        validate ("docs",)           tokenize ("docs",)
-    pack     ("tokens",)               train    ("packs", "tokens") evaluate ("train", "packs")
-    register ("train", "evaluation")   — "train" is the train stage's output dir; its model is train/model
+    ingest   ()                        validate ("documents",)       tokenize ("documents",)
+    pack     ("tokens",)               train    ("packs", "tokens")  evaluate ("model", "packs")
+    register ("model", "evaluation")   — "model" is the train stage's output dir; its saved model is model/model
 """
 
 from __future__ import annotations
@@ -31,21 +32,15 @@ from pathlib import Path
 from typing import Any
 
 from packtrain.errors import ConfigError, MissingDataError, PacktrainError
+from packtrain.stages.table import STAGES, stage_spec
 
 CACHE_ENV = "PACKTRAIN_STAGE_CACHE_DIR"
 ERROR_ENV = "PACKTRAIN_ERROR_FILE"
 PARENT_ENV = "PACKTRAIN_PARENT_RUN_ID"
 CODE_ENV = "PACKTRAIN_CODE_VERSION"
 
-STAGE_INPUTS: dict[str, tuple[str, ...]] = {
-    "ingest": (),
-    "validate": ("docs",),
-    "tokenize": ("docs",),
-    "pack": ("tokens",),
-    "train": ("packs", "tokens"),
-    "evaluate": ("train", "packs"),
-    "register": ("train", "evaluation"),
-}
+STAGE_INPUTS: dict[str, tuple[str, ...]] = {s.name: s.inputs for s in STAGES}
+"""Artifact names each stage consumes, from the stage table: {'train': ('packs', 'tokens'), ...}."""
 
 
 def config_from_text(text: str):
@@ -62,36 +57,46 @@ def config_from_text(text: str):
 
 
 def config_parts(stage: str, cfg) -> dict[str, Any]:
-    """The config sections a stage's output depends on (its cache key and nothing else).
+    """The config a stage's output depends on: its cache key and nothing else.
 
-    train also reads pack.budget (rows × budget) and telemetry (recorded in train_result.json); register
-    depends on where the registry lives (tracking URI + experiment). With model.init_from not scratch,
-    tokenize and train also depend on what it resolves to (packtrain.model.registry_source.cache_identity:
-    the init tokenizer's hash; the registered version or the directory's fingerprint), so a new champion
-    is a cache miss and the same one a hit.
+    Exactly the sections/fields its stage-table entry declares (`StageSpec.config`, keyed by dotted path),
+    plus what no recipe field says but the output depends on:
+    - ingest: `source`, the md5 of the source directory (or the default corpus' Python installation);
+    - tokenize, train with `model.init_from` not scratch: `init`, what it resolves to
+      (packtrain.model.registry_source.cache_identity: the init tokenizer's hash; the registered version or
+      the directory's fingerprint), so a new champion is a miss and the same one a hit; train then also
+      holds its `init_config` (the step-0 evaluation's `evaluate` section);
+    - register: `tracking.resolved_uri`, where the registry really is (MLFLOW_TRACKING_URI wins), redacted
+      because the key parts are written to disk (cache entry.json); a password never changes the registry.
+
+    >>> sorted(config_parts("train", load_run_config("tiny-cpu")))
+    ['model', 'pack.budget', 'plan', 'telemetry', 'train']
     """
+    spec = stage_spec(stage)
     d = cfg.to_dict()
-    own = {"validate": ["validate"], "register": ["register"], "train": ["model", "train", "telemetry"],
-           "evaluate": ["evaluate", "model"]}.get(stage, [stage])
-    parts = {k: d[k] for k in own}
-    if stage == "train":
-        parts["pack.budget"] = d["pack"]["budget"]
+    parts: dict[str, Any] = {path: _at(d, path) for path in spec.config}
     if stage == "ingest":
-        src = cfg.ingest.source
-        parts["source"] = _source_fingerprint(src)
+        parts["source"] = _source_fingerprint(cfg.ingest.source)
     if stage in ("tokenize", "train"):
         from packtrain.model.registry_source import cache_identity
 
         init = cache_identity(cfg, stage)
         if init is not None:
             parts["init"] = init
+            parts.update({path: _at(d, path) for path in spec.init_config})
     if stage == "register":
         from packtrain.secrets import redact_uri
         from packtrain.tracking import resolve_tracking_uri
 
-        # redacted: the key parts are written to disk (cache entry.json); a password never changes the registry
-        parts["tracking"] = {"uri": redact_uri(resolve_tracking_uri(cfg)), "experiment": cfg.tracking.experiment}
+        parts["tracking.resolved_uri"] = redact_uri(resolve_tracking_uri(cfg))
     return parts
+
+
+def _at(d: dict, path: str) -> Any:
+    """`_at({"pack": {"budget": 512}}, "pack.budget")` → 512 (a stage table path into RunConfig.to_dict())."""
+    for part in path.split("."):
+        d = d[part]
+    return d
 
 
 def _source_fingerprint(src: str | None) -> str:
@@ -108,20 +113,22 @@ def _source_fingerprint(src: str | None) -> str:
 
 
 def runner_args(stage: str, inputs: dict[str, str]) -> list[Path]:
-    """Positional input directories of `run_<stage>` from the named artifact paths.
+    """Positional input directories of `run_<stage>` from the named artifact paths (`StageSpec.args`).
 
-    >>> runner_args("register", {"train": "/a/train", "evaluation": "/a/eval"})
-    [PosixPath('/a/train/model'), PosixPath('/a/eval'), PosixPath('/a/train')]
+    >>> runner_args("register", {"model": "/a/model", "evaluation": "/a/eval"})
+    [PosixPath('/a/model/model'), PosixPath('/a/eval'), PosixPath('/a/model')]
     """
-    missing = [n for n in STAGE_INPUTS[stage] if not inputs.get(n)]
+    spec = stage_spec(stage)
+    missing = [n for n in spec.inputs if not inputs.get(n)]
     if missing:
-        raise MissingDataError(f"stage {stage}: missing input(s) {missing} (needs {list(STAGE_INPUTS[stage])})")
-    p = {n: Path(inputs[n]) for n in STAGE_INPUTS[stage]}
-    if stage == "evaluate":  # run_evaluate(cfg, model_dir, packs_dir, out_dir)
-        return [p["train"] / "model", p["packs"]]
-    if stage == "register":  # run_register(cfg, model_dir, eval_dir, train_dir, out_dir)
-        return [p["train"] / "model", p["evaluation"], p["train"]]
-    return [p[n] for n in STAGE_INPUTS[stage]]
+        unknown = sorted(set(inputs) - set(spec.inputs))
+        raise MissingDataError(f"stage {stage}: missing input(s) {missing} (needs {list(spec.inputs)}"
+                               + (f"; got unknown {unknown}" if unknown else "") + ")")
+    out = []
+    for arg in spec.args:
+        name, _, sub = arg.partition("/")
+        out.append(Path(inputs[name]) / sub if sub else Path(inputs[name]))
+    return out
 
 
 def run_stage_component(stage: str, config_text: str, inputs: dict[str, str], out_dir: str, *,
@@ -175,7 +182,19 @@ def _call_runner(stage: str, cfg, args: tuple, out_dir) -> dict:
     from packtrain.stages import get_runner
 
     extra = {"resume": True} if stage == "train" else {}
-    return get_runner(stage)(cfg, *args, Path(out_dir), **extra)
+    return stats_dict(get_runner(stage)(cfg, *args, Path(out_dir), **extra))
+
+
+def stats_dict(result: Any) -> dict:
+    """A runner's result as a plain dict: typed results (packtrain.stages.results) through their `as_dict`;
+    dicts (older runners) as they are."""
+    if result is None:
+        return {}
+    if isinstance(result, dict):
+        return dict(result)
+    from packtrain.stages.results import as_dict
+
+    return as_dict(result)
 
 
 def _with_versions(stats: dict, code_version: str, data_version: str) -> dict:
@@ -230,12 +249,13 @@ def _record_error(stage: str, err: PacktrainError) -> None:
                             "type": type(err).__name__})
 
 
-def metadata_of(stats: dict) -> dict:
-    """Flat scalar view of stats for KFP artifact metadata: {'fill': 0.998, 'train.tokens_per_s': ...}."""
+def metadata_of(stats) -> dict:
+    """Flat scalar view of stats (a dict or a typed result) for KFP artifact metadata:
+    {'fill': 0.998, 'train.tokens_per_s': ...}."""
     from packtrain.config import flatten
 
     out = {}
-    for k, v in flatten(dict(stats)).items():
+    for k, v in flatten(stats_dict(stats)).items():
         if isinstance(v, bool) or isinstance(v, (int, float, str)) or v is None:
             out[k] = v
         elif isinstance(v, (list, tuple)) and len(v) <= 16 and all(isinstance(x, (int, float, str)) for x in v):
@@ -243,8 +263,9 @@ def metadata_of(stats: dict) -> dict:
     return out
 
 
-def publish_stats(stats: dict, artifact, metrics) -> str:
+def publish_stats(stats, artifact, metrics) -> str:
     """Stats → `artifact.metadata`, numeric leaves → `metrics.log_metric`; returns the stats as JSON."""
+    stats = stats_dict(stats)
     meta = metadata_of(stats)
     artifact.metadata.update(meta)
     for k, v in meta.items():

@@ -16,19 +16,20 @@ Every input and output is a directory:
     run_register(cfg, model_dir, eval_dir, train_dir, out_dir) → out_dir/register_result.json
 
 Default directories come from `packtrain.paths.RunPaths(cfg.workdir)`: <workdir>/<stage>/.
-Each runner lives in `packtrain.stages.<stage>` and is imported lazily.
+Each runner lives in `packtrain.stages.<stage>` and is imported lazily. The list of stages, their inputs and
+outputs is `packtrain.stages.table.STAGES` (the stage table).
 """
 
 from __future__ import annotations
 
-import importlib
+from packtrain.stages.table import STAGE_NAMES, STAGES, StageSpec, stage_spec
 
-STAGE_FUNCS = {s: f"run_{s}" for s in ("ingest", "validate", "tokenize", "pack", "train", "evaluate", "register")}
+STAGE_FUNCS = {s.name: s.runner for s in STAGES}
+"""{'ingest': 'run_ingest', ...}: the runner of each stage, in DAG order."""
+
+__all__ = ["STAGES", "STAGE_FUNCS", "STAGE_NAMES", "StageSpec", "get_runner", "stage_spec"]
 
 
 def get_runner(stage: str):
-    """`get_runner("pack")` → packtrain.stages.pack.run_pack."""
-    if stage not in STAGE_FUNCS:
-        raise KeyError(f"unknown stage {stage!r} (stages: {', '.join(STAGE_FUNCS)})")
-    mod = importlib.import_module(f"packtrain.stages.{stage}")
-    return getattr(mod, STAGE_FUNCS[stage])
+    """`get_runner("pack")` → packtrain.stages.pack.run_pack; an unknown stage raises KeyError naming them."""
+    return stage_spec(stage).load_runner()
