@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from packtrain.versioning import data_md5, ensure_dvc_repo, files_md5, git_rev, push
+from packtrain.versioning import data_md5, ensure_dvc_repo, files_md5, git_sha, push
 
 DVC = str(Path(sys.executable).with_name("dvc"))
 
@@ -61,7 +61,7 @@ def test_ensure_keeps_a_user_default_remote_and_git_rev_outside_git(tmp_path):
     (repo / ".dvc" / "config").write_text(text + "['remote \"s3prod\"']\n    url = s3://bucket/dvc\n")
     ensure_dvc_repo(repo, tmp_path / "rem2", remote_name="local")
     assert "remote = s3prod" in (repo / ".dvc" / "config").read_text()
-    assert git_rev(tmp_path) is None
+    assert git_sha(tmp_path) is None
 
 
 def test_data_md5_missing_path(tmp_path):
