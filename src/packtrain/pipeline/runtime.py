@@ -180,9 +180,11 @@ def _call_runner(stage: str, cfg, args: tuple, out_dir) -> dict:
     """The stage runner on the artifact dirs. `train` resumes from its own checkpoints: a retried pod (same
     output dir) continues its killed attempt instead of being refused; a fresh output dir starts at step 0."""
     from packtrain.stages import get_runner
+    from packtrain.tracking.run import with_stage_run_record
 
     extra = {"resume": True} if stage == "train" else {}
-    return stats_dict(get_runner(stage)(cfg, *args, Path(out_dir), **extra))
+    # + "mlflow_run" {run_id, tracking_uri}: a cache hit later copies that run (packtrain.tracking.restore)
+    return with_stage_run_record(stage, stats_dict(get_runner(stage)(cfg, *args, Path(out_dir), **extra)))
 
 
 def stats_dict(result: Any) -> dict:

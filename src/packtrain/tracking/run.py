@@ -42,6 +42,7 @@ STATUSES = ("FINISHED", "FAILED", "KILLED")
 _clients: dict[tuple[str, str], BufferedClient] = {}
 _clients_lock = threading.Lock()
 _pipeline_clients: dict[str, BufferedClient] = {}
+_stage_runs: dict[str, tuple[BufferedClient, str]] = {}   # stage → (client, run id) of its newest run here
 
 
 def set_fluent_tracking_uri(uri: str) -> None:
@@ -306,6 +307,29 @@ def end_pipeline_run(run_id: str | None, status: str = "FINISHED", cfg: RunConfi
         del os.environ[PARENT_ENV]
 
 
+def stage_run_record(stage: str) -> dict | None:
+    """{"run_id", "tracking_uri" (redacted)} of the newest `stage_run(stage, ...)` opened in this process, or
+    None (tracking off, rank ≠ 0, or the run happened in another process). A `pending-...` id while the run
+    waits in the buffer. The stage cache keeps it as the origin a cache hit copies (packtrain.tracking.restore).
+    """
+    if stage not in _stage_runs:
+        return None
+    client, run_id = _stage_runs[stage]
+    return {"run_id": client.resolve(run_id), "tracking_uri": client.shown_uri}
+
+
+def with_stage_run_record(stage: str, stats: Any) -> Any:
+    """`stats` (a dict) + {"mlflow_run": stage_run_record(stage)} when the stage opened a run here.
+
+    >>> # with_stage_run_record("pack", {"fill": 0.99})
+    >>> # → {"fill": 0.99, "mlflow_run": {"run_id": "3f2a…", "tracking_uri": "sqlite:////abs/data/mlflow.db"}}
+    """
+    rec = stage_run_record(stage)
+    if rec is None or not isinstance(stats, dict):
+        return stats
+    return {**stats, "mlflow_run": rec}
+
+
 @contextlib.contextmanager
 def stage_run(stage: str, cfg: RunConfig, section: Any = None, tags: Mapping[str, Any] | None = None
               ) -> Iterator[StageRun]:
@@ -327,6 +351,7 @@ def stage_run(stage: str, cfg: RunConfig, section: Any = None, tags: Mapping[str
     if parent:
         run_tags["mlflow.parentRunId"] = client.resolve(parent)
     run_id = client.create_run(cfg.tracking.experiment, stage, run_tags)
+    _stage_runs[stage] = (client, run_id)
     handle = StageRun(client, run_id, stage, cfg.tracking.flush_interval_s)
     fluent = monitor = None
     if not run_id.startswith(PENDING):
