@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
 import yaml
 from pydantic import (
@@ -43,6 +43,11 @@ class StrictModel(BaseModel):
     Field docstrings become field descriptions (quoted in error messages)."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=True, use_attribute_docstrings=True)
+
+    moved_fields: ClassVar[dict[str, str]] = {}
+    """Keys this section no longer has → the dotted field that replaced them: a recipe or `--set` still
+    using one fails at load time naming the replacement (format_validation_error), e.g.
+    `pipeline.gpus: removed: set train.gpus instead — data-parallel processes on one node, one per GPU`."""
 
 
 # ---- shared value types: every config field uses one of these (or Literal / bool) ----------------------------

@@ -151,6 +151,11 @@ def format_validation_error(err: ValidationError, model: type[BaseModel], origin
         path, target, field = _resolve(model, loc)
         if e["type"] == "extra_forbidden":
             path = ".".join(str(p) for p in e["loc"])
+            moved = _moved_to(model, e["loc"])
+            if moved:
+                lines.append(f"{_origin(path, keys, origin)}: {path}: removed: set {moved[0]} instead"
+                             + (f" — {moved[1]}" if moved[1] else ""))
+                continue
             allowed = _allowed_keys(model, e["loc"][:-1])
             lines.append(f"{_origin(path, keys, origin)}: {path}: unknown key (allowed: {', '.join(allowed)})")
             continue
@@ -260,6 +265,21 @@ def _hint(field: FieldInfo | None) -> str:
     text = " ".join(field.description.split())
     first = re.split(r"(?<=[^.\s]{2})\. ", text, maxsplit=1)[0].rstrip(".")
     return first if len(first) <= 120 else ""
+
+
+def _moved_to(model: type[BaseModel], loc: tuple) -> tuple[str, str] | None:
+    """('train.gpus', <its doc's first sentence>) when the unknown key at `loc` is one its section lists in
+    `moved_fields` (StrictModel), else None."""
+    path, section, _ = _resolve(model, loc[:-1])
+    if path != ".".join(str(p) for p in loc[:-1]) or not (isinstance(section, type) and
+                                                           issubclass(section, BaseModel)):
+        return None
+    new = getattr(section, "moved_fields", {}).get(str(loc[-1]))
+    if not new:
+        return None
+    new_path, _, field = _resolve(model, tuple(new.split(".")))
+    hint = _hint(field) if new_path == new else ""
+    return new, hint
 
 
 def _allowed_keys(model: type[BaseModel], loc: tuple) -> list[str]:
