@@ -1,7 +1,9 @@
 """The train stage: `loop.train(...) -> TrainResult` and the techniques it applies.
 
     loop.py             train(): the loop (one screen); TrainResult
-    session.py          TrainSession: setup in order, per-step records, checkpoints, final save
+    session.py          TrainSession: its parts built in order, per-step records, checks, final save
+    parts.py            DataParts, ModelParts, Telemetry: declared fields (slots) + one builder each
+    resume.py           Checkpointing: restore (resume / refuse / overwrite) and each checkpoint save
     runtime.py          ranks/devices, micro-batch shape (budget None | int | auto), TorchStepper, OOM error
     techniques.py       activation checkpointing, compile (+ recompile counter), AMP, AdamW, LR schedule
     loss.py             standard / chunked LM loss on packed batches

@@ -1,4 +1,4 @@
-"""`train(...)`: the training loop over packed micro-batches. Setup lives in `session.TrainSession`.
+"""`train(...)`: the training loop over packed micro-batches. Setup lives in `session.TrainSession` (parts.py).
 
 One optimizer step = `grad_accum` micro-batches of fixed shape (1, rows·budget). The loss of each micro-batch
 is its token-loss sum divided by the label tokens of the whole window on all ranks (÷W more, since DDP and
@@ -12,9 +12,17 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from packtrain.faults import active
+
+if TYPE_CHECKING:
+    import torch
+
+    from packtrain.packing.batches import PackedBatch
+    from packtrain.train.parts import ModelParts
+    from packtrain.train.runtime import StepInfo
+    from packtrain.train.session import TrainSession
 
 
 @dataclass
@@ -66,73 +74,89 @@ def train(model_cfg, train_cfg, pack_cfg, telemetry_cfg, packs_dir, tokenizer_di
     import torch
     from tqdm import tqdm
 
-    from packtrain.model.attention import model_inputs
-    from packtrain.packing.batches import token_mean_loss
     from packtrain.train.session import TrainSession
 
     t_start = time.perf_counter()
     with TrainSession(model_cfg, train_cfg, pack_cfg, telemetry_cfg, packs_dir, tokenizer_dir, out_dir,
                       tracker, plan_cfg) as s:
+        m, ga, world = s.parts, s.data.shape.grad_accum, s.dist.world_size
         start = s.restore(resume, overwrite)
-        ga, world, compiled = s.shape.grad_accum, s.dist.world_size, train_cfg.compile
-        batches = s.batches()
-        s.last_step_end = time.perf_counter()
+        batches = s.data.start(s.device)
+        last_end = time.perf_counter()     # when the previous step's numbers reached the host
         bar = tqdm(total=train_cfg.max_steps, initial=start, desc="train", unit="step", file=sys.stderr,
                    disable=not s.dist.is_main, dynamic_ncols=True)
         t_loop = time.perf_counter()
         # One step behind on CUDA without a loss scaler: the host reads step t's loss/grad norm only after it
         # has queued step t+1, so the GPU never idles on a per-step `.item()` (NVML util 94% → 99%). Over
         # several GPUs the sums over ranks are host all-reduces (gloo), which do not drain the GPU either.
-        deferred = s.device.type == "cuda" and s.stepper_is_async()
-        pending = None
+        deferred = s.device.type == "cuda" and m.step_is_async()
+        pending: StepDone | None = None
         for step in range(start + 1, train_cfg.max_steps + 1):
             t0 = time.perf_counter()
             window = [next(batches) for _ in range(ga)]                     # ga × (1, rows·budget)
             data_wait = time.perf_counter() - t0
             n_labels = s.global_sum(sum(b.n_label_tokens for b in window))  # window label tokens, all ranks
-            lr = s.scheduler.get_last_lr()[0]
-            loss_sum = torch.zeros((), device=s.device)
+            lr = m.scheduler.get_last_lr()[0]
             try:
-                for i, b in enumerate(window):
-                    b = b.to(s.device)
-                    with s.autocast():
-                        ls = s.module(labels=b.labels, **model_inputs(b, s.backend, compiled))   # fp32 scalar
-                    s.stepper.backward(token_mean_loss(ls, n_labels / world), last=i == ga - 1)
-                    loss_sum += ls.detach()
-                info = s.stepper.step()
+                loss_sum, info = run_step(m, window, n_labels / world, s.device, train_cfg.compile)
             except torch.OutOfMemoryError as e:
                 raise s.oom(step) from e
             if not info.skipped:
-                s.scheduler.step()
+                m.scheduler.step()
             done = StepDone(step, window, n_labels, loss_sum, lr, info, data_wait, s.device if deferred else None)
             if pending is not None:
-                _finish(s, bar, pending, world)
+                last_end = _finish(s, bar, pending, world, last_end)
             pending = done
             if not deferred or s.checkpoint_due(step) or step == train_cfg.max_steps:
-                _finish(s, bar, pending, world)
+                last_end = _finish(s, bar, pending, world, last_end)
                 pending = None
             if s.checkpoint_due(step):
                 s.save_checkpoint(step)
-                s.last_step_end = time.perf_counter()   # saving is not part of the next step's time
+                last_end = time.perf_counter()   # saving is not part of the next step's time
         bar.close()
         train_s = time.perf_counter() - t_loop
         s.end_steady_state()
-        if s.last_ckpt is None or not s.last_ckpt.name.endswith(f"{train_cfg.max_steps:06d}"):
+        last = s.checkpoints.last
+        if last is None or not last.name.endswith(f"{train_cfg.max_steps:06d}"):
             s.check_finite_weights(train_cfg.max_steps)   # (a checkpoint at the last step checked them already)
         t_save = time.perf_counter()
         model_dir = s.save_model()
         return _result(s, start, train_s, time.perf_counter() - t_save, time.perf_counter() - t_start, model_dir)
 
 
+def run_step(m: ModelParts, window: list[PackedBatch], label_divisor: float, device: torch.device,
+             compiled: bool) -> tuple[torch.Tensor, StepInfo]:
+    """Forward + backward over the window's micro-batches, then one optimizer step. Returns the window's loss
+    sum (a 0-d tensor on `device`, not synced) and the step's info."""
+    import torch
+
+    from packtrain.model.attention import model_inputs
+    from packtrain.packing.batches import token_mean_loss
+
+    loss_sum = torch.zeros((), device=device)
+    for i, b in enumerate(window):
+        b = b.to(device)
+        with m.autocast():
+            ls = m.module(labels=b.labels, **model_inputs(b, m.backend, compiled))   # fp32 scalar
+        m.stepper.backward(token_mean_loss(ls, label_divisor), last=i == len(window) - 1)
+        loss_sum += ls.detach()
+    return loss_sum, m.stepper.step()
+
+
 class StepDone:
     """A step whose kernels are queued: its loss sum and grad norm stay on the GPU until `_finish` reads them
     (through a pinned copy + event when deferred, so the read waits for this step only, not the next)."""
 
-    def __init__(self, step, window, n_labels, loss_sum, lr, info, data_wait, device):
+    __slots__ = ("step", "window", "n_labels", "lr", "info", "data_wait", "loss_sum", "event", "host")
+
+    def __init__(self, step: int, window: list[PackedBatch], n_labels: float, loss_sum: torch.Tensor, lr: float,
+                 info: StepInfo, data_wait: float, device: torch.device | None) -> None:
         import torch
 
         self.step, self.window, self.n_labels, self.lr, self.info = step, window, n_labels, lr, info
-        self.data_wait, self.loss_sum, self.event = data_wait, loss_sum, None
+        self.data_wait, self.loss_sum = data_wait, loss_sum
+        self.event: torch.cuda.Event | None = None
+        self.host: torch.Tensor | None = None
         if device is not None:
             norm = info.grad_norm if isinstance(info.grad_norm, torch.Tensor) else None
             vals = torch.stack([loss_sum.float(), norm.float() if norm is not None else loss_sum.float()])
@@ -144,7 +168,7 @@ class StepDone:
     def values(self) -> tuple[float, float | None]:
         import torch
 
-        if self.event is not None:
+        if self.event is not None and self.host is not None:
             self.event.synchronize()
             loss_sum, norm = float(self.host[0]), float(self.host[1])
             return loss_sum, (norm if isinstance(self.info.grad_norm, torch.Tensor) else self.info.grad_norm)
@@ -152,12 +176,12 @@ class StepDone:
         return float(self.loss_sum.item()), (float(g) if g is not None else None)
 
 
-def _finish(s, bar, d: StepDone, world: int) -> None:
-    """Read a step's numbers on the host and record them. The step time is the time between the host seeing
-    consecutive steps complete, which in steady state is the GPU's step time."""
+def _finish(s: TrainSession, bar: Any, d: StepDone, world: int, last_end: float) -> float:
+    """Read a step's numbers on the host and record them; returns when that happened. The step time is the time
+    between the host seeing consecutive steps complete, which in steady state is the GPU's step time."""
     loss_sum, norm = d.values()
     now = time.perf_counter()
-    step_time, s.last_step_end = now - s.last_step_end, now
+    step_time = now - last_end
     d.info.grad_norm = norm
     loss = s.global_sum(loss_sum) / max(d.n_labels, 1)
     if active(f"train.nan_loss@{d.step}"):   # fault-injection test hook (packtrain.faults)
@@ -166,12 +190,14 @@ def _finish(s, bar, d: StepDone, world: int) -> None:
     m = s.record(d.step, d.window, d.n_labels, loss, d.lr, d.info, step_time, d.data_wait)
     bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{m['real_tokens_per_s'] * world:,.0f}")
     bar.update(1)
+    return now
 
 
-def _result(s, start: int, train_s: float, save_s: float, total_s: float, model_dir: Path | None) -> TrainResult:
+def _result(s: TrainSession, start: int, train_s: float, save_s: float, total_s: float,
+            model_dir: Path | None) -> TrainResult:
     report, memory, system = s.telemetry_report()
-    h = s.history
-    cfg = s.cfg
+    h, cfg, m, shape, c = s.checkpoints.history, s.cfg, s.parts, s.data.shape, s.checkpoints
+    counter = m.compile_counter
     return TrainResult(
         steps=len(h), start_step=start,
         tokens=sum(x["real_tokens"] for x in h), label_tokens=sum(x["label_tokens"] for x in h),
@@ -179,21 +205,21 @@ def _result(s, start: int, train_s: float, save_s: float, total_s: float, model_
         final_loss=h[-1]["loss"] if h else None,
         loss_curve=[x["loss"] for x in h], lr_curve=[x["lr"] for x in h],
         skipped_steps=sum(bool(x["skipped"]) for x in h),
-        compiles=s.compile_counter.compiles if s.compile_counter else None,
-        recompiles=s.compile_counter.recompiles if s.compile_counter else None,
+        compiles=counter.compiles if counter else None,
+        recompiles=counter.recompiles if counter else None,
         timings={**s.timings, "train_s": train_s, "save_s": save_s, "total_s": total_s},
-        throughput=s.meter.summary(), memory=memory, system=system,
+        throughput=s.telemetry.meter.summary(), memory=memory, system=system,
         violations=list(report.violations) if report else [],
         telemetry_files=[str(f) for f in report.files] if report else [],
-        setup={"attention": s.backend, "precision": cfg.precision, "engine": cfg.engine,
-               "device": str(s.device), "rows": s.shape.rows, "budget": s.shape.budget,
-               "tokens_per_micro_batch": s.shape.tokens, "grad_accum": s.shape.grad_accum,
-               "budget_source": s.shape.source, "world_size": s.dist.world_size,
-               "activation_checkpointing": cfg.activation_checkpointing, "checkpointed_layers": len(s.ac_layers),
+        setup={"attention": m.backend, "precision": cfg.precision, "engine": cfg.engine,
+               "device": str(s.device), "rows": shape.rows, "budget": shape.budget,
+               "tokens_per_micro_batch": shape.tokens, "grad_accum": shape.grad_accum,
+               "rows_source": shape.source, "world_size": s.dist.world_size,
+               "activation_checkpointing": cfg.activation_checkpointing, "checkpointed_layers": len(m.ac_layers),
                "compile": cfg.compile, "loss": cfg.loss, "allocator_expandable_segments": s.allocator_env,
-               "resumed_from": s.resumed_from},
-        params=s.params.to_dict(),
+               "resumed_from": c.resumed_from},
+        params=m.params.to_dict(),
         model_dir=str(model_dir) if model_dir else None,
-        checkpoint=str(s.last_ckpt) if s.last_ckpt else None,
+        checkpoint=str(c.last) if c.last else None,
         history=h, report=report,
     )

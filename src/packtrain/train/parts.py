@@ -1,0 +1,214 @@
+"""The built parts a `TrainSession` holds, each a dataclass with declared fields and one small builder.
+
+    DataParts   pack store → micro-batch shape → PackedLoader (+ the loop's batch iterator)
+    ModelParts  attention backend → model (meta init) → loss wrapper → activation checkpointing → compile
+                → optimizer + LR schedule → engine (torch/DDP or DeepSpeed: sharding last)
+    Telemetry   ThroughputMeter + peak FLOP/s + SystemSampler (rank 0) and the steady-state window
+
+Build order matters for numerics: the loader and the model draw from RNGs seeded by the session just before,
+so `TrainSession.__init__` builds data, then model, then telemetry — the order of the single `__init__` this
+replaced (a bit-identical loss curve on CPU is tested in tests/stages/test_train_stage.py).
+Heavy libraries (torch, transformers, deepspeed) are imported inside the builders.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from packtrain.train.runtime import DistInfo, Shape, choose_shape
+
+if TYPE_CHECKING:
+    import torch
+
+    from packtrain.config import ModelConfig, PlanConfig, TelemetryConfig, TrainConfig
+    from packtrain.model.build import ParamCount
+    from packtrain.packing.batches import PackedBatch, PackedLoader
+    from packtrain.telemetry.meter import ThroughputMeter
+    from packtrain.telemetry.sampler import SystemSampler
+    from packtrain.train.deepspeed_engine import DeepSpeedStepper
+    from packtrain.train.runtime import TorchStepper
+    from packtrain.train.techniques import CompileCounter
+
+
+# ---------------------------------------------------------------------------------------------------- data
+@dataclass(slots=True)
+class DataParts:
+    """The packed training split as the loop sees it: fixed-shape micro-batches of `shape.rows` packs."""
+
+    vocab_size: int
+    pad_id: int | None
+    eos_id: int | None
+    shape: Shape                       # rows × budget per micro-batch, grad_accum (runtime.choose_shape)
+    loader: PackedLoader
+    batches: Iterator[PackedBatch] | None = None   # set by start(): a Prefetcher on CUDA, iter(loader) on CPU
+
+    def start(self, device: torch.device) -> Iterator[PackedBatch]:
+        """The micro-batch iterator: prefetched in a thread on CUDA (collate + pin overlap the GPU's step),
+        the loader itself on CPU (nothing to overlap with)."""
+        from packtrain.train.runtime import Prefetcher
+
+        self.batches = Prefetcher(self.loader) if device.type == "cuda" else iter(self.loader)
+        return self.batches
+
+    def loader_state(self) -> dict:
+        """Loader position after the last batch the loop consumed (not the prefetch thread's position)."""
+        b = self.batches
+        return b.state_dict() if hasattr(b, "state_dict") else self.loader.state_dict()
+
+    def close(self) -> None:
+        """Stop the prefetch thread, if any (idempotent)."""
+        close = getattr(self.batches, "close", None)
+        if close is not None:
+            close()
+
+
+def build_data_parts(split: Path, model_cfg: ModelConfig, train_cfg: TrainConfig, plan_cfg: PlanConfig | None,
+                     dist: DistInfo, device: torch.device) -> DataParts:
+    """`split` = packs_dir/train → its shape (budget from the store, rows from train/plan) and this rank's loader."""
+    from packtrain.packing.batches import PackedLoader
+    from packtrain.packing.store import PackStore
+
+    store = PackStore.open(split, verify=False)
+    vocab_size = int(store.meta["vocab_size"])
+    shape = choose_shape(model_cfg, train_cfg, store.budget, plan_cfg, vocab_size, gpus=dist.world_size,
+                         device=device)
+    loader = PackedLoader(split, rows=shape.rows, seed=train_cfg.seed, rank=dist.rank,
+                          world_size=dist.world_size, pin_memory=device.type == "cuda")
+    return DataParts(vocab_size, store.meta.get("pad_id"), store.meta.get("eos_id"), shape, loader)
+
+
+# ---------------------------------------------------------------------------------------------------- model
+@dataclass(slots=True)
+class ModelParts:
+    """The model and everything that updates it."""
+
+    backend: str                       # attention backend: sdpa | varlen | flex | eager
+    model: Any                         # the transformers CausalLM (parameters in fp32)
+    module: Any                        # what the loop calls: the loss wrapper, DDP- or DeepSpeed-wrapped
+    params: ParamCount
+    flop_dims: dict[str, Any]          # layers, attention width, windows of the family (telemetry.mfu)
+    ac_layers: list[int]               # decoder layers under activation checkpointing
+    compile_counter: CompileCounter | None   # None: compile off
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LambdaLR
+    stepper: TorchStepper | DeepSpeedStepper
+    autocast: Callable[[], contextlib.AbstractContextManager[Any]]
+
+    def step_is_async(self) -> bool:
+        """True when a step needs no host sync (plain torch engine, no fp16 loss scaler): the loop may then
+        read each step's numbers one step late."""
+        from packtrain.train.runtime import TorchStepper
+
+        return isinstance(self.stepper, TorchStepper) and self.stepper.scaler is None
+
+
+def build_model_parts(model_cfg: ModelConfig, train_cfg: TrainConfig, data: DataParts, dist: DistInfo,
+                      device: torch.device, out_dir: Path, undo: contextlib.ExitStack) -> ModelParts:
+    """Model → loss wrapper → activation checkpointing → compile → optimizer/schedule → engine. `undo` gets the
+    compile counter's stop, so a setup that fails later leaves no counter running."""
+    import torch
+
+    from packtrain.model.attention import resolve_attention
+    from packtrain.model.build import build_model, count_params
+    from packtrain.telemetry.mfu import model_flop_dims
+    from packtrain.train import techniques as tq
+    from packtrain.train.loss import packed_causal_lm
+
+    backend = resolve_attention(train_cfg.attention, device, train_cfg.precision)
+    model = build_model(model_cfg, data.vocab_size, backend, device, torch.float32, pad_token_id=data.pad_id,
+                        eos_token_id=data.eos_id, training=True)   # any family: model.init_from (model.families)
+    params = count_params(model)
+    flop_dims = model_flop_dims(model.config)
+    module = packed_causal_lm(model, train_cfg.loss, train_cfg.loss_chunk_tokens)
+    # Order: activation checkpointing, then compile, then sharding (DDP/DeepSpeed) — techniques.py says why.
+    ac_layers = tq.apply_activation_checkpointing(model, train_cfg)
+    counter = tq.apply_compile(model, train_cfg)
+    if counter is not None:
+        undo.callback(counter.stop)
+    optimizer = tq.build_optimizer(model, train_cfg, device.type)
+    scheduler = tq.build_scheduler(optimizer, train_cfg)
+    stepper: TorchStepper | DeepSpeedStepper
+    autocast: Callable[[], contextlib.AbstractContextManager[Any]]
+    if train_cfg.engine == "deepspeed":
+        from packtrain.train.deepspeed_engine import DeepSpeedStepper
+
+        stepper = DeepSpeedStepper(module, optimizer, train_cfg, device, dist.world_size, data.shape.rows,
+                                   data.shape.grad_accum, out_dir)
+        autocast = contextlib.nullcontext   # DeepSpeed casts the module to bf16/fp16 itself
+    else:
+        from packtrain.train.runtime import TorchStepper
+
+        scaler = tq.make_grad_scaler(train_cfg.precision, device.type)
+        stepper = TorchStepper(module, optimizer, scaler, train_cfg, dist, device)
+
+        def autocast() -> contextlib.AbstractContextManager[Any]:
+            return tq.autocast(train_cfg.precision, device.type)
+    return ModelParts(backend, model, stepper.module, params, flop_dims, ac_layers, counter, optimizer, scheduler,
+                      stepper, autocast)
+
+
+# ---------------------------------------------------------------------------------------------------- telemetry
+@dataclass(slots=True)
+class Telemetry:
+    """Per-step throughput/MFU (every rank) and system sampling (rank 0) over the steady state."""
+
+    cfg: TelemetryConfig
+    meter: ThroughputMeter
+    peak: float                        # peak FLOP/s of this device at the run's precision
+    flop_dims: dict[str, Any]
+    non_embedding: int                 # N of 6·N FLOPs per token
+    sampler: SystemSampler | None      # rank 0 only; None when psutil/nvidia-ml-py are missing
+    steady_since: float = 0.0          # sampler clock at the end of the warm-up steps
+    steady_until: float | None = None  # ... and at the last training step (the final save is not counted)
+
+    def window_flops(self, window: list[PackedBatch]) -> tuple[float, float]:
+        """(useful, dense) FLOPs of one optimizer step's micro-batches, from the built model's own shape."""
+        from packtrain.telemetry.mfu import step_flops
+
+        f, useful, dense = self.flop_dims, 0.0, 0.0
+        for b in window:
+            u, d = step_flops(self.non_embedding, f["n_layers"], f["hidden_size"], b.seq_lens, b.rows * b.budget,
+                              b.budget, f["vocab_size"], attn_width=f["attn_width"], windows=f["windows"])
+            useful, dense = useful + u, dense + d
+        return useful, dense
+
+    def measure(self, step: int, window: list[PackedBatch], step_time: float, data_wait: float, real: int,
+                slot: int) -> dict:
+        """Meter one optimizer step (this rank: per-GPU numbers) → the metrics dict the tracker logs."""
+        useful, dense = self.window_flops(window)
+        return self.meter.record(step, step_time, data_wait, real, slot, useful, dense, self.peak)
+
+    def mark(self, step: int, start_step: int) -> None:
+        """The sampler's steady window: from the end of the warm-up steps to the last step recorded."""
+        if self.sampler is not None:
+            if step == start_step + self.cfg.warmup_steps:
+                self.steady_since = self.sampler.elapsed()
+            self.steady_until = self.sampler.elapsed()
+
+    def stop(self) -> None:
+        """Stop sampling (idempotent)."""
+        if self.sampler is not None:
+            self.sampler.stop()
+
+
+def build_telemetry(cfg: TelemetryConfig, precision: str, parts: ModelParts, dist: DistInfo,
+                    device: torch.device) -> Telemetry:
+    from packtrain.telemetry.meter import ThroughputMeter
+    from packtrain.telemetry.mfu import device_name, peak_flops
+    from packtrain.telemetry.sampler import SystemSampler
+
+    meter = ThroughputMeter(cfg.warmup_steps)
+    peak = peak_flops(device_name(device), precision if device.type == "cuda" else "fp32", cfg.peak_tflops)
+    sampler = None
+    if dist.is_main:
+        gpus = list(range(dist.local_world_size)) if device.type == "cuda" else None   # this node's GPUs
+        try:
+            sampler = SystemSampler(cfg.interval_s, gpu_indices=gpus).start()
+        except ImportError as e:   # neither nvidia-ml-py nor psutil installed: train without sampling
+            warnings.warn(f"system sampling off: {e}", RuntimeWarning, stacklevel=2)
+    return Telemetry(cfg, meter, peak, parts.flop_dims, parts.params.non_embedding, sampler)

@@ -1,0 +1,153 @@
+"""The checkpointing part of a `TrainSession`: where a run starts (`restore`) and each save (`save_checkpoint`).
+
+    Checkpointing   checkpoints/ root, train_log.jsonl, the per-step history, start step, the newest checkpoint
+
+Nothing is deleted implicitly: `--resume` falls back past checkpoints that fail verification (quarantined by
+checkpoint.py), a fresh run into a directory with checkpoints is refused unless `--overwrite`, and a killed
+run's train_log.jsonl with steps past the restart point is kept as train_log.before-resume-<step>.jsonl.
+Rank 0 decides and touches the files; every rank gets the decision (or the same error) by broadcast.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from packtrain.errors import ConfigError, PacktrainError
+from packtrain.train import checkpoint as ckpt
+from packtrain.train.runtime import DistInfo, barrier, broadcast_object
+
+if TYPE_CHECKING:
+    from packtrain.train.session import TrainSession
+
+T = TypeVar("T")
+
+
+@dataclass(slots=True)
+class Checkpointing:
+    """What checkpoints and train_log.jsonl hold about this run, and where they are."""
+
+    root: Path                          # out_dir/checkpoints
+    log_path: Path                      # out_dir/train_log.jsonl: one line per optimizer step
+    history: list[dict[str, Any]] = field(default_factory=list)   # the same records (saved in each checkpoint)
+    start_step: int = 0                 # 0, or the step of the checkpoint this run resumed from
+    resumed_from: int | None = None
+    last: Path | None = None            # the newest checkpoint this run saved or resumed from
+
+    @classmethod
+    def under(cls, out_dir: Path) -> Checkpointing:
+        return cls(out_dir / "checkpoints", out_dir / "train_log.jsonl")
+
+
+def restore(s: TrainSession, resume: bool, overwrite: bool = False) -> int:
+    """Where this run starts; returns the first step. Nothing is deleted implicitly:
+
+    - resume: the newest checkpoint that verifies (broken newer ones are quarantined and named); no
+      checkpoint at all → step 0;
+    - fresh (no resume) into a directory that holds checkpoints: refused (ConfigError, exit 2) unless
+      `overwrite`, which removes them and train_log.jsonl, saying so.
+    """
+    c = s.checkpoints
+    if resume:
+        return _resume(s)
+
+    def decide() -> None:
+        found = ckpt.existing_run(c.root)
+        if found and not overwrite:
+            steps = ", ".join(p.name for p in found[:6]) + (" ..." if len(found) > 6 else "")
+            raise ConfigError(f"{c.root} already holds {len(found)} checkpoint(s) ({steps}) from an "
+                              "earlier run: pass --resume to continue it, or --overwrite to delete them and start "
+                              "from step 0 (or train into another --out)")
+        if found:
+            print(f"--overwrite: removing {len(found)} checkpoint(s) under {c.root}", file=sys.stderr)
+            shutil.rmtree(c.root, ignore_errors=True)
+        keep_old_log(c.log_path, 0)   # a log without checkpoints (killed before the first save) is kept, renamed
+
+    on_main(s.dist, c.root, decide)
+    return 0
+
+
+def on_main(dist: DistInfo, root: Path, fn: Callable[[], T]) -> T:
+    """Run `fn` on rank 0 and hand its result — or its PacktrainError/OSError, as the same PacktrainError —
+    to every rank, so no rank is left waiting in a collective while rank 0 has failed."""
+    out, err = None, None
+    if dist.is_main:
+        try:
+            out = fn()
+        except PacktrainError as e:
+            err = (type(e).__name__, str(e), e.exit_code)
+        except OSError as e:
+            err = ("PacktrainError", f"checkpoints under {root}: {e}", 1)
+    out, err = broadcast_object((out, err), dist)
+    if err:
+        name, msg, code = err
+        cls = {"ConfigError": ConfigError}.get(name, PacktrainError)
+        raise cls(msg, exit_code=code)
+    return out   # type: ignore[return-value]  # rank 0's fn() result, broadcast
+
+
+def _resume(s: TrainSession) -> int:
+    c, m = s.checkpoints, s.parts
+    path = on_main(s.dist, c.root, lambda: ckpt.find_latest_checkpoint(c.root, quarantine=True))
+    if path is None:
+        kept = c.root / ckpt.QUARANTINE
+        note = f" (quarantined checkpoints kept in {kept})" if kept.is_dir() else ""
+        warnings.warn(f"--resume: no valid checkpoint under {c.root}{note}; starting from step 0",
+                      RuntimeWarning, stacklevel=4)
+        if s.dist.is_main:
+            keep_old_log(c.log_path, 0)
+        barrier(s.dist)
+        return 0
+    m.stepper.load(path)
+    state = ckpt.read_state(path)
+    m.scheduler.load_state_dict(state["scheduler"])
+    m.stepper.load_scaler_state(state.get("scaler"))
+    s.data.loader.load_state_dict(state["loader"])
+    c.history = list(state["history"])
+    c.start_step = c.resumed_from = int(state["step"])
+    c.last = path
+    if s.dist.is_main:   # the log may hold steps past the checkpoint from the killed run
+        keep_old_log(c.log_path, c.start_step)
+        c.log_path.write_text("".join(json.dumps(h) + "\n" for h in c.history))
+    print(f"resumed from {path} (step {c.start_step})", file=sys.stderr)
+    return c.start_step
+
+
+def keep_old_log(log_path: Path, step: int) -> None:
+    """The killed run's train_log.jsonl, when it holds steps past `step`, is kept as
+    train_log.before-resume-<step>[-k].jsonl (the resumed run recomputes those steps)."""
+    if not log_path.exists() or log_path.stat().st_size == 0:
+        return
+    dst, k = log_path.with_name(f"train_log.before-resume-{step}.jsonl"), 1
+    while dst.exists():
+        k += 1
+        dst = log_path.with_name(f"train_log.before-resume-{step}-{k}.jsonl")
+    log_path.rename(dst)
+
+
+def save_checkpoint(s: TrainSession, step: int) -> None:
+    """Checkpoint `step` (atomic, verified on resume) after checking the weights are finite, so the newest
+    checkpoint is always one training can continue from; then the retention policy (checkpoint.py)."""
+    t0 = time.perf_counter()
+    c, m, cfg = s.checkpoints, s.parts, s.cfg.checkpoint
+    s.check_finite_weights(step)
+    tmp = ckpt.begin_checkpoint(c.root, step) if s.dist.is_main else None
+    barrier(s.dist)
+    tmp = tmp or c.root / f".tmp-{ckpt.step_dir_name(step)}"
+    if s.cfg.engine == "deepspeed" or s.dist.is_main:   # every rank writes its DeepSpeed shard
+        m.stepper.save(tmp)
+    barrier(s.dist)
+    if s.dist.is_main:
+        state = {"scheduler": m.scheduler.state_dict(), "scaler": m.stepper.scaler_state(),
+                 "loader": s.data.loader_state(), "history": c.history}
+        prev = int(c.last.name.split("_")[1]) if c.last else 0
+        c.last = ckpt.commit_checkpoint(c.root, tmp, step, state, cfg.keep_last, cfg.keep_best, after_step=prev)
+    barrier(s.dist)
+    s.timings["checkpoint_s"] += time.perf_counter() - t0
