@@ -5,4 +5,7 @@ adapters (CLI, KFP component, DVC stage, Airflow task) that share one stage name
 """
 
 __version__ = "0.1.0"
-STAGES = ("ingest", "validate", "tokenize", "pack", "train", "evaluate", "register")
+
+from packtrain.stages.table import STAGE_NAMES as STAGES  # noqa: E402  (the stage table: packtrain.stages.table)
+
+__all__ = ["STAGES", "__version__"]

@@ -10,7 +10,7 @@ from pipeline_helpers import run_cli
 
 from packtrain.errors import MissingDataError
 from packtrain.pipeline.dvc_export import export_stage, numeric_tree
-from packtrain.pipeline.summary import build_summary, format_summary, mlflow_ui_command, pick
+from packtrain.pipeline.summary import FIELDS, LINES, build_summary, format_summary, mlflow_ui_command, pick
 
 STAGES = {
     "pack": {"budget": 512, "fill": 0.9972, "train": {"fill": 0.9972}, "eval": {"fill": 0.99}},
@@ -22,14 +22,32 @@ STAGES = {
 }
 
 
-@pytest.mark.parametrize("stats, cands, expected", [
-    ({"fill": 1.0}, ("fill",), 1.0),
-    ({"train": {"fill": 0.5}}, ("fill",), 0.5),                 # suffix match on a nested key
-    ({"a": {"x": 1}, "x": 2}, ("x",), 2),                        # exact key wins over suffix
-    ({"y": 1}, ("x",), None),
+@pytest.mark.parametrize("stats, key, expected", [
+    ({"fill": 1.0}, "fill", 1.0),
+    ({"train": {"fill": 0.5}}, "train.fill", 0.5),
+    ({"train": {"fill": 0.5}}, "fill", None),                  # no suffix guessing: the declared key or nothing
+    ({"tokens_per_sec": 3}, "tokens_per_s", None),             # nor aliases
+    ({"y": 1}, "y.z", None),
 ])
-def test_pick(stats, cands, expected):
-    assert pick(stats, cands) == expected
+def test_pick_reads_the_declared_key_only(stats, key, expected):
+    assert pick(stats, key) == expected
+
+
+def test_summary_fields_are_keys_the_typed_results_declare():
+    """Every summary number names a field of its stage's result class (packtrain.stages.results)."""
+    import dataclasses
+
+    from packtrain.stages.table import stage_spec
+
+    for field, (stage, key) in FIELDS.items():
+        declared = {f.name for f in dataclasses.fields(stage_spec(stage).load_result_class())}
+        assert key.split(".")[0] in declared, f"summary {field}: {stage} result declares no {key.split('.')[0]!r}"
+
+
+def test_summary_lines_follow_the_stage_table():
+    from packtrain.stages.table import STAGE_NAMES
+
+    assert [s for s in STAGE_NAMES if s in LINES] == list(LINES)
 
 
 def test_summary_reads_every_field():
@@ -62,7 +80,7 @@ def test_export_train_writes_metrics_and_plot(tmp_path):
     (d / "train_log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     written = export_stage("train", d, tmp_path / "metrics", tmp_path / "plots")
     assert [p.name for p in written] == ["train.json", "train_steps.csv"]
-    assert json.loads(written[0].read_text()) == {"steps": 2, "final_loss": 5.5}
+    assert json.loads(written[0].read_text()) == {"loss": 5.5}   # a few numbers (StageSpec.metrics)
     with open(written[1]) as f:
         got = list(csv.DictReader(f))
     assert [(r["step"], r["loss"]) for r in got] == [("1", "6.0"), ("2", "5.5")] and "x" not in got[0]

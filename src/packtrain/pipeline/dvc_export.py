@@ -1,13 +1,30 @@
-"""DVC metrics and plots from a stage's output directory (`packtrain pipeline export STAGE`, used in dvc.yaml).
+"""`dvc.yaml` from the stage table, and the small DVC metrics/plots each stage exports for it.
+
+`dvc.yaml` is generated (a test fails when the committed file differs): regenerate it with
+
+    python -m packtrain.pipeline.dvc_export            # writes dvc.yaml in the current directory
+    python -m packtrain.pipeline.dvc_export --check    # exit 1 when dvc.yaml is not the generated text
+
+Each stage of the table (packtrain.stages.table) becomes one DVC stage:
+
+    cmd      packtrain <stage> --recipe params.yaml <flag> ${workdir}/<upstream>[/sub] ... --out ${workdir}/<stage>
+             && packtrain pipeline export <stage> --recipe params.yaml --dir ${workdir}/<stage>
+    deps     the stage's code paths, its input artifacts' directories, the stats file of each `after` stage
+    params   the stage's config sections (StageSpec.config): DVC reruns it when one of them changes in
+             params.yaml, exactly as the stage cache of `packtrain run` does
+    outs     ${workdir}/<stage>
+    metrics  metrics/<stage>.json (cache: false; committed to git); plots for train
 
 DVC forbids a metrics file inside a stage's output directory (overlapping outputs), and its plots read
-.json/.yaml/.csv/.tsv but not JSON lines. So after each stage dvc.yaml calls this to write, next to the
-data and committed to git (`cache: false`):
+.json/.yaml/.csv/.tsv but not JSON lines. So after each stage `packtrain pipeline export` writes, next to the
+data and committed to git:
 
-    metrics/<stage>.json      the stage's stats JSON (numbers only: DVC metrics show/diff ignore the rest)
+    metrics/<stage>.json      a few numbers of the stage (StageSpec.metrics), so that `dvc metrics show` over
+                              all stages stays one table under 100 columns:
+                              metrics/pack.json → {"fill": 0.99712}
     plots/train_steps.csv     train only: step, loss, lr, grad_norm, step_time_s, real_tokens (train_log.jsonl)
 
-    STATS_FILES["pack"] == "pack_stats.json"   # the file each stage runner writes into its output dir
+The stage's full stats stay in its output directory (<workdir>/<stage>/<StageSpec.stats_file>, DVC-cached).
 """
 
 from __future__ import annotations
@@ -15,26 +32,22 @@ from __future__ import annotations
 import csv
 import io
 import json
+import sys
 from pathlib import Path
+from typing import Any
 
 from packtrain.errors import MissingDataError
 from packtrain.paths import atomic_write_text, write_json
+from packtrain.stages.table import ARTIFACTS, STAGE_NAMES, STAGES, StageSpec, stage_spec
 
-STATS_FILES = {
-    "ingest": "ingest_stats.json",
-    "validate": "validate_stats.json",
-    "tokenize": "stats.json",
-    "pack": "pack_stats.json",
-    "train": "train_result.json",
-    "evaluate": "eval_result.json",
-    "register": "register_result.json",
-}
+STATS_FILES = {s.name: s.stats_file for s in STAGES}
+"""{'pack': 'pack_stats.json', ...}: the file each stage runner writes into its output dir (from the table)."""
 TRAIN_LOG = "train_log.jsonl"
 PLOT_COLUMNS = ("step", "loss", "lr", "grad_norm", "step_time_s", "real_tokens")
 
 
 def numeric_tree(d):
-    """Keep numbers (and booleans as 0/1) and the dicts that contain them: what `dvc metrics` shows.
+    """Keep numbers (and booleans as 0/1) and the dicts that contain them.
 
     >>> numeric_tree({"fill": 0.99, "strategy": "bfd", "eval": {"n_packs": 3, "path": "x"}})
     {'fill': 0.99, 'eval': {'n_packs': 3}}
@@ -52,19 +65,58 @@ def numeric_tree(d):
     return out
 
 
+def _number(v: Any) -> int | float | None:
+    """A metric value: numbers (floats to 5 significant digits, so a column stays narrow: 12340.57 → 12341,
+    0.991784 → 0.99178), booleans as 0/1, numeric strings (a registered version '3' → 3); else None."""
+    if isinstance(v, bool):
+        return int(v)
+    if isinstance(v, float):
+        r = float(f"{v:.5g}")
+        return int(r) if r.is_integer() and abs(r) >= 1000 else r
+    if isinstance(v, int):
+        return v
+    if isinstance(v, str):
+        try:
+            return int(v)
+        except ValueError:
+            try:
+                return float(v)
+            except ValueError:
+                return None
+    return None
+
+
+def stage_metrics(spec: StageSpec, stats: dict) -> dict[str, int | float]:
+    """The stage's DVC metrics from its stats: `StageSpec.metrics` names → values; absent/non-numeric left out.
+
+    >>> stage_metrics(stage_spec("train"), {"throughput": {"real_tokens_per_s": 12340.57}, "final_loss": 4.061234})
+    {'tok/s': 12341, 'loss': 4.0612}
+    """
+    out: dict[str, int | float] = {}
+    for name, key in spec.metrics:
+        node: Any = stats
+        for part in key.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        value = _number(node)
+        if value is not None:
+            out[name] = value
+    return out
+
+
 def export_stage(stage: str, stage_dir: str | Path, metrics_dir: str | Path = "metrics",
                  plots_dir: str | Path = "plots") -> list[Path]:
     """Write metrics/<stage>.json (and plots/train_steps.csv for train); returns the files written."""
     if stage not in STATS_FILES:
-        raise MissingDataError(f"unknown stage {stage!r} (stages: {', '.join(STATS_FILES)})")
-    src = Path(stage_dir) / STATS_FILES[stage]
+        raise MissingDataError(f"unknown stage {stage!r} (stages: {', '.join(STAGE_NAMES)})")
+    spec = stage_spec(stage)
+    src = Path(stage_dir) / spec.stats_file
     if not src.is_file():
         raise MissingDataError(f"{src} does not exist: run `packtrain {stage}` first (or pass --dir DIR)")
     stats = json.loads(src.read_text(encoding="utf-8"))
     written = [Path(metrics_dir) / f"{stage}.json"]
-    write_json(written[0], numeric_tree(stats))
+    write_json(written[0], stage_metrics(spec, stats))
     log = Path(stage_dir) / TRAIN_LOG
-    if stage == "train" and log.is_file():
+    if spec.plots and log.is_file():
         buf = io.StringIO()
         w = csv.DictWriter(buf, fieldnames=PLOT_COLUMNS, extrasaction="ignore", lineterminator="\n")
         w.writeheader()
@@ -74,3 +126,79 @@ def export_stage(stage: str, stage_dir: str | Path, metrics_dir: str | Path = "m
         written.append(Path(plots_dir) / "train_steps.csv")
         atomic_write_text(written[-1], buf.getvalue())
     return written
+
+
+# ---- dvc.yaml ----------------------------------------------------------------------------------------------------
+
+HEADER = """\
+# GENERATED from the stage table (src/packtrain/stages/table.py) by `python -m packtrain.pipeline.dvc_export`:
+# do not edit; tests/pipelines/test_dvc.py fails when this file differs from the generated text.
+# The packtrain stages for `dvc repro`: the same CLI (and library) as the KFP pipeline and `packtrain run`.
+#   dvc repro                 # run what changed (needs `packtrain` on PATH: source .venv/bin/activate)
+#   dvc metrics show          # metrics/<stage>.json: a few numbers per stage
+#   dvc plots show            # plots/train_steps.csv
+# Parameters: params.yaml (a full recipe); each stage lists the config sections its output depends on (the
+# same ones as the stage cache key of `packtrain run`). Outputs: ${workdir}/<stage>/ (DVC-cached, `dvc push`).
+# Metrics/plots are written by `packtrain pipeline export <stage>` outside the output dirs (DVC forbids
+# overlapping outputs) and are small enough to commit (cache: false).
+stages:
+"""
+
+
+def _artifact_dir(arg: str) -> str:
+    """`model/model` → `${workdir}/train/model` (the producing stage's output directory)."""
+    name, _, sub = arg.partition("/")
+    return f"${{workdir}}/{ARTIFACTS[name]}" + (f"/{sub}" if sub else "")
+
+
+def render_stage(spec: StageSpec) -> str:
+    """One stage of dvc.yaml (YAML text, 2-space indented under `stages:`)."""
+    out = f"${{workdir}}/{spec.name}"
+    words = [f"packtrain {spec.name} --recipe params.yaml",
+             *(f"{flag} {_artifact_dir(a)}" for flag, a in zip(spec.flags, spec.args, strict=True)), f"--out {out}"]
+    cmd = [words[0]]
+    for w in words[1:]:   # folded (>-) lines of at most ~100 characters
+        if len(cmd[-1]) + 1 + len(w) <= 95:
+            cmd[-1] += " " + w
+        else:
+            cmd.append(w)
+    lines = [f"  {spec.name}:"]
+    lines += [f"    # runs after {a}: a failure there stops `dvc repro` before this stage" for a in spec.after]
+    lines += ["    cmd: >-", *(f"      {c}" for c in cmd),
+             f"      && packtrain pipeline export {spec.name} --recipe params.yaml --dir {out}", "    deps:"]
+    deps = [*spec.code, *(f"${{workdir}}/{ARTIFACTS[a]}" for a in spec.inputs),
+            *(f"${{workdir}}/{a}/{stage_spec(a).stats_file}" for a in spec.after)]
+    lines += [f"      - {d}" for d in deps]
+    lines += ["    params:", *(f"      - {p}" for p in spec.config)]
+    lines += ["    outs:", f"      - {out}"]
+    lines += ["    metrics:", f"      - {spec.metrics_file}:", "          cache: false"]
+    if spec.plots:
+        lines += ["    plots:"]
+        for plot in spec.plots:
+            lines += [f"      - {plot}:", "          cache: false", "          x: step", "          y: loss"]
+    return "\n".join(lines) + "\n"
+
+
+def render_dvc_yaml() -> str:
+    """The whole dvc.yaml text, generated from the stage table (deterministic: the committed file equals it)."""
+    return HEADER + "\n".join(render_stage(s) for s in STAGES)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m packtrain.pipeline.dvc_export [--check] [PATH]` (PATH default dvc.yaml)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    check = "--check" in args
+    paths = [a for a in args if a != "--check"]
+    path = Path(paths[0] if paths else "dvc.yaml")
+    text = render_dvc_yaml()
+    if check:
+        same = path.is_file() and path.read_text(encoding="utf-8") == text
+        print(f"{path}: {'up to date' if same else 'differs from the stage table: regenerate it'}")
+        return 0 if same else 1
+    atomic_write_text(path, text)
+    print(f"wrote {path} ({len(STAGES)} stages)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -10,67 +10,72 @@
       dvc        documents md5 3f1c… in DVC remote /abs/data/dvc-remote
       MLflow     .venv/bin/mlflow ui --backend-store-uri sqlite:////abs/data/mlflow.db
 
-Each stage room names its stats; `pick` looks a value up by the first matching dotted key suffix, so the
-summary keeps working when a stage nests its numbers (e.g. `summary.tokens_per_s`).
+Each line reads declared keys of the stages' typed results (packtrain.stages.results: one key per number,
+never a guess among aliases), and the lines come in the order of the stage table (packtrain.stages.table):
+a stage without a line (tokenize: its numbers join the data line) prints nothing.
 """
 
 from __future__ import annotations
 
 import shutil
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from packtrain.config import flatten
+from packtrain.stages.table import STAGE_NAMES, stage_spec
 
-# candidates per summary field, in order of preference (dotted-key suffixes)
-FIELDS: dict[str, tuple[str, tuple[str, ...]]] = {
-    "documents": ("ingest", ("documents",)),
-    "validation_success": ("validate", ("success",)),
-    "expectations": ("validate", ("expectations",)),
-    "expectations_passed": ("validate", ("passed",)),
-    "tokens": ("tokenize", ("tokens",)),
-    "tok_p50": ("tokenize", ("length_tokens.p50",)),
-    "tok_p90": ("tokenize", ("length_tokens.p90",)),
-    "tok_p99": ("tokenize", ("length_tokens.p99",)),
-    "fill": ("pack", ("fill", "train.fill", "fill_ratio")),
-    "tokens_per_s": ("train", ("real_tokens_per_s", "tokens_per_s", "tokens_per_sec")),
-    "utilization": ("train", ("system.utilization_mean", "utilization_mean", "gpu_util_mean", "utilization")),
-    "utilization_kind": ("train", ("system.kind", "sampler_kind")),
-    "mfu": ("train", ("useful_mfu", "mfu", "dense_mfu")),
-    "peak_gpu_gib": ("train", ("peak_alloc_gib", "peak_memory_gib")),
-    "peak_cpu_gib": ("train", ("cpu_peak_rss_gib", "peak_rss_gib", "mem_used_max_gib")),
-    "perplexity": ("evaluate", ("perplexity", "eval_perplexity")),
-    "eval_loss": ("evaluate", ("eval_loss",)),
-    "model_name": ("register", ("model_name",)),
-    "version": ("register", ("version", "model_version")),
-    "alias": ("register", ("decision", "alias")),
+# summary field → (stage, dotted key of its result)
+FIELDS: dict[str, tuple[str, str]] = {
+    "documents": ("ingest", "documents"),
+    "validation_success": ("validate", "success"),
+    "expectations": ("validate", "expectations"),
+    "expectations_passed": ("validate", "passed"),
+    "tokens": ("tokenize", "tokens"),
+    "tok_p50": ("tokenize", "length_tokens.p50"),
+    "tok_p90": ("tokenize", "length_tokens.p90"),
+    "tok_p99": ("tokenize", "length_tokens.p99"),
+    "fill": ("pack", "fill"),
+    "tokens_per_s": ("train", "throughput.real_tokens_per_s"),
+    "utilization": ("train", "system.utilization_mean"),
+    "utilization_kind": ("train", "system.kind"),
+    "mfu": ("train", "throughput.useful_mfu"),
+    "peak_gpu_gib": ("train", "memory.peak_alloc_gib"),
+    "peak_cpu_gib": ("train", "memory.cpu_peak_rss_gib"),
+    "init": ("train", "init"),                        # the resolved model.init_from (warm start)
+    "init_eval_loss": ("train", "init_eval_loss"),    # held-out loss of the starting weights
+    "perplexity": ("evaluate", "perplexity"),
+    "eval_loss": ("evaluate", "eval_loss"),
+    "model_name": ("register", "model_name"),
+    "version": ("register", "version"),
+    "alias": ("register", "decision"),
 }
+for _stage, _key in FIELDS.values():
+    stage_spec(_stage)   # a summary field names a stage of the table (KeyError at import otherwise)
 
 
-def pick(stats: dict, candidates: tuple[str, ...]) -> Any:
-    """First value whose dotted key equals or ends with a candidate.
+def pick(stats: dict, key: str) -> Any:
+    """The value at a dotted key, None when it is absent (a stage that did not run, a CPU-only number).
 
-    >>> pick({"summary": {"tokens_per_s": 5.0}}, ("tokens_per_s",))
+    >>> pick({"throughput": {"real_tokens_per_s": 5.0}}, "throughput.real_tokens_per_s")
     5.0
     """
-    flat = flatten(stats) if stats else {}
-    for cand in candidates:
-        if cand in flat:
-            return flat[cand]
-        for k, v in flat.items():
-            if k.endswith("." + cand):
-                return v
-    return None
+    node: Any = stats
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node
 
 
-def build_summary(stages: dict[str, dict]) -> dict:
-    """{'fill': 0.997, 'tokens_per_s': ..., 'version': '3', 'alias': 'champion', 'cached': [...]}."""
-    out: dict[str, Any] = {name: pick(stages.get(stage) or {}, cands) for name, (stage, cands) in FIELDS.items()}
-    out["cached"] = [s for s, st in stages.items() if (st or {}).get("cache") == "hit"]
-    train = stages.get("train") or {}
-    out["init"] = train.get("init")                       # the resolved model.init_from (warm start)
-    out["init_eval_loss"] = train.get("init_eval_loss")   # held-out loss of the starting weights
+def build_summary(stages: dict) -> dict:
+    """{'fill': 0.997, 'tokens_per_s': ..., 'version': '3', 'alias': 'champion', 'cached': [...]} from each
+    stage's result (a typed result or its dict)."""
+    from packtrain.stages.results import as_dict
+
+    stats = {name: as_dict(r) for name, r in stages.items()}
+    out: dict[str, Any] = {field: pick(stats.get(stage) or {}, key) for field, (stage, key) in FIELDS.items()}
+    out["cached"] = [s for s in STAGE_NAMES if (stats.get(s) or {}).get("cache") == "hit"]
     return out
 
 
@@ -101,26 +106,42 @@ def _fmt(v: Any, spec: str = ",.0f") -> str:
         return str(v)
 
 
-def format_summary(name: str, summary: dict, seconds: float, n_stages: int, tracking_uri: str | None) -> str:
-    s = summary
-    cached = s.get("cached") or []
-    lines = [f"packtrain run — {name} — {n_stages} stages in {seconds:.1f} s"
-             + (f" ({len(cached)} from cache: {', '.join(cached)})" if cached else "")]
-    if s.get("documents") is not None:
-        line = f"  data       {_fmt(s['documents'])} documents"
-        if s.get("tokens") is not None:
-            line += f" · {_fmt(s['tokens'])} tokens"
-        if s.get("tok_p50") is not None:
-            line += (f" · tokens/doc p50 {_fmt(s['tok_p50'])} p90 {_fmt(s['tok_p90'])}"
-                     f" p99 {_fmt(s['tok_p99'])}")
+def _data(s: dict) -> list[str]:
+    if s.get("documents") is None:
+        return []
+    line = f"  data       {_fmt(s['documents'])} documents"
+    if s.get("tokens") is not None:
+        line += f" · {_fmt(s['tokens'])} tokens"
+    if s.get("tok_p50") is not None:
+        line += f" · tokens/doc p50 {_fmt(s['tok_p50'])} p90 {_fmt(s['tok_p90'])} p99 {_fmt(s['tok_p99'])}"
+    return [line]
+
+
+def _validate(s: dict) -> list[str]:
+    if s.get("validation_success") is None:
+        return []
+    ok = "passed" if s["validation_success"] else "FAILED"
+    return [f"  validate   {ok} ({s.get('expectations_passed')}/{s.get('expectations')} expectations)"]
+
+
+def _pack(s: dict) -> list[str]:
+    if s.get("fill") is None:
+        return []
+    f = float(s["fill"])
+    return [f"  pack       fill {f:.2%} (padding {1 - f:.2%})"]
+
+
+def _train(s: dict) -> list[str]:
+    lines, parts = [], []
+    init = s.get("init") or {}
+    if init.get("kind") in ("dir", "registry") or init.get("reason"):
+        start = init.get("uri") or init.get("path") or "scratch"
+        line = f"  init       {init.get('value')} → {start}"
+        if s.get("init_eval_loss") is not None:
+            line += f" · step-0 held-out loss {_fmt(s['init_eval_loss'], '.4f')}"
+        if init.get("reason"):
+            line += f" (fallback: {init['reason'].split(';')[0]})"
         lines.append(line)
-    if s.get("validation_success") is not None:
-        ok = "passed" if s["validation_success"] else "FAILED"
-        lines.append(f"  validate   {ok} ({s.get('expectations_passed')}/{s.get('expectations')} expectations)")
-    if s.get("fill") is not None:
-        f = float(s["fill"])
-        lines.append(f"  pack       fill {f:.2%} (padding {1 - f:.2%})")
-    parts = []
     if s.get("tokens_per_s") is not None:
         parts.append(f"{_fmt(s['tokens_per_s'])} tok/s")
     if s.get("utilization") is not None:
@@ -133,26 +154,42 @@ def format_summary(name: str, summary: dict, seconds: float, n_stages: int, trac
         parts.append(f"peak GPU mem {_fmt(gpu_mem, '.2f')} GiB")
     elif s.get("peak_cpu_gib") is not None:
         parts.append(f"peak RSS {_fmt(s['peak_cpu_gib'], '.2f')} GiB")
-    init = s.get("init") or {}
-    if init.get("kind") in ("dir", "registry") or init.get("reason"):
-        start = init.get("uri") or init.get("path") or "scratch"
-        line = f"  init       {init.get('value')} → {start}"
-        if s.get("init_eval_loss") is not None:
-            line += f" · step-0 held-out loss {_fmt(s['init_eval_loss'], '.4f')}"
-        if init.get("reason"):
-            line += f" (fallback: {init['reason'].split(';')[0]})"
-        lines.append(line)
     if parts:
         lines.append("  train      " + " · ".join(parts))
-    if s.get("perplexity") is not None:
-        lines.append(f"  evaluate   perplexity {_fmt(s['perplexity'], '.2f')}"
-                     + (f" (loss {_fmt(s['eval_loss'], '.3f')})" if s.get("eval_loss") is not None else ""))
+    return lines
+
+
+def _evaluate(s: dict) -> list[str]:
+    if s.get("perplexity") is None:
+        return []
+    return [f"  evaluate   perplexity {_fmt(s['perplexity'], '.2f')}"
+            + (f" (loss {_fmt(s['eval_loss'], '.3f')})" if s.get("eval_loss") is not None else "")]
+
+
+def _register(s: dict) -> list[str]:
     if s.get("version") is not None:
-        lines.append(f"  register   {s.get('model_name') or 'model'} v{s['version']}"
-                     + (f" → {s['alias']}" if s.get("alias") else ""))
-    elif s.get("alias") == "deferred":
-        lines.append(f"  register   {s.get('model_name') or 'model'} deferred: the MLflow store was unreachable; "
-                     "the registration is buffered (`packtrain mlflow replay`, or automatic when it is back)")
+        return [f"  register   {s.get('model_name') or 'model'} v{s['version']}"
+                + (f" → {s['alias']}" if s.get("alias") else "")]
+    if s.get("alias") == "deferred":
+        return [f"  register   {s.get('model_name') or 'model'} deferred: the MLflow store was unreachable; "
+                "the registration is buffered (`packtrain mlflow replay`, or automatic when it is back)"]
+    return []
+
+
+LINES: dict[str, Callable[[dict], list[str]]] = {
+    "ingest": _data, "validate": _validate, "pack": _pack, "train": _train, "evaluate": _evaluate,
+    "register": _register,
+}
+"""The summary lines of each stage (tokenize's numbers are on ingest's data line), printed in table order."""
+
+
+def format_summary(name: str, summary: dict, seconds: float, n_stages: int, tracking_uri: str | None) -> str:
+    s = summary
+    cached = s.get("cached") or []
+    lines = [f"packtrain run — {name} — {n_stages} stages in {seconds:.1f} s"
+             + (f" ({len(cached)} from cache: {', '.join(cached)})" if cached else "")]
+    for stage in STAGE_NAMES:
+        lines += LINES.get(stage, lambda _s: [])(s)
     ds = s.get("dataset")
     if ds:
         lines.append(f"  dvc        documents md5 {ds['md5']} in DVC remote {ds['remote']}")

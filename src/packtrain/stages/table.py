@@ -132,7 +132,7 @@ STAGES: tuple[StageSpec, ...] = (
         code=("src/packtrain/data", "src/packtrain/stages/ingest.py"),
         help="read a .txt/.jsonl/.parquet source (or the default corpus) into a documents table",
         stats_file="ingest_stats.json", transient=True,
-        metrics=(("documents", "documents"),),
+        metrics=(("docs", "documents"),),
     ),
     StageSpec(
         name="validate", inputs=("documents",), output="validation",
@@ -166,7 +166,7 @@ STAGES: tuple[StageSpec, ...] = (
               "src/packtrain/telemetry", "src/packtrain/stages/train.py"),
         help="train the model on packed batches (AMP, checkpointing, ZeRO)",
         stats_file="train_result.json", init_config=("evaluate",), gpu=True, transient=True,
-        metrics=(("tok/s", "summary.real_tokens_per_s"), ("loss", "summary.final_loss")),
+        metrics=(("tok/s", "throughput.real_tokens_per_s"), ("loss", "final_loss")),
         plots=("plots/train_steps.csv",),
     ),
     StageSpec(
