@@ -14,14 +14,10 @@ import importlib
 import os
 import sys
 
+from packtrain.stages.table import STAGE_NAMES, STAGES
+
 COMMANDS: dict[str, str] = {
-    "ingest": "read a .txt/.jsonl/.parquet source (or the default corpus) into a documents table",
-    "validate": "run the Great Expectations suite on the documents table",
-    "tokenize": "train/load a BPE tokenizer and write memory-mappable token ids",
-    "pack": "bin-pack documents into fixed token budgets",
-    "train": "train the model on packed batches (AMP, checkpointing, ZeRO)",
-    "evaluate": "held-out loss/perplexity on packed batches, generation samples",
-    "register": "log + register the model in MLflow, move champion/challenger alias",
+    **{s.name: s.help for s in STAGES},   # one subcommand per stage of the stage table, in DAG order
     "run": "the whole DAG locally through kfp.local on the recipe",
     "pipeline": "compile or submit the Kubeflow pipeline",
     "gate": "fail when a candidate run regresses against a baseline",
@@ -31,7 +27,7 @@ COMMANDS: dict[str, str] = {
 }
 
 
-LOCKED = ("ingest", "validate", "tokenize", "pack", "train", "evaluate", "register", "run", "mlflow")
+LOCKED = (*STAGE_NAMES, "run", "mlflow")
 """Commands that write into the workdir: they hold its lock (packtrain.pipeline.lock) while they run. Not the
 ranks of a distributed launch (RANK set by torchrun): `--gpus N` holds the lock for its workers, and a multi-node
 job's ranks are one run, scheduled as one by the cluster."""

@@ -6,7 +6,8 @@ every stage on what actually determines its output:
 
     key = sha256( stage,
                   md5 of every input directory (file names + contents, like DVC's directory md5),
-                  the config sections the stage reads (JSON, sorted keys),
+                  the config sections the stage declares in the stage table (packtrain.stages.table;
+                  packtrain.pipeline.runtime.config_parts; JSON, sorted keys),
                   packtrain version + md5 of the packtrain source files (+ git sha when available) )
 
     <workdir>/cache/<stage>/<key>/out/      the stage's output directory, as the runner wrote it
@@ -131,7 +132,9 @@ class StageCache:
         self.root = Path(root)
 
     def _entry(self, stage: str, key: str) -> Path:
-        return self.root / stage / key
+        from packtrain.stages.table import stage_spec
+
+        return self.root / stage_spec(stage).name / key   # a stage of the table (KeyError naming them otherwise)
 
     def lookup(self, stage: str, key: str) -> CacheHit | None:
         entry = self._entry(stage, key)
@@ -156,8 +159,12 @@ class StageCache:
         shutil.copytree(hit.entry_dir / "out", tmp, copy_function=_link_or_copy)
         tmp.replace(out)
 
-    def store(self, stage: str, key: str, out_dir: str | Path, stats: dict, parts: dict) -> Path:
-        """Keep a copy of `out_dir` (hard links where possible) and the stats under the key."""
+    def store(self, stage: str, key: str, out_dir: str | Path, stats, parts: dict) -> Path:
+        """Keep a copy of `out_dir` (hard links where possible) and the stats (a typed result or its dict)
+        under the key."""
+        from packtrain.stages.results import as_dict
+
+        stats = as_dict(stats)
         entry = self._entry(stage, key)
         tmp = entry.with_name(f".{key}.tmp{os.getpid()}")
         if tmp.exists():
