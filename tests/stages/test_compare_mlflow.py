@@ -1,109 +1,166 @@
-"""`packtrain compare` on a real sqlite MLflow store: table of differing params + key metrics, a
-self-contained HTML report whose embedded images are real, non-blank PNG plots, logged to a "compare" run."""
+"""`packtrain compare` against a real `mlflow server` (sqlite backend, free local port, started here) on two
+pipeline runs that differ in one parameter (train.lr): the runs are named by 8-character prefixes, walked to
+their train stage runs, and the report shows both runs' loss, tokens/s, MFU, utilization and memory curves,
+the one differing param under its stage, and the gate verdict of `packtrain.gate.gate` on the same runs.
+`--experiment` lists pipeline runs only (stage runs with --stage-runs).
+
+The run trees are made by the functions `packtrain run` uses (start_pipeline_run opens the parent with the
+whole config as params and exports PACKTRAIN_PARENT_RUN_ID; the real `packtrain train` CLI nests its stage
+run under it), on synthetic token/pack stores: the other stages add nothing compare reads, and a whole
+`packtrain run` costs ~60 s a run on the CI machine against ~2 s for this train stage.
+"""
 
 from __future__ import annotations
 
-import base64
-import io
 import json
 import re
+from pathlib import Path
 
 import pytest
+from mlflow import MlflowClient
+from test_tracking_server import Server, _free_port  # the `mlflow server` of tests/stages (process group)
 
 from packtrain.cli import main
+from packtrain.config import load_run_config
+from packtrain.tracking import end_pipeline_run, start_pipeline_run
+from packtrain.tracking.run import _close_clients
+
+pytestmark = pytest.mark.slow
+
+TINY = ["model.hidden_size=32", "model.intermediate_size=64", "model.num_heads=2", "train.rows=2",
+        "train.max_steps=12", "train.warmup_steps=2", "train.threads=1", "telemetry.interval_s=0.05",
+        "tracking.system_metrics=false", "tracking.flush_interval_s=0"]
+LRS = ("3e-3", "1e-3")   # the one parameter the two pipeline runs differ in
+CURVES = {"loss": "loss", "tokens/s": "real_tokens_per_s", "MFU": "useful_mfu",
+          "utilization": "system.utilization_pct", "memory": "system.memory_used_gib"}
+
+
+def _sets(*items: str) -> list[str]:
+    return [a for s in items for a in ("--set", s)]
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory):
-    from mlflow.entities import Metric, Param
-    from mlflow.tracking import MlflowClient
-
-    root = tmp_path_factory.mktemp("compare")
-    uri = f"sqlite:///{root / 'mlflow.db'}"
-    c = MlflowClient(uri)
-    exp = c.create_experiment("bench", artifact_location=str(root / "artifacts"))
-    ids = []
-    for i, (precision, ckpt) in enumerate([("bf16", "none"), ("bf16", "full"), ("fp32", "none")]):
-        run = c.create_run(exp, run_name="train")
-        rid = run.info.run_id
-        metrics = []
-        for step in range(12):
-            t = 1_700_000_000_000 + step
-            metrics += [Metric("train.loss", 8.0 / (1 + 0.3 * step) + 0.1 * i, t, step),
-                        Metric("train.tokens_per_s", 70_000 + 5_000 * i + 300 * (step % 3), t, step),
-                        Metric("train.gpu_utilization", 0.9 + 0.02 * i, t, step),
-                        Metric("train.peak_alloc_gib", 30.0 - 8 * (ckpt == "full") + step * 0.01, t, step)]
-        metrics += [Metric("pack.fill", 0.995, 1_700_000_000_100, 0), Metric("train.useful_mfu", 0.4 + 0.01 * i,
-                                                                              1_700_000_000_100, 0)]
-        params = [Param("train.precision", precision), Param("train.activation_checkpointing", ckpt),
-                  Param("pack.budget", "2048"), Param("train.rows", "8")]
-        c.log_batch(rid, metrics=metrics, params=params)
-        c.set_terminated(rid)
-        ids.append(rid)
-    other = c.create_run(exp, run_name="evaluate")
-    c.log_batch(other.info.run_id, metrics=[Metric("eval_loss", 3.0, 1_700_000_000_000, 0)])
-    c.set_terminated(other.info.run_id)
-    return {"uri": uri, "ids": ids, "client": c}
+def server(tmp_path_factory):
+    srv = Server(tmp_path_factory.mktemp("mlflow_server"), _free_port())
+    srv.start()
+    yield srv
+    srv.stop()
 
 
-def _png_ok(data: bytes) -> bool:
-    """A decodable PNG with real content: many distinct colours, not a blank canvas."""
-    import matplotlib.image as mpimg
-    import numpy as np
+@pytest.fixture(scope="module")
+def pipelines(server, tmp_path_factory):
+    """Two pipeline runs (train.lr 3e-3 vs 1e-3) on the server: {"uri", "pipeline": [ids], "train": [ids]}."""
+    from packtrain.train.synthetic import make_synthetic_inputs
 
-    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5_000
-    img = mpimg.imread(io.BytesIO(data), format="png")
-    assert img.shape[0] > 100 and img.shape[1] > 100
-    return len(np.unique(img.reshape(-1, img.shape[-1]), axis=0)) > 20
+    root = tmp_path_factory.mktemp("compare_pipelines")
+    make_synthetic_inputs(root, n_docs=120, vocab_size=128, budget=64, seed=1)
+    parents, trains = [], []
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MLFLOW_TRACKING_URI", server.uri)
+        for i, lr in enumerate(LRS):
+            sets = [*TINY, f"workdir={root / 'work'}", f"train.lr={lr}"]
+            parent = start_pipeline_run(load_run_config("tiny-cpu", sets))
+            try:
+                assert main(["train", "--packs", str(root / "pack"), "--tokens", str(root / "tokenize"),
+                             "--out", str(root / f"train{i}"), *_sets(*sets)]) == 0
+            finally:
+                end_pipeline_run(parent)
+            parents.append(parent)
+        _close_clients()
+    client = MlflowClient(server.uri)
+    exp = client.get_experiment_by_name("packtrain").experiment_id
+    for p in parents:
+        kids = client.search_runs([exp], f"tags.mlflow.parentRunId = '{p}'")
+        assert [k.info.run_name for k in kids] == ["train"]
+        trains.append(kids[0].info.run_id)
+    return {"uri": server.uri, "pipeline": parents, "train": trains, "client": client}
 
 
-def test_compare_runs_table_report_and_artifact(store, tmp_path, capsys):
+def test_compare_pipeline_runs_curves_params_gate(pipelines, tmp_path, capsys):
+    from packtrain.gate import gate
+    from packtrain.gate.sources import load_source
+
     out = tmp_path / "cmp"
-    argv = ["compare", *store["ids"], "--set", f"tracking.tracking_uri={store['uri']}", "--out", str(out)]
-    assert main(argv) == 0
+    refs = [p[:8] for p in pipelines["pipeline"]]                 # what `packtrain run` prints
+    assert main(["compare", *refs, *_sets(f"tracking.tracking_uri={pipelines['uri']}"), "--out", str(out)]) == 0
     text = capsys.readouterr().out
-    # params that differ are listed, equal ones are not
-    assert "param train.precision" in text and "param train.activation_checkpointing" in text
-    assert "param pack.budget" not in text and "2 params differ, 2 equal" in text
-    for metric in ("train.loss", "train.tokens_per_s", "train.useful_mfu", "train.peak_alloc_gib", "pack.fill"):
-        assert metric in text
-
-    html = (out / "compare.html").read_text()
-    images = re.findall(r"src='data:image/png;base64,([A-Za-z0-9+/=]+)'", html)
-    assert len(images) == 5        # loss, tokens/s, utilization, memory curves + the bar chart
-    assert all(_png_ok(base64.b64decode(b)) for b in images)
-    assert "<table>" in html and "train.precision" in html and "src='http" not in html
     saved = json.loads((out / "compare.json").read_text())
-    assert saved["params_differ"]["train.precision"] == ["bf16", "bf16", "fp32"]
 
-    c = store["client"]
-    m = re.search(r"logged to MLflow run (\w+)", text)
-    run = c.get_run(m.group(1))
-    assert run.info.run_name == "compare" and run.data.tags["packtrain.compare.runs"] == ",".join(store["ids"])
+    # each pipeline run is walked to its train stage run
+    assert [r["run_id"] for r in saved["runs"]] == pipelines["pipeline"]
+    assert [r["train_run_id"] for r in saved["runs"]] == pipelines["train"]
+    assert [r["kind"] for r in saved["runs"]] == ["pipeline", "pipeline"]
+    # only the differing param, under its stage
+    assert saved["params_differ"] == {"train": {"train.lr": ["0.003", "0.001"]}}
+    assert re.search(r"params that differ: 1 of \d+, by stage:\n  train\n    train\.lr\s+0\.003\s+0\.001", text)
+    # curves of both runs in every group, from the train runs' histories
+    for group, metric in CURVES.items():
+        assert metric in saved["curves"][group], (group, saved["curves"])
+        a, b = saved["histories"][metric]
+        assert len(a) > 1 and len(b) > 1, metric
+    assert [x for x, _ in saved["histories"]["loss"][0]] == list(range(1, 13))
+    train0 = pipelines["client"].get_metric_history(pipelines["train"][0], "loss")
+    assert [y for _, y in saved["histories"]["loss"][0]] == [m.value for m in sorted(train0, key=lambda m: m.step)]
+    html = (out / "compare.html").read_text()
+    assert len(re.findall(r"src='data:image/png;base64,", html)) == len(CURVES) and "src='http" not in html
+    # the gate verdict is packtrain.gate's own on the same train runs (candidate = 2nd, baseline = 1st)
+    expected = gate(load_source(pipelines["train"][1], pipelines["uri"]),
+                    load_source(pipelines["train"][0], pipelines["uri"]))
+    assert [g["verdict"] for g in saved["gates"]] == [expected.verdict]
+    assert sorted(r["metric"] for r in saved["gates"][0]["rows"]) == sorted(r.metric for r in expected.rows)
+    labels = [f"pipeline·{p[:8]}" for p in pipelines["pipeline"]]
+    assert f"gate {expected.verdict}: {labels[1]} vs baseline {labels[0]}" in text
+    assert re.search(r"real tokens/s, median \[summary\.real_tokens_per_s\]\s+[\d,]+\s+[\d,]+", text)
+
+    # logged to a new "compare" run; the compared runs are untouched
+    c = pipelines["client"]
+    run = c.get_run(re.search(r"logged to MLflow run (\w+)", text).group(1))
+    assert run.info.run_name == "compare" and run.data.tags["packtrain.compare.runs"] == ",".join(pipelines["pipeline"])
     assert {a.path for a in c.list_artifacts(run.info.run_id, "compare")} == \
         {"compare/compare.html", "compare/compare.json", "compare/compare.md"}
-    # the compared runs are untouched
-    assert all(not c.list_artifacts(rid) for rid in store["ids"])
+    assert all(not c.list_artifacts(rid) for rid in pipelines["pipeline"])
 
 
-def test_compare_experiment_with_filter(store, tmp_path, capsys):
-    argv = ["compare", "--experiment", "bench", "--filter", "attributes.run_name = 'train'", "--no-log",
-            "--set", f"tracking.tracking_uri={store['uri']}", "--out", str(tmp_path)]
+@pytest.mark.parametrize("extra,kind", [([], "pipeline"), (["--stage-runs"], "train")])
+def test_compare_experiment_lists_pipeline_runs(pipelines, tmp_path, extra, kind):
+    argv = ["compare", "--experiment", "packtrain", *extra, "--no-log",
+            *_sets(f"tracking.tracking_uri={pipelines['uri']}"), "--out", str(tmp_path)]
     assert main(argv) == 0
     saved = json.loads((tmp_path / "compare.json").read_text())
-    assert sorted(r["run_id"] for r in saved["runs"]) == sorted(store["ids"])
-    assert "eval_loss" not in saved["metrics"]
+    assert [r["run_id"] for r in saved["runs"]] == pipelines[kind]     # oldest first; no compare run
+    assert [r["train_run_id"] for r in saved["runs"]] == pipelines["train"]
+    assert saved["params_differ"] == {"train": {"train.lr": ["0.003", "0.001"]}}
 
 
-@pytest.mark.parametrize("extra,code,needle", [
-    (["--experiment", "nope"], 2, "no such experiment"),
-    (["--experiment", "bench", "--filter", "this is not a filter"], 2, "--filter"),
-    (["--experiment", "bench", "--filter", "attributes.run_name = 'nothing'"], 2, "no runs match"),
-    (["0123456789abcdef0123456789abcdef"], 2, "not found"),
-    ([], 2, "give run ids or --experiment"),
+def test_compare_filter_on_pipeline_params(pipelines, tmp_path, capsys):
+    argv = ["compare", "--experiment", "packtrain", "--filter", "params.`train.lr` = '0.001'", "--no-log",
+            *_sets(f"tracking.tracking_uri={pipelines['uri']}"), "--out", str(tmp_path)]
+    assert main(argv) == 0
+    saved = json.loads((tmp_path / "compare.json").read_text())
+    assert [r["run_id"] for r in saved["runs"]] == pipelines["pipeline"][1:] and saved["gates"] == []
+    assert "params that differ: 0 of" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("extra,needle", [
+    (["--experiment", "nope"], "no such experiment"),
+    (["--experiment", "packtrain", "--filter", "this is not a filter"], "--filter"),
+    (["--experiment", "packtrain", "--filter", "params.`train.lr` = '9'"], "no pipeline runs"),
+    (["0123456789abcdef0123456789abcdef"], "not found"),
+    (["fedcba98"], "no run id in the MLflow store starts with it"),
+    (["abc"], "too short"),
+    (["--stage-runs", "0123456789abcdef"], "--stage-runs needs --experiment"),
+    ([], "give run ids or --experiment"),
 ])
-def test_compare_bad_input(store, tmp_path, capsys, extra, code, needle):
-    argv = ["compare", *extra, "--no-log", "--set", f"tracking.tracking_uri={store['uri']}", "--out", str(tmp_path)]
-    assert main(argv) == code
+def test_compare_bad_input(pipelines, tmp_path, capsys, extra, needle):
+    argv = ["compare", *extra, "--no-log", *_sets(f"tracking.tracking_uri={pipelines['uri']}"), "--out",
+            str(tmp_path)]
+    assert main(argv) == 2
     assert needle in capsys.readouterr().err
     assert not (tmp_path / "compare.html").exists()
+
+
+def test_compare_missing_store_names_it(tmp_path, capsys):
+    missing = tmp_path / "nowhere.db"
+    assert main(["compare", "0123456789abcdef", "--no-log", *_sets(f"tracking.tracking_uri=sqlite:///{missing}"),
+                 "--out", str(tmp_path)]) == 2
+    assert str(missing) in capsys.readouterr().err and not Path(missing).exists()

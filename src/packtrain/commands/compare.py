@@ -1,8 +1,13 @@
-"""`packtrain compare RUN... | --experiment NAME [--filter EXPR] [--max-runs N] [--out DIR] [--no-log]`.
+"""`packtrain compare RUN... | --experiment NAME [--stage-runs] [--filter EXPR] [--max-runs N] [--rules FILE]
+[--out DIR] [--no-log]`.
 
-Prints the side-by-side table (params that differ, key metrics), writes DIR/compare.html (self-contained,
-curves + bar charts), compare.json and compare.md (default DIR: <workdir>/compare), and logs them as
-artifacts of a new MLflow run named "compare" (unless --no-log).
+RUN: what `packtrain run` prints — a pipeline run id, its ≥6-character prefix, or NAME@ALIAS (the run behind
+a registered model version); the first RUN is the gate's baseline. Each is walked to its train stage run.
+Prints the runs, the params that differ (by stage), the headline numbers and the gate verdict; writes
+DIR/compare.html (curves of loss, tokens/s, MFU, utilization, memory; self-contained), compare.json and
+compare.md (default DIR: <workdir>/compare), and logs them as artifacts of a new MLflow run named "compare"
+(unless --no-log). `--experiment NAME` compares its newest pipeline runs (with --stage-runs: stage runs).
+Exit 0 whatever the gate says (`packtrain gate` is the command that fails CI); 2 for a run that is not there.
 """
 
 from __future__ import annotations
@@ -11,11 +16,15 @@ import argparse
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("runs", nargs="*", metavar="RUN", help="MLflow run ids")
-    parser.add_argument("--experiment", metavar="NAME", help="compare the runs of this experiment instead")
+    parser.add_argument("runs", nargs="*", metavar="RUN",
+                        help="pipeline run ids, ≥6-char prefixes or NAME@ALIAS; the first is the baseline")
+    parser.add_argument("--experiment", metavar="NAME", help="compare the pipeline runs of this experiment instead")
+    parser.add_argument("--stage-runs", action="store_true",
+                        help="with --experiment: compare its stage runs (tag packtrain.kind=stage), not pipeline runs")
     parser.add_argument("--filter", metavar="EXPR",
-                        help="MLflow search filter, e.g. \"attributes.run_name = 'train'\" (with --experiment)")
-    parser.add_argument("--max-runs", type=int, default=20, metavar="N", help="at most N runs (newest first)")
+                        help="MLflow search filter, e.g. \"params.`train.lr` = '0.001'\" (with --experiment)")
+    parser.add_argument("--max-runs", type=int, default=20, metavar="N", help="at most N runs (the newest)")
+    parser.add_argument("--rules", metavar="FILE", help="gate rules (YAML/JSON); default: the built-in rules")
     parser.add_argument("--out", metavar="DIR", help="report directory (default <workdir>/compare)")
     parser.add_argument("--no-log", action="store_true", help="do not log the report to MLflow")
 
@@ -24,20 +33,24 @@ def run(cfg, args) -> int:
     from pathlib import Path
 
     from packtrain.errors import ConfigError
+    from packtrain.gate import load_rules
     from packtrain.gate.compare import compare_runs, log_report, write_report
+    from packtrain.gate.report import format_table
     from packtrain.tracking import resolve_tracking_uri
 
     if bool(args.runs) == bool(args.experiment):
         raise ConfigError("compare: give run ids or --experiment NAME (not both, not neither)")
-    if args.filter and not args.experiment:
-        raise ConfigError("--filter needs --experiment NAME")
+    if (args.filter or args.stage_runs) and not args.experiment:
+        raise ConfigError(f"{'--filter' if args.filter else '--stage-runs'} needs --experiment NAME")
     if args.max_runs < 1:
         raise ConfigError(f"--max-runs {args.max_runs}: must be ≥ 1")
+    rules = load_rules(args.rules)
     uri = resolve_tracking_uri(cfg)
-    comp = compare_runs(args.runs or None, args.experiment, args.filter, uri, args.max_runs)
+    comp = compare_runs(args.runs or None, args.experiment, args.filter, uri, args.max_runs,
+                        stage_runs=args.stage_runs, rules=rules)
     out = Path(args.out) if args.out else Path(cfg.workdir) / "compare"
     paths = write_report(comp, out)
-    print(comp.table())
+    print(format_table(comp))
     print(f"→ {paths['html']}")
     if not args.no_log:
         run_id = log_report(comp, paths, uri, args.experiment)

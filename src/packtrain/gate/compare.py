@@ -1,150 +1,279 @@
-"""`compare_runs`: MLflow runs side by side — the params that differ, key metrics, metric histories.
+"""`compare_runs`: pipeline runs side by side — their train stages' curves, the params that differ, the gate.
 
-    comp = compare_runs(["1a2b…", "3c4d…"], tracking_uri=uri)          # or experiment="packtrain", filter_string=
-    print(comp.table())
-    paths = write_report(comp, Path("compare"))                          # compare.html (+ .json, .md)
-    log_report(comp, paths, uri)                                         # a new run named "compare"
+    comp = compare_runs(["01943b11", "75d35eb2"], tracking_uri=uri)     # ids, ≥6-char prefixes, NAME@ALIAS
+    comp = compare_runs(experiment="packtrain", tracking_uri=uri)       # its pipeline runs (stage_runs=True: stages)
+    print(format_table(comp))                                           # packtrain.gate.report
+    paths = write_report(comp, Path("compare"))                         # compare.html (+ .json, .md)
+    log_report(comp, paths, uri)                                        # a new run named "compare"
 
-The report is logged to a NEW run named "compare" (tag `packtrain.compare.runs` lists the ids) rather than
-to each compared run: compared runs stay untouched (inputs are never modified), and one artifact holds the
-comparison of all of them. Key metrics are the names matching KEY_PATTERNS (loss, throughput, MFU,
-utilization, memory, fill, padding); the others are in compare.json.
+What a user has is a pipeline run id (`packtrain run` prints it); the numbers live in its stage runs. Each
+compared run is resolved through the MLflow run tree (packtrain.tracking.refs.stage_run_of: tag
+mlflow.parentRunId, run name = stage name) to its `train` stage run, whose metric histories are the curves:
+
+    loss         loss                                   x = optimizer step
+    tokens/s     real_tokens_per_s, slot_tokens_per_s   x = optimizer step
+    MFU          useful_mfu, dense_mfu                  x = optimizer step
+    utilization  system.utilization_pct (NVML or CPU)   x = seconds since the sampler started (step = ms)
+    memory       system.memory_used_gib, ..._gib        x = seconds
+
+Params: only those that differ, grouped by stage (the first dotted part: `train.lr` → train); a pipeline run
+holds the whole flattened config, a stage run its own section. Gate: the first run is the baseline, every
+other run a candidate, judged by packtrain.gate.gate on the same runs `packtrain gate` would read (exit code
+of compare stays 0: it reports, it does not block). Compared runs are never modified: the report goes to a
+NEW run named "compare" (tag packtrain.compare.runs lists the ids).
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from packtrain.errors import ConfigError
 from packtrain.gate.sources import _client, _short, missing
 from packtrain.paths import atomic_write_text, write_json
 
-KEY_PATTERNS = (r"loss", r"perplexity", r"tok.*per_s|throughput", r"mfu", r"util", r"fill", r"padding",
-                r"peak|gib|memory|fragmentation", r"step_time")
-CURVE_GROUPS = {
-    "loss": r"loss|perplexity",
-    "tokens/s": r"tok.*per_s|throughput",
-    "utilization": r"util|mfu",
-    "memory": r"gib|memory|alloc|reserved|fragmentation",
-}
+PIPELINE_FILTER = "tags.packtrain.kind = 'pipeline'"
+STAGE_FILTER = "tags.packtrain.kind = 'stage'"
+# (title, metric-name pattern, preferred names first); ≤ MAX_CURVES metrics per group, each a subplot
+CURVES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    ("loss", r"(^|[./])loss$", ("loss",)),
+    ("tokens/s", r"tokens?_per_s$", ("real_tokens_per_s", "slot_tokens_per_s")),
+    ("MFU", r"mfu$", ("useful_mfu", "dense_mfu")),
+    ("utilization", r"util", ("system.utilization_pct",)),
+    ("memory", r"gib$|megabytes$|memory", ("system.memory_used_gib", "system.allocated_gib", "system.reserved_gib")),
+)
+MAX_CURVES = 3
+# single values logged once per run (a "curve" of one point); never fetched as histories
+SUMMARY_PREFIXES = ("summary.", "throughput.", "memory.", "timings.", "init_", "final_")
+# (label, metric names tried in order: the train run's first, then the compared run's)
+HEADLINE: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("loss, last step", ("final_loss", "loss", "train.final_loss", "train.loss")),
+    ("eval loss", ("evaluate.eval_loss", "eval_loss")),
+    ("real tokens/s, median", ("summary.real_tokens_per_s", "train.throughput.real_tokens_per_s", "real_tokens_per_s",
+                               "train.tokens_per_s")),
+    ("useful MFU, median", ("summary.useful_mfu", "train.throughput.useful_mfu", "useful_mfu", "train.useful_mfu")),
+    ("utilization, mean", ("summary.utilization", "system.utilization", "train.gpu_utilization")),
+    ("peak allocated GiB", ("summary.peak_alloc_gib", "memory.peak_alloc_gib", "train.peak_alloc_gib")),
+    ("memory used max GiB", ("summary.mem_used_max_gib", "system.mem_used_max_gib")),
+    ("step time p50 s", ("summary.step_time_p50_s", "throughput.step_time_p50_s")),
+    ("padding", ("summary.padding", "pack.padding")),
+    ("pack fill", ("pack.fill",)),
+)
 
 
 @dataclass
-class RunSummary:
+class ComparedRun:
+    """One column: the run the user named (or listed) and the train stage run its curves come from."""
+
+    ref: str                     # as given ("01943b11", "packtrain-lm@champion") or the id when listed
     run_id: str
-    name: str
+    name: str                    # MLflow run name: pipeline | train | ...
+    kind: str                    # packtrain.kind tag: pipeline | stage | "" (not a packtrain run)
     experiment: str
     status: str
+    start_time: int | None
+    train_run_id: str | None     # None: no train stage in its tree (failed before train, or not a pipeline)
 
     @property
     def label(self) -> str:
+        """'pipeline·01943b11' — run name and the 8-character short id `packtrain run` prints."""
         return f"{self.name or 'run'}·{self.run_id[:8]}"
 
 
 @dataclass
 class Comparison:
-    runs: list[RunSummary]
-    params_differ: dict[str, list[str | None]]           # param → value per run (only params that differ)
-    n_params_same: int
-    metrics: dict[str, list[float | None]]               # every metric → latest value per run
-    key_metrics: list[str]
-    histories: dict[str, list[list[tuple[int, float]]]] = field(default_factory=dict)   # metric → per run
+    runs: list[ComparedRun]
+    params_differ: dict[str, dict[str, list[str | None]]]   # stage → param → value per run (differing only)
+    n_params: int                                            # distinct param names over all runs
+    metrics: dict[str, list[float | None]]                   # every latest value: train run's, then the run's own
+    headline: list[tuple[str, str, list[float | None]]]      # (label, metric name, value per run)
+    curves: dict[str, list[str]]                             # group title → metrics drawn (may be empty)
+    histories: dict[str, list[list[tuple[float, float]]]] = field(default_factory=dict)   # metric → per run (x, y)
+    gates: list[Any] = field(default_factory=list)           # GateResult per candidate (runs[1:]) vs runs[0]
+    notes: list[str] = field(default_factory=list)           # what could not be shown, and why
 
-    def _rows(self) -> list[list[str]]:
-        rows = [["run"] + [r.label for r in self.runs]]
-        rows += [[f"param {k}"] + [("–" if v is None else str(v))[:40] for v in vals]
-                 for k, vals in sorted(self.params_differ.items())]
-        rows += [[k] + ["–" if v is None else f"{v:.5g}" for v in self.metrics[k]] for k in self.key_metrics]
-        return rows
-
-    def table(self) -> str:
-        rows = self._rows()
-        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-        out = ["  ".join(v.ljust(widths[i]) for i, v in enumerate(r)).rstrip() for r in rows]
-        out.insert(1, "  ".join("-" * w for w in widths))
-        out.append(f"({len(self.params_differ)} params differ, {self.n_params_same} equal; "
-                   f"{len(self.metrics)} metrics, {len(self.key_metrics)} shown)")
-        return "\n".join(out)
-
-    def markdown(self) -> str:
-        rows = self._rows()
-        out = ["| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0])]
-        out += ["| " + " | ".join(r) + " |" for r in rows[1:]]
-        return "\n".join(out) + "\n"
+    @property
+    def n_differ(self) -> int:
+        return sum(len(v) for v in self.params_differ.values())
 
     def to_dict(self) -> dict:
-        return {"runs": [r.__dict__ for r in self.runs], "params_differ": self.params_differ,
-                "n_params_same": self.n_params_same, "key_metrics": self.key_metrics, "metrics": self.metrics}
+        return {"runs": [asdict(r) | {"label": r.label} for r in self.runs], "params_differ": self.params_differ,
+                "n_params": self.n_params, "headline": [{"label": lab, "metric": m, "values": v}
+                                                        for lab, m, v in self.headline],
+                "curves": self.curves, "histories": self.histories, "metrics": self.metrics,
+                "gates": [g.to_dict() for g in self.gates], "notes": self.notes}
 
 
-def compare_runs(run_ids: list[str] | None = None, experiment: str | None = None, filter_string: str | None = None,
-                 tracking_uri: str | None = None, max_runs: int = 20) -> Comparison:
-    """Fetch runs (by id, or every run of `experiment` matching the MLflow `filter_string`) and line them up."""
+def compare_runs(run_refs: list[str] | None = None, experiment: str | None = None, filter_string: str | None = None,
+                 tracking_uri: str | None = None, max_runs: int = 20, *, stage_runs: bool = False,
+                 rules=None) -> Comparison:
+    """Resolve the runs (refs, or the pipeline runs of `experiment` matching `filter_string`, oldest first),
+    walk each to its train stage run, and line them up (see the module docstring)."""
+    client = _client(tracking_uri)
+    if run_refs:
+        from packtrain.tracking.refs import resolve_run_ref
+
+        pairs = [(ref, client.get_run(resolve_run_ref(client, ref))) for ref in run_refs]
+    else:
+        pairs = [(r.info.run_id, r) for r in list_runs(client, experiment, filter_string, max_runs, stage_runs)]
+    runs = [_compared(client, ref, r) for ref, r in pairs]
+    trains = {c.train_run_id: client.get_run(c.train_run_id) for c in runs
+              if c.train_run_id and c.train_run_id != c.run_id}
+    raw = {c.run_id: r for c, (_, r) in zip(runs, pairs, strict=True)}
+    curve_runs = [trains.get(c.train_run_id) or raw[c.run_id] for c in runs]
+    notes = [f"{c.label}: no train stage run in its MLflow run tree (no curves; metrics are the run's own)"
+             for c in runs if c.kind == "pipeline" and not c.train_run_id]
+
+    params = [dict(raw[c.run_id].data.params) for c in runs]
+    names = sorted(set().union(*params))
+    differ: dict[str, dict[str, list[str | None]]] = {}
+    for k in names:
+        vals = [p.get(k) for p in params]
+        if len(set(vals)) > 1:
+            differ.setdefault(stage_of(k), {})[k] = vals
+    metrics_per_run = [{**raw[c.run_id].data.metrics, **cr.data.metrics} for c, cr in zip(runs, curve_runs,
+                                                                                          strict=True)]
+    all_names = sorted(set().union(*metrics_per_run))
+    metrics = {k: [_float(m.get(k)) for m in metrics_per_run] for k in all_names}
+    curves, histories = fetch_curves(client, curve_runs)
+    for title, drawn in curves.items():
+        if not drawn:
+            notes.append(f"no {title} series in the compared runs' metric histories")
+    return Comparison(runs=runs, params_differ=_stage_order(differ), n_params=len(names), metrics=metrics,
+                      headline=headline_rows(curve_runs, [raw[c.run_id] for c in runs]), curves=curves,
+                      histories=histories, gates=gate_runs(client, runs, rules), notes=notes)
+
+
+def list_runs(client, experiment: str | None, filter_string: str | None, max_runs: int, stage_runs: bool) -> list:
+    """The newest `max_runs` pipeline runs (stage runs with `stage_runs`) of an experiment, oldest first."""
     from mlflow.exceptions import MlflowException
 
-    client = _client(tracking_uri)
-    runs = []
-    if run_ids:
-        for rid in run_ids:
-            try:
-                runs.append(client.get_run(rid))
-            except MlflowException as e:
-                raise missing(f"MLflow run {rid!r}: not found ({_short(e)})") from None
-    else:
-        exp = client.get_experiment_by_name(experiment or "")
-        if exp is None:
-            names = ", ".join(e.name for e in client.search_experiments(max_results=20))
-            raise missing(f"--experiment {experiment!r}: no such experiment (experiments: {names or 'none'})")
-        try:
-            runs = client.search_runs([exp.experiment_id], filter_string=filter_string or "",
-                                      max_results=max_runs, order_by=["attributes.start_time DESC"])
-        except MlflowException as e:
-            raise ConfigError(f"--filter {filter_string!r}: {_short(e)} (MLflow search syntax, e.g. "
-                              "\"params.`train.precision` = 'bf16'\" or \"attributes.run_name = 'train'\")") from None
-        if not runs:
-            raise missing(f"experiment {experiment!r}: no runs match --filter {filter_string!r}")
-    exp_names = {}
-    summaries = []
-    for r in runs:
-        eid = r.info.experiment_id
-        if eid not in exp_names:
-            exp_names[eid] = client.get_experiment(eid).name
-        summaries.append(RunSummary(r.info.run_id, r.data.tags.get("mlflow.runName") or r.info.run_name or "",
-                                    exp_names[eid], r.info.status))
-    params = [dict(r.data.params) for r in runs]
-    keys = sorted(set().union(*params)) if params else []
-    differ = {k: [p.get(k) for p in params] for k in keys if len({p.get(k) for p in params}) > 1}
-    names = sorted(set().union(*(r.data.metrics for r in runs)))
-    metrics = {k: [(float(r.data.metrics[k]) if k in r.data.metrics else None) for r in runs] for k in names}
-    key = [k for k in names if any(re.search(p, k, re.I) for p in KEY_PATTERNS)] or names[:20]
-    histories = {}
-    for k in names:
-        if not any(re.search(p, k, re.I) for p in CURVE_GROUPS.values()):
-            continue
-        per_run = []
-        for r in runs:
-            if k in r.data.metrics:
-                hist = sorted(client.get_metric_history(r.info.run_id, k), key=lambda m: (m.step, m.timestamp))
-                per_run.append([(int(m.step), float(m.value)) for m in hist])
-            else:
-                per_run.append([])
-        if any(len(h) > 1 for h in per_run):
-            histories[k] = per_run
-    return Comparison(runs=summaries, params_differ=differ, n_params_same=len(keys) - len(differ),
-                      metrics=metrics, key_metrics=key, histories=histories)
+    exp = client.get_experiment_by_name(experiment or "")
+    if exp is None:
+        names = ", ".join(e.name for e in client.search_experiments(max_results=20))
+        raise missing(f"--experiment {experiment!r}: no such experiment (experiments: {names or 'none'})")
+    kind = STAGE_FILTER if stage_runs else PIPELINE_FILTER
+    full = kind + (f" and {filter_string}" if filter_string else "")
+    try:
+        runs = client.search_runs([exp.experiment_id], filter_string=full, max_results=max_runs,
+                                  order_by=["attributes.start_time DESC"])
+    except MlflowException as e:
+        raise ConfigError(f"--filter {filter_string!r}: {_short(e)} (MLflow search syntax, e.g. "
+                          "\"params.`train.lr` = '0.001'\" or \"attributes.status = 'FINISHED'\")") from None
+    if not runs:
+        what = "stage" if stage_runs else "pipeline"
+        hint = "" if stage_runs else " (--stage-runs compares stage runs)"
+        raise missing(f"experiment {experiment!r}: no {what} runs ({kind})"
+                      + (f" match --filter {filter_string!r}" if filter_string else "") + hint)
+    return runs[::-1]
+
+
+def stage_of(param: str) -> str:
+    """The group a param is shown under: its first dotted part ('train.lr' → 'train'); 'workdir' → 'run'."""
+    return param.split(".", 1)[0] if "." in param else "run"
+
+
+def _stage_order(differ: dict[str, dict]) -> dict[str, dict]:
+    """Pipeline order (ingest … register), then other sections alphabetically."""
+    from packtrain import STAGES
+
+    rank = {s: i for i, s in enumerate(STAGES)}
+    return {k: differ[k] for k in sorted(differ, key=lambda s: (rank.get(s, len(rank)), s))}
+
+
+def _compared(client, ref: str, run) -> ComparedRun:
+    from packtrain.tracking.refs import stage_run_of
+
+    tags = run.data.tags
+    exp = client.get_experiment(run.info.experiment_id)
+    return ComparedRun(ref=ref, run_id=run.info.run_id, name=tags.get("mlflow.runName") or run.info.run_name or "",
+                       kind=tags.get("packtrain.kind", ""), experiment=exp.name if exp else run.info.experiment_id,
+                       status=run.info.status, start_time=run.info.start_time,
+                       train_run_id=stage_run_of(client, run.info.run_id, "train"))
+
+
+def _float(v) -> float | None:
+    return None if v is None else float(v)
+
+
+def curve_metrics(names: set[str]) -> dict[str, list[str]]:
+    """Group title → the metric names to draw (preferred first, ≤ MAX_CURVES after fetching).
+
+    >>> curve_metrics({"loss", "final_loss", "summary.useful_mfu", "useful_mfu", "system.utilization_pct"})
+    {'loss': ['loss'], 'tokens/s': [], 'MFU': ['useful_mfu'], 'utilization': ['system.utilization_pct'], 'memory': []}
+    """
+    out = {}
+    for title, pattern, preferred in CURVES:
+        hits = [n for n in names if re.search(pattern, n, re.I) and not n.startswith(SUMMARY_PREFIXES)]
+        out[title] = sorted(hits, key=lambda n: (preferred.index(n) if n in preferred else len(preferred), n))
+    return out
+
+
+def fetch_curves(client, curve_runs: list) -> tuple[dict[str, list[str]], dict[str, list[list]]]:
+    """Metric histories of the curve runs: (group → drawn metrics, metric → per run [(x, y)]). A metric is
+    drawn when some run has ≥ 2 points of it; packtrain's system.* series are logged at step = milliseconds
+    since the sampler started, so their x is converted to seconds."""
+    names = set().union(*(r.data.metrics for r in curve_runs)) if curve_runs else set()
+    curves: dict[str, list[str]] = {}
+    histories: dict[str, list[list]] = {}
+    for title, candidates in curve_metrics(names).items():
+        drawn = []
+        for name in candidates:
+            if len(drawn) == MAX_CURVES:
+                break
+            per_run = [history(client, r.info.run_id, name) if name in r.data.metrics else [] for r in curve_runs]
+            if any(len(h) > 1 for h in per_run):
+                drawn.append(name)
+                histories[name] = per_run
+        curves[title] = drawn
+    return curves, histories
+
+
+def history(client, run_id: str, name: str) -> list[tuple[float, float]]:
+    """[(x, value)] in step order; x = step, or seconds for packtrain's system.* series (step = ms)."""
+    hist = sorted(client.get_metric_history(run_id, name), key=lambda m: (m.step, m.timestamp))
+    scale = 1e-3 if name.startswith("system.") else 1.0
+    return [(m.step * scale, float(m.value)) for m in hist]
+
+
+def headline_rows(curve_runs: list, own_runs: list) -> list[tuple[str, str, list[float | None]]]:
+    """The numbers people ask about first, by a fixed list (not alphabetically): the first name of each
+    HEADLINE entry that some run has; per run its train run's value, else the compared run's own."""
+    rows = []
+    for label, names in HEADLINE:
+        for name in names:
+            vals = [_float(c.data.metrics.get(name, o.data.metrics.get(name))) for c, o in
+                    zip(curve_runs, own_runs, strict=True)]
+            if any(v is not None for v in vals):
+                rows.append((label, name, vals))
+                break
+    return rows
+
+
+def gate_runs(client, runs: list[ComparedRun], rules=None) -> list:
+    """packtrain.gate.gate of every run after the first (candidate) against the first (baseline), on their
+    train stage runs (where the throughput, MFU and memory metrics are); default rules unless `rules`."""
+    from packtrain.gate import gate
+    from packtrain.gate.sources import load_run
+
+    if len(runs) < 2:
+        return []
+    sources = [load_run(client, c.train_run_id or c.run_id, f"train stage of {c.label}" if c.train_run_id
+                        and c.train_run_id != c.run_id else "") for c in runs]
+    return [gate(cand, sources[0], rules) for cand in sources[1:]]
 
 
 def write_report(comp: Comparison, out_dir: Path) -> dict[str, Path]:
     """compare.html (self-contained: PNGs base64-embedded), compare.json and compare.md in `out_dir`."""
-    from packtrain.gate.report import render_html
+    from packtrain.gate.report import render_html, render_markdown
 
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {"html": out_dir / "compare.html", "json": out_dir / "compare.json", "md": out_dir / "compare.md"}
     atomic_write_text(paths["html"], render_html(comp))
     write_json(paths["json"], comp.to_dict())
-    atomic_write_text(paths["md"], comp.markdown())
+    atomic_write_text(paths["md"], render_markdown(comp))
     return paths
 
 
@@ -156,8 +285,8 @@ def log_report(comp: Comparison, paths: dict[str, Path], tracking_uri: str | Non
     exp = client.get_experiment_by_name(name)
     exp_id = exp.experiment_id if exp else client.create_experiment(name)
     ids = ",".join(r.run_id for r in comp.runs)
-    run = client.create_run(exp_id, run_name="compare",
-                            tags={"packtrain.stage": "compare", "packtrain.compare.runs": ids[:5000]})
+    run = client.create_run(exp_id, run_name="compare", tags={
+        "packtrain.kind": "compare", "packtrain.stage": "compare", "packtrain.compare.runs": ids[:5000]})
     try:
         for p in paths.values():
             client.log_artifact(run.info.run_id, str(p), artifact_path="compare")

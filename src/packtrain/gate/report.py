@@ -1,11 +1,14 @@
-"""The HTML comparison report: tables + overlaid metric curves + bar charts, one self-contained file.
+"""The comparison as text (terminal), Markdown (CI summary) and one self-contained HTML file.
 
-Every figure is a matplotlib (Agg) PNG embedded as `data:image/png;base64,…`, so the file can be opened from
-an MLflow artifact view, a CI artifact or a mail attachment without anything next to it.
+    format_table(comp)    runs, params that differ by stage, headline numbers, gate verdicts, curves drawn
+    render_markdown(comp) the same as Markdown tables
+    render_html(comp)     the same + one figure per curve group (loss, tokens/s, MFU, utilization, memory):
+                          a subplot per metric (≤ 3), a line per run; PNGs base64-embedded
+                          (`data:image/png;base64,…`), so the file opens from an MLflow artifact view, a CI
+                          artifact or a mail attachment with nothing next to it (~40 KB a figure at 90 dpi)
 
-    curves   one figure per group (loss, tokens/s, utilization, memory): a subplot per metric (≤ 4),
-             a line per run over the metric's steps
-    bars     the key metrics' latest values: a subplot per metric (≤ 9), a bar per run
+A curve group without any series (e.g. MFU of runs logged before telemetry existed) is shown as a sentence
+saying so, never as an empty picture. tests/stages/test_compare_html.py opens the HTML in headless Chromium.
 """
 
 from __future__ import annotations
@@ -13,108 +16,175 @@ from __future__ import annotations
 import base64
 import html
 import io
-import re
+import math
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from packtrain.gate.compare import Comparison
 
-MAX_CURVES_PER_GROUP = 4
-MAX_BARS = 9
+
+def _num(v: float | None) -> str:
+    if v is None:
+        return "–"
+    if math.isnan(v) or math.isinf(v):
+        return str(v)
+    return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.4g}"
 
 
-def _png(fig) -> str:
+def _grid(rows: list[list[str]], indent: str = "") -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return [indent + "  ".join(v.ljust(widths[i]) for i, v in enumerate(r)).rstrip() for r in rows]
+
+
+def run_rows(comp: Comparison) -> list[list[str]]:
+    """[["", label...], ["run id", ...], ["train run", ...], ["experiment", ...], ["status", ...]]."""
+    rs = comp.runs
+    return [["", *(r.label + (" (baseline)" if i == 0 and len(rs) > 1 else "") for i, r in enumerate(rs))],
+            ["run id", *(r.run_id for r in rs)],
+            ["train run", *((r.train_run_id or "–") if r.train_run_id != r.run_id else "(itself)" for r in rs)],
+            ["experiment", *(r.experiment for r in rs)],
+            ["status", *(r.status for r in rs)]]
+
+
+def param_rows(comp: Comparison) -> list[tuple[str, list[list[str]]]]:
+    """(stage, [[param, value per run]]) for each stage with a differing param."""
+    return [(stage, [[k, *("–" if v is None else str(v)[:60] for v in vals)] for k, vals in params.items()])
+            for stage, params in comp.params_differ.items()]
+
+
+def headline_cells(comp: Comparison) -> list[list[str]]:
+    return [[f"{label} [{name}]", *(_num(v) for v in vals)] for label, name, vals in comp.headline]
+
+
+def gate_line(comp: Comparison, i: int) -> str:
+    """Verdict of candidate runs[i + 1] vs the baseline runs[0], e.g. 'REGRESSION: pipeline·75d35eb2 vs
+    baseline pipeline·01943b11 (built-in defaults): 2 of 31 metrics regressed (summary.useful_mfu dropped
+    9.1% > 5%, ...); 0 missing'."""
+    g = comp.gates[i]
+    regs = ", ".join(f"{r.metric} {r.reason}".strip() for r in g.regressions[:6])
+    more = f" (+{len(g.regressions) - 6})" if len(g.regressions) > 6 else ""
+    miss = ", ".join(r.metric for r in g.missing[:6])
+    return (f"{g.verdict}: {comp.runs[i + 1].label} vs baseline {comp.runs[0].label} ({g.rules}): "
+            f"{len(g.regressions)} of {len(g.rows)} metrics regressed" + (f" ({regs}{more})" if regs else "")
+            + f"; {len(g.missing)} missing" + (f" ({miss})" if miss else ""))
+
+
+def gate_rows(g) -> list[list[str]]:
+    """The gate's rows (GateRow: metric, baseline, candidate, change, rule, verdict, reason) with a header."""
+    def change(v):
+        return "–" if v is None else (f"{v:+.2%}" if math.isfinite(v) else str(v))
+
+    return [["metric", "baseline", "candidate", "change", "rule", "verdict", "why"],
+            *([r.metric, _num(r.baseline), _num(r.candidate), change(r.change), r.rule, r.verdict, r.reason or ""]
+              for r in g.rows)]
+
+
+def format_table(comp: Comparison) -> str:
+    """The terminal view (see the module docstring)."""
+    out = [f"compare: {len(comp.runs)} runs" + (", the first is the gate's baseline" if len(comp.runs) > 1 else "")]
+    out += _grid(run_rows(comp), "  ")
+    out.append(f"params that differ: {comp.n_differ} of {comp.n_params}" + (", by stage:" if comp.n_differ else ""))
+    for stage, rows in param_rows(comp):
+        out.append(f"  {stage}")
+        out += _grid(rows, "    ")
+    if comp.headline:
+        out.append("headline (train stage run, else the run itself):")
+        out += _grid(headline_cells(comp), "  ")
+    out += [f"gate {gate_line(comp, i)}" for i in range(len(comp.gates))]
+    drawn = " · ".join(f"{t}: {', '.join(ms) or 'none'}" for t, ms in comp.curves.items())
+    out.append(f"curves: {drawn}")
+    out += [f"note: {n}" for n in comp.notes]
+    return "\n".join(out)
+
+
+def _md_table(rows: list[list[str]]) -> list[str]:
+    esc = [[c.replace("|", "\\|") for c in r] for r in rows]
+    return ["| " + " | ".join(esc[0]) + " |", "|" + "---|" * len(esc[0])] + ["| " + " | ".join(r) + " |"
+                                                                            for r in esc[1:]]
+
+
+def render_markdown(comp: Comparison) -> str:
+    labels = [r.label for r in comp.runs]
+    out = [f"## packtrain compare: {len(comp.runs)} runs", ""] + _md_table(run_rows(comp)) + [""]
+    out.append(f"### Params that differ ({comp.n_differ} of {comp.n_params})")
+    for stage, rows in param_rows(comp):
+        out += ["", f"**{stage}**", ""] + _md_table([["param", *labels], *rows])
+    if comp.headline:
+        out += ["", "### Headline", ""] + _md_table([["metric", *labels], *headline_cells(comp)])
+    if comp.gates:
+        out += ["", "### Gate", ""] + [f"- {gate_line(comp, i)}" for i in range(len(comp.gates))]
+    out += [""] + [f"- note: {n}" for n in comp.notes]
+    return "\n".join(out) + "\n"
+
+
+# -- figures -------------------------------------------------------------------------------------------------
+def curve_figure(comp: Comparison, title: str) -> str | None:
+    """Base64 PNG of one curve group: a subplot per drawn metric, a line per run; None when nothing to draw."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    names = comp.curves.get(title) or []
+    if not names:
+        return None
+    fig = Figure(figsize=(4.2 * len(names), 3.2), dpi=90)
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(1, len(names), squeeze=False)[0]
+    for ax, name in zip(axes, names, strict=True):
+        for run, hist in zip(comp.runs, comp.histories[name], strict=True):
+            if hist:
+                xs, ys = zip(*hist, strict=True)
+                ax.plot(xs, ys, marker="." if len(hist) < 40 else None, label=run.label)
+        ax.set_title(name, fontsize=9)
+        ax.set_xlabel("seconds" if name.startswith("system.") else "step")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7)
+    fig.suptitle(title)
+    fig.tight_layout()
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
-    import matplotlib.pyplot as plt
-
-    plt.close(fig)
+    fig.savefig(buf, format="png")
     return base64.b64encode(buf.getvalue()).decode("ascii")
 
 
-def curve_figures(comp: Comparison) -> list[tuple[str, str]]:
-    """(title, base64 PNG) per curve group that has a metric with more than one step."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from packtrain.gate.compare import CURVE_GROUPS
-
-    out = []
-    for title, pattern in CURVE_GROUPS.items():
-        names = [k for k in comp.histories if re.search(pattern, k, re.I)][:MAX_CURVES_PER_GROUP]
-        if not names:
-            continue
-        fig, axes = plt.subplots(1, len(names), figsize=(4.2 * len(names), 3.2), squeeze=False)
-        for ax, name in zip(axes[0], names, strict=True):
-            for run, hist in zip(comp.runs, comp.histories[name], strict=True):
-                if hist:
-                    steps, vals = zip(*hist, strict=True)
-                    ax.plot(steps, vals, marker="." if len(hist) < 30 else None, label=run.label)
-            ax.set_title(name, fontsize=9)
-            ax.set_xlabel("step")
-            ax.grid(alpha=0.3)
-        axes[0][0].legend(fontsize=7)
-        fig.suptitle(title)
-        out.append((title, _png(fig)))
-    return out
+def _table(rows: list[list[str]], head: bool = True) -> str:
+    esc = [[html.escape(c) for c in r] for r in rows]
+    thead = "<thead><tr>" + "".join(f"<th>{c}</th>" for c in esc[0]) + "</tr></thead>" if head else ""
+    body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in r) + "</tr>" for r in (esc[1:] if head else esc))
+    return f"<table>{thead}<tbody>{body}</tbody></table>"
 
 
-def bar_figure(comp: Comparison) -> str | None:
-    """Latest value of each key metric, one bar per run; None when no key metric has a value."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    names = [k for k in comp.key_metrics if any(v is not None for v in comp.metrics[k])][:MAX_BARS]
-    if not names:
-        return None
-    cols = min(3, len(names))
-    rows = -(-len(names) // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 2.8 * rows), squeeze=False)
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for i, ax in enumerate(axes.flat):
-        if i >= len(names):
-            ax.axis("off")
-            continue
-        vals = [v if v is not None else 0.0 for v in comp.metrics[names[i]]]
-        ax.bar(range(len(vals)), vals, color=[colors[j % len(colors)] for j in range(len(vals))])
-        ax.set_xticks(range(len(vals)), [r.label for r in comp.runs], rotation=30, ha="right", fontsize=7)
-        ax.set_title(names[i], fontsize=9)
-        ax.grid(axis="y", alpha=0.3)
-    fig.tight_layout()
-    return _png(fig)
-
-
-def _table(rows: list[list[str]]) -> str:
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in rows[0])
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in rows[1:])
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+_CSS = ("body{font-family:system-ui,sans-serif;margin:2em;color:#222;background:#fff}"
+        "table{border-collapse:collapse;margin:.6em 0}td,th{border:1px solid #ccc;padding:3px 8px;font-size:13px;"
+        "text-align:left}th{background:#f3f3f3}img{max-width:100%;display:block;margin:.6em 0}"
+        ".PASS{color:#1a7f37}.REGRESSION,.MISSING{color:#cf222e}.note{color:#7a5a00}")
 
 
 def render_html(comp: Comparison) -> str:
-    """The whole report as one HTML string."""
-    runs = [["run", "run id", "experiment", "status"]] + [[r.label, r.run_id, r.experiment, r.status]
-                                                          for r in comp.runs]
-    figs = curve_figures(comp)
-    bars = bar_figure(comp)
-    parts = [
-        "<!doctype html><html><head><meta charset='utf-8'><title>packtrain compare</title><style>",
-        "body{font-family:system-ui,sans-serif;margin:2em;color:#222}table{border-collapse:collapse;margin:1em 0}",
-        "td,th{border:1px solid #ccc;padding:3px 8px;font-size:13px;text-align:left}th{background:#f3f3f3}",
-        "img{max-width:100%;display:block;margin:1em 0}</style></head><body>",
-        f"<h1>packtrain compare: {len(comp.runs)} runs</h1>",
-        _table(runs),
-        f"<h2>Params that differ ({len(comp.params_differ)}; {comp.n_params_same} equal) and key metrics</h2>",
-        _table(comp._rows()),
-    ]
-    if figs:
-        parts.append("<h2>Curves</h2>")
-        parts += [f"<h3>{html.escape(t)}</h3><img alt='{html.escape(t)}' src='data:image/png;base64,{b}'>"
-                  for t, b in figs]
-    if bars:
-        parts.append(f"<h2>Key metrics</h2><img alt='key metrics' src='data:image/png;base64,{bars}'>")
+    """The whole report as one HTML string (no external resource: CSS inline, images as data: URIs)."""
+    labels = [r.label for r in comp.runs]
+    parts = ["<!doctype html><html><head><meta charset='utf-8'><title>packtrain compare</title>",
+             f"<style>{_CSS}</style></head><body>", f"<h1>packtrain compare: {len(comp.runs)} runs</h1>",
+             _table(run_rows(comp)),
+             f"<h2>Params that differ ({comp.n_differ} of {comp.n_params})</h2>"]
+    for stage, rows in param_rows(comp):
+        parts += [f"<h3>{html.escape(stage)}</h3>", _table([["param", *labels], *rows])]
+    if comp.headline:
+        parts += ["<h2>Headline</h2>", _table([["metric", *labels], *headline_cells(comp)])]
+    if comp.gates:
+        parts.append("<h2>Gate</h2>")
+        for i, g in enumerate(comp.gates):
+            cls = g.verdict.split()[0]
+            parts.append(f"<p class='gate {cls}'><b>{html.escape(g.verdict)}</b> "
+                         f"{html.escape(gate_line(comp, i).split(': ', 1)[1])}</p>")
+            parts.append(_table(gate_rows(g)))
+    parts.append("<h2>Curves (train stage runs)</h2>")
+    for title in comp.curves:
+        png = curve_figure(comp, title)
+        if png is None:
+            parts.append(f"<h3>{html.escape(title)}</h3><p class='note'>no {html.escape(title)} series in these "
+                         "runs' metric histories</p>")
+        else:
+            parts.append(f"<h3>{html.escape(title)}</h3><img alt='{html.escape(title)} curves' "
+                         f"src='data:image/png;base64,{png}'>")
+    parts += [f"<p class='note'>note: {html.escape(n)}</p>" for n in comp.notes]
     parts.append("</body></html>")
     return "\n".join(parts)
