@@ -63,15 +63,15 @@ def configs_for(name: str, size: str, engine: str, zero, offload: bool, ckpt: st
     ds = dict(zero_stage=zero if zero is not None else 2, offload_optimizer=offload,
               offload_params=offload and zero == 3, overlap_comm=True, contiguous_gradients=True)
     train = dict(engine=engine, device="cuda", attention="sdpa", precision="bf16", activation_checkpointing=ckpt,
-                 ac_every_k=2, rows=rows, budget=None, grad_accum=1, fused_optimizer=True, loss="standard",
-                 loss_chunk_tokens=2048, grad_clip=1.0)
+                 ac_every_k=2, rows=rows, grad_accum=1, fused_optimizer=True, loss="standard",
+                 loss_chunk_tokens=2048, grad_clip=1.0, gpus=1)
     try:
         from packtrain.config import DeepSpeedOptions, ModelConfig, PlanConfig, TrainConfig
     except ImportError:
         from types import SimpleNamespace as NS
 
-        plan = NS(device_memory_gib=None, target_fraction=0.85, gpus=1, allocator_overhead=0.05,
-                  cuda_context_gib=0.5, vocab_size=VOCAB, global_batch_tokens=None, max_budget=None)
+        plan = NS(device_memory_gib=None, target_fraction=0.85, allocator_overhead=0.05,
+                  cuda_context_gib=0.5, vocab_size=VOCAB, global_batch_tokens=None, max_rows=64)
         return NS(**model), NS(**train, deepspeed=NS(**ds)), plan
     return (ModelConfig(**model), TrainConfig(**train, deepspeed=DeepSpeedOptions(**ds)), PlanConfig())
 

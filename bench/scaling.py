@@ -49,8 +49,8 @@ def predicted_peak_gib(recipe: str, overrides: list[str], gpus: int, vocab_size:
     from packtrain.planner.plan import plan_memory
 
     cfg = load_run_config(recipe, overrides)
-    plan_cfg = cfg.plan.model_copy(update={"gpus": gpus})
-    p = plan_memory(cfg.model, cfg.train, cfg.pack.budget, plan_cfg, vocab_size=vocab_size, suggest=False)
+    train_cfg = cfg.train.model_copy(update={"gpus": gpus})
+    p = plan_memory(cfg.model, train_cfg, cfg.pack.budget, cfg.plan, vocab_size=vocab_size, suggest=False)
     return {"peak_alloc_gib": round(p.peak_allocated / GIB, 3), "peak_phase": p.peak_phase,
             "components_gib": {k: round(v / GIB, 3) for k, v in p.components.items()}}
 

@@ -3,7 +3,7 @@
 from kfp import dsl
 from kfp.dsl import Artifact, Input, Metrics, Model, Output
 
-from components.image import CPU_IMAGE
+from packtrain.components.image import CPU_IMAGE
 
 
 @dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)

@@ -3,7 +3,7 @@
 from kfp import dsl
 from kfp.dsl import Dataset, Input, Metrics, Model, Output
 
-from components.image import GPU_IMAGE
+from packtrain.components.image import GPU_IMAGE
 
 
 @dsl.component(base_image=GPU_IMAGE, install_kfp_package=False)

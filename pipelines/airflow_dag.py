@@ -15,6 +15,10 @@ tokenizes with its tokenizer; the very first run, with no champion yet, starts f
 (scratch) and says so. The new version is tagged `packtrain.parent_model_version`; `report` prints the lineage.
 A recipe of your own gets the same with `model.init_from: champion` (docs/model.md, "Warm start").
 
+Several GPUs: overrides ["train.gpus=N"]. run_pipeline's train stage is the KFP train component (kfp.local here,
+a pod in cluster mode), whose stage runner launches the N ranks itself (packtrain.train.launch) — the same launch
+as `packtrain train --gpus N`; the DAG has no launch code of its own.
+
 Schedule: Mondays 03:00 (Airflow's 5-field cron; the KFP recurring run uses the 6-field form `0 0 3 * * 1`).
 Airflow lives in .venv-airflow (`make setup-airflow`), see docs/pipeline.md.
 """

@@ -1,18 +1,24 @@
 """The packtrain KFP pipeline: call graph and Kubernetes settings only (the work is in the components).
+Installed as `packtrain.pipelines.kfp_pipeline`; `packtrain pipeline compile` writes its IR.
 
-    ingest ─► validate ─┐
-       └──────────────► tokenize ─► pack ─► train ─► evaluate ─► register
-                                       └──────────────┘   (packs also feed evaluate; train feeds register)
+The graph is the stage table's (packtrain.stages.table): one task per stage, each input artifact wired from the
+task that outputs it under the same name, `after` as an explicit dependency:
+
+    ingest ─documents─► validate ─┐ (after)
+       └────documents──────────► tokenize ─tokens─► pack ─packs─► train ─model─► evaluate ─evaluation─► register
+                                    └──tokens───────────────────────┘    packs ──┘        model ──────────┘
 
 Parameters: `config` (the whole RunConfig as one JSON string), `data_version` (DVC md5 of the source:
 part of ingest's cache key) and `code_version` (packtrain version + git sha: part of every stage's key).
 
-Kubernetes settings from `PipelineConfig` (compile time):
-- train, evaluate: `set_accelerator_type(gpu_type)` + `set_accelerator_limit(gpus)` (N GPUs on ONE node;
-  multi-node is `packtrain pipeline pytorchjob`), CPU/memory requests, /dev/shm as a memory emptyDir
-  (`shm_size`; Docker's 64 MiB default breaks DataLoader workers and NCCL);
-- the CPU stages: CPU/memory requests, the CPU image;
-- retries (`retries`, 30 s backoff ×2) on the transient stages — ingest (remote sources), train
+Kubernetes settings, at compile time, from `PipelineConfig` and `train.gpus`/`train.device`:
+- the table's GPU stages (train, evaluate): the GPU image, `set_accelerator_type(gpu_type)` with
+  `set_accelerator_limit(train.gpus)` for train (one node; the train stage launches train.gpus ranks itself,
+  packtrain.train.launch; multi-node is `packtrain pipeline pytorchjob`) and 1 for evaluate; none when
+  train.device is cpu; CPU/memory requests; /dev/shm as a memory emptyDir (`shm_size`; Docker's 64 MiB default
+  breaks DataLoader workers and NCCL);
+- the other stages: CPU/memory requests, the CPU image;
+- retries (`retries`, 30 s backoff ×2) on the table's transient stages — ingest (remote sources), train
   (preemption, NCCL timeouts), evaluate, register (MLflow server) — not on validate/tokenize/pack, which
   are deterministic: a retry would fail the same way;
 - every stage: MLFLOW_TRACKING_URI (required) and MLFLOW_TRACKING_USERNAME/_PASSWORD (optional) from the
@@ -30,43 +36,35 @@ from typing import NamedTuple
 
 from kfp import dsl, kubernetes
 
-from components import COMPONENTS
 from packtrain import __version__
+from packtrain.components import COMPONENTS
 from packtrain.config import PipelineConfig
+from packtrain.stages.table import ARTIFACTS, STAGE_NAMES, STAGES, StageSpec
 
-TRANSIENT = ("ingest", "train", "evaluate", "register")
-GPU_STAGES = ("train", "evaluate")
 MLFLOW_SECRET_KEYS = ("MLFLOW_TRACKING_URI",)
 MLFLOW_OPTIONAL_KEYS = ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD")
 
-
-class StageStats(NamedTuple):
-    """The pipeline's outputs: each stage's stats as JSON (`packtrain run` prints the summary from them)."""
-
-    ingest: str
-    validate: str
-    tokenize: str
-    pack: str
-    train: str
-    evaluate: str
-    register: str
+StageStats = NamedTuple("StageStats", [(name, str) for name in STAGE_NAMES])
+"""The pipeline's outputs: each stage's stats as JSON (`packtrain run` prints the summary from them)."""
 
 
-def _configure(task: dsl.PipelineTask, stage: str, pcfg: PipelineConfig) -> dsl.PipelineTask:
-    """Image, resources, shared memory, retries, secret and caching of one stage's task."""
-    task.set_display_name(stage)
+def _configure(task: dsl.PipelineTask, spec: StageSpec, pcfg: PipelineConfig, gpus: int) -> dsl.PipelineTask:
+    """Image, resources, shared memory, retries, secret and caching of one stage's task. `gpus`: accelerators
+    of the train task (0: none requested); the other GPU stages run one process and get one."""
+    task.set_display_name(spec.name)
     task.set_caching_options(enable_caching=True)
-    if stage in GPU_STAGES:
+    if spec.gpu:
         task.set_container_image(pcfg.base_image)
         task.set_cpu_request(pcfg.gpu_cpu_request).set_memory_request(pcfg.gpu_memory_request)
-        if pcfg.gpus > 0:
-            task.set_accelerator_type(pcfg.gpu_type).set_accelerator_limit(pcfg.gpus)
+        n = gpus if spec.name == "train" else min(gpus, 1)
+        if n > 0:
+            task.set_accelerator_type(pcfg.gpu_type).set_accelerator_limit(n)
         kubernetes.empty_dir_mount(task, volume_name="dshm", mount_path="/dev/shm", medium="Memory",
                                    size_limit=pcfg.shm_size)
     else:
         task.set_container_image(pcfg.cpu_image)
         task.set_cpu_request(pcfg.cpu_request).set_memory_request(pcfg.memory_request)
-    if stage in TRANSIENT and pcfg.retries > 0:
+    if spec.transient and pcfg.retries > 0:
         task.set_retry(num_retries=pcfg.retries, backoff_duration="30s", backoff_factor=2.0)
     kubernetes.use_secret_as_env(task, secret_name=pcfg.mlflow_secret,
                                  secret_key_to_env={k: k for k in MLFLOW_SECRET_KEYS})
@@ -76,36 +74,29 @@ def _configure(task: dsl.PipelineTask, stage: str, pcfg: PipelineConfig) -> dsl.
     return task
 
 
-def build_pipeline(pcfg: PipelineConfig | None = None):
-    """The `@dsl.pipeline` for one PipelineConfig (images, GPUs, requests, secret are compile-time)."""
+def build_pipeline(pcfg: PipelineConfig | None = None, gpus: int = 1):
+    """The `@dsl.pipeline` for one PipelineConfig and `gpus` accelerators for train (images, GPUs, requests,
+    secret are compile-time; packtrain.pipeline.kfp_ops.accelerators(cfg) derives `gpus` from a RunConfig)."""
     pcfg = pcfg or PipelineConfig()
-    c = COMPONENTS
 
     @dsl.pipeline(name="packtrain", description="ingest → validate → tokenize → pack → train → evaluate → "
                   "register: packed LM training tracked in MLflow")
     def packtrain_pipeline(config: str, data_version: str = "", code_version: str = __version__) -> StageStats:
         # the KFP run id as an explicit argument: the driver resolves it (→ KFP_RUN_ID → MLflow tag kfp.run_id)
         common = {"config": config, "code_version": code_version, "kfp_run_id": dsl.PIPELINE_JOB_ID_PLACEHOLDER}
-        ingest = _configure(c["ingest"](data_version=data_version, **common), "ingest", pcfg)
-        validate = _configure(c["validate"](documents=ingest.outputs["documents"], **common), "validate", pcfg)
-        tokenize = _configure(c["tokenize"](documents=ingest.outputs["documents"], **common), "tokenize", pcfg)
-        tokenize.after(validate)  # a failing validation stops the run before any tokenizing or training
-        pack = _configure(c["pack"](tokens=tokenize.outputs["tokens"], **common), "pack", pcfg)
-        train = _configure(c["train"](packs=pack.outputs["packs"], tokens=tokenize.outputs["tokens"], **common),
-                           "train", pcfg)
-        evaluate = _configure(c["evaluate"](model=train.outputs["model"], packs=pack.outputs["packs"], **common),
-                              "evaluate", pcfg)
-        register = _configure(c["register"](model=train.outputs["model"],
-                                            evaluation=evaluate.outputs["evaluation"], **common),
-                              "register", pcfg)
-        return StageStats(
-            ingest=ingest.outputs["Output"], validate=validate.outputs["Output"],
-            tokenize=tokenize.outputs["Output"], pack=pack.outputs["Output"], train=train.outputs["Output"],
-            evaluate=evaluate.outputs["Output"], register=register.outputs["Output"],
-        )
+        tasks: dict[str, dsl.PipelineTask] = {}
+        for spec in STAGES:
+            component = COMPONENTS[spec.name]
+            artifacts = {a: tasks[ARTIFACTS[a]].outputs[a] for a in spec.inputs}
+            extra = {"data_version": data_version} if "data_version" in component.component_spec.inputs else {}
+            task = _configure(component(**artifacts, **common, **extra), spec, pcfg, gpus)
+            for earlier in spec.after:   # tokenize after validate: a failed suite stops the run before training
+                task.after(tasks[earlier])
+            tasks[spec.name] = task
+        return StageStats(**{name: tasks[name].outputs["Output"] for name in STAGE_NAMES})
 
     return packtrain_pipeline
 
 
 packtrain_pipeline = build_pipeline()
-"""The pipeline with the default PipelineConfig: what pipelines/packtrain_pipeline.yaml holds."""
+"""The pipeline with the default PipelineConfig and one train GPU: what pipelines/packtrain_pipeline.yaml holds."""

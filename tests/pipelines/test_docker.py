@@ -1,5 +1,6 @@
 """The Dockerfiles (no Docker daemon here): hadolint passes, the parsed instructions hold what the cluster
-needs, and the image names agree across registry.txt, the LABELs, PipelineConfig and the components."""
+needs — the built wheel installed, never the source tree — and the image names agree across registry.txt, the
+LABELs, PipelineConfig and the components."""
 
 from __future__ import annotations
 
@@ -46,9 +47,7 @@ def test_hadolint_passes():
 
 
 def test_image_names_agree_everywhere():
-    if str(REPO) not in sys.path:
-        sys.path.insert(0, str(REPO))
-    import components.image as ci
+    import packtrain.components.image as ci
 
     reg = _registry()
     pc = PipelineConfig()
@@ -64,10 +63,10 @@ def test_gpu_image_is_cuda_with_deepspeed_and_non_root():
     parser, ins = _parse(DOCKER / "Dockerfile")
     base_args = dict(v.split("=", 1) for i, v in ins if i == "ARG" and "=" in v)
     assert base_args["CUDA_IMAGE"].startswith("nvidia/cuda:") and "devel" in base_args["CUDA_IMAGE"]
-    assert [v for i, v in ins if i == "FROM"] == ["${CUDA_IMAGE}"]
+    assert [v for i, v in ins if i == "FROM"] == ["${PYTHON_IMAGE} AS wheel", "${CUDA_IMAGE}"]
     assert parser.args["TORCH_INDEX"].endswith(("cu128", "cu126", "cu129"))
-    runs = " ".join(v for i, v in ins if i == "RUN")
-    assert '-e ".[deepspeed]"' in runs and "${TORCH_INDEX}" in runs and "${TORCH_SPEC}" in runs
+    runs = " ".join(v for i, v in _final_stage(ins) if i == "RUN")
+    assert '"${whl}[deepspeed]"' in runs and "${TORCH_INDEX}" in runs and "${TORCH_SPEC}" in runs
     assert "useradd" in runs
     users = [v for i, v in ins if i == "USER"]
     assert users and users[-1].split(":")[0] not in ("0", "root")
@@ -78,8 +77,8 @@ def test_gpu_image_is_cuda_with_deepspeed_and_non_root():
 def test_cpu_image_is_cpu_torch_and_non_root():
     parser, ins = _parse(DOCKER / "Dockerfile.cpu")
     assert parser.args["TORCH_INDEX"].endswith("/cpu")
-    runs = " ".join(v for i, v in ins if i == "RUN")
-    assert "pip install -c constraints.txt -e ." in runs and "deepspeed" not in runs.split("import")[0]
+    runs = " ".join(v for i, v in _final_stage(ins) if i == "RUN")
+    assert "/opt/packtrain/dist/packtrain-*.whl" in runs and "deepspeed" not in runs.split("import")[0]
     users = [v for i, v in ins if i == "USER"]
     assert users and users[-1].split(":")[0] not in ("0", "root")
 
@@ -88,7 +87,35 @@ def test_cpu_image_is_cpu_torch_and_non_root():
 def test_every_copied_path_exists(dockerfile):
     _, ins = _parse(DOCKER / dockerfile)
     for i, v in ins:
-        if i == "COPY":
+        if i == "COPY" and not v.startswith("--from="):
             *srcs, _dst = v.split()
             for s in srcs:
                 assert (REPO / s).exists(), f"{dockerfile}: COPY {s} does not exist"
+
+
+def _final_stage(ins: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The instructions after the last FROM: what the image the components run in is made of."""
+    last = max(k for k, (i, _) in enumerate(ins) if i == "FROM")
+    return ins[last + 1:]
+
+
+@pytest.mark.parametrize("dockerfile", ["Dockerfile", "Dockerfile.cpu"])
+def test_images_install_the_built_wheel_not_the_source_tree(dockerfile):
+    """Stage 1 builds the wheel from the rooms pyproject maps into it; the image itself only copies the wheel
+    (no src/, recipes/, components/, pipelines/, no editable install) and imports it away from any checkout."""
+    _, ins = _parse(DOCKER / dockerfile)
+    stages = [k for k, (i, _) in enumerate(ins) if i == "FROM"]
+    assert len(stages) == 2 and ins[stages[0]][1].endswith(" AS wheel")
+    builder = ins[stages[0] + 1:stages[1]]
+    assert any(i == "RUN" and "pip wheel" in v and "--no-deps" in v for i, v in builder)
+    copied = {v.split()[0] for i, v in builder if i == "COPY"}
+    assert {"src", "recipes", "components", "pipelines", "pyproject.toml"} <= copied
+    final = _final_stage(ins)
+    copies = [v for i, v in final if i == "COPY"]
+    assert "--from=wheel /dist /opt/packtrain/dist" in copies
+    assert not [c for c in copies if c.split()[0] in ("src", "recipes", "components", "pipelines", ".")]
+    runs = " ".join(v for i, v in final if i == "RUN")
+    assert " -e " not in runs and "packtrain-*.whl" in runs
+    # the smoke import runs in / (not next to a source tree) and loads a recipe + the pipeline from the wheel
+    k = next(k for k, (i, v) in enumerate(final) if i == "RUN" and "load_run_config('tiny-cpu')" in v)
+    assert [v for i, v in final[:k] if i == "WORKDIR"][-1] == "/" and "load_pipeline(" in final[k][1]

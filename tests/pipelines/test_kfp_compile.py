@@ -1,14 +1,16 @@
 """The KFP pipeline compiles; the committed IR is what the code compiles to; the IR carries the cluster
-settings (GPUs, /dev/shm, secret, retries, caching, images) and the DAG order."""
+settings (GPUs from train.gpus, /dev/shm, secret, retries, caching, images) and the stage table's DAG."""
 
 from __future__ import annotations
 
+import pytest
 import yaml
 from pipeline_helpers import REPO, run_cli
 
 from packtrain import STAGES
-from packtrain.config import PipelineConfig
+from packtrain.config import PipelineConfig, RunConfig
 from packtrain.pipeline.kfp_ops import compile_pipeline
+from packtrain.stages.table import ARTIFACTS, stage_spec, upstream
 
 COMMITTED = REPO / "pipelines" / "packtrain_pipeline.yaml"
 
@@ -35,6 +37,12 @@ def test_ir_has_every_stage_in_dag_order_with_artifacts():
     assert deps["tokenize"] == {"ingest", "validate"}          # validation gates tokenize
     assert deps["train"] == {"pack", "tokenize"}
     assert deps["register"] == {"train", "evaluate"}
+    for s in STAGES:   # the wiring is the stage table's: each input artifact from its producer, same name
+        assert deps[s] == set(upstream(s))
+        arts = tasks[s]["inputs"].get("artifacts", {})
+        assert {a: (v["taskOutputArtifact"]["producerTask"], v["taskOutputArtifact"]["outputArtifactKey"])
+                for a, v in arts.items()} == {a: (ARTIFACTS[a], a) for a in stage_spec(s).inputs}
+        assert stage_spec(s).output in spec["components"][f"comp-{s}"]["outputDefinitions"]["artifacts"]
     assert spec["root"]["inputDefinitions"]["parameters"]["config"]["parameterType"] == "STRING"
     comps = spec["components"]
     assert comps["comp-train"]["outputDefinitions"]["artifacts"]["model"]["artifactType"]["schemaTitle"] == \
@@ -63,7 +71,7 @@ def test_ir_resources_images_retries_secret_shm():
         assert res["resourceCpuRequest"] == (pc.gpu_cpu_request if gpu else pc.cpu_request)
         if gpu:
             assert res["accelerator"]["resourceType"] == pc.gpu_type
-            assert res["accelerator"]["resourceCount"] == str(pc.gpus)
+            assert res["accelerator"]["resourceCount"] == "1"   # train.gpus = 1 (default); evaluate: one
             assert k8s[f"exec-{s}"]["emptyDirMounts"] == [
                 {"medium": "Memory", "mountPath": "/dev/shm", "sizeLimit": pc.shm_size, "volumeName": "dshm"}]
         else:
@@ -83,28 +91,44 @@ def test_ir_resources_images_retries_secret_shm():
 
 
 def test_compile_follows_the_pipeline_config(tmp_path):
-    pc = PipelineConfig(gpus=4, base_image="registry.example/packtrain:9", shm_size="64Gi", retries=0)
-    spec, platform = _docs(compile_pipeline(tmp_path / "p.yaml", pc))
-    train = spec["deploymentSpec"]["executors"]["exec-train"]["container"]
+    cfg = RunConfig(pipeline={"base_image": "registry.example/packtrain:9", "shm_size": "64Gi", "retries": 0},
+                    train={"gpus": 4})
+    spec, platform = _docs(compile_pipeline(tmp_path / "p.yaml", cfg))
+    execs = spec["deploymentSpec"]["executors"]
+    train = execs["exec-train"]["container"]
     assert train["image"] == "registry.example/packtrain:9"
-    assert train["resources"]["accelerator"]["resourceCount"] == "4"
+    assert train["resources"]["accelerator"]["resourceCount"] == "4"   # the train stage's 4 ranks
+    assert execs["exec-evaluate"]["container"]["resources"]["accelerator"]["resourceCount"] == "1"
     assert platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]["exec-train"]["emptyDirMounts"][0][
         "sizeLimit"] == "64Gi"
     assert all("retryPolicy" not in t for t in spec["root"]["dag"]["tasks"].values())
 
 
-def test_compile_cli_reads_the_recipe_pipeline_section(tmp_path):
-    out = tmp_path / "gpu8.yaml"
-    r = run_cli(["pipeline", "compile", "--out", str(out), "--set", "pipeline.gpus=8"], cwd=tmp_path)
+def test_compile_cli_reads_train_gpus(tmp_path):
+    """One GPU count: train.gpus is the train task's accelerator limit; train.device=cpu requests none."""
+    out, cpu = tmp_path / "gpu8.yaml", tmp_path / "cpu.yaml"
+    r = run_cli(["pipeline", "compile", "--out", str(out), "--set", "train.gpus=8"], cwd=tmp_path)
     assert r.returncode == 0, r.stderr
-    spec, _ = _docs(out)
-    assert spec["deploymentSpec"]["executors"]["exec-evaluate"]["container"]["resources"]["accelerator"][
-        "resourceCount"] == "8"
+    execs = _docs(out)[0]["deploymentSpec"]["executors"]
+    assert execs["exec-train"]["container"]["resources"]["accelerator"]["resourceCount"] == "8"
+    assert execs["exec-evaluate"]["container"]["resources"]["accelerator"]["resourceCount"] == "1"
+    r = run_cli(["pipeline", "compile", "--out", str(cpu), "--set", "train.device=cpu"], cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert all("accelerator" not in e["container"]["resources"]
+               for e in _docs(cpu)[0]["deploymentSpec"]["executors"].values())
+
+
+@pytest.mark.parametrize("old", ["pipeline.gpus", "plan.gpus"])
+def test_removed_gpu_fields_name_train_gpus(tmp_path, old):
+    r = run_cli(["pipeline", "compile", "--out", str(tmp_path / "x.yaml"), "--set", f"{old}=8"], cwd=tmp_path)
+    assert r.returncode == 2
+    assert f"--set {old}=8: {old}: removed: set train.gpus instead" in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "x.yaml").exists()
 
 
 def test_compile_cli_bad_override_is_a_clear_error(tmp_path):
-    r = run_cli(["pipeline", "compile", "--out", str(tmp_path / "x.yaml"), "--set", "pipeline.gpus=-1"],
+    r = run_cli(["pipeline", "compile", "--out", str(tmp_path / "x.yaml"), "--set", "train.gpus=-1"],
                 cwd=tmp_path)
     assert r.returncode == 2
-    assert "pipeline.gpus" in r.stderr and "Traceback" not in r.stderr
+    assert "train.gpus: -1 is not allowed: must be an integer ≥ 1" in r.stderr and "Traceback" not in r.stderr
     assert not (tmp_path / "x.yaml").exists()

@@ -34,6 +34,7 @@ def test_pytorchjob_shape(tmp_path, nodes, gpus):
     assert cm["kind"] == "ConfigMap" and cm["apiVersion"] == "v1"
     run_cfg = yaml.safe_load(cm["data"]["run.yaml"])
     assert run_cfg["workdir"] == "/workspace/1b-h200" and run_cfg["model"] == cfg.to_dict()["model"]
+    assert run_cfg["train"]["gpus"] == gpus   # ranks per node: the outer torchrun's, nothing relaunched inside
     assert job["apiVersion"] == "kubeflow.org/v1" and job["kind"] == "PyTorchJob"
     assert job["metadata"]["name"] == "packtrain-1b-h200-train"
     spec = job["spec"]
@@ -66,6 +67,12 @@ def test_trainjob_shape(tmp_path):
     (ov,) = job["spec"]["podTemplateOverrides"]
     assert ov["targetJobs"] == [{"name": "node"}]
     assert {v["name"] for v in ov["spec"]["volumes"]} == {"dshm", "config", "data"}
+
+
+def test_gpus_per_node_defaults_to_train_gpus(tmp_path):
+    cm, job = _emit(tmp_path, "--nodes", "2", "--set", "train.gpus=4")
+    assert job["spec"]["nprocPerNode"] == "4"
+    assert yaml.safe_load(cm["data"]["run.yaml"])["train"]["gpus"] == 4
 
 
 def test_stdout_is_the_default(tmp_path):

@@ -20,8 +20,8 @@ VOCAB = 32768
 
 def _predicted_gib(recipe: str, overrides: list[str], gpus: int) -> float:
     cfg = load_run_config(recipe, overrides)
-    plan_cfg = cfg.plan.model_copy(update={"gpus": gpus})
-    return plan_memory(cfg.model, cfg.train, cfg.pack.budget, plan_cfg, 141.0, vocab_size=VOCAB,
+    train_cfg = cfg.train.model_copy(update={"gpus": gpus})
+    return plan_memory(cfg.model, train_cfg, cfg.pack.budget, cfg.plan, 141.0, vocab_size=VOCAB,
                        suggest=False).peak_allocated / GIB
 
 

@@ -94,11 +94,10 @@ def test_zero3_offload_plan_below_zero2_for_large_models(c, budget):
     # each, more than ZeRO-2's partitioned states (hypothesis: 1B params, fp32, vocab 65k → 50.6 vs 49.7 GB)
     c = {**c, "engine": "deepspeed", "hidden": 2048, "layers": max(c["layers"], 16), "ffn": 3,
          "precision": "bf16" if c["precision"] == "fp32" else c["precision"]}
-    plan_cfg = BASE.plan.model_copy(update={"gpus": 8})
-
     def peak(zero, offload=False):
         model, train = _cfgs(c, zero=zero, offload=offload)
-        return plan_memory(model, train, budget, plan_cfg, 80, vocab_size=c["vocab"], suggest=False).peak_allocated
+        train = train.model_copy(update={"gpus": 8})
+        return plan_memory(model, train, budget, BASE.plan, 80, vocab_size=c["vocab"], suggest=False).peak_allocated
 
     # ZeRO-2 differs from ZeRO-1 only in partitioned gradients, which do not exist yet when the peak is the loss
     # backward of an activation-heavy step (found by hypothesis: 16 × 2334 tokens, standard loss): ≤ there.

@@ -5,8 +5,9 @@
     packtrain pipeline pytorchjob --nodes 4 --gpus-per-node 8 [--kind trainjob] [--out job.yaml] --recipe 1b-h200
     packtrain pipeline export pack --recipe params.yaml     # dvc.yaml: metrics/pack.json (+ plots for train)
 
-The IR depends on the recipe's `pipeline` section only (images, GPUs, requests, secret); the whole
-RunConfig travels as the run-time parameter `config` (submit passes it).
+The IR depends on the recipe's `pipeline` section (images, requests, secret) and the train task's GPUs
+(train.gpus; none when train.device is cpu) only; the whole RunConfig travels as the run-time parameter `config`
+(submit passes it).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     s.add_argument("--namespace", default=None, help="Kubernetes namespace of the KFP profile")
     j = sub.add_parser("pytorchjob", help="emit a multi-node PyTorchJob / TrainJob YAML running packtrain train")
     j.add_argument("--nodes", type=int, default=None, help="nodes (default: pipeline.nodes)")
-    j.add_argument("--gpus-per-node", type=int, default=None, help="GPUs per node (default: pipeline.gpus)")
+    j.add_argument("--gpus-per-node", type=int, default=None, help="GPUs (ranks) per node (default: train.gpus)")
     j.add_argument("--kind", choices=["pytorchjob", "trainjob"], default="pytorchjob",
                    help="kubeflow.org/v1 PyTorchJob or Kubeflow Trainer v2 TrainJob")
     j.add_argument("--namespace", default="kubeflow")
@@ -56,7 +57,7 @@ def run(cfg, args: argparse.Namespace) -> int:
     if args.action == "compile":
         from packtrain.pipeline.kfp_ops import compile_pipeline
 
-        path = compile_pipeline(args.out, cfg.pipeline)
+        path = compile_pipeline(args.out, cfg)
         print(f"compiled {path}")
         return 0
     if args.action == "submit":
@@ -75,7 +76,7 @@ def run(cfg, args: argparse.Namespace) -> int:
         from packtrain.pipeline.multinode import build_job, dump_job
 
         nodes = args.nodes if args.nodes is not None else cfg.pipeline.nodes
-        gpus = args.gpus_per_node if args.gpus_per_node is not None else max(cfg.pipeline.gpus, 1)
+        gpus = args.gpus_per_node if args.gpus_per_node is not None else cfg.train.gpus
         text = dump_job(build_job(cfg, nodes, gpus, args.kind, namespace=args.namespace))
         if args.out == "-":
             sys.stdout.write(text)

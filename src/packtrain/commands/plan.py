@@ -55,7 +55,7 @@ def run(cfg, args) -> int:
     if budget == "auto":
         budget, ga, plan = choose_budget(cfg.model, cfg.train, cfg.plan, args.device_memory_gib,
                                          vocab_size=vocab, reference_budget=cfg.pack.budget)
-        header = f"chosen budget {budget}, grad_accum {ga} (global batch {cfg.train.rows * budget * ga * cfg.plan.gpus}" \
+        header = f"chosen budget {budget}, grad_accum {ga} (global batch {cfg.train.rows * budget * ga * cfg.train.gpus}" \
                  " tokens)"
     else:
         plan = plan_memory(cfg.model, cfg.train, budget, cfg.plan, args.device_memory_gib, vocab_size=vocab)

@@ -72,10 +72,15 @@ class RunConfig(StrictModel):
 
 
 def recipe_dir() -> Path:
-    """`recipes/` of the checkout (development) or the copy shipped inside the package."""
-    here = Path(__file__).resolve()
-    repo = here.parents[3] / "recipes"
-    return repo if repo.is_dir() else here.parents[1] / "recipes"
+    """The directory of package `packtrain.recipes`: `recipes/` of the checkout (editable install) or its copy
+    inside the installed wheel (pyproject maps recipes/ to that package)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("packtrain.recipes")
+    if spec is None or not spec.origin:
+        raise ConfigError("package packtrain.recipes is missing: reinstall packtrain (pip install packtrain or "
+                          "pip install -e . in a checkout)")
+    return Path(spec.origin).parent
 
 
 def list_recipes() -> list[Path]:

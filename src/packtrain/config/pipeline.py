@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field, field_validator
 
@@ -25,14 +25,15 @@ from packtrain.config.base import (
 class PipelineConfig(StrictModel):
     """How the stages are chained on a cluster (KFP), locally (`packtrain run`) and by Airflow."""
 
+    moved_fields: ClassVar[dict[str, str]] = {"gpus": "train.gpus"}
+
     base_image: Word = "ghcr.io/packtrain/packtrain:0.1.0"
     """CUDA image (docker/Dockerfile) the GPU stages (train, evaluate) run in on a cluster."""
     cpu_image: Word = "ghcr.io/packtrain/packtrain-cpu:0.1.0"
     """CPU image (docker/Dockerfile.cpu) the other stages run in on a cluster."""
     gpu_type: Word = "nvidia.com/gpu"
-    """Kubernetes accelerator resource name requested by train and evaluate."""
-    gpus: NonNegativeInt = 1
-    """GPUs on one node for train and evaluate (0: no accelerator request)."""
+    """Kubernetes accelerator resource name requested by train (train.gpus of them) and evaluate (one); none
+    when train.device is cpu."""
     mlflow_secret: K8sName = "mlflow-credentials"
     """Kubernetes secret with MLFLOW_TRACKING_URI (+ _USERNAME/_PASSWORD) mounted as env into every stage."""
     shm_size: K8sQuantity = "16Gi"
@@ -77,14 +78,15 @@ class PipelineConfig(StrictModel):
 
 
 class PlanConfig(StrictModel):
-    """The memory planner (`packtrain plan`, `train.budget: auto`): see docs/planner.md."""
+    """The memory planner (`packtrain plan`, `train.budget: auto`): see docs/planner.md. The number of GPUs it
+    plans for (ZeRO divides states by it; the global batch is split over it) is train.gpus."""
+
+    moved_fields: ClassVar[dict[str, str]] = {"gpus": "train.gpus"}
 
     device_memory_gib: PositiveFloat | None = None
     """None → the current device's memory (80 GiB if there is no GPU)."""
     target_fraction: Float = Field(0.85, gt=0, le=1)
     """choose_budget keeps the predicted peak (allocated + allocator overhead + context) ≤ this × device memory."""
-    gpus: PositiveInt = 1
-    """Data-parallel GPUs: ZeRO divides states by it; the global batch is split over it."""
     allocator_overhead: Fraction = 0.05
     """Caching-allocator slack on top of the allocated peak (reserved − allocated; ~2–5% with expandable segments)."""
     cuda_context_gib: NonNegativeFloat = 0.5
@@ -93,6 +95,6 @@ class PlanConfig(StrictModel):
     """Vocabulary when the caller does not pass it (`packtrain plan` uses tokenize.vocab_size)."""
     global_batch_tokens: PositiveInt | None = None
     """Tokens per optimizer step over all GPUs that choose_budget keeps via grad_accum; None → the recipe's
-    rows × reference budget (pack.budget) × train.grad_accum × gpus."""
+    rows × reference budget (pack.budget) × train.grad_accum × train.gpus."""
     max_budget: Int | None = Field(None, ge=128)
     """Largest budget choose_budget considers; None → model.max_position_embeddings."""

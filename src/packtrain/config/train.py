@@ -154,6 +154,11 @@ class TrainConfig(StrictModel):
 
     engine: Literal["torch", "deepspeed"] = "torch"
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    gpus: PositiveInt = 1
+    """Data-parallel processes on one node, one per GPU. N > 1: the train stage relaunches itself through
+    torchrun as N ranks (packtrain.train.launch; gloo processes on the CPU), from the CLI, a KFP pod or Airflow
+    alike; the KFP train task requests N accelerators; the planner divides ZeRO states and the global batch
+    by N. `--gpus N` on `packtrain train`/`run` sets it."""
     attention: Literal["auto", "sdpa", "flex", "varlen", "eager"] = "auto"
     """Isolated attention backend for packed batches; auto → fastest available (sdpa on CPU)."""
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"

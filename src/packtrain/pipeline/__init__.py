@@ -1,6 +1,6 @@
 """Chaining the stages: the KFP pipeline (compile, submit, run locally), the stage cache, multi-node specs.
 
-    compile_pipeline(out, pcfg=None) -> Path          KFP IR YAML (pipelines/packtrain_pipeline.yaml)
+    compile_pipeline(out, cfg=None) -> Path           KFP IR YAML (pipelines/packtrain_pipeline.yaml)
     submit(host, schedule=None, cfg=...) -> dict      one run, or a recurring run on a 6-field cron
     run_local(cfg) -> dict                            the whole DAG through kfp.local + summary
     validate_cron(expr) -> str                        6-field KFP cron or a ConfigError explaining why
@@ -12,10 +12,10 @@ kfp is imported inside the functions (this package is imported by `packtrain --h
 from __future__ import annotations
 
 
-def compile_pipeline(out, pcfg=None):
+def compile_pipeline(out, cfg=None):
     from packtrain.pipeline.kfp_ops import compile_pipeline as _f
 
-    return _f(out, pcfg)
+    return _f(out, cfg)
 
 
 def submit(host, schedule=None, **kw):

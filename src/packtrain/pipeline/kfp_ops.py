@@ -1,10 +1,10 @@
 """Compile the KFP pipeline to IR YAML and submit it (one run or a recurring run) to a cluster.
 
-`components/` and `pipelines/` live at the repository root (they are adapters, not library code), so these
-functions need a checkout: `repo_root()` finds it next to the package (editable install) or in the working
-directory, and says so when neither has it.
+The components and the pipeline are installed with the library (`packtrain.components`,
+`packtrain.pipelines`: pyproject maps the repository's components/ and pipelines/ there), so an installed
+wheel compiles and submits without a checkout.
 
-    compile_pipeline("pipelines/packtrain_pipeline.yaml")       # the committed IR (default PipelineConfig)
+    compile_pipeline("pipelines/packtrain_pipeline.yaml")       # the committed IR (default RunConfig)
     submit("http://ml-pipeline-ui.kubeflow:80", cfg=cfg)         # one run; returns {"run_id", "url"}
     submit(host, "0 0 3 * * 1", cfg=cfg)                         # recurring run, Mondays 03:00:00
 """
@@ -12,7 +12,6 @@ directory, and says so when neither has it.
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 from packtrain.errors import ConfigError, PacktrainError
@@ -20,38 +19,40 @@ from packtrain.errors import ConfigError, PacktrainError
 COMMITTED_IR = Path("pipelines") / "packtrain_pipeline.yaml"
 
 
-def repo_root() -> Path:
-    """The checkout holding components/ and pipelines/ (next to src/packtrain, else the cwd)."""
-    here = Path(__file__).resolve()
-    for cand in (here.parents[3], Path.cwd()):
-        if (cand / "components" / "__init__.py").is_file() and (cand / "pipelines" / "kfp_pipeline.py").is_file():
-            return cand
-    raise PacktrainError("components/ and pipelines/ not found: run this from a packtrain checkout "
-                         f"(looked in {here.parents[3]} and {Path.cwd()})", exit_code=2)
+def accelerators(cfg) -> int:
+    """GPUs the train task requests: train.gpus (its ranks), none when train.device is cpu.
+
+    >>> from packtrain.config import RunConfig
+    >>> accelerators(RunConfig()), accelerators(RunConfig(train={"gpus": 8})), accelerators(RunConfig(train={"device": "cpu"}))
+    (1, 8, 0)
+    """
+    return 0 if cfg.train.device == "cpu" else cfg.train.gpus
 
 
-def load_pipeline(pcfg=None):
-    """The `@dsl.pipeline` for `pcfg` (a PipelineConfig; None → defaults)."""
-    root = str(repo_root())
-    if root not in sys.path:
-        sys.path.insert(0, root)
-    from pipelines.kfp_pipeline import build_pipeline
+def load_pipeline(cfg=None):
+    """The `@dsl.pipeline` for a RunConfig (its pipeline section + accelerators), or for a PipelineConfig alone
+    (one train GPU: what a local kfp run ignores anyway); None → defaults."""
+    from packtrain.config import PipelineConfig
+    from packtrain.pipelines.kfp_pipeline import build_pipeline
 
-    return build_pipeline(pcfg)
+    if cfg is None or isinstance(cfg, PipelineConfig):
+        return build_pipeline(cfg)
+    return build_pipeline(cfg.pipeline, accelerators(cfg))
 
 
-def compile_pipeline(out: str | Path, pcfg=None) -> Path:
-    """Compile the pipeline to KFP IR YAML at `out` (temp + rename); returns the path.
+def compile_pipeline(out: str | Path, cfg=None) -> Path:
+    """Compile the pipeline for the RunConfig `cfg` (None → defaults) to KFP IR YAML at `out` (temp + rename).
 
-    The IR depends only on the PipelineConfig and the component sources, never on the recipe: the
-    RunConfig is the run-time parameter `config`.
+    The IR depends only on the component sources, the pipeline section and the train task's accelerators
+    (train.gpus, train.device), never on the rest of the recipe: the RunConfig is the run-time parameter
+    `config`.
     """
     from kfp import compiler
 
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.stem}.tmp.yaml")  # kfp insists on a .yaml suffix
-    compiler.Compiler().compile(load_pipeline(pcfg), str(tmp))
+    compiler.Compiler().compile(load_pipeline(cfg), str(tmp))
     tmp.replace(out)
     return out
 
@@ -86,7 +87,7 @@ def submit(host: str, schedule: str | None = None, *, cfg=None, experiment: str 
     experiment = experiment or cfg.tracking.experiment
     args = pipeline_arguments(cfg, data_version)
     with tempfile.TemporaryDirectory(prefix="packtrain-kfp-") as d:
-        path = Path(package) if package else compile_pipeline(Path(d) / "packtrain_pipeline.yaml", cfg.pipeline)
+        path = Path(package) if package else compile_pipeline(Path(d) / "packtrain_pipeline.yaml", cfg)
         try:
             import kfp
 

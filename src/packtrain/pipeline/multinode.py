@@ -1,7 +1,8 @@
 """Multi-node training specs: a PyTorchJob (kubeflow.org/v1) or a Kubeflow Trainer v2 TrainJob running
 `packtrain train` under torchrun on M nodes × N GPUs.
 
-The KFP train component covers N GPUs on ONE node (`pipeline.gpus`); beyond one node the train stage runs
+The KFP train component covers N GPUs on ONE node (`train.gpus`: the stage launches N ranks itself,
+packtrain.train.launch); beyond one node the train stage runs
 as a job of its own, reading the packs from a shared PVC (`pipeline.data_pvc`, mounted at /workspace) that
 the data stages wrote (KFP run with that PVC, or `dvc repro pack` on it):
 
@@ -12,7 +13,8 @@ the data stages wrote (KFP run with that PVC, or `dvc repro pack` on it):
     or TrainJob (trainer.kubeflow.org/v1alpha1, runtime torch-distributed): numNodes=M, numProcPerNode=N.
 
 The operators inject PET_NODE_RANK, PET_MASTER_ADDR, PET_MASTER_PORT (and PET_NNODES/PET_NPROC_PER_NODE),
-which torchrun reads from the environment; world size = M × N ranks.
+which torchrun reads from the environment; world size = M × N ranks. The outer torchrun sets RANK, so the
+train stage does not launch again; run.yaml carries train.gpus = N (what the memory planner plans per node).
 """
 
 from __future__ import annotations
@@ -157,6 +159,7 @@ def build_job(cfg, nodes: int, gpus_per_node: int, kind: str = "pytorchjob", nam
                    mlflow_secret=p.mlflow_secret, namespace=namespace)
     data = cfg.to_dict()
     data["workdir"] = f"{MOUNT_DATA}/{k8s_name(cfg.name)}"
+    data["train"]["gpus"] = gpus_per_node   # the ranks per node, as the planner and the run's params see it
     run_yaml = yaml.safe_dump(data, sort_keys=False)
     job = pytorchjob(spec) if kind == "pytorchjob" else trainjob(spec)
     return [config_map(spec, run_yaml), job]

@@ -187,7 +187,7 @@ def plan_memory(model_cfg: ModelConfig, train_cfg: TrainConfig, budget: int, pla
     ds = train_cfg.deepspeed
     deepspeed = train_cfg.engine == "deepspeed"
     st = model_states(shape, train_cfg.engine, train_cfg.precision, ds.zero_stage, ds.offload_optimizer,
-                      ds.offload_params, plan_cfg.gpus,
+                      ds.offload_params, train_cfg.gpus,
                       # CPU: torch's default AdamW loops tensor by tensor (no whole-model temporary)
                       fused=(train_cfg.fused_optimizer and device == "cuda") or device == "cpu",
                       grad_accum=ga, overlap_comm=ds.overlap_comm,
@@ -270,7 +270,7 @@ def plan_memory(model_cfg: ModelConfig, train_cfg: TrainConfig, budget: int, pla
     plan = MemoryPlan(
         budget=budget, rows=rows, tokens=n_tok, grad_accum=ga, shape=shape, precision=prec.name,
         attention=backend, checkpointing=train_cfg.activation_checkpointing, checkpointed_layers=n_ck,
-        engine=train_cfg.engine, zero_stage=ds.zero_stage if deepspeed else None, gpus=plan_cfg.gpus,
+        engine=train_cfg.engine, zero_stage=ds.zero_stage if deepspeed else None, gpus=train_cfg.gpus,
         components=comps, notes=notes, phases={k: int(v) for k, v in phases.items()}, peak_phase=peak_phase,
         layer_activation_bytes=int(layer_bytes + quad), checkpointed_layer_bytes=int(ck_bytes),
         peak_allocated=int(peak_alloc), allocator_overhead=overhead, cuda_context=ctx,
@@ -330,7 +330,7 @@ def choose_budget(model_cfg: ModelConfig, train_cfg: TrainConfig, plan_cfg: Plan
     grad_accum 1 — the global batch grows to 32k tokens because grad_accum cannot go below 1.
     """
     dev_gib = resolve_device_memory_gib(plan_cfg, device_memory_gib)
-    rows, gpus = train_cfg.rows, plan_cfg.gpus
+    rows, gpus = train_cfg.rows, train_cfg.gpus
     ref = reference_budget or (train_cfg.budget if isinstance(train_cfg.budget, int) else None)
     global_tokens = plan_cfg.global_batch_tokens or (rows * ref * train_cfg.grad_accum * gpus if ref else None)
     shape = model_shape(model_cfg, plan_cfg, vocab_size)
