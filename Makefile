@@ -15,7 +15,7 @@ export MLFLOW_DISABLE_TELEMETRY := true
 export DO_NOT_TRACK := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: run test setup setup-airflow lint clean bench-pack lock repro
+.PHONY: run test setup setup-airflow lint clean bench-pack lock repro chromium
 
 # `dvc repro` with the venv's packtrain on PATH (dvc.yaml calls the CLI)
 repro: $(STAMP)
@@ -32,7 +32,7 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 setup-airflow: $(AF_STAMP)
 
 # constraints-airflow.txt: the Airflow venv's resolved set, installed as it is (pip would otherwise backtrack for
-# minutes over fastapi/cadwyn). Its third-party part can build while .venv builds (`make -j2`, as .ci/run does);
+# minutes over fastapi/cadwyn). Its third-party part can build while .venv builds (`make -j3`, as .ci/run does);
 # the editable install of packtrain waits for .venv's, so the two never write src/*.egg-info at once.
 AF_DEPS := $(AF_VENV)/.deps-installed
 
@@ -49,9 +49,26 @@ $(AF_STAMP): pyproject.toml $(AF_DEPS) $(STAMP)
 run: $(STAMP)
 	$(VENV)/bin/packtrain run --recipe $(RECIPE)
 
+# Debian's Chromium for the HTML report's browser test (tests/stages/test_compare_html.py; it skips without it):
+# installed when /usr/bin/chromium is missing, as root with apt (~30 s, 115 MB; `apt-get update` first only when
+# the package lists do not know it, or after a failed install); runs next to the venv installs under `make -j3`.
+CHROMIUM_STAMP := .packtrain/chromium.stamp
+chromium: $(CHROMIUM_STAMP)
+
+$(CHROMIUM_STAMP):
+	@if [ -x /usr/bin/chromium ]; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  apt-cache show chromium >/dev/null 2>&1 || apt-get update -q -o DPkg::Lock::Timeout=300 >/dev/null; \
+	  install="apt-get install -y -q --no-install-recommends -o DPkg::Lock::Timeout=300 chromium"; \
+	  $$install >/dev/null || { apt-get update -q >/dev/null && $$install >/dev/null; } \
+	    || { echo "make chromium: apt-get install chromium failed" >&2; exit 1; }; \
+	else echo "make chromium: /usr/bin/chromium missing and no root apt-get: the browser test will skip"; fi
+	@if [ -x /usr/bin/chromium ]; then mkdir -p $(@D) && touch $@; fi
+
 # two workers (one per core of the CI machine), whole files per worker so module fixtures are built once, in
 # collection order (tests/conftest.py puts the slowest files first)
-test: $(STAMP) $(AF_STAMP)
+test: $(STAMP) $(AF_STAMP) $(CHROMIUM_STAMP)
 	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder tests
 	$(PY) bench/ci_gate.py
 
