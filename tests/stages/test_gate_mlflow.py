@@ -12,20 +12,20 @@ import pytest
 
 from packtrain.cli import main
 
-BASE = {"train.tokens_per_s": 80_000.0, "train.useful_mfu": 0.41, "train.gpu_utilization": 0.97,
-        "pack.fill": 0.995, "train.peak_alloc_gib": 30.0, "train.fragmentation": 0.04,
-        "pack.padding_frac": 0.005, "train.step_time_p50_s": 0.20, "train.loss": 3.2}
+BASE = {"train.throughput.real_tokens_per_s": 80_000.0, "train.throughput.useful_mfu": 0.41, "train.system.utilization": 0.97,
+        "pack.fill": 0.995, "train.memory.peak_alloc_gib": 30.0, "train.memory.fragmentation": 0.04,
+        "pack.padding_fraction": 0.005, "train.throughput.step_time_p50_s": 0.20, "train.final_loss": 3.2}
 RULES = """
 defaults: {max_drop: 0.05, max_rise: 0.05}
 metrics:
-  train.tokens_per_s: {direction: higher, max_drop: 0.05, aggregate: median}
-  train.useful_mfu: {direction: higher, max_drop: 0.05, aggregate: median}
-  train.gpu_utilization: {direction: higher, max_drop: 0.05}
+  train.throughput.real_tokens_per_s: {direction: higher, max_drop: 0.05, aggregate: median}
+  train.throughput.useful_mfu: {direction: higher, max_drop: 0.05, aggregate: median}
+  train.system.utilization: {direction: higher, max_drop: 0.05}
   pack.fill: {direction: higher, max_drop: 0.01, min: 0.99}
-  train.peak_alloc_gib: {direction: lower, max_rise: 0.05}
-  train.fragmentation: {direction: lower, max_rise: 0.5, abs_tol: 0.01}
-  pack.padding_frac: {direction: lower, max_rise: 0.5, abs_tol: 0.001}
-  train.step_time_p50_s: {direction: lower, max_rise: 0.05, aggregate: median}
+  train.memory.peak_alloc_gib: {direction: lower, max_rise: 0.05}
+  train.memory.fragmentation: {direction: lower, max_rise: 0.5, abs_tol: 0.01}
+  pack.padding_fraction: {direction: lower, max_rise: 0.5, abs_tol: 0.001}
+  train.throughput.step_time_p50_s: {direction: lower, max_rise: 0.05, aggregate: median}
 use_default_patterns: false
 """
 
@@ -54,20 +54,20 @@ def store(tmp_path_factory):
     uri = f"sqlite:///{root / 'mlflow.db'}"
     c = MlflowClient(uri)
     exp = c.create_experiment("packtrain", artifact_location=str(root / "artifacts"))
-    ids = {"base": _log_run(c, exp, BASE, history={"train.tokens_per_s": [60_000, 80_000, 81_000, 79_000, 80_000]}),
+    ids = {"base": _log_run(c, exp, BASE, history={"train.throughput.real_tokens_per_s": [60_000, 80_000, 81_000, 79_000, 80_000]}),
            "equal": _log_run(c, exp, BASE)}
-    regress = {"tokens_per_s": ("train.tokens_per_s", 70_000.0), "mfu": ("train.useful_mfu", 0.35),
-               "utilization": ("train.gpu_utilization", 0.80), "fill_floor": ("pack.fill", 0.985),
-               "peak_memory": ("train.peak_alloc_gib", 33.0), "fragmentation": ("train.fragmentation", 0.09),
-               "padding": ("pack.padding_frac", 0.02), "step_time": ("train.step_time_p50_s", 0.25)}
+    regress = {"tokens_per_s": ("train.throughput.real_tokens_per_s", 70_000.0), "mfu": ("train.throughput.useful_mfu", 0.35),
+               "utilization": ("train.system.utilization", 0.80), "fill_floor": ("pack.fill", 0.985),
+               "peak_memory": ("train.memory.peak_alloc_gib", 33.0), "fragmentation": ("train.memory.fragmentation", 0.09),
+               "padding": ("pack.padding_fraction", 0.02), "step_time": ("train.throughput.step_time_p50_s", 0.25)}
     for kind, (metric, value) in regress.items():
         ids[kind] = _log_run(c, exp, {**BASE, metric: value})
-    ids["no_mfu"] = _log_run(c, exp, {k: v for k, v in BASE.items() if k != "train.useful_mfu"})
+    ids["no_mfu"] = _log_run(c, exp, {k: v for k, v in BASE.items() if k != "train.throughput.useful_mfu"})
     # noisy: the last logged value is a dip, the median of the history is fine
-    ids["noisy"] = _log_run(c, exp, BASE, history={"train.tokens_per_s": [80_500, 79_800, 80_200, 81_000, 60_000]})
-    ids["rep1"] = _log_run(c, exp, {**BASE, "train.useful_mfu": 0.30})      # an outlier repeat
-    ids["rep2"] = _log_run(c, exp, {**BASE, "train.useful_mfu": 0.41})
-    ids["rep3"] = _log_run(c, exp, {**BASE, "train.useful_mfu": 0.405})
+    ids["noisy"] = _log_run(c, exp, BASE, history={"train.throughput.real_tokens_per_s": [80_500, 79_800, 80_200, 81_000, 60_000]})
+    ids["rep1"] = _log_run(c, exp, {**BASE, "train.throughput.useful_mfu": 0.30})      # an outlier repeat
+    ids["rep2"] = _log_run(c, exp, {**BASE, "train.throughput.useful_mfu": 0.41})
+    ids["rep3"] = _log_run(c, exp, {**BASE, "train.throughput.useful_mfu": 0.405})
     c.create_registered_model("packtrain-lm")
     mv = c.create_model_version("packtrain-lm", source=str(root / "artifacts" / "model"), run_id=ids["base"])
     c.set_registered_model_alias("packtrain-lm", "champion", mv.version)
@@ -123,8 +123,8 @@ def test_fill_floor_is_absolute(store, tmp_path):
 
 def test_missing_metric_exit_2_names_it(store, tmp_path, capsys):
     assert _gate(store, store["ids"]["no_mfu"], store["ids"]["base"], tmp_path) == 2
-    assert _result(tmp_path)["missing"] == ["train.useful_mfu"]
-    assert "missing data: train.useful_mfu (not in the candidate)" in capsys.readouterr().out
+    assert _result(tmp_path)["missing"] == ["train.throughput.useful_mfu"]
+    assert "missing data: train.throughput.useful_mfu (not in the candidate)" in capsys.readouterr().out
 
 
 def test_missing_run_exit_2_names_it(store, tmp_path, capsys):
@@ -137,12 +137,12 @@ def test_missing_run_exit_2_names_it(store, tmp_path, capsys):
 @pytest.mark.parametrize("spec", ["models:/packtrain-lm@champion", "packtrain-lm@champion", "models:/packtrain-lm/1"])
 def test_registered_model_alias_baseline(store, tmp_path, spec):
     assert _gate(store, store["ids"]["equal"], spec, tmp_path) == 0
-    assert store["ids"]["base"][:12] in _result(tmp_path)["baseline"]
+    assert store["ids"]["base"][:8] in _result(tmp_path)["baseline"]
 
 
 def test_median_over_history_absorbs_a_last_step_dip(store, tmp_path):
     assert _gate(store, store["ids"]["noisy"], store["ids"]["base"], tmp_path) == 0
-    row = next(r for r in _result(tmp_path)["rows"] if r["metric"] == "train.tokens_per_s")
+    row = next(r for r in _result(tmp_path)["rows"] if r["metric"] == "train.throughput.real_tokens_per_s")
     assert row["candidate"] == 80_200.0 and row["baseline"] == 80_000.0   # medians of the two histories
 
 
@@ -150,7 +150,7 @@ def test_median_over_repeated_candidates(store, tmp_path):
     ids = store["ids"]
     assert _gate(store, ids["rep1"], ids["base"], tmp_path) == 1            # the outlier alone regresses
     assert _gate(store, [ids["rep1"], ids["rep2"], ids["rep3"]], ids["base"], tmp_path) == 0
-    row = next(r for r in _result(tmp_path)["rows"] if r["metric"] == "train.useful_mfu")
+    row = next(r for r in _result(tmp_path)["rows"] if r["metric"] == "train.throughput.useful_mfu")
     assert row["candidate"] == 0.405
 
 
@@ -159,7 +159,7 @@ def test_default_rules_and_file_baseline(store, tmp_path):
     base.write_text(json.dumps({"metrics": BASE}))
     assert _gate(store, store["ids"]["equal"], str(base), tmp_path, rules=False) == 0
     gated = {r["metric"] for r in _result(tmp_path)["rows"]}
-    assert "train.tokens_per_s" in gated and "train.loss" not in gated   # loss has no built-in rule
+    assert "train.throughput.real_tokens_per_s" in gated and "train.final_loss" not in gated   # loss has no built-in rule
     assert _gate(store, store["ids"]["peak_memory"], str(base), tmp_path, rules=False) == 1
 
 
@@ -186,4 +186,4 @@ def test_real_cli_process_exit_code(store, tmp_path):
                            "--rules", str(store["rules"]), "--out", str(tmp_path / "o")],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1, proc.stderr
-    assert "train.peak_alloc_gib" in proc.stdout and (tmp_path / "o" / "gate.md").is_file()
+    assert "train.memory.peak_alloc_gib" in proc.stdout and (tmp_path / "o" / "gate.md").is_file()

@@ -1,16 +1,20 @@
 """CI gate and run comparison.
 
-    gate(candidate, baseline, rules) -> GateResult     packtrain.gate.gate   (`packtrain gate`)
-    load_source(spec, tracking_uri) -> MetricSource    run id | model alias | metrics JSON
-    load_rules(path) -> Rules                          per-metric rules (YAML/JSON) + built-in patterns
+    evaluate_gate(candidate, baseline, rules) -> GateResult   packtrain.gate.gate   (`packtrain gate`; `gate` is
+                                                              the same function)
+    load_source(spec, tracking_uri) -> MetricSource    run reference | registered model | metrics JSON
+                                                       (a run is read as its run tree, canonical names)
+    load_rules(path) -> Rules                          per-metric rules (YAML/JSON) + built-in rules
+    GATE_METRICS                                       the canonical metric names (docs/metrics.md)
     compare_runs(...) -> Comparison                    packtrain.gate.compare (`packtrain compare`)
 
 Module imports are light (no mlflow/matplotlib at import time).
 """
 
-from packtrain.gate.gate import GateResult, GateRow, gate, write_gate_outputs
+from packtrain.gate.gate import GateFailed, GateResult, GateRow, evaluate_gate, gate, write_gate_outputs
+from packtrain.gate.metrics import GATE_METRICS, GateMetric
 from packtrain.gate.rules import Rule, Rules, default_rules, load_rules
 from packtrain.gate.sources import MetricSource, load_source
 
-__all__ = ["GateResult", "GateRow", "MetricSource", "Rule", "Rules", "default_rules", "gate", "load_rules",
-           "load_source", "write_gate_outputs"]
+__all__ = ["GATE_METRICS", "GateFailed", "GateMetric", "GateResult", "GateRow", "MetricSource", "Rule", "Rules",
+           "default_rules", "evaluate_gate", "gate", "load_rules", "load_source", "write_gate_outputs"]

@@ -1,10 +1,16 @@
-"""`gate(candidate, baseline, rules) -> GateResult`: fail CI when a candidate run regresses.
+"""`evaluate_gate(candidate, baseline, rules) -> GateResult`: fail CI when a candidate run regresses.
 
     >>> base = MetricSource("file base.json", {"pack.fill": 0.995, "train.tokens_per_s": 80000.0})
     >>> cand = MetricSource("run 1a2b", {"pack.fill": 0.81, "train.tokens_per_s": 81000.0})
-    >>> r = gate(cand, base, default_rules())
+    >>> r = evaluate_gate(cand, base)
     >>> [(row.metric, row.verdict) for row in r.rows], r.exit_code
     ([('pack.fill', 'regression'), ('train.tokens_per_s', 'pass')], 1)
+
+Which rules: a rules file's metrics, plus (unless it says `use_default_patterns: false`) the built-in
+rules — for runs the noise-aware rules of the device kind the runs' `packtrain.gpu` tag names
+(packtrain.gate.noise), for metrics files the glob patterns. Like with like: a candidate and a baseline
+that ran on different devices (cpu vs NVIDIA H200, H100 vs H200) get a `device` row with verdict missing
+(exit 2): their throughput says nothing about a regression.
 
 Exit codes: 0 pass, 1 regression, 2 missing data (a required metric or run is absent; it wins over 1 because
 a gate that could not check everything has not passed). Several candidates (repeats) are combined per
@@ -18,11 +24,14 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from packtrain.errors import PacktrainError
+from packtrain.gate.noise import device_kind
 from packtrain.gate.rules import Rule, Rules, default_rules
 from packtrain.gate.sources import MetricSource, aggregate_values
 from packtrain.paths import atomic_write_text, write_json
 
-__all__ = ["GateRow", "GateResult", "gate", "write_gate_outputs", "default_rules", "MetricSource"]
+__all__ = ["GateFailed", "GateRow", "GateResult", "evaluate_gate", "gate", "write_gate_outputs", "default_rules",
+           "MetricSource"]
 
 PASS, REGRESSION, MISSING = "pass", "regression", "missing"
 
@@ -152,18 +161,23 @@ def _pct(x: float) -> str:
     return "inf" if math.isinf(x) else f"{100 * x:.3g}%"
 
 
-def gate(candidate: MetricSource | list[MetricSource], baseline: MetricSource, rules: Rules | None = None
-         ) -> GateResult:
-    """Compare candidate metrics with the baseline under `rules` (default: built-in patterns).
+def evaluate_gate(candidate: MetricSource | list[MetricSource], baseline: MetricSource,
+                  rules: Rules | None = None) -> GateResult:
+    """Compare candidate metrics with the baseline under `rules` (default: the built-in rules).
 
-    Gated metrics: every metric the rules list by name (required), plus every baseline metric that matches a
-    built-in pattern. Rows are sorted by metric name."""
-    rules = rules or default_rules()
+    Gated metrics: every metric the rules list by name (required), plus every baseline metric a built-in
+    rule covers (noise-aware rules of the device kind for runs; glob patterns for metrics files). Several
+    candidates are repeats (per metric: the median of their values). Rows are sorted by metric name."""
     cands = candidate if isinstance(candidate, list) else [candidate]
+    rules = (rules or default_rules()).for_device(_device_kind(cands, baseline))
     cand_label = cands[0].label if len(cands) == 1 else f"{len(cands)} runs: " + ", ".join(c.label for c in cands)
     result = GateResult(candidate=cand_label, baseline=baseline.label, rules=rules.source)
-    names = set(rules.exact)
-    names |= {m for m in baseline.metrics if m not in rules.exact and rules.rule_for(m) is not None}
+    mismatch = _device_mismatch(cands, baseline)
+    if mismatch:
+        result.rows.append(GateRow("device", None, None, None, "same device", MISSING, mismatch))
+    names = {n for n, r in rules.exact.items() if r.required or n in baseline.metrics}
+    if baseline.scheme != "packtrain":   # canonical run metrics have their rules; patterns are for files
+        names |= {m for m in baseline.metrics if m not in rules.exact and rules.rule_for(m) is not None}
     for name in sorted(names):
         rule = rules.rule_for(name)
         base = baseline.value(name, rule.aggregate)
@@ -176,6 +190,33 @@ def gate(candidate: MetricSource | list[MetricSource], baseline: MetricSource, r
         verdict, change, reason = check(rule, base, cand)
         result.rows.append(GateRow(name, base, cand, change, rule.describe(), verdict, reason))
     return result
+
+
+gate = evaluate_gate
+"""The historical name of `evaluate_gate`."""
+
+
+def _device_kind(cands: list[MetricSource], baseline: MetricSource) -> str:
+    """"cpu" when any side ran on a CPU, "gpu" otherwise (also for metrics files without a device)."""
+    kinds = {device_kind(s.device) for s in [*cands, baseline]}
+    return "cpu" if "cpu" in kinds else "gpu"
+
+
+def _device_mismatch(cands: list[MetricSource], baseline: MetricSource) -> str:
+    """Why candidate and baseline are not comparable ("" when they are or a device is unknown)."""
+    other = sorted({c.device for c in cands if c.device and baseline.device and c.device != baseline.device})
+    if not other:
+        return ""
+    return (f"baseline ran on {baseline.device}, candidate on {', '.join(other)}: throughput and utilization "
+            "are not comparable; gate against a baseline from the same device")
+
+
+class GateFailed(PacktrainError):
+    """A gate that did not pass where passing was required (a scheduled run against the champion):
+    exit 1 on a regression, 2 on missing data, like `packtrain gate`."""
+
+    def __init__(self, message: str, result_exit_code: int):
+        super().__init__(message, exit_code=result_exit_code)
 
 
 def write_gate_outputs(result: GateResult, out_dir: Path) -> tuple[Path, Path]:

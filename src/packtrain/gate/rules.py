@@ -1,16 +1,16 @@
 """Per-metric gate rules: direction, allowed relative change, absolute floor/ceiling, aggregation.
 
-A rules file (YAML or JSON) names metrics exactly; built-in patterns cover the usual telemetry names:
+A rules file (YAML or JSON) names metrics exactly, by the canonical names of packtrain.gate.metrics for runs:
 
     defaults:               # for listed metrics that leave a field out
       max_drop: 0.05
       max_rise: 0.05
     metrics:
-      pack.fill:        {direction: higher, max_drop: 0.002, min: 0.99}
-      train.tokens_per_s: {direction: higher, max_drop: 0.05, aggregate: median}
-      train.peak_alloc_gib: {direction: lower, max_rise: 0.05, max: 70}
-      train.tokens_per_step: {direction: equal}
-    use_default_patterns: false   # true: also gate every other metric matching a built-in pattern
+      pack.fill:                          {direction: higher, max_drop: 0.002, min: 0.99}
+      train.throughput.real_tokens_per_s: {direction: higher, max_drop: 0.05}
+      train.memory.peak_alloc_gib:        {direction: lower, max_rise: 0.05, max: 70}
+      train.throughput.padding:          {direction: lower, max_rise: 0.25, abs_tol: 0.001}
+    use_default_patterns: false   # true: the built-in rules also gate every other metric they cover
 
     higher  regression when (baseline − candidate) / |baseline| > max_drop
     lower   regression when (candidate − baseline) / |baseline| > max_rise
@@ -22,8 +22,11 @@ A rules file (YAML or JSON) names metrics exactly; built-in patterns cover the u
                JSON file; over several candidate runs the per-run values are combined the same way
                (`last` → median of the runs)
 
-Listed metrics are required: missing on either side is "missing data" (exit 2). Pattern-matched metrics are
-gated when the baseline has them; a candidate lacking one is missing data as well.
+Listed metrics are required: missing on either side is "missing data" (exit 2). Built-in rules gate a
+metric when the baseline has it; a candidate lacking one is missing data as well. The built-in rules are
+noise-aware for the canonical names of docs/metrics.md (packtrain.gate.noise: thresholds from the recorded
+run-to-run noise of the device kind, e.g. CPU utilization only reported) and glob patterns for metrics
+files; on runs (canonical names) the patterns do not apply. `use_default_patterns: false` turns both off.
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ class Rule:
     aggregate: Aggregate = "last"
     abs_tol: float = 0.0
     required: bool = True
+    note: str = ""                    # why the rule is as it is, e.g. "cpu noise 12%" (rule column)
 
     @property
     def relative(self) -> bool:
@@ -77,14 +81,16 @@ class Rule:
             parts.append(f"≤ {self.max:g}")
         if self.aggregate != "last":
             parts.append(self.aggregate)
-        return ", ".join(parts) or "report only"
+        text = ", ".join(parts) or "report only"
+        return f"{text} ({self.note})" if self.note else text
 
 
 def _pct(x: float) -> str:
     return f"{100 * x:g}%"
 
 
-# Built-in patterns (first match wins). Noisy throughput metrics use the median of their history/repeats.
+# Built-in patterns (first match wins), for metrics files (bench JSON, ci_gate) and names outside
+# docs/metrics.md. Noisy throughput metrics use the median of their history/repeats.
 DEFAULT_PATTERNS: tuple[Rule, ...] = (
     Rule("*fill*", "higher", max_drop=0.005, required=False),
     Rule("*padding*", "lower", max_rise=0.05, abs_tol=1e-3, required=False),
@@ -102,11 +108,14 @@ DEFAULT_PATTERNS: tuple[Rule, ...] = (
 
 @dataclass
 class Rules:
-    """Exact rules (required) + patterns (gated when the baseline has the metric)."""
+    """Exact rules (listed in a file: required) + built-in rules: the noise-aware defaults of the device
+    kind for the canonical names (packtrain.gate.noise, `builtin`) and the glob patterns (metrics files)."""
 
     exact: dict[str, Rule] = field(default_factory=dict)
     patterns: tuple[Rule, ...] = DEFAULT_PATTERNS
     source: str = "built-in defaults"
+    builtin: bool = True
+    device_kind: str | None = None     # set by for_device: whose noise-aware defaults are in `exact`
 
     def rule_for(self, metric: str) -> Rule | None:
         if metric in self.exact:
@@ -115,6 +124,17 @@ class Rules:
             if fnmatch.fnmatchcase(metric, r.metric):
                 return Rule(**{**r.__dict__, "metric": metric})
         return None
+
+    def for_device(self, kind: str) -> Rules:
+        """These rules with the built-in noise-aware rules of device kind `kind` ("cpu" | "gpu") added under
+        the exact ones (a rules file's own entry wins)."""
+        from packtrain.gate.noise import NOISE_FILES, noise_rules
+
+        if not self.builtin or self.device_kind is not None:
+            return self
+        label = f"{self.source}; {kind} noise: {NOISE_FILES[kind]}"
+        return Rules(exact={**noise_rules(kind), **self.exact}, patterns=self.patterns, source=label,
+                     builtin=True, device_kind=kind)
 
 
 class _RuleSpec(StrictModel):
@@ -140,8 +160,11 @@ class _RulesFile(StrictModel):
     use_default_patterns: bool = True
 
 
-def default_rules() -> Rules:
-    return Rules()
+def default_rules(device_kind: str | None = None) -> Rules:
+    """The built-in rules; with `device_kind` ("cpu" | "gpu") its noise-aware canonical rules are filled in
+    (the gate does that itself from the runs' `packtrain.gpu` tag)."""
+    rules = Rules()
+    return rules.for_device(device_kind) if device_kind else rules
 
 
 def load_rules(path: str | Path | None) -> Rules:
@@ -186,10 +209,15 @@ def load_rules(path: str | Path | None) -> Rules:
             max_rise=r.max_rise if "max_rise" in given else (spec.defaults.max_rise if direction == "lower"
                                                              else None),
             tolerance=r.tolerance, min=r.min, max=r.max, aggregate=agg, abs_tol=r.abs_tol, required=True)
-    return Rules(exact=exact, patterns=DEFAULT_PATTERNS if spec.use_default_patterns else (), source=str(p))
+    return Rules(exact=exact, patterns=DEFAULT_PATTERNS if spec.use_default_patterns else (), source=str(p),
+                 builtin=spec.use_default_patterns)
 
 
 def _infer_direction(metric: str) -> Direction | None:
+    from packtrain.gate.metrics import BY_NAME
+
+    if metric in BY_NAME:
+        return BY_NAME[metric].direction
     for r in DEFAULT_PATTERNS:
         if fnmatch.fnmatchcase(metric, r.metric):
             return r.direction

@@ -1,12 +1,27 @@
-"""Where gate metrics come from: an MLflow run id, a registered model alias, or a committed JSON file.
+"""Where gate metrics come from: an MLflow run (tree), a registered model, or a committed JSON file.
 
     load_source("bench/baselines/ci-tiny.json")       JSON: {"metrics": {...}} or a flat/nested dict of numbers;
                                                        a list of numbers = repeats/history of that metric;
                                                        a list of row objects (bench/gpu_bench.py) → metrics
                                                        named "<variant>.<field>", e.g. packtrain.useful_mfu
-    load_source("3f2a9c...", tracking_uri)            an MLflow run (also "runs:/<id>")
-    load_source("models:/packtrain-lm@champion")      the run behind a registered model version's alias
-    load_source("packtrain-lm@champion")              (same, short form); "models:/name/3" = version 3
+    load_source("3f2a9c0e", tracking_uri)             a run: full id, ≥ 6-character prefix or runs:/<id>
+                                                       (packtrain.tracking.refs.resolve_run_ref)
+    load_source("packtrain-lm@champion")              a registered model version (also models:/name@alias,
+                                                       models:/name/3): the training run that produced it
+
+Like with like: a packtrain run is read as its **run tree** — the pipeline run and its stage runs — and its
+metrics carry the canonical names of packtrain.gate.metrics (`train.throughput.real_tokens_per_s`,
+`pack.fill`, ...), whichever run of the tree was named:
+
+    pipeline run 69930646 ──► its train stage run efa50e85 (+ the pack and evaluate stage runs)
+    register run a11b422f ──► its pipeline's train stage run (the register run itself has no throughput)
+    packtrain-lm@champion ──► version 1 ──► tag packtrain.train_run_id, else its register run's tree
+
+A lone stage run (a CLI `packtrain train` outside `packtrain run`) is read alone, its names prefixed with
+its stage. Runs that packtrain did not make (no `packtrain.kind` tag) keep their own metric names.
+The histories behind `aggregate: median` come from the stage run's per-step series (`real_tokens_per_s`
+for `train.throughput.real_tokens_per_s`); `last` is the final value the stage logged (for throughput,
+already the median over the steady-state steps).
 
 Missing things raise MissingDataError with exit code 2 (the gate's "missing data"), naming what is missing.
 """
@@ -22,10 +37,13 @@ from typing import Any
 
 from packtrain.config.base import flatten
 from packtrain.errors import MissingDataError
+from packtrain.gate.metrics import BY_NAME, canonical_name, is_duplicate, series_names
 
 MISSING_EXIT = 2
 _ALIAS = re.compile(r"^(?:models:/)?(?P<name>[^@/\s]+)@(?P<alias>[\w.\-]+)$")
 _VERSION = re.compile(r"^models:/(?P<name>[^@/\s]+)/(?P<version>\d+)$")
+TRAIN_RUN_TAG = "packtrain.train_run_id"
+"""Model-version tag (set by the register stage): the training run that produced the version."""
 
 
 def missing(message: str) -> MissingDataError:
@@ -34,7 +52,11 @@ def missing(message: str) -> MissingDataError:
 
 @dataclass
 class MetricSource:
-    """Metrics of one run or file: latest values plus per-step series (MLflow history loaded on demand)."""
+    """Metrics of one run tree or file: latest values plus per-step series (MLflow history read on demand).
+
+    `where[name]` = (run id, metric key) whose history is `name`'s series; `scheme` is "packtrain" for a
+    run tree (canonical names), "mlflow" for another MLflow run, "file" for JSON; `device` the
+    `packtrain.gpu` tag ("cpu", "NVIDIA H200") when known."""
 
     label: str
     metrics: dict[str, float]
@@ -42,6 +64,9 @@ class MetricSource:
     run_id: str | None = None
     params: dict[str, str] = field(default_factory=dict)
     client: Any = None
+    where: dict[str, tuple[str, str]] = field(default_factory=dict)
+    scheme: str = "file"
+    device: str | None = None
 
     def values(self, name: str) -> list[float] | None:
         """All recorded values of `name` in step order (one value when only the latest is known)."""
@@ -49,19 +74,20 @@ class MetricSource:
             return self.series[name]
         if name not in self.metrics:
             return None
-        if self.client is not None and self.run_id:
-            hist = sorted(self.client.get_metric_history(self.run_id, name), key=lambda m: (m.step, m.timestamp))
-            vals = [float(m.value) for m in hist] or [self.metrics[name]]
-        else:
-            vals = [self.metrics[name]]
-        self.series[name] = vals
-        return vals
+        run_id, key = self.where.get(name, (self.run_id, name))
+        vals: list[float] = []
+        if self.client is not None and run_id:
+            hist = sorted(self.client.get_metric_history(run_id, key), key=lambda m: (m.step, m.timestamp))
+            vals = [float(m.value) for m in hist]
+        self.series[name] = vals or [self.metrics[name]]
+        return self.series[name]
 
     def value(self, name: str, aggregate: str = "last") -> float | None:
+        """`last`: the final logged value; otherwise the aggregate of the series."""
+        if aggregate == "last":
+            return self.metrics.get(name)
         vals = self.values(name)
-        if not vals:
-            return None
-        return aggregate_values(vals, aggregate)
+        return aggregate_values(vals, aggregate) if vals else None
 
 
 def aggregate_values(values: list[float], aggregate: str) -> float:
@@ -81,7 +107,7 @@ def needs_mlflow(spec: str) -> bool:
 
 
 def load_source(spec: str, tracking_uri: str | None = None) -> MetricSource:
-    """Resolve a candidate/baseline spec (file, run id, model alias) to its metrics."""
+    """Resolve a candidate/baseline spec (file, run reference, registered model) to its metrics."""
     spec = str(spec).strip()
     path = Path(spec)
     if path.is_file():
@@ -89,8 +115,33 @@ def load_source(spec: str, tracking_uri: str | None = None) -> MetricSource:
     if not needs_mlflow(spec):
         raise missing(f"metrics file not found: {spec}")
     client = _client(tracking_uri)
-    run_id, how = _resolve_run_id(client, spec)
-    return load_run(client, run_id, how)
+    run_id, how, train_run = resolve_ref(client, spec)
+    return load_run(client, train_run or run_id, how, model_ref=spec if how else None)
+
+
+def resolve_ref(client, spec: str) -> tuple[str, str, str | None]:
+    """(run id, how it was found, the version's training run when tagged) of a run reference or model.
+
+    >>> # resolve_ref(c, "packtrain-lm@champion") → ("a11b…", "packtrain-lm@champion → version 1", "efa5…")
+    """
+    from packtrain.tracking.refs import resolve_run_ref
+
+    run_id = resolve_run_ref(client, spec)
+    mv = _model_version(client, spec)
+    if mv is None:
+        return run_id, "", None
+    how = f"{spec.removeprefix('models:/')} → version {mv.version}"
+    return run_id, how, (mv.tags or {}).get(TRAIN_RUN_TAG) or None
+
+
+def _model_version(client, spec: str):
+    """The model version a model reference names (None for a run reference); resolve_run_ref checked it."""
+    m_alias, m_version = _ALIAS.match(spec), _VERSION.match(spec)
+    if m_alias:
+        return client.get_model_version_by_alias(m_alias["name"], m_alias["alias"])
+    if m_version:
+        return client.get_model_version(m_version["name"], m_version["version"])
+    return None
 
 
 def load_file(path: Path) -> MetricSource:
@@ -115,7 +166,8 @@ def load_file(path: Path) -> MetricSource:
         elif isinstance(v, list) and v and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v):
             series[k] = [float(x) for x in v]
             metrics[k] = series[k][-1]
-    return MetricSource(label=f"file {path}", metrics=metrics, series=series)
+    device = raw.get("device") if isinstance(raw.get("device"), str) else None
+    return MetricSource(label=f"file {path}", metrics=metrics, series=series, device=device)
 
 
 def _row_key(row: dict, index: int) -> str:
@@ -137,37 +189,82 @@ def _client(tracking_uri: str | None):
     return MlflowClient(tracking_uri=tracking_uri)
 
 
-def _resolve_run_id(client, spec: str) -> tuple[str, str]:
-    from mlflow.exceptions import MlflowException
-
-    m_alias, m_version = _ALIAS.match(spec), _VERSION.match(spec)
-    try:
-        if m_alias:
-            mv = client.get_model_version_by_alias(m_alias["name"], m_alias["alias"])
-            how = f"{m_alias['name']}@{m_alias['alias']} → version {mv.version}"
-        elif m_version:
-            mv = client.get_model_version(m_version["name"], m_version["version"])
-            how = f"{m_version['name']} version {mv.version}"
-        else:
-            return spec.removeprefix("runs:/").split("/")[0], ""
-    except MlflowException as e:
-        raise missing(f"registered model {spec!r}: not found ({_short(e)})") from None
-    if not mv.run_id:
-        raise missing(f"registered model {spec!r} ({how}) has no source run to read metrics from")
-    return mv.run_id, how
-
-
-def load_run(client, run_id: str, how: str = "") -> MetricSource:
+def _get_run(client, run_id: str):
     from mlflow.exceptions import MlflowException
 
     try:
-        run = client.get_run(run_id)
+        return client.get_run(run_id)
     except MlflowException as e:
         raise missing(f"MLflow run {run_id!r}: not found ({_short(e)})") from None
+
+
+def stage_runs(client, run) -> tuple[Any, dict[str, Any]]:
+    """(pipeline run or None, {stage: newest stage run}) of the run tree `run` belongs to; a lone stage
+    run → (None, {its stage: it})."""
+    tags = run.data.tags
+    if tags.get("packtrain.kind") == "pipeline":
+        parent = run
+    elif tags.get("mlflow.parentRunId"):
+        parent = _get_run(client, tags["mlflow.parentRunId"])
+    else:
+        return None, {_stage_of(run): run}
+    kids = client.search_runs([parent.info.experiment_id],
+                              filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'",
+                              order_by=["attributes.start_time DESC"], max_results=200)
+    found: dict[str, Any] = {}
+    for kid in kids:
+        found.setdefault(_stage_of(kid), kid)     # newest first: a retried stage's last run wins
+    return parent, found
+
+
+def _stage_of(run) -> str:
+    return run.data.tags.get("packtrain.stage") or run.data.tags.get("mlflow.runName") or run.info.run_name or ""
+
+
+def load_run(client, run_id: str, how: str = "", model_ref: str | None = None) -> MetricSource:
+    """The metrics of run `run_id`: its packtrain run tree under canonical names (module doc), or, for a
+    run packtrain did not make, the run's own metrics. `how` says how the run was found (in the label)."""
+    run = _get_run(client, run_id)
+    if run.data.tags.get("packtrain.kind") not in ("pipeline", "stage"):
+        return _plain_run(client, run, how)
+    parent, stages = stage_runs(client, run)
+    train = stages.get("train")
+    if model_ref and train is None:
+        raise missing(f"registered model {model_ref!r} ({how}) was made by run {run_id} "
+                      f"({_stage_of(run)}), which has no train stage run in its pipeline tree (a "
+                      "`packtrain register` outside `packtrain run`?); pass the training run's id instead")
+    metrics: dict[str, float] = {}
+    where: dict[str, tuple[str, str]] = {}
+    if parent is not None:
+        for k, v in parent.data.metrics.items():
+            metrics[k], where[k] = float(v), (parent.info.run_id, k)
+    for stage, srun in stages.items():
+        skip = series_names(stage)
+        for k, v in srun.data.metrics.items():
+            if is_duplicate(stage, k) or (k in skip and canonical_name(stage, k) == f"{stage}.{k}"):
+                continue
+            name = canonical_name(stage, k)
+            metrics[name], where[name] = float(v), (srun.info.run_id, k)
+        for m in BY_NAME.values():
+            if m.stage == stage and m.series and m.name in metrics:
+                where[m.name] = (srun.info.run_id, m.series)
+    main = train or run
+    label = f"run {main.info.run_id[:8]} ({_stage_of(main)}"
+    label += f" of pipeline {parent.info.run_id[:8]})" if parent is not None else ")"
+    device = next((r.data.tags["packtrain.gpu"] for r in (train, run, parent)
+                   if r is not None and r.data.tags.get("packtrain.gpu")), None)
+    return MetricSource(label=label + (f" via {how}" if how else ""), metrics=metrics, run_id=main.info.run_id,
+                        params=dict(main.data.params), client=client, where=where, scheme="packtrain",
+                        device=device)
+
+
+def _plain_run(client, run, how: str) -> MetricSource:
+    rid = run.info.run_id
     name = run.data.tags.get("mlflow.runName") or run.info.run_name or ""
-    label = f"run {run_id[:12]} ({name})" + (f" via {how}" if how else "")
-    return MetricSource(label=label, metrics={k: float(v) for k, v in run.data.metrics.items()},
-                        run_id=run_id, params=dict(run.data.params), client=client)
+    label = f"run {rid[:8]} ({name})" + (f" via {how}" if how else "")
+    return MetricSource(label=label, metrics={k: float(v) for k, v in run.data.metrics.items()}, run_id=rid,
+                        params=dict(run.data.params), client=client, scheme="mlflow",
+                        device=run.data.tags.get("packtrain.gpu"))
 
 
 def _short(e: Exception) -> str:
