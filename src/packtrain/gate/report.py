@@ -138,7 +138,6 @@ def curve_figure(comp: Comparison, title: str) -> str | None:
         ax.set_xlabel("seconds" if name.startswith("system.") else "step")
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=7)
-    fig.suptitle(title)
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png")
@@ -155,7 +154,8 @@ def _table(rows: list[list[str]], head: bool = True) -> str:
 _CSS = ("body{font-family:system-ui,sans-serif;margin:2em;color:#222;background:#fff}"
         "table{border-collapse:collapse;margin:.6em 0}td,th{border:1px solid #ccc;padding:3px 8px;font-size:13px;"
         "text-align:left}th{background:#f3f3f3}img{max-width:100%;display:block;margin:.6em 0}"
-        ".PASS{color:#1a7f37}.REGRESSION,.MISSING{color:#cf222e}.note{color:#7a5a00}")
+        ".PASS{color:#1a7f37}.REGRESSION,.MISSING{color:#cf222e}.note{color:#7a5a00}"
+        ".curves{display:flex;flex-wrap:wrap;gap:0 2em}.curves h3{margin:.8em 0 0}")
 
 
 def render_html(comp: Comparison) -> str:
@@ -175,16 +175,21 @@ def render_html(comp: Comparison) -> str:
             cls = g.verdict.split()[0]
             parts.append(f"<p class='gate {cls}'><b>{html.escape(g.verdict)}</b> "
                          f"{html.escape(gate_line(comp, i).split(': ', 1)[1])}</p>")
-            parts.append(_table(gate_rows(g)))
-    parts.append("<h2>Curves (train stage runs)</h2>")
+            rows = gate_rows(g)
+            failed = [r for r in rows[1:] if r[5] != "pass"]
+            if failed:
+                parts.append(_table([rows[0], *failed]))
+            parts.append(f"<details><summary>all {len(rows) - 1} gated metrics</summary>{_table(rows)}</details>")
+    parts.append("<h2>Curves (train stage runs)</h2><div class='curves'>")
     for title in comp.curves:
         png = curve_figure(comp, title)
         if png is None:
-            parts.append(f"<h3>{html.escape(title)}</h3><p class='note'>no {html.escape(title)} series in these "
-                         "runs' metric histories</p>")
+            parts.append(f"<div><h3>{html.escape(title)}</h3><p class='note'>no {html.escape(title)} series in "
+                         "these runs' metric histories</p></div>")
         else:
-            parts.append(f"<h3>{html.escape(title)}</h3><img alt='{html.escape(title)} curves' "
-                         f"src='data:image/png;base64,{png}'>")
+            parts.append(f"<div><h3>{html.escape(title)}</h3><img alt='{html.escape(title)} curves' "
+                         f"src='data:image/png;base64,{png}'></div>")
+    parts.append("</div>")
     parts += [f"<p class='note'>note: {html.escape(n)}</p>" for n in comp.notes]
     parts.append("</body></html>")
     return "\n".join(parts)
