@@ -1,7 +1,8 @@
 """`packtrain run`: the whole KFP DAG on this machine through `kfp.local.SubprocessRunner(use_venv=False)`.
 
-    run_local(cfg) → {"stages": {stage: stats}, "summary": {...}, "parent_run_id", "tracking_uri",
-                      "mlflow_ui", "seconds", "log"}
+    run_local(cfg) → {"stages": {stage: stats}, "summary": {...}, "parent_run_id", "parent_run_short",
+                      "tracking_uri", "mlflow_ui", "seconds", "log"}
+    every stage's stats carry "mlflow_run": {"run_id", "tracking_uri"} (its MLflow run in this pipeline run)
 
 1. Opens the parent MLflow run (embedded sqlite store <workdir>/mlflow.db unless MLFLOW_TRACKING_URI is
    set) and exports PACKTRAIN_PARENT_RUN_ID + MLFLOW_TRACKING_URI so every component's stage run nests
@@ -10,15 +11,21 @@
    a subprocess of this venv; artifacts under <workdir>/kfp/<run>/<task>/.
 3. Stage cache (PACKTRAIN_STAGE_CACHE_DIR=<workdir>/cache, see packtrain.pipeline.cache): a second run on
    unchanged data, config and code restores every stage from the cache (~5 s a stage: process start +
-   imports + an MLflow stage run tagged packtrain.cache=hit).
+   imports). Its MLflow stage run is still complete: a copy of the run that produced the cached output
+   (metrics with histories, params, tags, datasets, artifacts; packtrain.tracking.restore), tagged
+   packtrain.cache=hit and packtrain.restored_from=<origin run id> — also when the origin sits in another
+   store (a run after switching from the embedded sqlite store to a server).
 4. A failing stage (e.g. validation) stops the DAG before the next stage; the component writes its
    error to <workdir>/kfp/last_error.json and this raises the same PacktrainError (message names the
    report, exit code 4 for a failed validation).
 5. The ingested documents are versioned in a DVC repo (<workdir>/dataset) and pushed to a local DVC remote
    (<workdir>/dvc-remote); the summary shows their md5.
 6. The component logs go to <workdir>/logs/run-<time>-<pid>.log (never reused); the terminal shows one line
-   per stage, then the summary and the `mlflow ui --backend-store-uri ...` command. The whole run holds the
-   workdir lock (packtrain.pipeline.lock): a second `packtrain run` in the same workdir stops with exit 7.
+   per stage (plus a progress line of a long stage every `progress_s` seconds: step, loss, tok/s, ETA;
+   packtrain.pipeline.progress), then the summary, where to look in MLflow for this store kind
+   (packtrain.tracking.links), the pipeline run id (short and full) and the `packtrain compare` /
+   `packtrain gate` lines to type next. The whole run holds the workdir lock (packtrain.pipeline.lock): a
+   second `packtrain run` in the same workdir stops with exit 7.
 """
 
 from __future__ import annotations
@@ -42,12 +49,16 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _START = re.compile(r"Executing task '([\w-]+)'")
 _END = re.compile(r"Task '([\w-]+)' finished with status (\w+)")
 _HIT = re.compile(r"\[packtrain\] ([\w-]+): cache hit")
+PROGRESS_S = 10.0
+"""Default seconds between two progress lines of a running stage (`packtrain run --progress S`)."""
 
 
 class _StageLog:
     """A stdout stand-in: everything goes to the log file; the terminal gets one line per stage."""
 
-    def __init__(self, path: Path, out, verbose: bool):
+    def __init__(self, path: Path, out, verbose: bool, progress_s: float = PROGRESS_S):
+        from packtrain.pipeline.progress import Progress
+
         self.path, self.out, self.verbose = path, out, verbose
         path.parent.mkdir(parents=True, exist_ok=True)
         self.f = open(path, "x", encoding="utf-8")   # never truncates another run's log
@@ -55,6 +66,10 @@ class _StageLog:
         self.t0: dict[str, float] = {}
         self.hits: set[str] = set()
         self.tail: list[str] = []
+        self.progress = Progress(progress_s)
+        self.stage: str | None = None      # the running stage
+        self.label = ""                    # "[5/7] train     "
+        self.open_line = False             # the label is written, its status not yet
 
     def write(self, s: str) -> int:
         self.f.write(s)
@@ -71,19 +86,30 @@ class _StageLog:
         if m := _START.search(line):
             self.t0[m.group(1)] = time.perf_counter()
             self.tail = []
-            if not self.verbose:
-                i = STAGES.index(m.group(1)) + 1 if m.group(1) in STAGES else 0
-                self.out.write(f"[{i}/{len(STAGES)}] {m.group(1):<9} ")
-                self.out.flush()
+            self.stage = m.group(1)
+            self.progress.start()
+            i = STAGES.index(self.stage) + 1 if self.stage in STAGES else 0
+            self.label = f"[{i}/{len(STAGES)}] {self.stage:<9} "
+            self._say(self.label, end="")
+            self.open_line = True
         elif m := _HIT.search(line):
             self.hits.add(m.group(1))
         elif m := _END.search(line):
             stage, status = m.groups()
             dt = time.perf_counter() - self.t0.get(stage, time.perf_counter())
-            if not self.verbose:
-                note = " (cached)" if stage in self.hits else ""
-                self.out.write(f"{status.lower()} in {dt:.1f} s{note}\n")
-                self.out.flush()
+            note = " (cached)" if stage in self.hits else ""
+            self._say(("" if self.open_line else self.label) + f"{status.lower()} in {dt:.1f} s{note}")
+            self.open_line, self.stage = False, None
+        elif self.stage and (p := self.progress.line(line, self.stage)):
+            # "[5/7] train     step 120/600 (20%) · loss 4.21 · 10,456 tok/s · 0:10 elapsed · ETA 0:40"
+            self._say(("" if self.open_line else self.label) + p)
+            self.open_line = False
+
+    def _say(self, text: str, end: str = "\n") -> None:
+        """The terminal's one line per stage (+ progress lines); --verbose streams the whole log instead."""
+        if not self.verbose:
+            self.out.write(text + end)
+            self.out.flush()
 
     def flush(self) -> None:
         self.f.flush()
@@ -129,13 +155,18 @@ def _end_parent(cfg, parent: str, status: str, metrics: dict, tags: dict) -> Non
 
 
 def log_cached_stage_runs(parent: str, cfg, stages: dict[str, dict]) -> list[str]:
-    """A stage restored from the cache still gets its run under the parent: params = its config section,
-    metrics = the cached stats, tags = the usual stage tags + packtrain.cache=hit, the key and the KFP run
-    id. Returns the new run ids."""
+    """A stage restored from the cache still gets its run under the parent, and a complete one: a copy of the
+    run that produced the cached output (`stats["mlflow_run"]`, recorded when the stage really ran) — metrics
+    with their histories, params, tags, datasets, artifacts (packtrain.tracking.restore) — tagged
+    packtrain.cache=hit, packtrain.restored_from=<origin run id>, the key and the KFP run id. Params of the
+    stage's config section the origin lacks are added; without a readable origin the cached stats are logged
+    as metrics. Updates `stats["mlflow_run"]` to the new run and sets `stats["restored_from"]`.
+    Returns the new run ids."""
     from packtrain.config import flatten
     from packtrain.pipeline.runtime import stage_section
     from packtrain.tracking import StageRun
     from packtrain.tracking.context import base_tags
+    from packtrain.tracking.restore import restore_run
     from packtrain.tracking.run import get_client
 
     client = get_client(cfg)
@@ -148,11 +179,17 @@ def log_cached_stage_runs(parent: str, cfg, stages: dict[str, dict]) -> list[str
                 "kfp.run_id": stats.get("kfp_run_id", "")}
         run_id = client.create_run(cfg.tracking.experiment, stage, {k: v for k, v in tags.items() if v})
         handle = StageRun(client, run_id, stage)
+        origin = stats.get("mlflow_run") if isinstance(stats.get("mlflow_run"), dict) else None
+        copy = restore_run(client, run_id, origin)
         section = stage_section(stage, cfg)
         if section is not None:
-            handle.log_params({f"{stage}.{k}": v for k, v in flatten(section.model_dump(mode="json")).items()})
-        handle.log_metrics(_flat_numbers(stats))
+            own = {f"{stage}.{k}": v for k, v in flatten(section.model_dump(mode="json")).items()}
+            handle.log_params({k: v for k, v in own.items() if k not in copy.get("param_keys", ())})
+        if not copy["copied"]:
+            handle.log_metrics(_flat_numbers(stats))
         client.set_terminated(run_id, "FINISHED")
+        stats["restored_from"] = origin
+        stats["mlflow_run"] = {"run_id": client.resolve(run_id), "tracking_uri": client.shown_uri}
         ids.append(run_id)
     return ids
 
@@ -211,18 +248,20 @@ def _read_error(path: Path) -> dict | None:
         return None
 
 
-def run_local(cfg, *, verbose: bool = False, use_cache: bool | None = None, out=None) -> dict:
-    """Run the whole DAG locally on `cfg` (see the module docstring); prints progress + summary to `out`.
-    Holds the workdir lock throughout (a no-op when the calling CLI already holds it)."""
+def run_local(cfg, *, verbose: bool = False, use_cache: bool | None = None, out=None,
+              progress_s: float = PROGRESS_S) -> dict:
+    """Run the whole DAG locally on `cfg` (see the module docstring); prints progress + summary to `out`
+    (a progress line of the running stage every `progress_s` seconds). Holds the workdir lock throughout (a
+    no-op when the calling CLI already holds it)."""
     from packtrain.pipeline.lock import workdir_lock
 
     with workdir_lock(cfg.workdir, "run"):
-        return _run_local(cfg, verbose=verbose, use_cache=use_cache, out=out)
+        return _run_local(cfg, verbose=verbose, use_cache=use_cache, out=out, progress_s=progress_s)
 
 
-def _run_local(cfg, *, verbose: bool, use_cache: bool | None, out) -> dict:
+def _run_local(cfg, *, verbose: bool, use_cache: bool | None, out, progress_s: float) -> dict:
     from packtrain.pipeline.kfp_ops import load_pipeline, pipeline_arguments
-    from packtrain.pipeline.summary import build_summary, format_summary, mlflow_ui_command
+    from packtrain.pipeline.summary import build_summary, format_summary
     from packtrain.tracking import resolve_tracking_uri
 
     out = out or sys.stdout
@@ -239,8 +278,9 @@ def _run_local(cfg, *, verbose: bool, use_cache: bool | None, out) -> dict:
     parent = _start_parent(cfg) if tracking_uri else None
     env = {PARENT_ENV: parent, "MLFLOW_TRACKING_URI": tracking_uri,
            CACHE_ENV: str(workdir / "cache") if use_cache else None, ERROR_ENV: str(error_file),
-           "TQDM_MININTERVAL": os.environ.get("TQDM_MININTERVAL", "5")}
-    log = _StageLog(log_path, out, verbose)
+           # tqdm's updates feed the progress lines: at least two per progress interval, at most one per 5 s
+           "TQDM_MININTERVAL": os.environ.get("TQDM_MININTERVAL", str(min(5.0, progress_s / 2)))}
+    log = _StageLog(log_path, out, verbose, progress_s)
     status, stages = "FAILED", {}
     try:
         with _env(**env), contextlib.redirect_stdout(log), warnings.catch_warnings():
@@ -267,7 +307,7 @@ def _run_local(cfg, *, verbose: bool, use_cache: bool | None, out) -> dict:
         log.close()
         if parent:
             metrics = {f"{s}.{k}": v for s, st in stages.items() for k, v in _flat_numbers(st).items()}
-            _end_parent(cfg, parent, status, metrics, {"packtrain.log": str(log_path)})
+            _end_parent(cfg, parent, status, metrics, {"packtrain.log": str(log_path), **_stage_run_tags(stages)})
     summary = build_summary(stages)
     try:
         summary["dataset"] = snapshot_documents(workdir)
@@ -275,12 +315,47 @@ def _run_local(cfg, *, verbose: bool, use_cache: bool | None, out) -> dict:
         summary["dataset"] = None
         out.write(f"warning: could not version the documents in DVC: {type(e).__name__}: {e}\n")
     seconds = time.perf_counter() - t_start
-    out.write(format_summary(cfg.name, summary, seconds, len(stages), tracking_uri) + "\n")
+    footer = _footer(cfg, tracking_uri, parent, stages) if tracking_uri else []
+    out.write("\n".join([format_summary(cfg.name, summary, seconds, len(stages), None), *footer]) + "\n")
     from packtrain.secrets import redact_uri
+    from packtrain.tracking.refs import short_id
 
     return {"stages": stages, "summary": summary, "parent_run_id": parent, "tracking_uri": redact_uri(tracking_uri),
-            "mlflow_ui": mlflow_ui_command(tracking_uri) if tracking_uri else None, "seconds": seconds,
+            "parent_run_short": short_id(parent) if parent else None,
+            "mlflow_ui": footer[0].removeprefix("  MLflow     ") if footer else None, "seconds": seconds,
             "log": str(log_path)}
+
+
+def _stage_run_tags(stages: dict[str, dict]) -> dict[str, str]:
+    """packtrain.stage_run.<stage> = <run id> on the pipeline run: compare/gate find its train run by tag."""
+    return {f"packtrain.stage_run.{s}": st["mlflow_run"]["run_id"] for s, st in stages.items()
+            if isinstance(st.get("mlflow_run"), dict) and st["mlflow_run"].get("run_id")}
+
+
+def _footer(cfg, tracking_uri: str, parent: str | None, stages: dict[str, dict]) -> list[str]:
+    """The MLflow hint, the run id and the copy-pasteable compare/gate lines (packtrain.tracking.links)."""
+    from packtrain.tracking.links import run_footer, store_args
+    from packtrain.tracking.run import get_client
+
+    client = get_client(cfg)
+    run_id = client.resolve(parent) if parent else None
+    exp_id = previous = None
+    if run_id and not run_id.startswith("pending-"):
+        try:
+            run = client._client.get_run(run_id)
+            exp_id = run.info.experiment_id
+            prev = client._client.search_runs(
+                [exp_id], filter_string=f"tags.`packtrain.kind` = 'pipeline' and tags.`packtrain.recipe` = "
+                                        f"'{cfg.name}' and attributes.status = 'FINISHED'",
+                order_by=["attributes.start_time DESC"], max_results=2)
+            previous = next((r.info.run_id for r in prev if r.info.run_id != run_id), None)
+        except Exception:  # the store went away after the run: the hint without the run's address
+            pass
+    reg = stages.get("register") or {}
+    return run_footer(tracking_uri, exp_id, run_id, previous=previous,
+                      model=reg.get("model_name") or cfg.register_.model_name,
+                      champion=reg.get("decision") == "champion",
+                      extra_args=store_args(cfg, bool(os.environ.get("MLFLOW_TRACKING_URI"))))
 
 
 def _failure(err: Exception, error_file: Path, log: _StageLog) -> PacktrainError:
