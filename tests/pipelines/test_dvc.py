@@ -95,7 +95,7 @@ def test_exported_metrics_are_a_few_numbers(tmp_path):
 
 
 @pytest.mark.slow
-def test_dvc_repro_chain_noop_and_budget_change(tmp_path):
+def test_dvc_repro_chain_noop_plan_change_and_metrics(tmp_path):
     repo = tmp_path / "repo"
     repo.mkdir()
     subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
