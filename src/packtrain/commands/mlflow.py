@@ -1,4 +1,11 @@
 """`packtrain mlflow replay [--buffer DIR] [--tracking-uri URI]`: send buffered MLflow ops to the store.
+`packtrain mlflow resolve REF [--stage STAGE]`: the full run id a reference names.
+
+resolve takes what every run-taking command takes (packtrain.tracking.refs): a full id, a unique prefix of ≥ 6
+characters (`packtrain run` prints 8), `runs:/ID`, `NAME@ALIAS`, `models:/NAME@ALIAS`, `models:/NAME/VERSION`;
+with --stage, the run of that stage in the same pipeline run (e.g. the train run behind a champion). Prints
+the full id on stdout, and on stderr its name and where to open it; exit 2 when the reference names no run
+or several (the message lists the candidates).
 
 Ops buffered while the tracking store was unreachable (see packtrain.tracking.buffer) are replayed in order,
 each exactly once (packtrain.tracking.replay), to the store each was recorded for, or all to --tracking-uri.
@@ -20,8 +27,12 @@ import argparse
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("action", choices=["replay"], help="replay: send buffered metrics/params/tags/artifacts "
-                                                           "and deferred model registrations")
+    parser.add_argument("action", choices=["replay", "resolve"],
+                        help="replay: send buffered metrics/params/tags/artifacts and deferred model registrations; "
+                             "resolve REF: print the full run id REF names")
+    parser.add_argument("ref", nargs="?", metavar="REF",
+                        help="(resolve) run id, ≥ 6-character prefix, NAME@ALIAS or models:/NAME/VERSION")
+    parser.add_argument("--stage", metavar="STAGE", help="(resolve) the run of this stage in the same pipeline run")
     parser.add_argument("--buffer", default=None, metavar="DIR",
                         help="buffer directory (default: tracking.buffer_dir or <workdir>/mlflow-buffer)")
     parser.add_argument("--tracking-uri", default=None, metavar="URI",
@@ -30,6 +41,39 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(cfg, args) -> int:
+    if args.action == "resolve":
+        return resolve(cfg, args)
+    return replay(cfg, args)
+
+
+def resolve(cfg, args) -> int:
+    import sys
+
+    from mlflow import MlflowClient
+
+    from packtrain.errors import ConfigError
+    from packtrain.tracking import resolve_tracking_uri
+    from packtrain.tracking.links import mlflow_hint
+    from packtrain.tracking.refs import RunRefError, resolve_run_ref, stage_run_of
+
+    if not args.ref:
+        raise ConfigError("packtrain mlflow resolve REF: give a run id (or ≥ 6-character prefix), NAME@ALIAS or "
+                          "models:/NAME/VERSION")
+    uri = resolve_tracking_uri(cfg)
+    client = MlflowClient(uri)
+    run_id = resolve_run_ref(client, args.ref)
+    if args.stage:
+        found = stage_run_of(client, run_id, args.stage)
+        if found is None:
+            raise RunRefError(f"{args.ref}: run {run_id} has no {args.stage!r} run in its pipeline run")
+        run_id = found
+    run = client.get_run(run_id)
+    print(run_id)
+    print(f"{run.info.run_name} · {mlflow_hint(uri, run.info.experiment_id, run_id)}", file=sys.stderr)
+    return 0
+
+
+def replay(cfg, args) -> int:
     import json
     import sys
     from pathlib import Path

@@ -9,9 +9,14 @@ rank but 0) turns all of it into no-ops (the stage still runs). When the store i
 buffered to <workdir>/mlflow-buffer and replayed when it returns (`packtrain mlflow replay` replays leftovers),
 each op exactly once (packtrain.tracking.replay). Credentials in the URI never reach the buffer, the runs or
 the logs: they are recorded as `user:***@host` (packtrain.secrets).
+
+Run references (`resolve_run_ref`: full id, ≥ 6-character prefix, NAME@ALIAS, models:/NAME/VERSION) are in
+packtrain.tracking.refs; a cached stage's run copies its origin run (packtrain.tracking.restore); where to
+open a run for each store kind is packtrain.tracking.links.
 """
 
 from packtrain.tracking.context import is_rank_zero
+from packtrain.tracking.refs import RunRefError, resolve_run_ref, short_id, stage_run_of
 from packtrain.tracking.replay import ReplayResult, recorded_uris, replay_dir
 from packtrain.tracking.run import (
     PARENT_ENV,
@@ -24,4 +29,5 @@ from packtrain.tracking.run import (
 )
 
 __all__ = ["StageRun", "stage_run", "resolve_tracking_uri", "start_pipeline_run", "end_pipeline_run",
-           "buffer_dir_for", "replay_dir", "recorded_uris", "ReplayResult", "is_rank_zero", "PARENT_ENV"]
+           "buffer_dir_for", "replay_dir", "recorded_uris", "ReplayResult", "is_rank_zero", "PARENT_ENV",
+           "resolve_run_ref", "stage_run_of", "short_id", "RunRefError"]
