@@ -30,7 +30,7 @@ FAULT_ENV = "PACKTRAIN_FAULT"
 
 def active(name: str) -> bool:
     spec = os.environ.get(FAULT_ENV)
-    return bool(spec) and name in spec.split(",")
+    return bool(spec) and name in (spec or "").split(",")
 
 
 def kill_point(name: str) -> None:

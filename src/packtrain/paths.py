@@ -370,7 +370,7 @@ def _remove_previous(old: Path, dst: Path) -> None:
 
 def _fault_active(token: str) -> bool:
     spec = os.environ.get(FAULT_ENV)
-    return bool(spec) and token in (t.strip() for t in spec.split(","))
+    return bool(spec) and token in (t.strip() for t in (spec or "").split(","))
 
 
 def _fault_point(point: str, dst: Path) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
 from urllib.parse import urlsplit, urlunsplit
 
 MASK = "***"
@@ -81,7 +82,7 @@ def strip_userinfo(uri: str) -> str:
     return urlunsplit((parts.scheme, host, parts.path, parts.query, parts.fragment))
 
 
-def secret_values(env: dict[str, str] | None = None) -> list[str]:
+def secret_values(env: Mapping[str, str] | None = None) -> list[str]:
     """The non-trivial values of the `SECRET_ENV` variables set now (longest first)."""
     env = os.environ if env is None else env
     vals = {env[k] for k in SECRET_ENV if len(env.get(k) or "") >= _MIN_SECRET_LEN}

@@ -24,6 +24,7 @@ does not exist.
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -84,7 +85,7 @@ def replay(cfg, args) -> int:
 
     buf = Path(args.buffer) if args.buffer else buffer_dir_for(cfg)
     target = redact_uri(args.tracking_uri)
-    empty = {"buffer": str(buf), "recorded_uris": {}, "target": target, "applied": 0, "left": 0, "rejected": 0,
+    empty: dict[str, Any] = {"buffer": str(buf), "recorded_uris": {}, "target": target, "applied": 0, "left": 0, "rejected": 0,
              "files": 0, "skipped_locked": [], "needs_credentials": [], "registered": []}
     if not buf.is_dir():
         if args.buffer:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 import types
 from collections.abc import Iterator
-from typing import Annotated, Any, Literal, Union, get_args, get_origin
+from typing import Annotated, Any, Literal, Union, cast, get_args, get_origin
 
 import annotated_types as at
 from pydantic import BaseModel, ValidationError
@@ -48,7 +48,7 @@ def describe_allowed(annotation: Any, metadata: list | tuple = ()) -> str | None
         parts = [describe_allowed(a, () if a is type(None) else meta) for a in args]
         if any(p is None for p in parts):
             return None
-        return _join_or(parts)
+        return _join_or(cast(list[str], parts))   # no None among them (checked above)
     if tp is type(None):
         return "null"
     if origin is Literal:
@@ -156,8 +156,8 @@ def format_validation_error(err: ValidationError, model: type[BaseModel], origin
                 lines.append(f"{_origin(path, keys, origin)}: {path}: removed: set {moved[0]} instead"
                              + (f" — {moved[1]}" if moved[1] else ""))
                 continue
-            allowed = _allowed_keys(model, e["loc"][:-1])
-            lines.append(f"{_origin(path, keys, origin)}: {path}: unknown key (allowed: {', '.join(allowed)})")
+            known = _allowed_keys(model, e["loc"][:-1])
+            lines.append(f"{_origin(path, keys, origin)}: {path}: unknown key (allowed: {', '.join(known)})")
             continue
         if path in seen:            # a union reports one error per member: one line per field is enough
             continue

@@ -24,7 +24,7 @@ import itertools
 import math
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -119,7 +119,7 @@ def evaluate_batches(model, batches: Iterable, device, precision: str = "fp32", 
     amp = (torch.autocast(device.type, dtype=getattr(torch, _DTYPES[precision]))
            if precision in _DTYPES else contextlib.nullcontext())
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
-    out = {"n_label_tokens": 0, "n_real_tokens": 0, "n_slot_tokens": 0, "n_segments": 0, "n_batches": 0,
+    out: dict[str, Any] = {"n_label_tokens": 0, "n_real_tokens": 0, "n_slot_tokens": 0, "n_segments": 0, "n_batches": 0,
            "budget": 0}
     t0 = time.perf_counter()
     with torch.inference_mode(), amp:
@@ -142,6 +142,7 @@ def evaluate_batches(model, batches: Iterable, device, precision: str = "fp32", 
 
 def _peak_memory(device) -> tuple[float | None, str]:
     """CUDA peak allocated (GiB) since the last reset, or the process' peak RSS on CPU."""
+    cuda_memory_stats: Callable[..., dict] | None
     try:
         from packtrain.telemetry.memory import cuda_memory_stats
     except ImportError:   # telemetry not in this build: the same two numbers straight from torch/resource

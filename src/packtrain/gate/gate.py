@@ -145,6 +145,7 @@ def check(rule: Rule, base: float | None, cand: float) -> tuple[str, float | Non
         return REGRESSION, change, f"above ceiling {rule.max:g}"
     if change is None:
         return PASS, None, ""
+    assert base is not None   # change is None without a baseline
     diff = cand - base
     if abs(diff) <= rule.abs_tol:
         return PASS, change, ""
@@ -180,6 +181,7 @@ def evaluate_gate(candidate: MetricSource | list[MetricSource], baseline: Metric
         names |= {m for m in baseline.metrics if m not in rules.exact and rules.rule_for(m) is not None}
     for name in sorted(names):
         rule = rules.rule_for(name)
+        assert rule is not None   # names holds only metrics with a rule
         base = baseline.value(name, rule.aggregate)
         cand = combined_value(cands, name, rule.aggregate)
         if cand is None or (base is None and rule.relative):

@@ -80,8 +80,9 @@ def noise_rules(kind: str) -> dict[str, Rule]:
             rules[name] = Rule(name, m.direction, required=False, note=note)
             continue
         note = f"{kind} noise {100 * noise:.1f}%" if noise else ""
-        limit = {"max_drop": allowed} if m.direction == "higher" else {"max_rise": allowed}
-        rules[name] = Rule(name, m.direction, abs_tol=abs_tol, required=False, note=note, **limit)
+        higher = m.direction == "higher"
+        rules[name] = Rule(name, m.direction, abs_tol=abs_tol, required=False, note=note,
+                           max_drop=allowed if higher else None, max_rise=None if higher else allowed)
     for name, why in REPORTED.items():
         rules[name] = Rule(name, BY_NAME[name].direction, required=False, note=why)
     return rules

@@ -258,7 +258,7 @@ def token_loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
                            ignore_index=IGNORE, reduction="sum")
 
 
-def token_mean_loss(loss_sum: torch.Tensor, n_label_tokens_in_window: int) -> torch.Tensor:
+def token_mean_loss(loss_sum: torch.Tensor, n_label_tokens_in_window: float) -> torch.Tensor:
     """Loss of one micro-batch scaled for a gradient-accumulation window: loss_sum / window label tokens.
 
     Call once per micro-batch with `n_label_tokens_in_window` = Σ n_label_tokens over all micro-batches of

@@ -52,7 +52,7 @@ def numeric_tree(d):
     >>> numeric_tree({"fill": 0.99, "strategy": "bfd", "eval": {"n_packs": 3, "path": "x"}})
     {'fill': 0.99, 'eval': {'n_packs': 3}}
     """
-    out = {}
+    out: dict[str, Any] = {}
     for k, v in d.items():
         if isinstance(v, bool):
             out[k] = int(v)

@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -176,7 +177,7 @@ def _run_cached(stage, cfg, inputs, args, out_dir, cache_dir: Path, code_version
     return {**stats, "cache": "miss"}
 
 
-def _call_runner(stage: str, cfg, args: tuple, out_dir) -> dict:
+def _call_runner(stage: str, cfg, args: Sequence, out_dir) -> dict:
     """The stage runner on the artifact dirs. `train` resumes from its own checkpoints: a retried pod (same
     output dir) continues its killed attempt instead of being refused; a fresh output dir starts at step 0."""
     from packtrain.stages import get_runner
@@ -256,7 +257,7 @@ def metadata_of(stats) -> dict:
     {'fill': 0.998, 'train.tokens_per_s': ...}."""
     from packtrain.config import flatten
 
-    out = {}
+    out: dict[str, Any] = {}
     for k, v in flatten(stats_dict(stats)).items():
         if isinstance(v, bool) or isinstance(v, (int, float, str)) or v is None:
             out[k] = v

@@ -83,7 +83,7 @@ def step_flops(n_params_nonembed: int, n_layers: int, hidden_size: int, seq_lens
     real = sum(int(s) for s in seq_lens)
     if real > slot_tokens:
         raise ValueError(f"sum(seq_lens) = {real} exceeds slot_tokens = {slot_tokens}")
-    wins = list(windows) if windows is not None else [None] * n_layers
+    wins: list[int | None] = list(windows) if windows is not None else [None] * n_layers
     if len(wins) != n_layers:
         raise ValueError(f"windows has {len(wins)} entries for {n_layers} layers")
     rows = slot_tokens // budget

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import cast
 
 Series = Sequence[float] | Mapping[str, Sequence[float]]
 
@@ -65,7 +66,7 @@ def plot_system(samples: Sequence[Mapping], path: str | Path, title: str = "") -
     util_label = "GPU util %" if gpu else "CPU util % (process)"
     util: Series = [s["util"] for s in samples]
     if not gpu and "sys_util" in samples[0]:
-        util = {"process": util, "system": [s.get("sys_util", 0.0) for s in samples]}
+        util = {"process": cast(Sequence[float], util), "system": [s.get("sys_util", 0.0) for s in samples]}
     mem: dict[str, list[float]] = {"used (NVML)" if gpu else "RSS": [s["mem_used_gib"] for s in samples]}
     if all("reserved_gib" in s for s in samples):
         mem["reserved"] = [s["reserved_gib"] for s in samples]

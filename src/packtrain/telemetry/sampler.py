@@ -121,8 +121,8 @@ class SystemSampler:
         self.reason: str | None = None
         self._backend = backend
         self._handles: list[tuple[int, Any]] = []
-        self._pynvml = None
-        self._proc = None
+        self._pynvml: Any = None   # the pynvml module once initialised (optional dependency)
+        self._proc: Any = None     # psutil.Process() on the CPU kind
         self._n_cpus = 1
         self._t0 = 0.0
         self._stop = threading.Event()

@@ -46,8 +46,9 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from packtrain.secrets import redact_text, redact_uri, redact_value
 from packtrain.tracking.apply import PENDING, apply_op
@@ -81,7 +82,7 @@ class BufferedClient:
         self._down_until = 0.0
         self._down_since: float | None = None
         self._failures = 0  # consecutive; the retry window doubles with each, up to 60 s
-        self._fh = None  # own buffer file, flock'ed while open
+        self._fh: TextIO | None = None  # own buffer file, flock'ed while open
         self._own_path: Path | None = None
         self._backlog = 0  # ops in the own file not applied yet
         self._scanned_orphans = False
@@ -100,9 +101,9 @@ class BufferedClient:
               "tags": {k: redact_value(v) for k, v in tags.items()}, "start_time": start_time or _now_ms(),
               "pending_id": PENDING + uuid.uuid4().hex}
         rid = self.submit(op)
-        return rid if rid is not None else op["pending_id"]
+        return rid if rid is not None else str(op["pending_id"])
 
-    def log_batch(self, run_id: str, metrics: list[list] = (), params: dict | None = None,
+    def log_batch(self, run_id: str, metrics: Sequence[Sequence] = (), params: dict | None = None,
                   tags: dict | None = None) -> None:
         if metrics or params or tags:
             self.submit({"op": "log_batch", "run_id": run_id, "metrics": [list(m) for m in metrics],

@@ -194,9 +194,9 @@ def replay_dir(buffer_dir: str | Path, tracking_uri: str | None = None, client=N
                             continue
                         bc = client
                     else:
-                        target = tracking_uri or target_for(uri)
+                        target = tracking_uri or target_for(uri or "")   # (uri is a str without tracking_uri)
                         if target is None:
-                            res.needs_credentials.append(uri)
+                            res.needs_credentials.append(uri or "")
                             continue
                         if target not in clients:
                             clients[target] = BufferedClient(target, buffer_dir)

@@ -41,7 +41,7 @@ import shutil
 import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from packtrain.errors import InputDataError
 from packtrain.faults import kill_point
@@ -68,7 +68,7 @@ def rng_state() -> tuple[dict, dict]:
     import torch
 
     py = random.getstate()
-    np_state = np.random.get_state()
+    np_state = cast("tuple[Any, ...]", np.random.get_state())   # legacy=True (default): the tuple form
     plain = {"python": [py[0], list(py[1]), py[2]],
              "numpy": [np_state[0], np_state[1].tolist(), *[float(x) if isinstance(x, float) else int(x)
                                                              for x in np_state[2:]]]}

@@ -57,8 +57,8 @@ class DataParts:
 
     def loader_state(self) -> dict:
         """Loader position after the last batch the loop consumed (not the prefetch thread's position)."""
-        b = self.batches
-        return b.state_dict() if hasattr(b, "state_dict") else self.loader.state_dict()
+        state = getattr(self.batches, "state_dict", None)   # a Prefetcher's; a plain iterator has none
+        return state() if state is not None else self.loader.state_dict()
 
     def close(self) -> None:
         """Stop the prefetch thread, if any (idempotent)."""

@@ -90,7 +90,7 @@ def on_main(dist: DistInfo, root: Path, fn: Callable[[], T]) -> T:
         name, msg, code = err
         cls = {"ConfigError": ConfigError}.get(name, PacktrainError)
         raise cls(msg, exit_code=code)
-    return out   # type: ignore[return-value]  # rank 0's fn() result, broadcast
+    return out   # rank 0's fn() result, broadcast
 
 
 def _resume(s: TrainSession) -> int:

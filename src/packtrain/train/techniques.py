@@ -188,7 +188,9 @@ def build_optimizer(model, cfg: TrainConfig, device_type: str) -> torch.optim.Ad
     Fused (one kernel for all parameters) on CUDA when cfg.fused_optimizer; foreach on CPU."""
     import torch
 
-    decay, no_decay, seen = [], [], set()
+    decay: list[torch.nn.Parameter] = []
+    no_decay: list[torch.nn.Parameter] = []
+    seen: set[int] = set()
     for p in model.parameters():
         if not p.requires_grad or id(p) in seen:
             continue
