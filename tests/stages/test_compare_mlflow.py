@@ -25,7 +25,7 @@ from packtrain.config import load_run_config
 from packtrain.tracking import end_pipeline_run, start_pipeline_run
 from packtrain.tracking.run import _close_clients
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore:telemetry threshold violated")]   # CPU utilization
 
 TINY = ["model.hidden_size=32", "model.intermediate_size=64", "model.num_heads=2", "train.rows=2",
         "train.max_steps=12", "train.warmup_steps=2", "train.threads=1", "telemetry.interval_s=0.05",
@@ -119,6 +119,23 @@ def test_compare_pipeline_runs_curves_params_gate(pipelines, tmp_path, capsys):
     assert {a.path for a in c.list_artifacts(run.info.run_id, "compare")} == \
         {"compare/compare.html", "compare/compare.json", "compare/compare.md"}
     assert all(not c.list_artifacts(rid) for rid in pipelines["pipeline"])
+
+
+def test_compare_model_alias_is_its_pipeline(pipelines, tmp_path):
+    """NAME@ALIAS names the version's source run (a stage run): compare lifts it to its pipeline run, so the
+    columns diff whole configs (only train.lr), and still draws that pipeline's train curves."""
+    c = pipelines["client"]
+    c.create_registered_model("compare-lm")
+    mv = c.create_model_version("compare-lm", f"runs:/{pipelines['train'][0]}/model", run_id=pipelines["train"][0])
+    c.set_registered_model_alias("compare-lm", "champion", mv.version)
+    argv = ["compare", "compare-lm@champion", pipelines["pipeline"][1][:8], "--no-log",
+            *_sets(f"tracking.tracking_uri={pipelines['uri']}"), "--out", str(tmp_path)]
+    assert main(argv) == 0
+    saved = json.loads((tmp_path / "compare.json").read_text())
+    assert [r["ref"] for r in saved["runs"]] == ["compare-lm@champion", pipelines["pipeline"][1][:8]]
+    assert [r["run_id"] for r in saved["runs"]] == pipelines["pipeline"]
+    assert [r["train_run_id"] for r in saved["runs"]] == pipelines["train"]
+    assert saved["params_differ"] == {"train": {"train.lr": ["0.003", "0.001"]}}
 
 
 @pytest.mark.parametrize("extra,kind", [([], "pipeline"), (["--stage-runs"], "train")])

@@ -115,14 +115,14 @@ def compare_runs(run_refs: list[str] | None = None, experiment: str | None = Non
     if run_refs:
         from packtrain.tracking.refs import resolve_run_ref
 
-        pairs = [(ref, client.get_run(resolve_run_ref(client, ref))) for ref in run_refs]
+        pairs = lift_to_pipelines(client, [(ref, client.get_run(resolve_run_ref(client, ref))) for ref in run_refs])
     else:
         pairs = [(r.info.run_id, r) for r in list_runs(client, experiment, filter_string, max_runs, stage_runs)]
     runs = [_compared(client, ref, r) for ref, r in pairs]
     trains = {c.train_run_id: client.get_run(c.train_run_id) for c in runs
               if c.train_run_id and c.train_run_id != c.run_id}
     raw = {c.run_id: r for c, (_, r) in zip(runs, pairs, strict=True)}
-    curve_runs = [trains.get(c.train_run_id) or raw[c.run_id] for c in runs]
+    curve_runs = [trains.get(c.train_run_id or "") or raw[c.run_id] for c in runs]
     notes = [f"{c.label}: no train stage run in its MLflow run tree (no curves; metrics are the run's own)"
              for c in runs if c.kind == "pipeline" and not c.train_run_id]
 
@@ -168,6 +168,23 @@ def list_runs(client, experiment: str | None, filter_string: str | None, max_run
         raise missing(f"experiment {experiment!r}: no {what} runs ({kind})"
                       + (f" match --filter {filter_string!r}" if filter_string else "") + hint)
     return runs[::-1]
+
+
+def lift_to_pipelines(client, pairs: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    """A stage run given by a model reference (NAME@ALIAS → the version's source run, a register or train
+    run), or next to pipeline runs, is replaced by its pipeline (parent) run, so every column holds the whole
+    config: `compare packtrain-lm@champion 75d35eb2` diffs the champion's pipeline against that pipeline."""
+    kinds = {r.data.tags.get("packtrain.kind") for _, r in pairs}
+    out = []
+    for ref, run in pairs:
+        parent = run.data.tags.get("mlflow.parentRunId")
+        if parent and run.data.tags.get("packtrain.kind") == "stage" and ("@" in ref or ref.startswith("models:/")
+                                                                          or "pipeline" in kinds):
+            top = client.get_run(parent)
+            if top.data.tags.get("packtrain.kind") == "pipeline":
+                run = top
+        out.append((ref, run))
+    return out
 
 
 def stage_of(param: str) -> str:
@@ -219,7 +236,7 @@ def fetch_curves(client, curve_runs: list) -> tuple[dict[str, list[str]], dict[s
     curves: dict[str, list[str]] = {}
     histories: dict[str, list[list]] = {}
     for title, candidates in curve_metrics(names).items():
-        drawn = []
+        drawn: list[str] = []
         for name in candidates:
             if len(drawn) == MAX_CURVES:
                 break
