@@ -115,7 +115,7 @@ def _candidates(path: str, value, places: dict[str, str]) -> list:
         return [*opts, _bump_digit(value), value + "x", places["init"], places["corpus"]]
     # None: a value of the field's other type
     return [*opts, places["corpus"] if path == "ingest.source" else places["init"], 1024, 2, 0.5, "x",
-            "sqlite:///other.db", ["x==1"]]
+            "sqlite:///other.db", ["x==1"], True]
 
 
 COMPANIONS = {"train.deepspeed.offload_params": {"train.deepspeed.zero_stage": 3}}
