@@ -27,7 +27,7 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -138,11 +138,17 @@ class StageRun:
     def client(self) -> BufferedClient | None:
         return self._client
 
+    @property
+    def _live(self) -> tuple[BufferedClient, str]:
+        """(client, run id) of an enabled run: for methods that checked `enabled` first."""
+        assert self._client is not None and self._run_id is not None
+        return self._client, self._run_id
+
     # -- params, metrics, tags -----------------------------------------------------------------------------
     def log_params(self, params: Mapping[str, Any]) -> None:
         if self.enabled and params:
             clean = {_KEY_BAD.sub("_", k): ("" if v is None else str(v))[:6000] for k, v in params.items()}
-            self._client.log_batch(self._run_id, params=clean)
+            self._live[0].log_batch(self._live[1], params=clean)
 
     def log_metrics(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
         """Numeric values (int, float, numpy/torch scalars) now, in one call; others are ignored."""
@@ -150,7 +156,7 @@ class StageRun:
             return
         rows = self._rows(metrics, step)
         if rows:
-            self._client.log_batch(self._run_id, metrics=rows)
+            self._live[0].log_batch(self._live[1], metrics=rows)
 
     def log_step(self, metrics: Mapping[str, Any], step: int) -> None:
         """Per-step metrics (loss, lr, tokens/s, MFU, memory); sent every `flush_interval_s` or 1000 values."""
@@ -163,7 +169,7 @@ class StageRun:
     def flush(self) -> None:
         if self.enabled and self._steps:
             rows, self._steps = self._steps, []
-            self._client.log_batch(self._run_id, metrics=rows)
+            self._live[0].log_batch(self._live[1], metrics=rows)
         self._last_flush = time.monotonic()
 
     @staticmethod
@@ -180,7 +186,7 @@ class StageRun:
         if self.enabled and tags:
             clean = {_KEY_BAD.sub("_", k): str(v)[:8000] for k, v in tags.items() if v is not None}
             if clean:
-                self._client.log_batch(self._run_id, tags=clean)
+                self._live[0].log_batch(self._live[1], tags=clean)
 
     def submit(self, op: dict) -> Any:
         """Send a custom op for this run (e.g. register_model, packtrain.tracking.apply.HANDLERS) through the
@@ -189,7 +195,7 @@ class StageRun:
         if not self.enabled:
             return None
         self.flush()
-        return self._client.submit({**op, "run_id": self._run_id})
+        return self._live[0].submit({**op, "run_id": self._live[1]})
 
     def tag_violations(self, violations: list[str]) -> None:
         """Threshold violations (packtrain.telemetry.thresholds) as tags packtrain.violation.<name>."""
@@ -201,7 +207,7 @@ class StageRun:
     def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
         """A file or a directory (its contents) under `artifact_path`."""
         if self.enabled and Path(path).exists():
-            self._client.log_artifact(self._run_id, path, artifact_path)
+            self._live[0].log_artifact(self._live[1], path, artifact_path)
 
     def log_json(self, obj: Any, name: str, artifact_path: str | None = None) -> None:
         """`obj` as pretty JSON artifact `<artifact_path>/<name>` (e.g. name="pack_stats.json")."""
@@ -214,7 +220,7 @@ class StageRun:
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
 
-    def log_stats(self, stats: Mapping[str, Any], prefix: str = "", artifacts: list[Path] = ()) -> None:
+    def log_stats(self, stats: Mapping[str, Any], prefix: str = "", artifacts: Sequence[Path] = ()) -> None:
         """Numeric leaves of a stats dict become metrics (dotted names); files become artifacts."""
         flat = flatten(dict(stats)) if stats else {}
         self.log_metrics({f"{prefix}{k}": v for k, v in flat.items()})
@@ -227,7 +233,7 @@ class StageRun:
         if not self.enabled:
             return
         digest = (digest or "unknown")[:36]
-        self._client.log_input(self._run_id, name, digest, str(Path(path).resolve()), context)
+        self._live[0].log_input(self._live[1], name, digest, str(Path(path).resolve()), context)
         self.set_tags({f"packtrain.dataset.{name}.md5": digest, f"packtrain.dataset.{name}.path": str(path)})
 
     def log_report(self, report: Any, prefix: str = "summary.") -> None:
@@ -349,7 +355,7 @@ def stage_run(stage: str, cfg: RunConfig, section: Any = None, tags: Mapping[str
     run_tags = base_tags("stage", cfg.name, stage)
     parent = os.environ.get(PARENT_ENV)
     if parent:
-        run_tags["mlflow.parentRunId"] = client.resolve(parent)
+        run_tags["mlflow.parentRunId"] = client.resolve(parent) or parent
     run_id = client.create_run(cfg.tracking.experiment, stage, run_tags)
     _stage_runs[stage] = (client, run_id)
     handle = StageRun(client, run_id, stage, cfg.tracking.flush_interval_s)
