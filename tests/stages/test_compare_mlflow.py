@@ -77,7 +77,7 @@ def pipelines(server, tmp_path_factory):
 
 
 def test_compare_pipeline_runs_curves_params_gate(pipelines, tmp_path, capsys):
-    from packtrain.gate import gate
+    from packtrain.gate import evaluate_gate
     from packtrain.gate.sources import load_source
 
     out = tmp_path / "cmp"
@@ -103,14 +103,15 @@ def test_compare_pipeline_runs_curves_params_gate(pipelines, tmp_path, capsys):
     assert [y for _, y in saved["histories"]["loss"][0]] == [m.value for m in sorted(train0, key=lambda m: m.step)]
     html = (out / "compare.html").read_text()
     assert len(re.findall(r"src='data:image/png;base64,", html)) == len(CURVES) and "src='http" not in html
-    # the gate verdict is packtrain.gate's own on the same train runs (candidate = 2nd, baseline = 1st)
-    expected = gate(load_source(pipelines["train"][1], pipelines["uri"]),
-                    load_source(pipelines["train"][0], pipelines["uri"]))
+    # the gate verdict is `packtrain gate --candidate 2nd --baseline 1st`'s own, on the same run trees
+    expected = evaluate_gate(load_source(refs[1], pipelines["uri"]), load_source(refs[0], pipelines["uri"]))
+    assert expected.rows and "train.throughput.real_tokens_per_s" in {r.metric for r in expected.rows}
     assert [g["verdict"] for g in saved["gates"]] == [expected.verdict]
     assert sorted(r["metric"] for r in saved["gates"][0]["rows"]) == sorted(r.metric for r in expected.rows)
     labels = [f"pipeline·{p[:8]}" for p in pipelines["pipeline"]]
     assert f"gate {expected.verdict}: {labels[1]} vs baseline {labels[0]}" in text
-    assert re.search(r"real tokens/s, median \[summary\.real_tokens_per_s\]\s+[\d,]+\s+[\d,]+", text)
+    assert re.search(r"real tokens/s, median \[train\.throughput\.real_tokens_per_s\]\s+[\d,]+\s+[\d,]+", text)
+    assert saved["metrics"]["train.final_loss"] == [h[-1][1] for h in saved["histories"]["loss"]]
 
     # logged to a new "compare" run; the compared runs are untouched
     c = pipelines["client"]

@@ -16,10 +16,13 @@ mlflow.parentRunId, run name = stage name) to its `train` stage run, whose metri
     utilization  system.utilization_pct (NVML or CPU)   x = seconds since the sampler started (step = ms)
     memory       system.memory_used_gib, ..._gib        x = seconds
 
-Params: only those that differ, grouped by stage (the first dotted part: `train.lr` → train); a pipeline run
-holds the whole flattened config, a stage run its own section. Gate: the first run is the baseline, every
-other run a candidate, judged by packtrain.gate.gate on the same runs `packtrain gate` would read (exit code
-of compare stays 0: it reports, it does not block). Compared runs are never modified: the report goes to a
+Numbers (headline table, compare.json "metrics") are each run tree read as `packtrain gate` reads it
+(packtrain.gate.sources.load_run: the train, pack and evaluate stage runs under the canonical names of
+packtrain.gate.metrics, e.g. `train.throughput.real_tokens_per_s`). Params: only those that differ, grouped
+by stage (the first dotted part: `train.lr` → train); a pipeline run holds the whole flattened config, a
+stage run its own section. Gate: the first run is the baseline, every other run a candidate, judged by
+packtrain.gate.evaluate_gate on those trees — the verdict `packtrain gate` gives (compare itself exits 0:
+it reports, it does not block). Compared runs are never modified: the report goes to a
 NEW run named "compare" (tag packtrain.compare.runs lists the ids).
 """
 
@@ -47,18 +50,18 @@ CURVES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
 MAX_CURVES = 3
 # single values logged once per run (a "curve" of one point); never fetched as histories
 SUMMARY_PREFIXES = ("summary.", "throughput.", "memory.", "timings.", "init_", "final_")
-# (label, metric names tried in order: the train run's first, then the compared run's)
+# (label, names tried in order): the gate's canonical names (packtrain.gate.metrics: a run tree read as the gate
+# reads it), then the names of runs packtrain did not make
 HEADLINE: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("loss, last step", ("final_loss", "loss", "train.final_loss", "train.loss")),
+    ("loss, last step", ("train.final_loss", "final_loss", "train.loss", "loss")),
     ("eval loss", ("evaluate.eval_loss", "eval_loss")),
-    ("real tokens/s, median", ("summary.real_tokens_per_s", "train.throughput.real_tokens_per_s", "real_tokens_per_s",
-                               "train.tokens_per_s")),
-    ("useful MFU, median", ("summary.useful_mfu", "train.throughput.useful_mfu", "useful_mfu", "train.useful_mfu")),
-    ("utilization, mean", ("summary.utilization", "system.utilization", "train.gpu_utilization")),
-    ("peak allocated GiB", ("summary.peak_alloc_gib", "memory.peak_alloc_gib", "train.peak_alloc_gib")),
-    ("memory used max GiB", ("summary.mem_used_max_gib", "system.mem_used_max_gib")),
-    ("step time p50 s", ("summary.step_time_p50_s", "throughput.step_time_p50_s")),
-    ("padding", ("summary.padding", "pack.padding")),
+    ("real tokens/s, median", ("train.throughput.real_tokens_per_s", "train.tokens_per_s")),
+    ("useful MFU, median", ("train.throughput.useful_mfu", "train.useful_mfu")),
+    ("utilization, mean", ("train.system.utilization", "train.gpu_utilization")),
+    ("peak allocated GiB", ("train.memory.peak_alloc_gib", "train.peak_alloc_gib")),
+    ("peak RSS GiB", ("train.memory.cpu_peak_rss_gib",)),
+    ("step time p50 s", ("train.throughput.step_time_p50_s",)),
+    ("padding", ("train.throughput.padding", "pack.padding_fraction")),
     ("pack fill", ("pack.fill",)),
 )
 
@@ -87,7 +90,7 @@ class Comparison:
     runs: list[ComparedRun]
     params_differ: dict[str, dict[str, list[str | None]]]   # stage → param → value per run (differing only)
     n_params: int                                            # distinct param names over all runs
-    metrics: dict[str, list[float | None]]                   # every latest value: train run's, then the run's own
+    metrics: dict[str, list[float | None]]                   # latest values, the gate's names (whole run tree)
     headline: list[tuple[str, str, list[float | None]]]      # (label, metric name, value per run)
     curves: dict[str, list[str]]                             # group title → metrics drawn (may be empty)
     histories: dict[str, list[list[tuple[float, float]]]] = field(default_factory=dict)   # metric → per run (x, y)
@@ -111,10 +114,11 @@ def compare_runs(run_refs: list[str] | None = None, experiment: str | None = Non
                  rules=None) -> Comparison:
     """Resolve the runs (refs, or the pipeline runs of `experiment` matching `filter_string`, oldest first),
     walk each to its train stage run, and line them up (see the module docstring)."""
+    from packtrain.gate.sources import load_run
+    from packtrain.tracking.refs import resolve_run_ref
+
     client = _client(tracking_uri)
     if run_refs:
-        from packtrain.tracking.refs import resolve_run_ref
-
         pairs = lift_to_pipelines(client, [(ref, client.get_run(resolve_run_ref(client, ref))) for ref in run_refs])
     else:
         pairs = [(r.info.run_id, r) for r in list_runs(client, experiment, filter_string, max_runs, stage_runs)]
@@ -133,17 +137,16 @@ def compare_runs(run_refs: list[str] | None = None, experiment: str | None = Non
         vals = [p.get(k) for p in params]
         if len(set(vals)) > 1:
             differ.setdefault(stage_of(k), {})[k] = vals
-    metrics_per_run = [{**raw[c.run_id].data.metrics, **cr.data.metrics} for c, cr in zip(runs, curve_runs,
-                                                                                          strict=True)]
-    all_names = sorted(set().union(*metrics_per_run))
-    metrics = {k: [_float(m.get(k)) for m in metrics_per_run] for k in all_names}
+    sources = [load_run(client, c.run_id) for c in runs]   # the run trees as `packtrain gate` reads them
+    all_names = sorted(set().union(*(src.metrics for src in sources)))
+    metrics = {k: [_float(src.metrics.get(k)) for src in sources] for k in all_names}
     curves, histories = fetch_curves(client, curve_runs)
     for title, drawn in curves.items():
         if not drawn:
             notes.append(f"no {title} series in the compared runs' metric histories")
     return Comparison(runs=runs, params_differ=_stage_order(differ), n_params=len(names), metrics=metrics,
-                      headline=headline_rows(curve_runs, [raw[c.run_id] for c in runs]), curves=curves,
-                      histories=histories, gates=gate_runs(client, runs, rules), notes=notes)
+                      headline=headline_rows(metrics), curves=curves, histories=histories,
+                      gates=gate_runs(sources, rules), notes=notes)
 
 
 def list_runs(client, experiment: str | None, filter_string: str | None, max_runs: int, stage_runs: bool) -> list:
@@ -255,31 +258,23 @@ def history(client, run_id: str, name: str) -> list[tuple[float, float]]:
     return [(m.step * scale, float(m.value)) for m in hist]
 
 
-def headline_rows(curve_runs: list, own_runs: list) -> list[tuple[str, str, list[float | None]]]:
-    """The numbers people ask about first, by a fixed list (not alphabetically): the first name of each
-    HEADLINE entry that some run has; per run its train run's value, else the compared run's own."""
+def headline_rows(metrics: dict[str, list[float | None]]) -> list[tuple[str, str, list[float | None]]]:
+    """The numbers people ask about first, by a fixed list (HEADLINE, not alphabetically): per entry the
+    first name some run has, with its value per run."""
     rows = []
     for label, names in HEADLINE:
-        for name in names:
-            vals = [_float(c.data.metrics.get(name, o.data.metrics.get(name))) for c, o in
-                    zip(curve_runs, own_runs, strict=True)]
-            if any(v is not None for v in vals):
-                rows.append((label, name, vals))
-                break
+        name = next((n for n in names if any(v is not None for v in metrics.get(n, []))), None)
+        if name is not None:
+            rows.append((label, name, metrics[name]))
     return rows
 
 
-def gate_runs(client, runs: list[ComparedRun], rules=None) -> list:
-    """packtrain.gate.gate of every run after the first (candidate) against the first (baseline), on their
-    train stage runs (where the throughput, MFU and memory metrics are); default rules unless `rules`."""
-    from packtrain.gate import gate
-    from packtrain.gate.sources import load_run
+def gate_runs(sources: list, rules=None) -> list:
+    """packtrain.gate.evaluate_gate of every run after the first (candidate) against the first (baseline):
+    the verdict `packtrain gate --candidate RUN --baseline FIRST` gives (default rules unless `rules`)."""
+    from packtrain.gate import evaluate_gate
 
-    if len(runs) < 2:
-        return []
-    sources = [load_run(client, c.train_run_id or c.run_id, f"train stage of {c.label}" if c.train_run_id
-                        and c.train_run_id != c.run_id else "") for c in runs]
-    return [gate(cand, sources[0], rules) for cand in sources[1:]]
+    return [evaluate_gate(cand, sources[0], rules) for cand in sources[1:]]
 
 
 def write_report(comp: Comparison, out_dir: Path) -> dict[str, Path]:

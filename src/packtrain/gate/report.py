@@ -88,7 +88,7 @@ def format_table(comp: Comparison) -> str:
         out.append(f"  {stage}")
         out += _grid(rows, "    ")
     if comp.headline:
-        out.append("headline (train stage run, else the run itself):")
+        out.append("headline (the gate's metric names):")
         out += _grid(headline_cells(comp), "  ")
     out += [f"gate {gate_line(comp, i)}" for i in range(len(comp.gates))]
     drawn = " · ".join(f"{t}: {', '.join(ms) or 'none'}" for t, ms in comp.curves.items())
