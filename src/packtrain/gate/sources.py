@@ -221,18 +221,22 @@ def _stage_of(run) -> str:
     return run.data.tags.get("packtrain.stage") or run.data.tags.get("mlflow.runName") or run.info.run_name or ""
 
 
-def load_run(client, run_id: str, how: str = "", model_ref: str | None = None) -> MetricSource:
+def load_run(client, run_id: str, how: str = "", model_ref: str | None = None,
+             require_train: bool = False) -> MetricSource:
     """The metrics of run `run_id`: its packtrain run tree under canonical names (module doc), or, for a
-    run packtrain did not make, the run's own metrics. `how` says how the run was found (in the label)."""
+    run packtrain did not make, the run's own metrics. `how` says how the run was found (in the label).
+    A model reference (`model_ref`) or `require_train` needs a train stage run in the tree (else exit 2)."""
     run = _get_run(client, run_id)
     if run.data.tags.get("packtrain.kind") not in ("pipeline", "stage"):
+        if require_train:
+            raise missing(f"run {run_id} was not made by packtrain (no packtrain.kind tag): no train stage run")
         return _plain_run(client, run, how)
     parent, stages = stage_runs(client, run)
     train = stages.get("train")
-    if model_ref and train is None:
-        raise missing(f"registered model {model_ref!r} ({how}) was made by run {run_id} "
-                      f"({_stage_of(run)}), which has no train stage run in its pipeline tree (a "
-                      "`packtrain register` outside `packtrain run`?); pass the training run's id instead")
+    if (model_ref or require_train) and train is None:
+        what = f"registered model {model_ref!r} ({how}) was made by run" if model_ref else "run"
+        raise missing(f"{what} {run_id} ({_stage_of(run)}), which has no train stage run in its pipeline tree "
+                      "(a `packtrain register` outside `packtrain run`?); pass the training run's id instead")
     metrics: dict[str, float] = {}
     where: dict[str, tuple[str, str]] = {}
     if parent is not None:

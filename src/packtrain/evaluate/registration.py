@@ -1,0 +1,215 @@
+"""Apply one registration op: log the model, register the version, set the aliases, log what happened.
+
+    apply_registration(client, uri, run_id, op, model_dir)
+      1. decision    packtrain.evaluate.champion: loss rule, then (op["gate"]) the gate against the champion
+      2. log model   once per op (the logged model carries tag packtrain.register_op=<op id>)
+      3. version     registered with tags: lineage, decision (+ reason), gate verdict, packtrain.train_run_id
+      4. aliases     champion by compare-and-set, else challenger; packtrain.alias_set marks it done
+      5. the run     metrics candidate_<metric>/champion_<metric>/promoted, packtrain.* tags,
+                     register_result.json (and gate/gate.json, gate/gate.md when gated)
+
+Idempotent: applying the op again (a replay killed half-way, a copy of the buffer) creates nothing twice —
+the logged model and the version are looked up by the op tag first, and the decision, the previous champion
+and the gate verdict are read back from the version's tags.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from packtrain.evaluate.champion import (
+    CHALLENGER,
+    CHAMPION,
+    ChampionGate,
+    alias_version,
+    as_float,
+    current_champion,
+    decide_alias,
+    gate_against_champion,
+    move_champion,
+)
+from packtrain.gate.sources import TRAIN_RUN_TAG  # the version's training run: what `gate NAME@ALIAS` reads
+
+OP_TAG = "packtrain.register_op"
+"""Tag on the logged model and the model version: the id of the registration op that made them."""
+ALIAS_SET_TAG = "packtrain.alias_set"
+"""Version tag written once its alias (champion or challenger) is set: a repeat of the op leaves aliases alone."""
+
+
+def _version_of_op(client, name: str, oid: str):
+    """The model version an earlier attempt of op `oid` registered, or None."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        found = client.search_model_versions(f"name = '{name}' and tags.`{OP_TAG}` = '{oid}'")
+    except MlflowException:   # no such registered model yet
+        return None
+    return found[0] if found else None
+
+
+def _log_model_once(client, run_id: str, op: dict, model_dir: Path, card: str) -> tuple[str, str, str, float]:
+    """(model_id, flavor, note, seconds) of the op's logged model; logged only when no earlier attempt
+    finished it (an attempt is finished once its model carries the packtrain.flavor tag)."""
+    from packtrain.evaluate.loading import load_model_dir
+    from packtrain.evaluate.registry import ARTIFACT_NAME, log_model
+
+    exp = client.get_run(run_id).info.experiment_id
+    found = client.search_logged_models([exp], filter_string=f"tags.`{OP_TAG}` = '{op['id']}'", max_results=1)
+    if found and found[0].tags.get("packtrain.flavor"):
+        t = found[0].tags
+        return found[0].model_id, t["packtrain.flavor"], t.get("packtrain.flavor_note", ""), \
+            float(t.get("packtrain.log_model_s", 0.0))
+    model_id = found[0].model_id if found else client.create_logged_model(
+        exp, name=ARTIFACT_NAME, source_run_id=run_id, tags={OP_TAG: op["id"]}).model_id
+    model, tokenizer = load_model_dir(model_dir, "cpu")
+    _, flavor, note, log_s = log_model(model, tokenizer, model_dir, op["flavor"], op["pip_requirements"], card,
+                                       model_id=model_id, run_id=run_id)
+    client.set_logged_model_tags(model_id, {"packtrain.flavor": flavor, "packtrain.flavor_note": note[:4000],
+                                            "packtrain.log_model_s": f"{log_s:.3f}"})
+    return model_id, flavor, note, log_s
+
+
+def train_run_of(client, run_id: str) -> str | None:
+    """The train stage run of the pipeline tree `run_id` (the register run) belongs to, or None."""
+    from packtrain.errors import MissingDataError
+    from packtrain.gate.sources import stage_runs
+
+    try:
+        train = stage_runs(client, client.get_run(run_id))[1].get("train")
+    except MissingDataError:
+        return None
+    return train.info.run_id if train is not None else None
+
+
+def gate_step(client, run_id: str, op: dict, decision: str, reason: str, prev_version: str | None
+              ) -> tuple[str, str, ChampionGate | None]:
+    """(decision, reason, gate) after gating a would-be champion against the champion (op["gate"] on and
+    a champion to beat); gate.json/gate.md logged under the run's gate/ artifacts."""
+    if not (op.get("gate") and decision == CHAMPION and prev_version):
+        return decision, reason, None
+    tmp = Path(tempfile.mkdtemp(prefix="packtrain-gate-"))
+    try:
+        g = gate_against_champion(client, run_id, op["name"], prev_version, op.get("gate_rules"), tmp)
+        for f in g.files:
+            client.log_artifact(run_id, str(f), "gate")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    if g.exit_code == 0:
+        return decision, f"{reason}; gate PASS against champion {g.baseline}", g
+    return CHALLENGER, (f"gate {g.verdict} (exit {g.exit_code}) against champion {g.baseline}: {g.summary}; the "
+                        f"champion stays (by loss alone: {reason})"), g
+
+
+def apply_registration(client, tracking_uri: str, run_id: str, op: dict, model_dir: Path | None,
+                       before_alias: Callable[[str], None] | None = None) -> dict:
+    """Apply registration `op` to run `run_id` (module doc). Returns RegisterResult.to_dict().
+
+    `before_alias(version)` runs between the decision and the compare-and-set (tests move the alias
+    there with a second client).
+    """
+    import mlflow
+    from mlflow.entities import Metric, RunTag
+
+    from packtrain.errors import MissingDataError
+    from packtrain.evaluate.register import RegisterResult
+    from packtrain.secrets import redact_uri
+    from packtrain.tracking.run import set_fluent_tracking_uri
+
+    name, metric, oid, candidate = op["name"], op["metric"], op["id"], float(op["candidate"])
+    set_fluent_tracking_uri(tracking_uri)   # Model.log and create_model_version read the global URI
+    t0 = time.perf_counter()
+    mv = _version_of_op(client, name, oid)
+    gate = None
+    if mv is None:
+        had, prev_version, prev_value = current_champion(client, name, metric)
+        decision, reason, threshold = decide_alias(candidate, prev_value, op["margin"], had)
+        if model_dir is None or not Path(model_dir).is_dir():
+            raise MissingDataError(f"registration op {oid}: model directory {model_dir} is gone")
+        decision, reason, gate = gate_step(client, run_id, op, decision, reason, prev_version)
+        card = (f"# {name}\n\n{metric}: {candidate:.6g}; decision: {decision} ({reason})\n\n"
+                + "\n".join(f"- {k}: {v}" for k, v in op["version_tags"].items()))
+        model_id, flavor, note, log_s = _log_model_once(client, run_id, op, Path(model_dir), card)
+        if os.environ.get("PACKTRAIN_FAULT"):   # tests: die between the logged model and its version
+            from packtrain.faults import kill_point
+
+            kill_point("register.model_logged")
+        tags = {**op["version_tags"], "decision": decision, "decision_reason": reason[:4000], "flavor": flavor,
+                "previous_champion_version": prev_version, "had_champion": str(had).lower(),
+                "previous_champion_value": prev_value, "log_model_s": f"{log_s:.3f}", OP_TAG: oid,
+                TRAIN_RUN_TAG: train_run_of(client, run_id), **(gate.tags() if gate else {})}
+        mv = mlflow.register_model(f"models:/{model_id}", name,
+                                   tags={k: str(v) for k, v in tags.items() if v is not None})
+    else:   # an earlier attempt registered it: read back what it decided
+        t = mv.tags
+        decision, reason, flavor = t.get("decision", CHALLENGER), t.get("decision_reason", ""), t.get("flavor", "")
+        prev_version, prev_value = t.get("previous_champion_version"), as_float(t.get("previous_champion_value"))
+        had, note, log_s = t.get("had_champion") == "true", "registered by an earlier attempt", \
+            float(t.get("log_model_s", 0.0))
+        threshold = decide_alias(candidate, prev_value, op["margin"], had)[2]
+    version = str(mv.version)
+    vtags = dict(mv.tags)
+    champion_now = prev_version
+    if mv.tags.get(ALIAS_SET_TAG):   # an earlier attempt finished the aliases: never move them again
+        champion_now = alias_version(client, name, CHAMPION)
+    elif decision == CHAMPION:
+        if before_alias is not None:
+            before_alias(version)
+        champion_now, lost = move_champion(client, tracking_uri, name, version, prev_version)
+        if lost:   # moved by another registration since we read it
+            decision, reason = CHALLENGER, f"{lost} (its own comparison: {reason})"
+            vtags.update(decision=CHALLENGER, decision_reason=reason[:4000])
+            client.set_model_version_tag(name, version, "decision", CHALLENGER)
+            client.set_model_version_tag(name, version, "decision_reason", vtags["decision_reason"])
+    if decision == CHALLENGER and not mv.tags.get(ALIAS_SET_TAG):
+        client.set_registered_model_alias(name, CHALLENGER, version)
+    if not mv.tags.get(ALIAS_SET_TAG):
+        client.set_model_version_tag(name, version, ALIAS_SET_TAG, decision)
+        vtags[ALIAS_SET_TAG] = decision
+    ts = int(float(op.get("ts") or time.time()) * 1000)   # the op's time: a re-applied op logs the same points
+    numbers = {f"candidate_{metric}": candidate, "promoted": float(decision == CHAMPION)}
+    if prev_value is not None:
+        numbers[f"champion_{metric}"] = prev_value
+    run_tags = {"packtrain.decision": decision, "packtrain.model_version": version,
+                "packtrain.registered_model": name, "packtrain.decision_reason": reason[:4000],
+                "packtrain.previous_champion_version": prev_version, OP_TAG: oid,
+                "packtrain.gate": vtags.get("gate")}
+    client.log_batch(run_id, metrics=[Metric(k, float(v), ts, 0) for k, v in numbers.items()],
+                     tags=[RunTag(k, str(v)) for k, v in run_tags.items() if v is not None])
+    result = RegisterResult(
+        model_name=name, version=version, model_uri=f"models:/{name}/{version}", flavor=flavor,
+        flavor_note=note, decision=decision, reason=reason, metric=metric, candidate_value=candidate,
+        champion_value=prev_value, previous_champion_version=prev_version, champion_version=champion_now,
+        margin=op["margin"], threshold=threshold, version_tags=vtags,
+        lineage_origin=dict(op["lineage_origin"]), missing_tags=list(op["missing"]), log_model_s=log_s,
+        register_s=time.perf_counter() - t0, run_id=run_id, tracking_uri=redact_uri(tracking_uri) or "",
+        op_id=oid).to_dict()
+    _publish_result(client, run_id, op, result)
+    return result
+
+
+def _publish_result(client, run_id: str, op: dict, result: dict) -> None:
+    """register_result.json as an artifact of the run (overwritten on a repeat), and over the stage's
+    deferred register_result.json when that file is still there and names this op."""
+    tmp = Path(tempfile.mkdtemp(prefix="packtrain-register-"))
+    try:
+        (tmp / "register_result.json").write_text(json.dumps(result, indent=2, default=str) + "\n",
+                                                  encoding="utf-8")
+        client.log_artifact(run_id, str(tmp / "register_result.json"))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    out = Path(op["result_path"]) if op.get("result_path") else None
+    if out is not None and out.is_file():
+        with contextlib.suppress(OSError, ValueError):
+            old = json.loads(out.read_text(encoding="utf-8"))
+            if old.get("op_id") == op["id"]:   # the stage's file keeps its lineage (packtrain.stages.results)
+                new = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+                result = {**result, **({"lineage": old["lineage"]} if "lineage" in old else {})}
+                new.write_text(json.dumps(result, indent=2, default=str) + "\n", encoding="utf-8")
+                new.replace(out)
