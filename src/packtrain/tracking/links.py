@@ -88,11 +88,12 @@ def run_footer(tracking_uri: str, experiment_id: str | None, run_id: str | None,
 
         MLflow     open http://127.0.0.1:5000/#/experiments/1/runs/3f2a9c0e1b7d4c5a8e6f0a1b2c3d4e5f
         run id     3f2a9c0e (pipeline run 3f2a9c0e1b7d4c5a8e6f0a1b2c3d4e5f)
-        compare    packtrain compare 3f2a9c0e 77c1d2e3
+        compare    packtrain compare 77c1d2e3 3f2a9c0e
         gate       packtrain gate --candidate 3f2a9c0e --baseline packtrain-lm@champion
 
-    compare: with the previous pipeline run of the experiment (alone without one). gate: against the
-    champion, or against the previous run when this run just became the champion.
+    compare: the previous pipeline run of the experiment (compare's baseline is its first run), then this
+    one (alone without one). gate: against the champion, or against the previous run when this run just
+    became the champion.
     """
     from packtrain.tracking.refs import short_id
 
@@ -105,7 +106,7 @@ def run_footer(tracking_uri: str, experiment_id: str | None, run_id: str | None,
     short = short_id(run_id)
     lines.append(f"  run id     {short} (pipeline run {run_id})")
     prev = short_id(previous) if previous else None
-    lines.append(f"  compare    packtrain compare {short}{' ' + prev if prev else ''}{extra_args}")
+    lines.append(f"  compare    packtrain compare {prev + ' ' if prev else ''}{short}{extra_args}")   # baseline first
     baseline = prev if champion and prev else f"{model}@champion"
     if baseline != f"{model}@champion" or not champion:
         lines.append(f"  gate       packtrain gate --candidate {short} --baseline {baseline}{extra_args}")
