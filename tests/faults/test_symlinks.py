@@ -113,7 +113,7 @@ def test_skip_reports_every_bad_link_and_stats_match_the_table(tmp_path, src, pr
         {"name": "sub/up", "target": "..", "problem": "a loop: links back to the source folder; not followed"}]
     # the md5 covers exactly the files read (DVC's own walk would trip over the broken links)
     assert s["input_md5_of"] == "files read"
-    assert s["input_md5"] == files_md5({"a.txt": src / "a.txt", "sub/b.txt": src / "sub" / "b.txt"})
+    assert s["lineage"]["input_md5"]["source"] == files_md5({"a.txt": src / "a.txt", "sub/b.txt": src / "sub" / "b.txt"})
     assert s["output_md5"] == data_md5(out / "documents.parquet")
     assert tree(out) != previous and sorted(os.listdir(out)) == ["documents.parquet", "ingest_stats.json"]
 
@@ -139,7 +139,7 @@ def test_linked_folders_and_files_are_read_also_outside_the_source(tmp_path, src
 def test_plain_folder_keeps_the_dvc_md5_of_the_folder(tmp_path, src):
     code, out = ingest(tmp_path, src)
     s = stats(out)
-    assert code == 0 and s["input_md5_of"] == "source" and s["input_md5"] == data_md5(src)
+    assert code == 0 and s["input_md5_of"] == "source" and s["lineage"]["input_md5"]["source"] == data_md5(src)
     assert s["skipped_entries"] == [] and s["linked_folders"] == []
 
 

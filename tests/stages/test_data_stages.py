@@ -15,6 +15,7 @@ import pytest
 from packtrain.cli import main
 from packtrain.data.token_store import SPLIT_EVAL, TokenStore
 from packtrain.data.tokenize import split_eval
+from packtrain.stages.results import ValidateResult
 from packtrain.versioning import data_md5
 
 SMALL = ["--set", "ingest.default_corpus_mb=0.4", "--set", "validate.min_rows=10",
@@ -54,11 +55,14 @@ def test_chain_outputs_md5s_and_mlflow_tags(chain):
     tok = json.loads((wd / "tokenize" / "stats.json").read_text())
     docs = wd / "ingest" / "documents.parquet"
     assert ing["source_kind"] == "default" and ing["default_corpus"]["python"].startswith("CPython")
-    assert ing["output_md5"] == data_md5(docs) == val["input_md5"] == tok["input_md5"]
-    assert ing["input_md5"].endswith(".dir")
+    src_md5, val_md5, tok_md5 = (d["lineage"]["input_md5"][k] for d, k in
+                                 ((ing, "source"), (val, "documents"), (tok, "documents")))
+    assert ing["output_md5"] == data_md5(docs) == val_md5 == tok_md5
+    assert src_md5.endswith(".dir") and val["lineage"]["data_version"] == tok["lineage"]["data_version"] == src_md5
+    assert ValidateResult.from_dict(val).to_dict() == val   # the written JSON is the typed result
     # summaries name documents, percentiles, the validation result and the md5
     assert f"{ing['documents']:,} documents" in outs["ingest"] and "p99" in outs["ingest"]
-    assert "PASSED 11/11" in outs["validate"] and val["input_md5"] in outs["validate"]
+    assert "PASSED 11/11" in outs["validate"] and val_md5 in outs["validate"]
     assert f"{tok['tokens']:,} tokens" in outs["tokenize"] and "EOS (id 0)" in outs["tokenize"]
 
     import mlflow
@@ -66,12 +70,12 @@ def test_chain_outputs_md5s_and_mlflow_tags(chain):
     client = mlflow.MlflowClient(f"sqlite:///{wd / 'mlflow.db'}")
     runs = {r.info.run_name: r for r in client.search_runs([e.experiment_id for e in client.search_experiments()])}
     assert {"ingest", "validate", "tokenize"} <= set(runs)
-    assert runs["ingest"].data.tags["dvc.md5.source"] == ing["input_md5"]
+    assert runs["ingest"].data.tags["dvc.md5.source"] == src_md5
     assert runs["ingest"].data.tags["dvc.md5.documents"] == ing["output_md5"]
-    assert runs["validate"].data.tags["dvc.md5.documents"] == val["input_md5"]
-    assert runs["tokenize"].data.tags["dvc.md5.documents"] == tok["input_md5"]
+    assert runs["validate"].data.tags["dvc.md5.documents"] == val_md5
+    assert runs["tokenize"].data.tags["dvc.md5.documents"] == tok_md5
     digests = {i.dataset.name: i.dataset.digest for i in runs["tokenize"].inputs.dataset_inputs}
-    assert digests["documents"] == tok["input_md5"]
+    assert digests["documents"] == tok_md5
     assert runs["tokenize"].data.metrics["tokens"] == tok["tokens"]
 
 
@@ -130,7 +134,8 @@ def test_tokenize_is_deterministic_and_loads_a_tokenizer_dir(chain, tmp_path, ca
                  "--set", f"tokenize.tokenizer_dir={first / 'tokenizer'}"]) == 0
     assert _md5(first / "tokens.bin") == _md5(loaded / "tokens.bin")
     stats = json.loads((loaded / "stats.json").read_text())
-    assert stats["tokenizer"] == str((first / "tokenizer").resolve()) and stats["tokenizer_md5"].endswith(".dir")
+    assert stats["tokenizer"] == str((first / "tokenizer").resolve())
+    assert stats["lineage"]["input_md5"]["tokenizer"].endswith(".dir")
     capsys.readouterr()
     assert main(["tokenize", "--out", str(tmp_path / "x"), *common,
                  "--set", f"tokenize.tokenizer_dir={tmp_path / 'none'}"]) == 2

@@ -8,8 +8,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from packtrain.evaluate.lineage import collect_lineage, find_key, lineage_subset
+from packtrain.evaluate.lineage import collect_lineage
 from packtrain.evaluate.register import CHALLENGER, CHAMPION, decide_alias
+from packtrain.stages.results import Lineage, TrainResult
 
 NAN, INF = float("nan"), float("inf")
 
@@ -48,31 +49,28 @@ def test_larger_margin_never_promotes_more(c, champ, m1, m2):
         assert decide_alias(c, champ, lo)[0] == CHAMPION
 
 
-@pytest.mark.parametrize("stats, names, expected", [
-    ({"fill": 0.99}, ("fill",), ("fill", 0.99)),
-    ({"train": {"fill": 0.998}, "eval": {"fill": 0.9}}, ("train.fill", "fill"), ("train.fill", 0.998)),
-    ({"eval": {"fill": 0.9}}, ("train.fill", "fill"), ("eval.fill", 0.9)),
-    ({"summary": {"useful_mfu": 0.41, "dense_mfu": 0.5}}, ("useful_mfu", "mfu"), ("summary.useful_mfu", 0.41)),
-    ({"prefill": 3}, ("fill",), None),       # suffix match on a dotted boundary only
-    ({"input_md5": None}, ("input_md5",), None),
-    (None, ("fill",), None),
-])
-def test_find_key_table(stats, names, expected):
-    assert find_key(stats, names) == expected
+def _train(lineage: Lineage, throughput: dict, memory: dict, fill: float | None) -> TrainResult:
+    return TrainResult(
+        steps=2, start_step=0, tokens=10, label_tokens=9, slot_tokens=12, final_loss=3.0, loss_curve=[3.5, 3.0],
+        lr_curve=[1e-3, 1e-3], skipped_steps=0, compiles=None, recompiles=None, timings={}, throughput=throughput,
+        memory=memory, system={}, violations=[], telemetry_files=[], setup={}, params={}, model_dir=None,
+        checkpoint=None, packing_fill=fill, lineage=lineage)
 
 
-def test_collect_lineage_prefers_train_result_and_lists_missing():
-    train = {"input_md5": "aaa", "summary": {"useful_mfu": 0.4, "peak_alloc_gib": 12.5}, "git_sha": "abc"}
-    pack = {"input_md5": "bbb", "train": {"fill": 0.997}, "eval": {"fill": 0.95}}
-    values, origin, missing = collect_lineage({"train_result": train, "pack_stats": pack}, checkout_sha="zzz")
-    assert values == {"dataset_md5": "aaa", "git_sha": "abc", "packing_fill": 0.997, "mfu": 0.4,
-                      "peak_memory_gib": 12.5}
-    assert origin["packing_fill"] == "pack_stats:train.fill" and missing == []
-    values, origin, missing = collect_lineage({"train_result": None, "pack_stats": pack}, checkout_sha="zzz")
-    assert values["dataset_md5"] == "bbb" and values["git_sha"] == "zzz" and origin["git_sha"] == "checkout"
-    assert missing == ["mfu", "peak_memory_gib"]
-    cpu_train = {"throughput": {"useful_mfu": 0.0}, "memory": {"peak_alloc_gib": 0.0, "cpu_peak_rss_gib": 1.7}}
-    values, origin, missing = collect_lineage({"train_result": cpu_train, "pack_stats": None})
-    assert values == {"peak_memory_gib": 1.7} and origin["peak_memory_gib"] == "train_result:memory.cpu_peak_rss_gib"
-    assert missing == ["dataset_md5", "git_sha", "packing_fill", "mfu"]
-    assert lineage_subset(pack) == {"input_md5": "bbb", "train.fill": 0.997, "eval.fill": 0.95}
+def test_collect_lineage_reads_one_declared_key_each():
+    lin = Lineage(git_sha="abc", code_version="0.1.0+gabc", input_md5={"packs": "p"}, data_version="aaa",
+                  tokenizer_hash="sha256:t")
+    ev = {"lineage": {**lin.to_dict(), "git_sha": "def", "data_version": "bbb"}}
+    gpu = _train(lin, {"useful_mfu": 0.4}, {"peak_alloc_gib": 12.5, "cpu_peak_rss_gib": 3.0}, 0.997)
+    values, origin, missing = collect_lineage(gpu.to_dict(), ev, checkout_sha="zzz")
+    assert values == {"dataset_md5": "aaa", "git_sha": "abc", "code_version": "0.1.0+gabc",
+                      "tokenizer_hash": "sha256:t", "packing_fill": 0.997, "mfu": 0.4, "peak_memory_gib": 12.5}
+    assert origin["dataset_md5"] == "train_result:lineage.data_version" and missing == []
+    values, origin, missing = collect_lineage(None, ev, checkout_sha="zzz")
+    assert (values["dataset_md5"], values["git_sha"], origin["git_sha"]) == ("bbb", "def", "eval_result:lineage.git_sha")
+    assert missing == ["packing_fill", "mfu", "peak_memory_gib"]
+    cpu = _train(Lineage(git_sha=None, code_version="0.1.0", input_md5={}, data_version=None),
+                 {"useful_mfu": 0.0}, {"peak_alloc_gib": 0.0, "cpu_peak_rss_gib": 1.7}, None)
+    values, origin, missing = collect_lineage(cpu, None)
+    assert values == {"code_version": "0.1.0", "peak_memory_gib": 1.7}
+    assert missing == ["dataset_md5", "git_sha", "tokenizer_hash", "packing_fill", "mfu"]

@@ -27,7 +27,8 @@ def summarize(d: dict) -> str:
         f"ingest: {d['documents']:,} documents ({d['bytes_utf8'] / 1e6:.1f} MB of UTF-8 text) from {d['files']:,} "
         f"file(s) of {d['source']} → {d['output']}. Characters per document: p50 {lc.get('p50', 0):,.0f}, "
         f"p90 {lc.get('p90', 0):,.0f}, p99 {lc.get('p99', 0):,.0f}, max {lc.get('max', 0):,}.{skipped}{capped} "
-        f"DVC md5: source {d['input_md5']}, documents {d['output_md5']}; git {(d.get('git_rev') or 'n/a')[:12]}; "
+        f"DVC md5: source {d['lineage']['input_md5']['source']}, documents {d['output_md5']}; "
+        f"git {(d['lineage']['git_sha'] or 'n/a')[:12]}; "
         f"{d['seconds']:.1f} s.")
 
 
@@ -36,5 +37,5 @@ def run(cfg, args) -> int:
 
     if args.source is not None:
         cfg = cfg.model_copy(update={"ingest": cfg.ingest.model_copy(update={"source": args.source})})
-    print(summarize(run_ingest(cfg, args.out)))
+    print(summarize(run_ingest(cfg, args.out).to_dict()))
     return 0

@@ -54,5 +54,5 @@ def run(cfg, args) -> int:
         print(verify(args.verify))
         return 0
 
-    print(summarize(run_pack(cfg, args.tokens, args.out)))
+    print(summarize(run_pack(cfg, args.tokens, args.out).to_dict()))
     return 0

@@ -23,7 +23,7 @@ def run(cfg, args) -> int:
     paths = RunPaths(Path(cfg.workdir))
     out = Path(args.out) if args.out else paths.register_dir
     s = run_register(cfg, args.model or paths.model_dir, args.eval or paths.evaluate_dir,
-                     args.train or paths.train_dir, out)
+                     args.train or paths.train_dir, out).to_dict()
     if s["decision"] == "deferred":
         print(f"{s['model_name']}: registration deferred (op {s.get('op_id')}): {s['reason']}  → "
               f"{out / 'register_result.json'}")

@@ -21,12 +21,12 @@ def summarize(d: dict) -> str:
         f"train {d['train_documents']:,} docs / {d['train_tokens']:,} tokens, eval {d['eval_documents']:,} docs / "
         f"{d['eval_tokens']:,} tokens). Tokens per document: p50 {lt.get('p50', 0):,.0f}, p90 {lt.get('p90', 0):,.0f}, "
         f"p99 {lt.get('p99', 0):,.0f}, max {lt.get('max', 0):,}. {tok}; {eos}. Store {d['output']}. "
-        f"DVC md5 of the documents read: {d['input_md5']}; {d['seconds']:.1f} s "
+        f"DVC md5 of the documents read: {d['lineage']['input_md5']['documents']}; {d['seconds']:.1f} s "
         f"({d['tokens_per_second']:,.0f} tokens/s encoding).")
 
 
 def run(cfg, args) -> int:
     from packtrain.stages.tokenize import run_tokenize
 
-    print(summarize(run_tokenize(cfg, args.docs, args.out)))
+    print(summarize(run_tokenize(cfg, args.docs, args.out).to_dict()))
     return 0

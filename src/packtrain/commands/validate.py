@@ -16,11 +16,12 @@ def summarize(d: dict) -> str:
     dup_txt = f" Duplicate ratio {dup:.2%}." if dup is not None else ""
     return (
         f"validate: PASSED {d['passed']}/{d['expectations']} expectations on {d['documents']:,} documents.{dup_txt} "
-        f"Report {d['report']}; Data Docs {d['data_docs']}. DVC md5 of the documents read: {d['input_md5']}.")
+        f"Report {d['report']}; Data Docs {d['data_docs']}. DVC md5 of the documents read: "
+        f"{d['lineage']['input_md5']['documents']}.")
 
 
 def run(cfg, args) -> int:
     from packtrain.stages.validate import run_validate
 
-    print(summarize(run_validate(cfg, args.docs, args.out)))
+    print(summarize(run_validate(cfg, args.docs, args.out).to_dict()))
     return 0

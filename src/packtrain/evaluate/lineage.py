@@ -1,19 +1,22 @@
-"""Lineage of a model version: which data, code, packing and hardware efficiency produced it.
+"""Lineage of a model version: which data, code, tokenizer, packing and hardware efficiency produced it.
 
-The register stage tags every Model Registry version with values read from the upstream stages' JSON
-(each one optional; what is missing is listed in the `missing_tags` tag and in register_result.json):
+The register stage tags every Model Registry version with values read from the typed results of the
+upstream stages (packtrain.stages.results), one declared key each; what is missing is listed in the
+`missing_tags` tag and in register_result.json:
 
-    tag               first match among                           in (order of preference)
-    dataset_md5       input_md5, dataset_md5, dvc_md5             train_result.json, pack_stats.json
-    git_sha           git_sha, git_commit, git_rev                train_result.json, then this checkout
-    packing_fill      train.fill, fill, packing_fill              pack_stats.json, train_result.json
-    mfu               useful_mfu, mfu                             train_result.json
-    peak_memory_gib   peak_alloc_gib, peak_memory_gib,            train_result.json
-                      cpu_peak_rss_gib (CPU runs)
+    tag               read from (first source that has it)
+    dataset_md5       train_result.json lineage.data_version, eval_result.json lineage.data_version
+    git_sha           train_result.json lineage.git_sha, eval_result.json lineage.git_sha, then this
+                      checkout (packtrain.versioning.git_sha)
+    code_version      train_result.json lineage.code_version, eval_result.json lineage.code_version
+    tokenizer_hash    train_result.json lineage.tokenizer_hash, eval_result.json lineage.tokenizer_hash
+    packing_fill      train_result.json packing_fill (fill of the train packs it was trained on)
+    mfu               train_result.json throughput.useful_mfu (0 on a CPU run: missing)
+    peak_memory_gib   train_result.json TrainResult.peak_memory_gib (memory.peak_alloc_gib; on a CPU run,
+                      where CUDA numbers are 0, memory.cpu_peak_rss_gib)
 
-A key matches a flattened (dotted) stats key equal to it or ending in `.<key>`, e.g. `fill` matches
-`{"train": {"fill": 0.998}}` → `train.fill`. Nested sections are searched in the JSON's own order. A 0 for
-mfu or peak memory (what a CPU run reports for CUDA numbers) counts as missing.
+train_result.json is optional (register --train DIR); when present it must parse as a TrainResult
+(InputDataError naming the file and the key otherwise), as eval_result.json's "lineage" must parse.
 """
 
 from __future__ import annotations
@@ -22,39 +25,15 @@ import json
 from pathlib import Path
 from typing import Any
 
-from packtrain.config.base import flatten
 from packtrain.errors import InputDataError
+from packtrain.stages.results import EvaluateResult, Lineage, TrainResult
 
-LINEAGE_KEYS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    # tag: (candidate keys, sources in order of preference)
-    "dataset_md5": (("input_md5", "dataset_md5", "dvc_md5"), ("train_result", "pack_stats")),
-    "git_sha": (("git_sha", "git_commit", "git_rev"), ("train_result",)),
-    "packing_fill": (("train.fill", "fill", "packing_fill"), ("pack_stats", "train_result")),
-    "mfu": (("useful_mfu", "mfu"), ("train_result",)),
-    # CUDA peak; on CPU runs that is 0.0 and the process' peak RSS is the number that means something
-    "peak_memory_gib": (("peak_alloc_gib", "peak_memory_gib", "cpu_peak_rss_gib"), ("train_result",)),
-}
-NONZERO = {"mfu", "peak_memory_gib"}
-"""Tags for which a 0 means "not measured here" (MFU and CUDA memory on a CPU run): keep looking."""
+LINEAGE_TAGS = ("dataset_md5", "git_sha", "code_version", "tokenizer_hash", "packing_fill", "mfu",
+                "peak_memory_gib")
+"""Every lineage tag of a model version, in the order `missing` lists them."""
 
-
-def find_key(stats: dict | None, names: tuple[str, ...], nonzero: bool = False) -> tuple[str, Any] | None:
-    """First (flat_key, value) whose flattened key equals or ends in `.name`, names tried in order;
-    `nonzero` skips values equal to 0.
-
-    >>> find_key({"train": {"fill": 0.99}, "eval": {"fill": 0.9}}, ("train.fill", "fill"))
-    ('train.fill', 0.99)
-    """
-    if not stats:
-        return None
-    flat = flatten(stats)
-    for name in names:
-        for k, v in flat.items():
-            if (k == name or k.endswith("." + name)) and v is not None and v != "":
-                if nonzero and isinstance(v, (int, float)) and v == 0:
-                    continue
-                return k, v
-    return None
+_FROM_LINEAGE = {"dataset_md5": "data_version", "git_sha": "git_sha", "code_version": "code_version",
+                 "tokenizer_hash": "tokenizer_hash"}
 
 
 def read_optional_json(path: str | Path | None) -> dict | None:
@@ -73,32 +52,54 @@ def read_optional_json(path: str | Path | None) -> dict | None:
     return data
 
 
-def lineage_subset(stats: dict | None) -> dict:
-    """The flat keys of `stats` any lineage tag could use (what run_evaluate copies from pack_stats.json)."""
-    out = {}
-    flat = flatten(stats or {})
-    for names, _ in LINEAGE_KEYS.values():
-        for name in names:
-            out.update({k: v for k, v in flat.items() if k == name or k.endswith("." + name)})
-    return out
+def _train_result(train: TrainResult | dict | None, source: str | Path | None) -> TrainResult | None:
+    if train is None or isinstance(train, TrainResult):
+        return train
+    return TrainResult.from_dict(train, str(source) if source else TrainResult.FILE)
 
 
-def collect_lineage(sources: dict[str, dict | None], checkout_sha: str | None = None
-                    ) -> tuple[dict[str, Any], dict[str, str], list[str]]:
-    """(values, origin, missing) for the tags of LINEAGE_KEYS from named stats dicts.
+def _eval_lineage(evaluation: EvaluateResult | dict | None, source: str | Path | None) -> Lineage | None:
+    """The evaluation's lineage; an evaluation dict without one (the library's EvalResult) has none."""
+    if evaluation is None:
+        return None
+    if isinstance(evaluation, EvaluateResult):
+        return evaluation.lineage
+    raw = evaluation.get("lineage")
+    return None if raw is None else Lineage.from_dict(raw, str(source) if source else EvaluateResult.FILE)
 
-    `sources`: {"train_result": {...} | None, "pack_stats": {...} | None}. `origin[tag]` says where a
-    value came from, e.g. "train_result:summary.useful_mfu"; `checkout_sha` fills git_sha last.
+
+def collect_lineage(train: TrainResult | dict | None, evaluation: EvaluateResult | dict | None = None,
+                    checkout_sha: str | None = None, train_source: str | Path | None = None,
+                    eval_source: str | Path | None = None) -> tuple[dict[str, Any], dict[str, str], list[str]]:
+    """(values, origin, missing) for LINEAGE_TAGS (module doc).
+
+    `train`: the TrainResult or train_result.json's dict (None: no train result); `evaluation`: the
+    EvaluateResult or eval_result.json's dict. `origin[tag]` says where a value came from, e.g.
+    "train_result:lineage.data_version"; `checkout_sha` fills git_sha last ("checkout"). `*_source` name the
+    files in errors.
+
+    >>> lin = Lineage(git_sha=None, code_version="0.1.0", input_md5={}, data_version="5d41", tokenizer_hash=None)
+    >>> collect_lineage(None, {"lineage": lin.to_dict()}, checkout_sha="abc")[0]
+    {'dataset_md5': '5d41', 'git_sha': 'abc', 'code_version': '0.1.0'}
     """
+    tr = _train_result(train, train_source)
+    ev = _eval_lineage(evaluation, eval_source)
     values: dict[str, Any] = {}
     origin: dict[str, str] = {}
-    for tag, (names, order) in LINEAGE_KEYS.items():
-        for src in order:
-            hit = find_key(sources.get(src), names, nonzero=tag in NONZERO)
-            if hit:
-                values[tag], origin[tag] = hit[1], f"{src}:{hit[0]}"
+    for tag, key in _FROM_LINEAGE.items():
+        for name, lin in (("train_result", tr.lineage if tr else None), ("eval_result", ev)):
+            value = getattr(lin, key) if lin is not None else None
+            if value:
+                values[tag], origin[tag] = value, f"{name}:lineage.{key}"
                 break
     if "git_sha" not in values and checkout_sha:
         values["git_sha"], origin["git_sha"] = checkout_sha, "checkout"
-    missing = [t for t in LINEAGE_KEYS if t not in values]
-    return values, origin, missing
+    if tr is not None:
+        measured = {"packing_fill": (tr.packing_fill, "packing_fill"),
+                    "mfu": (tr.throughput.get("useful_mfu") or None, "throughput.useful_mfu"),
+                    "peak_memory_gib": (tr.peak_memory_gib, "peak_memory_gib")}
+        for tag, (value, key) in measured.items():
+            if value is not None:
+                values[tag], origin[tag] = value, f"train_result:{key}"
+    ordered = {t: values[t] for t in LINEAGE_TAGS if t in values}
+    return ordered, origin, [t for t in LINEAGE_TAGS if t not in values]

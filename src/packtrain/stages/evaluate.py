@@ -2,10 +2,11 @@
 
     run_evaluate(cfg, model_dir, packs_dir, out_dir)
       reads   model_dir/ (save_pretrained + tokenizer), packs_dir/eval/ (pack store), packs_dir/pack_stats.json
-      writes  out_dir/eval_result.json   EvalResult without samples + "lineage" (pack_stats keys for register)
+      writes  out_dir/eval_result.json   packtrain.stages.results.EvaluateResult (EvalResult without samples,
+                                         + lineage: md5 of the model and the eval split), also returned
               out_dir/samples.json       [{"prompt", "completion", "n_new_tokens"}]
       MLflow  run "evaluate": metrics eval_loss, perplexity, eval_tokens_per_s, eval_peak_memory_gib, ...;
-              both files as artifacts; the eval packs as a dataset input (digest = input_md5 when known)
+              both files as artifacts; the eval packs as a dataset input (digest = lineage input_md5["packs"])
 
 Both files are written into a staging directory next to out_dir, read back and published together
 (packtrain.paths.staged_output): a failed or killed evaluation leaves the previous out_dir byte-identical.
@@ -18,12 +19,20 @@ from pathlib import Path
 from packtrain.config import RunConfig
 from packtrain.errors import MissingDataError
 from packtrain.paths import check_replaceable, staged_output, write_json
+from packtrain.stages.results import (
+    EvaluateResult,
+    Lineage,
+    PackResult,
+    TrainResult,
+    from_library,
+    make_lineage,
+)
 
-OUTPUTS = ("eval_result.json", "samples.json")
+OUTPUTS = (EvaluateResult.FILE, "samples.json")
 
 
-def run_evaluate(cfg: RunConfig, model_dir: str | Path, packs_dir: str | Path, out_dir: str | Path) -> dict:
-    from packtrain.evaluate.lineage import lineage_subset, read_optional_json
+def run_evaluate(cfg: RunConfig, model_dir: str | Path, packs_dir: str | Path, out_dir: str | Path
+                 ) -> EvaluateResult:
     from packtrain.evaluate.loading import check_model_dir
     from packtrain.evaluate.perplexity import evaluate
     from packtrain.packing.store import PackStore
@@ -37,16 +46,16 @@ def run_evaluate(cfg: RunConfig, model_dir: str | Path, packs_dir: str | Path, o
         raise MissingDataError(f"eval packs {split} do not exist: run `packtrain pack` first (it writes "
                                f"<packs>/eval) or pass --packs DIR")
     PackStore.open(split)   # a broken pack store fails here, before an MLflow run is opened
-    lineage = lineage_subset(read_optional_json(packs_dir / "pack_stats.json"))
+    lineage = evaluate_lineage(model_dir, packs_dir)
     with stage_run("evaluate", cfg, section=cfg.evaluate) as run, \
             staged_output(out_dir, OUTPUTS, "evaluate") as tmp:
         result = evaluate(model_dir, split, cfg.evaluate)
-        stats = result.to_dict()
-        samples = stats.pop("samples")
-        stats["lineage"] = lineage
+        lib = result.to_dict()
+        samples = lib.pop("samples")
+        typed = from_library(EvaluateResult, lib, lineage, EvaluateResult.FILE)
         write_json(tmp / "samples.json", samples)
-        write_json(tmp / "eval_result.json", stats)
-        _check_written(tmp, stats, out_dir)
+        typed.write(tmp)
+        _check_written(tmp, typed, out_dir)
         run.log_metrics({
             "eval_loss": result.eval_loss, "perplexity": result.perplexity,
             "eval_tokens_per_s": result.tokens_per_s, "eval_seconds": result.seconds,
@@ -55,21 +64,36 @@ def run_evaluate(cfg: RunConfig, model_dir: str | Path, packs_dir: str | Path, o
             **({"eval_peak_memory_gib": result.peak_memory_gib} if result.peak_memory_gib is not None else {}),
         })
         run.set_tags({"packtrain.eval.memory_kind": result.memory_kind, "packtrain.eval.device": result.device})
-        run.log_dataset(split, name="eval_packs", digest=next(
-            (str(v) for k, v in lineage.items() if k.endswith("md5")), None), context="eval")
-        run.log_artifact(tmp / "eval_result.json")
+        run.log_dataset(split, name="eval_packs", digest=lineage.input_md5.get("packs"), context="eval")
+        run.log_artifact(tmp / EvaluateResult.FILE)
         run.log_artifact(tmp / "samples.json")
-    return stats
+    return typed
 
 
-def _check_written(staged: Path, stats: dict, out_dir: Path) -> None:
+def evaluate_lineage(model_dir: Path, packs_dir: Path) -> Lineage:
+    """md5 of the model directory and of the eval split; the chain of the model's train_result.json (next to
+    a trained model: <train out>/model → <train out>/train_result.json), then of the packs' pack_stats.json;
+    the hash of the model's tokenizer."""
+    from packtrain.data.tokenizer_files import tokenizer_hash
+    from packtrain.stages.results import upstream_lineage
+    from packtrain.versioning import data_md5
+
+    return make_lineage({"model": data_md5(model_dir), "packs": data_md5(packs_dir / "eval")},
+                        upstream_lineage(model_dir.parent / TrainResult.FILE),
+                        upstream_lineage(packs_dir / PackResult.FILE), tokenizer_hash=tokenizer_hash(model_dir))
+
+
+def _check_written(staged: Path, result: EvaluateResult, out_dir: Path) -> None:
     """eval_result.json must read back as what was measured (register reads it), else nothing is published."""
     import json
 
-    from packtrain.errors import PacktrainError
+    from packtrain.errors import InputDataError, PacktrainError
 
-    back = json.loads((staged / "eval_result.json").read_text(encoding="utf-8"))
-    if back.get("n_label_tokens") != stats["n_label_tokens"] or "perplexity" not in back:
+    try:
+        back = EvaluateResult.from_dir(staged)
+    except InputDataError:
+        back = None
+    if back is None or back.n_label_tokens != result.n_label_tokens:
         raise PacktrainError(f"evaluate: the staged eval_result.json does not read back as written; nothing "
                              f"was published to {out_dir}")
     json.loads((staged / "samples.json").read_text(encoding="utf-8"))

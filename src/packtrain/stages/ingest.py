@@ -1,4 +1,5 @@
-"""Stage runner: ingest. `run_ingest(cfg, out_dir)` → out_dir/documents.parquet + ingest_stats.json.
+"""Stage runner: ingest. `run_ingest(cfg, out_dir)` → out_dir/documents.parquet + ingest_stats.json
+(`packtrain.stages.results.IngestResult`, also returned).
 
 Both files are built in a staging directory next to `out_dir`, checked (the table's row count equals the
 stats' `documents`) and published together (packtrain.paths.staged_output): a failed or killed ingest leaves
@@ -10,45 +11,45 @@ from __future__ import annotations
 from pathlib import Path
 
 from packtrain.config import RunConfig
-from packtrain.paths import RunPaths, staged_output, write_json
+from packtrain.paths import RunPaths, staged_output
+from packtrain.stages.results import IngestResult, from_library, make_lineage
 
-STATS_FILE = "ingest_stats.json"
+STATS_FILE = IngestResult.FILE
 OUTPUTS = ("documents.parquet", STATS_FILE)
 
 
-def run_ingest(cfg: RunConfig, out_dir: str | Path | None = None) -> dict:
+def run_ingest(cfg: RunConfig, out_dir: str | Path | None = None) -> IngestResult:
     """Ingest `cfg.ingest.source` (None → default corpus) into `out_dir` (default <workdir>/ingest).
 
-    Stats add `input_md5`, `output_md5` (documents.parquet) and `git_rev`. `input_md5` is the DVC md5 of the
-    source file or folder; when files were skipped (ingest.unsupported=skip) or links followed it is the
-    `.dir` md5 of exactly the files read, keyed by their source names (`input_md5_of: "files read"`), as for
-    the default corpus (keyed `stdlib/<relpath>`). MLflow: metrics from the stats, tags `dvc.md5.source` /
-    `dvc.md5.documents`, dataset inputs with those digests.
+    The result adds `output_md5` (documents.parquet) and the lineage: `input_md5["source"]` is the DVC md5
+    of the source file or folder; when files were skipped (ingest.unsupported=skip) or links followed it is
+    the `.dir` md5 of exactly the files read, keyed by their source names (`input_md5_of: "files read"`), as
+    for the default corpus (keyed `stdlib/<relpath>`). It is the chain's `data_version`. MLflow: metrics from
+    the stats, tags `dvc.md5.source` / `dvc.md5.documents`, dataset inputs with those digests.
     """
     from packtrain.data.ingest import DOCUMENTS_FILE, ingest_documents
     from packtrain.tracking import stage_run
-    from packtrain.versioning import data_md5, git_rev
+    from packtrain.versioning import data_md5
 
     out = Path(out_dir) if out_dir is not None else RunPaths(Path(cfg.workdir)).stage_dir("ingest")
     source = cfg.ingest.source
     with stage_run("ingest", cfg, section=cfg.ingest) as run, staged_output(out, OUTPUTS, "ingest") as tmp:
         stats = ingest_documents(source, tmp, cfg.ingest, published_dir=out)
-        d = stats.to_dict()
-        d["output"] = str(out / DOCUMENTS_FILE)
-        d["input_md5"], d["input_md5_of"] = _input_md5(source, stats)
+        input_md5, md5_of = _input_md5(source, stats)
         staged_docs = tmp / DOCUMENTS_FILE
-        d["output_md5"] = data_md5(staged_docs)
-        d["git_rev"] = git_rev()
-        _check_table(staged_docs, d["documents"])
-        write_json(tmp / STATS_FILE, d)
-        run.log_stats(d)
-        run.set_tags({"dvc.md5.source": d["input_md5"], "dvc.md5.documents": d["output_md5"],
-                      "dvc.git_rev": d["git_rev"]})
-        src_path = Path(source) if source is not None else Path(next(iter(d["default_corpus"]["roots"].values())))
-        run.log_dataset(src_path, "source", d["input_md5"], context="input")
-        run.log_dataset(out / DOCUMENTS_FILE, "documents", d["output_md5"], context="output")
+        result = from_library(IngestResult, stats.to_dict(), make_lineage({"source": input_md5}), STATS_FILE,
+                              output=str(out / DOCUMENTS_FILE), input_md5_of=md5_of,
+                              output_md5=data_md5(staged_docs))
+        _check_table(staged_docs, result.documents)
+        result.write(tmp)
+        run.log_stats(result.to_dict())
+        run.set_tags({"dvc.md5.source": input_md5, "dvc.md5.documents": result.output_md5,
+                      "dvc.git_rev": result.lineage.git_sha})
+        src_path = Path(source) if source is not None else Path(next(iter(result.default_corpus["roots"].values())))
+        run.log_dataset(src_path, "source", input_md5, context="input")
+        run.log_dataset(out / DOCUMENTS_FILE, "documents", result.output_md5, context="output")
         run.log_artifact(tmp / STATS_FILE)
-    return d
+    return result
 
 
 def _input_md5(source, stats) -> tuple[str, str]:

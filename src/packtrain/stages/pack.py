@@ -1,4 +1,5 @@
-"""Stage runner: pack. `run_pack(cfg, tokens_dir, out_dir)` → out_dir/train/, out_dir/eval/, pack_stats.json.
+"""Stage runner: pack. `run_pack(cfg, tokens_dir, out_dir)` → out_dir/train/, out_dir/eval/, pack_stats.json
+(`packtrain.stages.results.PackResult`, also returned).
 
 Both pack stores and pack_stats.json (with the lineage md5) are built in a staging directory next to
 `out_dir`, checked (each store opens with its checksums verified) and published together
@@ -12,21 +13,26 @@ from pathlib import Path
 
 from packtrain.config import RunConfig
 from packtrain.paths import RunPaths, staged_output
+from packtrain.stages.results import PackResult, TokenizeResult, from_library, make_lineage, upstream_lineage
 
-STATS_FILE = "pack_stats.json"
+STATS_FILE = PackResult.FILE
 
 
-def run_pack(cfg: RunConfig, tokens_dir: str | Path | None = None, out_dir: str | Path | None = None) -> dict:
+def run_pack(cfg: RunConfig, tokens_dir: str | Path | None = None, out_dir: str | Path | None = None
+             ) -> PackResult:
     """Pack the token store `tokens_dir` (default <workdir>/tokenize) into `out_dir` (default <workdir>/pack).
 
     Logs the pack config as params, every numeric stat as a metric (`train.fill`, `eval.n_packs`, ...),
-    pack_stats.json and a document-length histogram as artifacts, the DVC md5 of the token store as the input
-    dataset. Returns the stats dict (also in out_dir/pack_stats.json).
+    pack_stats.json and a document-length histogram as artifacts, the DVC md5 of tokens.bin as the input
+    dataset (lineage `input_md5["tokens"]`, tag `dvc.md5.tokens`). Returns the PackResult (also in
+    out_dir/pack_stats.json, which replaces the library's stats file of the same name).
     """
     from packtrain.data.token_store import TokenStore
+    from packtrain.data.tokenizer_files import tokenizer_hash
     from packtrain.packing.dataset import OUTPUTS, write_packs
     from packtrain.packing.store import PackStore
     from packtrain.tracking import stage_run
+    from packtrain.versioning import data_md5
 
     paths = RunPaths(Path(cfg.workdir))
     src = Path(tokens_dir) if tokens_dir is not None else paths.tokenize_dir
@@ -35,37 +41,18 @@ def run_pack(cfg: RunConfig, tokens_dir: str | Path | None = None, out_dir: str 
         stats = write_packs(src, tmp, cfg.pack)
         for split in ("train", "eval"):
             PackStore.open(tmp / split)   # shapes, offsets, checksums (tokens.bin's up to 1 GiB) before publishing
-        d = stats.to_dict()
-        d.update(input=str(src), output=str(dst))
-        digest = _md5(src / "tokens.bin")
-        if digest:
-            d["input_md5"] = digest
-            run.set_tags({"dvc.md5.tokens": digest})
-            run.log_dataset(src, "tokens", digest, context="input")
-            _add_to_stats_file(tmp / STATS_FILE, {"input_md5": digest})
-        run.log_stats({k: v for k, v in d.items() if k not in ("input", "output")})
+        digest = data_md5(src / "tokens.bin")   # write_packs read it: it exists
+        lineage = make_lineage({"tokens": digest}, upstream_lineage(src / TokenizeResult.FILE),
+                               tokenizer_hash=tokenizer_hash(src / "tokenizer"))
+        result = from_library(PackResult, stats.to_dict(), lineage, STATS_FILE, input=str(src), output=str(dst))
+        result.write(tmp)
+        run.set_tags({"dvc.md5.tokens": digest})
+        run.log_dataset(src, "tokens", digest, context="input")
+        run.log_stats({k: v for k, v in result.to_dict().items() if k not in ("input", "output")})
         run.log_artifact(tmp / STATS_FILE)
         if run.enabled:
             _log_length_histogram(run, TokenStore.open(src), stats.train.fill, cfg.pack.budget)
-    return d
-
-
-def _add_to_stats_file(path: Path, extra: dict) -> None:
-    """Record lineage (the md5 of the tokens read) in pack_stats.json for register's version tags."""
-    import json
-
-    from packtrain.paths import write_json
-
-    if path.exists():
-        write_json(path, {**json.loads(path.read_text()), **extra})
-
-
-def _md5(path: Path) -> str | None:
-    try:
-        from packtrain.versioning import data_md5
-    except ImportError:      # the data room's module is optional for this stage
-        return None
-    return data_md5(path) if path.exists() else None
+    return result
 
 
 def _log_length_histogram(run, ts, fill: float, budget: int) -> None:

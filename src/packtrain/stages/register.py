@@ -3,7 +3,8 @@
     run_register(cfg, model_dir, eval_dir, train_dir, out_dir)
       reads   model_dir/ (save_pretrained + tokenizer), eval_dir/eval_result.json (required),
               train_dir/train_result.json (optional: lineage tags MFU, peak memory, git sha, dataset md5)
-      writes  out_dir/register_result.json   RegisterResult: version, decision, both numbers, tags
+      writes  out_dir/register_result.json   packtrain.stages.results.RegisterResult: version, decision, both
+                                             numbers, tags, lineage (md5 of model + eval_result.json); returned
       MLflow  run "register": the logged model, metrics candidate_<metric>/champion_<metric>/promoted,
               tags packtrain.decision/..., artifact register_result.json; Model Registry version + alias
               (champion by compare-and-set on the version it was gated against, else challenger)
@@ -21,38 +22,49 @@ from __future__ import annotations
 from pathlib import Path
 
 from packtrain.config import RunConfig
-from packtrain.errors import ConfigError, InputDataError, MissingDataError
-from packtrain.paths import write_json
+from packtrain.errors import ConfigError, InputDataError
+from packtrain.stages.results import (
+    EvaluateResult,
+    RegisterResult,
+    TrainResult,
+    from_library,
+    make_lineage,
+    upstream_lineage,
+)
 
 
 def run_register(cfg: RunConfig, model_dir: str | Path, eval_dir: str | Path, train_dir: str | Path,
-                 out_dir: str | Path) -> dict:
-    from packtrain.evaluate.lineage import read_optional_json
+                 out_dir: str | Path) -> RegisterResult:
+    from packtrain.data.tokenizer_files import tokenizer_hash
     from packtrain.evaluate.loading import check_model_dir
-    from packtrain.evaluate.register import RegisterResult, build_registration, deferred_result
+    from packtrain.evaluate.register import RegisterResult as LibraryResult
+    from packtrain.evaluate.register import build_registration, deferred_result
     from packtrain.tracking import stage_run
+    from packtrain.versioning import data_md5, file_md5
 
     if not cfg.tracking.enabled:
         raise ConfigError("register needs the MLflow Model Registry: tracking.enabled is false "
                           "(set --set tracking.enabled=true)")
     model_dir, eval_dir, train_dir, out_dir = Path(model_dir), Path(eval_dir), Path(train_dir), Path(out_dir)
     check_model_dir(model_dir)
-    ev = read_optional_json(eval_dir / "eval_result.json")
-    if ev is None:
-        raise MissingDataError(f"{eval_dir / 'eval_result.json'} does not exist: run `packtrain evaluate` "
-                               f"first or pass --eval DIR")
+    evaluation = EvaluateResult.from_dir(eval_dir)   # missing: MissingDataError; stale/odd keys: InputDataError
+    ev = evaluation.to_dict()
     metric = ev.get(cfg.register_.metric)
     if isinstance(metric, bool) or not isinstance(metric, (int, float)):
         raise InputDataError(f"{eval_dir / 'eval_result.json'}: field {cfg.register_.metric!r} is missing or "
                              f"not a number (got {metric!r}); register.metric allows eval_loss, perplexity")
-    op = build_registration(model_dir, ev, train_dir / "train_result.json", cfg.register_)
+    lineage = make_lineage({"model": data_md5(model_dir), "evaluation": file_md5(eval_dir / EvaluateResult.FILE)},
+                           evaluation.lineage, upstream_lineage(train_dir / TrainResult.FILE),
+                           tokenizer_hash=tokenizer_hash(model_dir))
+    op = build_registration(model_dir, ev, train_dir / TrainResult.FILE, cfg.register_)
     op["result_path"] = str((out_dir / "register_result.json").resolve())
     with stage_run("register", cfg, section=cfg.register_) as run:
         out = run.submit(op)   # live: the result; store unreachable: None (buffered with a model copy)
         if out is None:
             client = run.client
-            stats = deferred_result(op, run.run_id, client.shown_uri, client.buffer_dir).to_dict()
+            lib = deferred_result(op, run.run_id, client.shown_uri, client.buffer_dir).to_dict()
         else:
-            stats = RegisterResult(**out).to_dict()
-        write_json(out_dir / "register_result.json", stats)
-    return stats
+            lib = LibraryResult(**out).to_dict()
+        result = from_library(RegisterResult, lib, lineage, RegisterResult.FILE)
+        result.write(out_dir)
+    return result

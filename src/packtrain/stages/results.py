@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
@@ -366,19 +366,38 @@ def as_dict(result: StageResult | dict | None) -> dict:
     raise TypeError(f"as_dict: expected a StageResult or dict, got {type(result).__name__}")
 
 
-def make_lineage(inputs: dict[str, str | None], upstream: Lineage | None = None,
-                 tokenizer_hash: str | None = None) -> Lineage:
-    """The lineage of a stage that read `inputs` ({artifact: DVC md5}), continuing `upstream`'s chain.
+def upstream_lineage(path: str | Path) -> Lineage | None:
+    """The lineage in an upstream stage's stats file at `path`: None when the file does not exist or holds no
+    "lineage" key (the library functions — pack_dataset, tokenize_documents, the synthetic training inputs —
+    write the same file names without one: the chain then starts at the stage reading it); a "lineage" that
+    does not parse is an InputDataError naming the file."""
+    path = Path(path)
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise InputDataError(f"{path}: not valid JSON: {e}") from None
+    if not isinstance(data, dict) or "lineage" not in data:
+        return None
+    return Lineage.from_dict(data["lineage"], str(path))
 
-    data_version: upstream's, else the first input's md5 (the chain starts here). tokenizer_hash: the one
-    given, else upstream's.
-    >>> make_lineage({"documents": "aa"}, None).data_version
-    'aa'
+
+def make_lineage(inputs: dict[str, str | None], *upstream: Lineage | None,
+                 tokenizer_hash: str | None = None) -> Lineage:
+    """The lineage of a stage that read `inputs` ({artifact: DVC md5}), continuing the upstream chains.
+
+    data_version: the first upstream's that has one, else the first input's md5 (the chain starts here).
+    tokenizer_hash: the one given (measured by this stage), else the first upstream's.
+    >>> make_lineage({"documents": "aa"}).data_version, make_lineage({"tokens": "bb"}, Lineage(
+    ...     git_sha=None, code_version="0", input_md5={}, data_version="aa", tokenizer_hash="t")).data_version
+    ('aa', 'aa')
     """
     from packtrain.versioning import code_version, git_sha
 
     md5s = {k: v for k, v in inputs.items() if v}
-    data_version = upstream.data_version if upstream is not None and upstream.data_version else \
-        next(iter(md5s.values()), None)
+    ups = [u for u in upstream if u is not None]
+    data_version = next((u.data_version for u in ups if u.data_version), None) or next(iter(md5s.values()), None)
+    tok = tokenizer_hash or next((u.tokenizer_hash for u in ups if u.tokenizer_hash), None)
     return Lineage(git_sha=git_sha(), code_version=code_version(), input_md5=md5s, data_version=data_version,
-                   tokenizer_hash=tokenizer_hash or (upstream.tokenizer_hash if upstream is not None else None))
+                   tokenizer_hash=tok)

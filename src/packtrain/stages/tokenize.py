@@ -1,4 +1,5 @@
-"""Stage runner: tokenize. `run_tokenize(cfg, docs_dir, out_dir)` → token store + stats.json in out_dir.
+"""Stage runner: tokenize. `run_tokenize(cfg, docs_dir, out_dir)` → token store + stats.json in out_dir
+(`packtrain.stages.results.TokenizeResult`, also returned).
 
 The token store, its tokenizer/ and stats.json are built in a staging directory next to `out_dir`, checked
 (the store opens with consistent shapes, the tokenizer loads, the counts match the stats) and published
@@ -10,7 +11,7 @@ packtrain.model.registry_source.resolve_init: a registry source is downloaded on
 <workdir>/models/<name>/v<version>/) ships a tokenizer, that tokenizer is used — not a BPE trained afresh —
 and its BOS/EOS rules apply (packtrain.data.tokenize). `tokenize.tokenizer_dir` must then be unset or hold the
 same tokenizer (same tokenizer_hash), else exit 2 naming both. meta.json and stats.json record
-`tokenizer_hash` and `tokenizer_from`; MLflow tags `packtrain.tokenizer_hash`, `packtrain.tokenizer_from`.
+`tokenizer_hash` and `tokenizer_from` (and the lineage its tokenizer_hash); MLflow tags `packtrain.tokenizer_hash`, `packtrain.tokenizer_from`.
 """
 
 from __future__ import annotations
@@ -18,23 +19,31 @@ from __future__ import annotations
 from pathlib import Path
 
 from packtrain.config import RunConfig
-from packtrain.paths import RunPaths, staged_output, write_json
+from packtrain.paths import RunPaths, staged_output
+from packtrain.stages.results import (
+    IngestResult,
+    TokenizeResult,
+    from_library,
+    make_lineage,
+    upstream_lineage,
+)
 
-STATS_FILE = "stats.json"
+STATS_FILE = TokenizeResult.FILE
 OUTPUTS = ("tokens.bin", "offsets.npy", "doc_ids.npy", "split.npy", "meta.json", "tokenizer", STATS_FILE)
 
 
-def run_tokenize(cfg: RunConfig, docs_dir: str | Path | None = None, out_dir: str | Path | None = None) -> dict:
+def run_tokenize(cfg: RunConfig, docs_dir: str | Path | None = None, out_dir: str | Path | None = None
+                 ) -> TokenizeResult:
     """Tokenize `docs_dir` (default <workdir>/ingest) into `out_dir` (default <workdir>/tokenize).
 
-    Stats add `input_md5` (documents.parquet), `tokenizer_md5` when the tokenizer was loaded from a
-    directory, `tokens_md5` (tokens.bin: equal across runs ⇔ same ids) and `git_rev`. MLflow tags:
-    `dvc.md5.documents`, `dvc.md5.tokenizer`.
+    The result adds `tokens_md5` (tokens.bin: equal across runs ⇔ same ids); its lineage `input_md5` holds
+    "documents" (documents.parquet) and "tokenizer" when the tokenizer was loaded from tokenize.tokenizer_dir.
+    MLflow tags: `dvc.md5.documents`, `dvc.md5.tokenizer`, `dvc.md5.tokens`.
     """
     from packtrain.data.tokenize import check_tokenizer_dir, tokenize_documents
     from packtrain.data.validate import resolve_documents
     from packtrain.tracking import stage_run
-    from packtrain.versioning import data_md5, git_rev
+    from packtrain.versioning import data_md5
 
     paths = RunPaths(Path(cfg.workdir))
     docs = resolve_documents(docs_dir if docs_dir is not None else paths.stage_dir("ingest"))
@@ -51,15 +60,16 @@ def run_tokenize(cfg: RunConfig, docs_dir: str | Path | None = None, out_dir: st
         stats = tokenize_documents(docs, tmp, tok_cfg, publish=False, tokenizer_from=init_from)
         run.set_tags({"packtrain.tokenizer_hash": stats.tokenizer_hash, "packtrain.tokenizer_from": init_from})
         _check_store(tmp, stats)
-        d = stats.to_dict()
-        d.update(output=str(out), input=str(docs), input_md5=md5, tokenizer_md5=tok_md5,
-                 tokens_md5=data_md5(tmp / "tokens.bin"), git_rev=git_rev())
-        write_json(tmp / STATS_FILE, d)
-        run.log_stats(d)
-        run.set_tags({"dvc.md5.tokens": d["tokens_md5"]})
+        lineage = make_lineage({"documents": md5, "tokenizer": tok_md5},
+                               upstream_lineage(docs.parent / IngestResult.FILE), tokenizer_hash=stats.tokenizer_hash)
+        result = from_library(TokenizeResult, stats.to_dict(), lineage, STATS_FILE, output=str(out),
+                              input=str(docs), tokens_md5=data_md5(tmp / "tokens.bin"))
+        result.write(tmp)
+        run.log_stats(result.to_dict())
+        run.set_tags({"dvc.md5.tokens": result.tokens_md5})
         run.log_artifact(tmp / STATS_FILE)
         run.log_artifact(tmp / "meta.json")
-    return d
+    return result
 
 
 def tokenizer_of_init(cfg: RunConfig):

@@ -3,7 +3,8 @@
     run_train(cfg, packs_dir, tokens_dir, out_dir, resume=False)
       reads   packs_dir/train/ (pack store), tokens_dir/tokenizer/ (copied next to the model)
       writes  out_dir/model/              save_pretrained (safetensors) + tokenizer files
-              out_dir/train_result.json   TrainResult (steps, tokens, loss curve, timings, throughput, memory)
+              out_dir/train_result.json   packtrain.stages.results.TrainResult (steps, tokens, loss curve,
+                                          timings, throughput, memory, packing_fill, lineage), also returned
               out_dir/train_log.jsonl     one line per optimizer step
               out_dir/checkpoints/        resumable checkpoints (train.checkpoint: every_steps, keep_last,
                                           keep_best); quarantine/ holds ones that failed verification
@@ -35,6 +36,14 @@ from pathlib import Path
 from packtrain.config import RunConfig, flatten
 from packtrain.errors import ConfigError, MissingDataError
 from packtrain.paths import write_json
+from packtrain.stages.results import (
+    Lineage,
+    PackResult,
+    TokenizeResult,
+    TrainResult,
+    from_library,
+    make_lineage,
+)
 
 
 def check_inputs(cfg: RunConfig, packs_dir: Path, tokens_dir: Path) -> tuple[Path, str]:
@@ -82,7 +91,8 @@ def refuse_existing_run(out_dir: Path, resume: bool, overwrite: bool) -> None:
 
 
 def run_train(cfg: RunConfig, packs_dir: str | Path, tokens_dir: str | Path, out_dir: str | Path,
-              resume: bool = False, overwrite: bool = False) -> dict:
+              resume: bool = False, overwrite: bool = False) -> TrainResult | None:
+    """Train (module doc); the TrainResult on rank 0, None on the other ranks (only rank 0 writes stats)."""
     from packtrain.model.registry_source import resolve_init
     from packtrain.model.warm_start import check_store_matches_model
     from packtrain.train.loop import train
@@ -91,14 +101,21 @@ def run_train(cfg: RunConfig, packs_dir: str | Path, tokens_dir: str | Path, out
     packs_dir, tokens_dir, out_dir = Path(packs_dir), Path(tokens_dir), Path(out_dir)
     tokenizer_dir, backend = check_inputs(cfg, packs_dir, tokens_dir)
     refuse_existing_run(out_dir, resume, overwrite)
+    from packtrain.train.launch import launch_ranks, needs_launch
+
+    if needs_launch(cfg.train.gpus):   # train.gpus ranks through torchrun, each back here; rank 0's stats
+        return launch_ranks(cfg, packs_dir, tokens_dir, out_dir, resume=resume, overwrite=overwrite)
     init = resolve_init(cfg)                             # registry → <workdir>/models/<name>/v<version>/
     tokenizer_check = check_store_matches_model(tokens_dir, init, backend, cfg.model.tokenizer_check)
     model_cfg = init.model_config(cfg.model)             # init_from = the resolved directory (or scratch)
     out_dir.mkdir(parents=True, exist_ok=True)
     if not dist_info().is_main:   # only rank 0 talks to MLflow and writes the stage's stats
-        return train(model_cfg, cfg.train, cfg.pack, cfg.telemetry, packs_dir, tokenizer_dir, out_dir,
-                     tracker=None, resume=resume, plan_cfg=cfg.plan, overwrite=overwrite).to_dict()
+        train(model_cfg, cfg.train, cfg.pack, cfg.telemetry, packs_dir, tokenizer_dir, out_dir,
+              tracker=None, resume=resume, plan_cfg=cfg.plan, overwrite=overwrite)
+        return None
     from packtrain.tracking import stage_run
+
+    lineage = train_lineage(packs_dir, tokens_dir, tokenizer_dir)   # the inputs as read, before training
 
     step0 = initial_loss(cfg, init, packs_dir, out_dir, resume)   # before the MLflow run: a refusal opens none
     with stage_run("train", cfg, section=cfg.train) as run:
@@ -108,10 +125,12 @@ def run_train(cfg: RunConfig, packs_dir: str | Path, tokens_dir: str | Path, out
             run.log_metrics({"init_eval_loss": step0["eval_loss"], "init_perplexity": step0["perplexity"]})
         result = train(model_cfg, cfg.train, cfg.pack, cfg.telemetry, packs_dir, tokenizer_dir, out_dir,
                        tracker=run, resume=resume, plan_cfg=cfg.plan, overwrite=overwrite)
-        stats = result.to_dict()
-        stats["init_eval_loss"] = step0["eval_loss"] if step0 is not None else None
-        stats["init"] = {**init.to_dict(), "tokenizer_check": tokenizer_check, "eval": step0}
-        write_json(out_dir / "train_result.json", stats)
+        typed = from_library(TrainResult, result.to_dict(), lineage, TrainResult.FILE,
+                             init_eval_loss=step0["eval_loss"] if step0 is not None else None,
+                             init={**init.to_dict(), "tokenizer_check": tokenizer_check, "eval": step0},
+                             packing_fill=packing_fill(packs_dir / "train"))
+        typed.write(out_dir)
+        stats = typed.to_dict()
         run.log_metrics(summary_metrics(stats))
         if result.report is not None:
             run.log_report(result.report)   # summary.* metrics, violation tags, telemetry.json + PNGs
@@ -122,7 +141,30 @@ def run_train(cfg: RunConfig, packs_dir: str | Path, tokens_dir: str | Path, out
                       "packtrain.train.resumed_from": stats["setup"]["resumed_from"]})
         for name in ("train_result.json", "train_log.jsonl", "deepspeed_config.json", "init_eval.json"):
             run.log_artifact(out_dir / name)
-    return stats
+    return typed
+
+
+def train_lineage(packs_dir: Path, tokens_dir: Path, tokenizer_dir: Path) -> Lineage:
+    """md5 of the train split and of tokens.bin, the upstream chain (pack_stats.json, then the token store's
+    stats.json) and the hash of the tokenizer copied next to the model."""
+    from packtrain.data.tokenizer_files import tokenizer_hash
+    from packtrain.stages.results import upstream_lineage
+    from packtrain.versioning import data_md5
+
+    tokens_bin = tokens_dir / "tokens.bin"
+    return make_lineage({"packs": data_md5(packs_dir / "train"),
+                         "tokens": data_md5(tokens_bin) if tokens_bin.is_file() else None},
+                        upstream_lineage(packs_dir / PackResult.FILE), upstream_lineage(tokens_dir / TokenizeResult.FILE),
+                        tokenizer_hash=tokenizer_hash(tokenizer_dir))
+
+
+def packing_fill(split: Path) -> float:
+    """Fill of a pack store split: real tokens / (n_packs × budget), from its meta.json (packtrain.packing.store)."""
+    from packtrain.packing.store import PackStore
+
+    store = PackStore.open(split, verify=False)
+    meta = store.meta
+    return round(int(meta["n_tokens"]) / max(int(meta["n_packs"]) * int(meta["budget"]), 1), 6)   # as pack_stats
 
 
 def initial_loss(cfg: RunConfig, init, packs_dir: Path, out_dir: Path, resume: bool) -> dict | None:

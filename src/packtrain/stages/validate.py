@@ -1,4 +1,5 @@
-"""Stage runner: validate. `run_validate(cfg, docs_dir, out_dir)` → report.json, data_docs/, validate_stats.json.
+"""Stage runner: validate. `run_validate(cfg, docs_dir, out_dir)` → report.json, data_docs/, validate_stats.json
+(`packtrain.stages.results.ValidateResult`, also returned).
 
 The outputs are built in a staging directory next to `out_dir` and published together only when the suite
 passes (packtrain.paths.staged_output): a failed or killed validation leaves the previous out_dir
@@ -11,9 +12,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from packtrain.config import RunConfig
-from packtrain.paths import RunPaths, check_replaceable, output_target, publish_dir, staged_output, write_json
+from packtrain.paths import RunPaths, check_replaceable, output_target, publish_dir, staged_output
+from packtrain.stages.results import IngestResult, ValidateResult, make_lineage, upstream_lineage
 
-STATS_FILE = "validate_stats.json"
+STATS_FILE = ValidateResult.FILE
 OUTPUTS = ("report.json", "data_docs", STATS_FILE)
 REQUIRED = ("report.json", STATS_FILE)   # GX may build no Data Docs site (then report.data_docs is null)
 
@@ -25,17 +27,18 @@ def failed_dir(out: Path) -> Path:
     return out.with_name(out.name + ".failed")
 
 
-def run_validate(cfg: RunConfig, docs_dir: str | Path | None = None, out_dir: str | Path | None = None) -> dict:
+def run_validate(cfg: RunConfig, docs_dir: str | Path | None = None, out_dir: str | Path | None = None
+                 ) -> ValidateResult:
     """Run the GX suite on `docs_dir` (default <workdir>/ingest); raise ValidationFailed when it fails.
 
-    Passing: report, Data Docs and stats (`input_md5` = DVC md5 of documents.parquet, `git_rev`) are published
+    Passing: report, Data Docs and stats (lineage `input_md5["documents"]` = DVC md5 of documents.parquet) are published
     to `out_dir`. Failing: the same files go to `<out_dir>.failed/` (named in the error) and `out_dir` is left
     as it was. Either way MLflow gets the metrics/artifacts/tags (`dvc.md5.documents`, `validate.success`)
     before the raise, so a failed validation is fully inspectable; the MLflow run then ends FAILED.
     """
     from packtrain.data.validate import resolve_documents, validate_documents, validation_error, write_report
     from packtrain.tracking import stage_run
-    from packtrain.versioning import data_md5, git_rev
+    from packtrain.versioning import data_md5
 
     paths = RunPaths(Path(cfg.workdir))
     docs = resolve_documents(docs_dir if docs_dir is not None else paths.stage_dir("ingest"))
@@ -43,6 +46,7 @@ def run_validate(cfg: RunConfig, docs_dir: str | Path | None = None, out_dir: st
     failed = failed_dir(out)
     check_replaceable(failed, OUTPUTS, "validate")
     md5 = data_md5(docs)
+    lineage = make_lineage({"documents": md5}, upstream_lineage(docs.parent / IngestResult.FILE))
     with stage_run("validate", cfg, section=cfg.validate_) as run, \
             staged_output(out, OUTPUTS, "validate", required=REQUIRED) as tmp:
         run.set_tags({"dvc.md5.documents": md5})
@@ -50,17 +54,17 @@ def run_validate(cfg: RunConfig, docs_dir: str | Path | None = None, out_dir: st
         report = validate_documents(docs, tmp, cfg.validate_, raise_on_failure=False, published_dir=out)
         if not report.success:
             report = write_report(report, tmp, failed)
-        d = {
-            "success": report.success, "documents": report.documents, "expectations": len(report.results),
-            "passed": report.n_passed, "failed": report.failed, "report": report.report,
-            "data_docs": report.data_docs, "input": str(docs), "input_md5": md5, "git_rev": git_rev(),
-            "unexpected": {r.name: r.unexpected_count for r in report.results if r.unexpected_count is not None},
-        }
         dup = next((r for r in report.results if r.name == "duplicate_ratio"), None)
-        if dup is not None and isinstance(dup.observed, dict):
-            d["duplicate_ratio"] = dup.observed.get("duplicate_ratio")
-        write_json(tmp / STATS_FILE, d)
-        run.log_stats({**d, "success": int(report.success)})
+        result = ValidateResult(
+            success=report.success, documents=report.documents, expectations=len(report.results),
+            passed=report.n_passed, failed=report.failed, report=report.report, data_docs=report.data_docs,
+            input=str(docs),
+            unexpected={r.name: r.unexpected_count for r in report.results if r.unexpected_count is not None},
+            duplicate_ratio=dup.observed.get("duplicate_ratio") if dup is not None and isinstance(
+                dup.observed, dict) else None,
+            lineage=lineage)
+        result.write(tmp)
+        run.log_stats({**result.to_dict(), "success": int(report.success)})
         run.set_tags({"validate.success": str(report.success).lower(), "validate.failed": ",".join(report.failed)})
         run.log_artifact(tmp / "report.json")
         if report.data_docs:
@@ -69,7 +73,7 @@ def run_validate(cfg: RunConfig, docs_dir: str | Path | None = None, out_dir: st
             publish_dir(tmp, failed, OUTPUTS, "validate")   # the failure report, beside the untouched out_dir
             raise validation_error(report)
     _remove_stale_failure(failed)
-    return d
+    return result
 
 
 def _remove_stale_failure(failed: Path) -> None:
