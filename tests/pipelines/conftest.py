@@ -44,7 +44,7 @@ def tiny_pipeline(tmp_path_factory):
         if not record.exists():
             tiny_corpus(corpus)
             t0 = time.perf_counter()
-            r = run_cli(["run", *as_args(settings)], cwd=root)
+            r = run_cli(["run", *as_args(settings), "--progress", "0"], cwd=root)   # every progress line
             record.write_text(json.dumps({"returncode": r.returncode, "stdout": r.stdout, "stderr": r.stderr,
                                           "args": r.args, "seconds": time.perf_counter() - t0}))
         rec = json.loads(record.read_text())

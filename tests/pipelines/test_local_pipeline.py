@@ -1,9 +1,10 @@
 """`packtrain run` end to end: the whole KFP DAG through kfp.local.SubprocessRunner on tiny data.
 
-The session fixture `tiny_pipeline` runs it once; here: (1) its summary and MLflow store (parent + 7 stage
-runs, a registered version with the champion alias); (2) a rerun on unchanged data/config/code restores
-every stage from the stage cache, fast, still tracked; (3) a failing validation stops the DAG before
-tokenize/train with exit 4 and the report path.
+The session fixture `tiny_pipeline` runs it once (`--progress 0`); here: (1) its summary, progress lines, run
+id and next-step lines, and its MLflow store (parent + 7 stage runs, a registered version with the champion
+alias); (2) a rerun on unchanged data/config/code restores every stage from the stage cache, fast, and every
+cached stage run is a complete copy of the run it was restored from; (3) a failing validation stops the DAG
+before tokenize/train with exit 4 and the report path.
 """
 
 from __future__ import annotations
@@ -33,6 +34,13 @@ def _children(runs, parent):
     return [x for x in runs if x.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
 
 
+def _artifacts(client, run_id: str, path: str | None = None) -> list[str]:
+    out = []
+    for f in client.list_artifacts(run_id, path):
+        out += _artifacts(client, run_id, f.path) if f.is_dir else [f.path]
+    return sorted(out)
+
+
 def test_full_run_summary_and_mlflow(tiny_pipeline):
     r, wd = tiny_pipeline["result"], tiny_pipeline["workdir"]
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
@@ -44,7 +52,14 @@ def test_full_run_summary_and_mlflow(tiny_pipeline):
     assert re.search(r"perplexity \d+\.\d+", out), out
     m = re.search(r"register   packtrain-lm v(\d+) → (champion|challenger)", out)
     assert m, out
-    assert f"mlflow ui --backend-store-uri sqlite:///{wd / 'mlflow.db'}" in out
+    # a progress line of the train stage without --verbose: step, loss, tok/s
+    assert re.search(r"^\[5/7\] train     step 1/2 \(50%\) · loss \d+\.\d+ · [\d,]+ tok/s · ", out, re.M), out
+    # where to look, the run id (short + full), what to type next
+    hint = re.search(rf"MLflow     \S*mlflow ui --backend-store-uri sqlite:///{wd / 'mlflow.db'}, then open "
+                     r"http://127\.0\.0\.1:5000/#/experiments/(\w+)/runs/(\w{32})$", out, re.M)
+    ids = re.search(r"^  run id     (\w{8}) \(pipeline run (\w{32})\)$", out, re.M)
+    assert hint and ids and ids.group(2) == hint.group(2) and ids.group(2).startswith(ids.group(1)), out
+    assert re.search(rf"^  compare    packtrain compare {ids.group(1)} --set workdir={wd}$", out, re.M), out
     # the ingested documents are versioned in DVC and pushed to the local remote
     md5 = re.search(r"documents md5 (\w+) in DVC remote", out)
     assert md5 and list((wd / "dvc-remote").rglob("*")), out
@@ -53,9 +68,13 @@ def test_full_run_summary_and_mlflow(tiny_pipeline):
     assert data_md5(wd / "dataset" / "documents.parquet") == md5.group(1)
     client, runs = _runs(wd / "mlflow.db")
     parent = [x for x in runs if "mlflow.parentRunId" not in x.data.tags][0]  # the fixture's run came first
+    assert parent.info.run_id == ids.group(2) and hint.group(1) == parent.info.experiment_id
     assert parent.info.status == "FINISHED" and parent.data.params["pack.budget"] == "64"
     children = _children(runs, parent)
     assert sorted(x.info.run_name for x in children) == sorted(STAGES)
+    # the pipeline run names its stage runs (compare/gate find the train run by tag)
+    assert {parent.data.tags[f"packtrain.stage_run.{x.info.run_name}"] for x in children} == \
+        {x.info.run_id for x in children}
     assert all(x.info.status == "FINISHED" for x in children)
     assert len({x.data.tags.get("kfp.run_id") for x in children}) == 1  # one KFP run id, on every stage
     assert children[0].data.tags.get("kfp.run_id")
@@ -75,12 +94,28 @@ def test_rerun_on_unchanged_data_is_cached_and_tracked(tiny_pipeline):
     assert seconds < tiny_pipeline["seconds"] / 2, (tiny_pipeline["seconds"], seconds)
     assert "(7 from cache" in r.stdout and "register   packtrain-lm v1 → champion" in r.stdout
     client, runs = _runs(wd / "mlflow.db")
+    first = [x for x in runs if "mlflow.parentRunId" not in x.data.tags][0]
     parent = [x for x in runs if "mlflow.parentRunId" not in x.data.tags][-1]
     cached = _children(runs, parent)
     assert sorted(x.info.run_name for x in cached) == sorted(STAGES)
     assert {x.data.tags.get("packtrain.cache") for x in cached} == {"hit"}
     assert all(x.data.tags.get("kfp.run_id") and x.data.metrics for x in cached)
     assert len(client.search_model_versions("name = 'packtrain-lm'")) == 1  # nothing registered twice
+    # every cached run is a complete copy of the run that produced the output: params, metrics with their
+    # histories, artifacts; it says where it came from
+    origins = {x.info.run_name: x for x in _children(runs, first)}
+    for run in cached:
+        origin = origins[run.info.run_name]
+        assert run.data.tags["packtrain.restored_from"] == origin.info.run_id
+        assert run.data.params == origin.data.params and run.data.metrics == origin.data.metrics
+        assert _artifacts(client, run.info.run_id) == _artifacts(client, origin.info.run_id) != []
+    train, train0 = (next(x for x in rs if x.info.run_name == "train") for rs in (cached, origins.values()))
+    assert [(m.step, m.value) for m in client.get_metric_history(train.info.run_id, "loss")] == \
+        [(m.step, m.value) for m in client.get_metric_history(train0.info.run_id, "loss")] != []
+    # this run is the champion's rerun: the printed gate line compares it with the previous run
+    short = parent.info.run_id[:8]
+    gate = re.search(rf"^  gate       packtrain gate --candidate {short} --baseline (\w{{8}}) ", r.stdout, re.M)
+    assert gate and gate.group(1) != short, r.stdout
 
 
 def test_failing_validation_stops_before_training(tiny_pipeline):
