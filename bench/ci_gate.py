@@ -11,7 +11,8 @@ Candidate metrics (no GPU, no MLflow, < 2 s):
                                                  order, so no RNG is involved) at the recipe's pack settings
     plan.peak_alloc_gib, plan.peak_gib           the memory planner's prediction for the recipe's step
                                                  (planned for a CUDA device of 80 GiB)
-    train.tokens_per_step                        rows × budget × grad_accum (slot tokens per optimizer step)
+    train.tokens_per_step                        rows × budget × grad_accum × gpus (slot tokens per optimizer
+                                                 step of packtrain.planner.choose_shape's shape, as train runs)
     train.real_tokens_per_step                   fill × tokens_per_step (tokens that carry loss)
 Gated by bench/baselines/ci-rules.yaml (fill ≥ 0.99, padding, planned memory, tokens per step).
 """
@@ -46,15 +47,15 @@ def synthetic_lengths(n: int = N_DOCS, median: float = MEDIAN, sigma: float = SI
 def candidate_metrics(cfg) -> dict:
     """The deterministic metrics of recipe `cfg` (see the module docstring)."""
     from packtrain.packing.plan import pack_lengths
-    from packtrain.planner import plan_memory
+    from packtrain.planner import choose_shape, plan_shape
 
     pack = cfg.pack
     plan = pack_lengths(synthetic_lengths(), pack.budget, pack.strategy, window=pack.window,
                         overlong=pack.overlong)
-    budget = cfg.train.budget if isinstance(cfg.train.budget, int) else pack.budget
-    mplan = plan_memory(cfg.model, cfg.train, budget, cfg.plan, device_memory_gib=80.0,
-                        vocab_size=cfg.plan.vocab_size or cfg.tokenize.vocab_size, suggest=False)
-    tokens_per_step = cfg.train.rows * budget * cfg.train.grad_accum
+    vocab = cfg.plan.vocab_size or cfg.tokenize.vocab_size
+    shape = choose_shape(cfg.model, cfg.train, pack.budget, cfg.plan, vocab, device_memory_gib=80.0)
+    mplan = plan_shape(cfg.model, cfg.train, shape, cfg.plan, vocab, device_memory_gib=80.0)
+    tokens_per_step = shape.tokens_per_step
     return {
         "pack.fill": round(plan.fill, 6),
         "pack.padding_frac": round(1.0 - plan.fill, 6),

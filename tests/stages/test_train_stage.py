@@ -147,7 +147,7 @@ def test_corrupt_newest_checkpoint_is_skipped_on_resume(data, straight, tmp_path
 @pytest.mark.parametrize("extra, code, message", [
     (["--set", "train.attention=varlen"], 2, "train.attention: 'varlen' is not available on cpu"),
     (["--gpus", "0"], 2, "--gpus 0: must be ≥ 1"),
-    (["--set", "train.budget=16", "--set", "train.rows=1"], 2, "less than one pack (128 tokens"),
+    (["--set", "train.budget=auto"], 2, "train.budget: removed: set train.rows instead"),
 ])
 def test_bad_config_fails_cleanly(data, tmp_path, capsys, extra, code, message):
     before = _tree_digest(data / "pack")

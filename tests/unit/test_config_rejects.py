@@ -42,11 +42,12 @@ REJECTED: list[tuple[tuple[str, ...], str, str]] = [
     (("pack.budget=true",), "pack.budget", "true is not allowed: must be an integer ≥ 2"),
     (("pack.budget=512.5",), "pack.budget", "512.5 is not allowed: must be an integer"),
     (("pack.budget=abc",), "pack.budget", "'abc' is not allowed: must be an integer"),
-    (("train.budget=0",), "train.budget", "0 is not allowed: must be an integer ≥ 1, 'auto' or null"),
-    (("train.budget=-2048",), "train.budget", "-2048 is not allowed: must be an integer ≥ 1, 'auto' or null"),
-    (("train.budget=false",), "train.budget", "false is not allowed: must be an integer ≥ 1, 'auto' or null"),
-    (("train.budget=automatic",), "train.budget", "'automatic' is not allowed"),
-    (("train.rows=0",), "train.rows", "must be an integer ≥ 1"),
+    (("train.budget=auto",), "train.budget", "removed: set train.rows instead — Packs per micro-batch"),
+    (("train.budget=1024",), "train.budget", "removed: set train.rows instead"),
+    (("plan.max_budget=4096",), "plan.max_budget", "removed: set plan.max_rows instead"),
+    (("train.rows=0",), "train.rows", "0 is not allowed: must be an integer ≥ 1 or 'auto'"),
+    (("train.rows=false",), "train.rows", "false is not allowed: must be an integer ≥ 1 or 'auto'"),
+    (("train.rows=automatic",), "train.rows", "'automatic' is not allowed"),
     (("train.grad_accum=true",), "train.grad_accum", "true is not allowed: must be an integer ≥ 1"),
     (("train.max_steps=0",), "train.max_steps", "must be an integer ≥ 1"),
     (("train.warmup_steps=-1",), "train.warmup_steps", "must be an integer ≥ 0"),
@@ -98,8 +99,12 @@ def _id(row) -> str:
 
 
 def _is_leaf(field: str) -> bool:
-    """A field (or an item of a list field), not a section whose cross-field rule failed."""
-    return field in FIELDS or field.rsplit(".", 1)[0] in FIELDS
+    """A field (or an item of a list field, or a removed key a section names in moved_fields), not a section whose
+    cross-field rule failed."""
+    section, _, key = field.rpartition(".")
+    moved = getattr(RunConfig.model_fields.get(section) and RunConfig.model_fields[section].annotation,
+                    "moved_fields", {})
+    return field in FIELDS or field.rsplit(".", 1)[0] in FIELDS or key in moved
 
 
 @pytest.mark.parametrize("overrides,field,words", REJECTED, ids=[_id(r) for r in REJECTED])
@@ -150,9 +155,8 @@ def test_console_script_cross_field_rule():
     ("pack.budget=4096", "pack.budget", 4096),
     ("pack.budget='4096'", "pack.budget", 4096),        # a quoted number is still a number
     ("pack.budget=4096.0", "pack.budget", 4096),
-    ("train.budget=auto", "train.budget", "auto"),
-    ("train.budget=null", "train.budget", None),
-    ("train.budget=1024", "train.budget", 1024),
+    ("train.rows=auto", "train.rows", "auto"),
+    ("train.rows=16", "train.rows", 16),
     ("train.lr=1e-4", "train.lr", 1e-4),                # YAML reads 1e-4 as a string: still a number
     ("train.lr=3.0e-4", "train.lr", 3e-4),
     ("train.warmup_steps=50", "train.warmup_steps", 50),    # ≥ max_steps is legal: lr never reaches its peak
@@ -184,8 +188,8 @@ def test_origin_is_the_recipe_file_or_the_set(tmp_path):
     assert str(e.value).splitlines() == [
         "recipe bad.yaml: pack.budget: 0 is not allowed: must be an integer ≥ 2 — Tokens per pack (= one row of a "
         "micro-batch)",
-        "--set train.rows=0: train.rows: 0 is not allowed: must be an integer ≥ 1 — Packs per micro-batch: the "
-        "micro-batch is rows × pack.budget tokens, always the same shape",
+        "--set train.rows=0: train.rows: 0 is not allowed: must be an integer ≥ 1 or 'auto' — Packs per micro-batch "
+        "(rows of pack.budget tokens), or 'auto': the memory planner picks the most that fit",
     ]
 
 
@@ -233,7 +237,7 @@ BAD_NUMBERS = {".nan": "nan", ".inf": "inf", "-.inf": "-inf", "true": "true", "f
 
 
 def test_walk_finds_the_fields():
-    assert {"train.lr", "pack.budget", "train.budget", "train.deepspeed.zero_stage", "plan.device_memory_gib"} <= set(NUMERIC)
+    assert {"train.lr", "pack.budget", "train.rows", "train.deepspeed.zero_stage", "plan.device_memory_gib"} <= set(NUMERIC)
     assert NUMERIC_TUPLES == ["train.betas"]
     assert {"workdir", "name", "ingest.source", "pipeline.schedule", "register.model_name"} <= set(TEXT)
     assert len(NUMERIC) >= 60 and len(TEXT) >= 20

@@ -55,8 +55,8 @@ def test_family_qwen2_released_sizes(size, params):
 
 
 def test_family_plan_cli_reads_the_checkpoint(tmp_path, capsys):
-    """`packtrain plan` with model.init_from=<dir>: shapes and the budget cap come from its config.json (a
-    config without weights is enough to plan)."""
+    """`packtrain plan` with model.init_from=<dir>: shapes come from its config.json (a config without weights is
+    enough to plan)."""
     from transformers import AutoConfig
 
     AutoConfig.for_model("qwen2", vocab_size=151_936, tie_word_embeddings=True, max_position_embeddings=8192,
@@ -66,10 +66,9 @@ def test_family_plan_cli_reads_the_checkpoint(tmp_path, capsys):
     plan = json.loads(capsys.readouterr().out)
     assert plan["shape"]["family"] == "qwen2" and plan["shape"]["n_params"] == 494_032_768
     assert plan["shape"]["vocab"] == 151_936 and plan["budget"] == 2048
-    assert main([*argv, "--budget", "auto"]) == 0
-    out = capsys.readouterr().out
-    chosen = int(out.split("chosen budget ")[1].split(",")[0])
-    assert 128 <= chosen <= 8192   # capped by the checkpoint's max_position_embeddings, not the recipe's
+    assert main([*argv, "--rows", "auto", "--json"]) == 0
+    chosen = json.loads(capsys.readouterr().out)
+    assert chosen["shape"]["family"] == "qwen2" and chosen["fits"] and chosen["rows"] >= 1
 
 
 def test_family_plan_logits_grow_with_the_vocabulary(tmp_path):

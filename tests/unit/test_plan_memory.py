@@ -1,5 +1,5 @@
 """Memory planner arithmetic: parameter counts vs real transformers models, each component by hand,
-choose_budget, and the `packtrain plan` CLI."""
+choose_shape's rows for train.rows=auto, and the `packtrain plan` CLI."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from packtrain.cli import main
 from packtrain.config import load_run_config
 from packtrain.errors import ConfigError
-from packtrain.planner import choose_budget, model_shape, plan_memory
+from packtrain.planner import choose_shape, model_shape, plan_memory
 from packtrain.planner import memory as mem
 from packtrain.planner.shapes import ModelShape
 from packtrain.planner.states import model_states
@@ -157,30 +157,32 @@ def test_checkpointing_keeps_only_layer_inputs():
     assert plan.peak_allocated < 0.6 * none.peak_allocated
 
 
-# ------------------------------------------------------------------------------------------- budget
+# ------------------------------------------------------------------------------------------- rows=auto
 
-def test_choose_budget_largest_fitting_multiple_of_128_and_grad_accum():
-    cfg = _cfg("350m-h200", "plan.max_budget=16384")
-    budget, ga, plan = choose_budget(cfg.model, cfg.train, cfg.plan, 40, vocab_size=32768, reference_budget=2048)
-    assert budget % 128 == 0 and plan.fits and plan.budget == budget
-    nxt = plan_memory(cfg.model, cfg.train, budget + 128, cfg.plan, 40, vocab_size=32768, grad_accum=ga)
-    assert not nxt.fits
-    # global batch 8 × 2048 × 1 tokens is kept as closely as an integer grad_accum allows
-    assert ga == max(1, round(8 * 2048 / (8 * budget)))
-
-
-def test_choose_budget_keeps_global_batch():
-    cfg = _cfg("350m-h200", "plan.global_batch_tokens=262144", "train.activation_checkpointing=full")
-    budget, ga, _ = choose_budget(cfg.model, cfg.train, cfg.plan, 80, vocab_size=32768)
-    assert budget == 4096                      # max_position_embeddings caps it
-    assert 8 * budget * ga == 262144
+def test_auto_rows_largest_fitting_for_the_packs_budget():
+    cfg = _cfg("350m-h200", "train.rows=auto")
+    s = choose_shape(cfg.model, cfg.train, 2048, cfg.plan, 32768, device_memory_gib=80)
+    assert (s.budget, s.rows, s.grad_accum, s.source) == (2048, 36, 1, "auto")   # the module docstring's example
+    assert s.plan.fits and (s.plan.rows, s.plan.budget, s.plan.grad_accum) == (36, 2048, 1)
+    more = plan_memory(cfg.model, cfg.train, 2048, cfg.plan, 80, vocab_size=32768, rows=37)
+    assert not more.fits
 
 
-def test_choose_budget_nothing_fits_names_peak_and_suggestion():
-    cfg = _cfg("1b-h200")
-    with pytest.raises(ConfigError, match=r"no token budget fits: even budget 128 × 8 rows needs [\d.]+ GiB") as e:
-        choose_budget(cfg.model, cfg.train, cfg.plan, 8, vocab_size=32768)
-    assert "--set " in str(e.value)
+def test_auto_rows_keeps_the_global_batch():
+    cfg = _cfg("350m-h200", "train.rows=auto", "plan.global_batch_tokens=262144")
+    s = choose_shape(cfg.model, cfg.train, 2048, cfg.plan, 32768, device_memory_gib=80)
+    assert (s.rows, s.grad_accum, s.tokens_per_step) == (32, 4, 262144)   # 128 packs: 64 × 2, 43 × 3 do not fit
+    capped = choose_shape(cfg.model, cfg.train.model_copy(update={"activation_checkpointing": "full"}), 2048,
+                          cfg.plan.model_copy(update={"max_rows": 16}), 32768, device_memory_gib=80)
+    assert (capped.rows, capped.grad_accum) == (16, 8)
+
+
+def test_auto_rows_nothing_fits_names_peak_and_suggestion():
+    cfg = _cfg("1b-h200", "train.rows=auto")
+    with pytest.raises(ConfigError, match=r"not even 1 row fits: 1 row × 2048 tokens \(the packs' budget\) needs "
+                                          r"[\d.]+ GiB") as e:
+        choose_shape(cfg.model, cfg.train, 2048, cfg.plan, 32768, device_memory_gib=8)
+    assert "--set " in str(e.value) and "pack.budget" in str(e.value)
 
 
 def test_plan_suggests_changes_when_it_does_not_fit():
@@ -201,14 +203,17 @@ def test_plan_cli_table_json_and_out(tmp_path, capsys):
         assert word in out
     saved = json.loads((tmp_path / "plan.json").read_text())
     assert saved["budget"] == 2048 and saved["shape"]["n_params"] == 341_885_952
-    assert main(["plan", "--recipe", "350m-h200", "--budget", "auto", "--device-memory-gib", "80", "--json"]) == 0
+    assert main(["plan", "--recipe", "350m-h200", "--rows", "auto", "--device-memory-gib", "80", "--json"]) == 0
     chosen = json.loads(capsys.readouterr().out)
-    assert chosen["fits"] and chosen["budget"] % 128 == 0
+    assert chosen["fits"] and (chosen["budget"], chosen["rows"], chosen["rows_source"]) == (2048, 36, "auto")
+    assert chosen["tokens_per_step"] == 36 * 2048
 
 
 @pytest.mark.parametrize("argv,needle", [
-    (["plan", "--budget", "0"], "--budget 0"),
-    (["plan", "--budget", "big"], "--budget 'big'"),
+    (["plan", "--budget", "0"], "--budget 0: --set pack.budget=0: pack.budget: 0 is not allowed"),
+    (["plan", "--budget", "big"], "pack.budget: 'big' is not allowed"),
+    (["plan", "--budget", "auto"], "--budget auto: a budget is tokens per pack"),
+    (["plan", "--rows", "0"], "--rows 0: --set train.rows=0: train.rows: 0 is not allowed"),
     (["plan", "--device-memory-gib", "-1"], "--device-memory-gib"),
     (["plan", "--set", "plan.target_fraction=1.5"], "plan.target_fraction"),
 ])

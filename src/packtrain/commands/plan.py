@@ -1,8 +1,11 @@
-"""`packtrain plan [--budget N|auto] [--device-memory-gib G] [--json] [--out DIR]`: predicted peak memory.
+"""`packtrain plan [--rows N|auto] [--packs DIR] [--budget N] [--device-memory-gib G] [--json] [--out DIR]`.
 
 Prints the memory table of one training step of the recipe (components at the peak, each phase, activations
-per layer, whether it fits target_fraction × device memory). `--budget auto` (or `train.budget: auto`)
-chooses the largest budget that fits and the grad_accum that keeps the global batch in tokens.
+per layer, whether it fits target_fraction × device memory) for exactly the shape `packtrain train` would run:
+both take it from packtrain.planner.choose_shape. The packs' budget (tokens per pack) and vocabulary come from
+`--packs DIR` (a pack stage output, as train reads them), else pack.budget and tokenize.vocab_size. `--rows auto`
+(or `train.rows: auto`) chooses the most rows per micro-batch that fit, and the grad_accum that keeps
+plan.global_batch_tokens when it is set.
 """
 
 from __future__ import annotations
@@ -11,27 +14,50 @@ import argparse
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--budget", metavar="N|auto",
-                        help="tokens per row (default: train.budget, else pack.budget); 'auto' → choose")
+    parser.add_argument("--rows", metavar="N|auto",
+                        help="packs per micro-batch (default: train.rows); 'auto' → the most that fit")
+    parser.add_argument("--packs", metavar="DIR",
+                        help="pack stage output holding train/: plan for its budget and vocabulary (as train does)")
+    parser.add_argument("--budget", metavar="N",
+                        help="tokens per pack to plan for (default: the --packs store's, else pack.budget)")
     parser.add_argument("--device-memory-gib", type=float, metavar="G",
                         help="device memory to plan for (default: plan.device_memory_gib, the current GPU, or 80)")
     parser.add_argument("--json", action="store_true", help="print the plan as JSON instead of the table")
     parser.add_argument("--out", metavar="DIR", help="also write DIR/plan.json")
 
 
-def _budget_arg(cfg, args) -> int | str:
+def _with_flags(cfg, args):
+    """The config with --rows / --budget applied as the overrides they stand for (train.rows, pack.budget), checked
+    by the config schema like any --set."""
+    from packtrain.config import load_run_config
     from packtrain.errors import ConfigError
 
-    raw = args.budget if args.budget is not None else (cfg.train.budget or cfg.pack.budget)
-    if raw == "auto":
-        return "auto"
+    sets, given = [], []
+    if args.rows is not None:
+        sets.append(f"train.rows={args.rows}")
+        given.append(f"--rows {args.rows}")
+    if args.budget is not None:
+        if str(args.budget).strip() == "auto":
+            raise ConfigError("--budget auto: a budget is tokens per pack (pack.budget, fixed by the pack stage) and "
+                              "is never chosen; to let the planner choose rows per micro-batch use --rows auto")
+        sets.append(f"pack.budget={args.budget}")
+        given.append(f"--budget {args.budget}")
+    if not sets:
+        return cfg
     try:
-        value = int(raw)
-    except (TypeError, ValueError):
-        raise ConfigError(f"--budget {raw!r}: expected a positive integer or 'auto'") from None
-    if value < 2:
-        raise ConfigError(f"--budget {value}: must be ≥ 2 tokens (a multiple of 128 is best for the kernels)")
-    return value
+        return load_run_config(args.recipe, [*args.overrides, *sets])
+    except ConfigError as e:
+        raise ConfigError(f"{' '.join(given)}: {e}") from None
+
+
+def _packs_budget_vocab(packs: str) -> tuple[int, int]:
+    """The budget and vocabulary of the packs train would read (<packs>/train/meta.json)."""
+    from pathlib import Path
+
+    from packtrain.packing.store import PackStore
+
+    store = PackStore.open(Path(packs) / "train", verify=False)
+    return store.budget, int(store.meta["vocab_size"])
 
 
 def run(cfg, args) -> int:
@@ -40,31 +66,33 @@ def run(cfg, args) -> int:
 
     from packtrain.errors import ConfigError
     from packtrain.paths import write_json
-    from packtrain.planner import choose_budget, plan_memory
+    from packtrain.planner import choose_shape, plan_shape
 
     if args.device_memory_gib is not None and args.device_memory_gib <= 0:
         raise ConfigError(f"--device-memory-gib {args.device_memory_gib}: must be > 0")
+    cfg = _with_flags(cfg, args)
     from packtrain.model.source import init_from_value, is_registry_source
 
     if is_registry_source(init_from_value(cfg.model)):   # champion / models:/...: plan the registered model's shape
         from packtrain.model.registry_source import resolve_init
 
         cfg = cfg.model_copy(update={"model": resolve_init(cfg).model_config(cfg.model)})
-    vocab = cfg.plan.vocab_size or cfg.tokenize.vocab_size
-    budget = _budget_arg(cfg, args)
-    if budget == "auto":
-        budget, ga, plan = choose_budget(cfg.model, cfg.train, cfg.plan, args.device_memory_gib,
-                                         vocab_size=vocab, reference_budget=cfg.pack.budget)
-        header = f"chosen budget {budget}, grad_accum {ga} (global batch {cfg.train.rows * budget * ga * cfg.train.gpus}" \
-                 " tokens)"
-    else:
-        plan = plan_memory(cfg.model, cfg.train, budget, cfg.plan, args.device_memory_gib, vocab_size=vocab)
-        header = f"budget {budget}"
+    budget, vocab = cfg.pack.budget, cfg.plan.vocab_size or cfg.tokenize.vocab_size
+    if args.packs:
+        budget, vocab = _packs_budget_vocab(args.packs)
+        if args.budget is not None and budget != cfg.pack.budget:
+            raise ConfigError(f"--budget {args.budget}: the packs in {args.packs} have {budget} tokens each; "
+                              "drop --budget or re-pack")
+    shape = choose_shape(cfg.model, cfg.train, budget, cfg.plan, vocab, device_memory_gib=args.device_memory_gib)
+    plan = plan_shape(cfg.model, cfg.train, shape, cfg.plan, vocab, device_memory_gib=args.device_memory_gib)
+    doc = {**plan.to_dict(), "rows_source": shape.source}
     if args.out:
-        write_json(Path(args.out) / "plan.json", plan.to_dict())
+        write_json(Path(args.out) / "plan.json", doc)
     if args.json:
-        print(json.dumps(plan.to_dict(), indent=2, default=str))
+        print(json.dumps(doc, indent=2, default=str))
     else:
-        print(f"memory plan: recipe {cfg.name}, {header}")
+        rows = f"train.rows=auto → {shape.rows} rows" if shape.source == "auto" else f"{shape.rows} rows"
+        print(f"memory plan: recipe {cfg.name}, {rows} × {shape.budget} tokens per pack, grad_accum "
+              f"{shape.grad_accum}, {shape.gpus} GPU: {shape.tokens_per_step} tokens per step")
         print(plan.table())
     return 0

@@ -13,7 +13,8 @@ class PackConfig(StrictModel):
     """How documents are bin-packed into fixed token budgets."""
 
     budget: Int = Field(2048, ge=2)
-    """Tokens per pack (= one row of a micro-batch)."""
+    """Tokens per pack (= one row of a micro-batch). The one meaning of "budget" in packtrain: train reads it
+    back from the packs on disk and trains train.rows of them per micro-batch (packtrain.planner.choose_shape)."""
     strategy: Literal["bfd", "ffd", "sequential"] = "bfd"
     """bfd: best-fit-decreasing (O(log L) search over remaining space) + exact-fill completion of the gaps by
     the short documents (≥ 99.9% of the lower bound on packs); ffd: first-fit-decreasing; sequential: in

@@ -78,15 +78,17 @@ class PipelineConfig(StrictModel):
 
 
 class PlanConfig(StrictModel):
-    """The memory planner (`packtrain plan`, `train.budget: auto`): see docs/planner.md. The number of GPUs it
+    """The memory planner (`packtrain plan`, `train.rows: auto`): see docs/planner.md. The number of GPUs it
     plans for (ZeRO divides states by it; the global batch is split over it) is train.gpus."""
 
-    moved_fields: ClassVar[dict[str, str]] = {"gpus": "train.gpus"}
+    moved_fields: ClassVar[dict[str, str]] = {"gpus": "train.gpus", "max_budget": "plan.max_rows"}
+    """max_budget: the planner no longer picks a budget ('budget' means tokens per pack only, pack.budget); with
+    train.rows=auto it picks rows per micro-batch, at most plan.max_rows."""
 
     device_memory_gib: PositiveFloat | None = None
     """None → the current device's memory (80 GiB if there is no GPU)."""
     target_fraction: Float = Field(0.85, gt=0, le=1)
-    """choose_budget keeps the predicted peak (allocated + allocator overhead + context) ≤ this × device memory."""
+    """train.rows=auto keeps the predicted peak (allocated + allocator overhead + context) ≤ this × device memory."""
     allocator_overhead: Fraction = 0.05
     """Caching-allocator slack on top of the allocated peak (reserved − allocated; ~2–5% with expandable segments)."""
     cuda_context_gib: NonNegativeFloat = 0.5
@@ -94,7 +96,7 @@ class PlanConfig(StrictModel):
     vocab_size: Int | None = Field(None, ge=2)
     """Vocabulary when the caller does not pass it (`packtrain plan` uses tokenize.vocab_size)."""
     global_batch_tokens: PositiveInt | None = None
-    """Tokens per optimizer step over all GPUs that choose_budget keeps via grad_accum; None → the recipe's
-    rows × reference budget (pack.budget) × train.grad_accum × train.gpus."""
-    max_budget: Int | None = Field(None, ge=128)
-    """Largest budget choose_budget considers; None → model.max_position_embeddings."""
+    """Tokens per optimizer step over all GPUs that train.rows=auto keeps: the smallest grad_accum whose rows =
+    ⌈G / (pack.budget × train.gpus × grad_accum)⌉ fit; None → train.grad_accum is kept."""
+    max_rows: PositiveInt = 64
+    """Most rows per micro-batch train.rows=auto considers."""

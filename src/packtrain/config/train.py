@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 import warnings
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import AfterValidator, Field, StringConstraints, model_validator
 from pydantic_core import PydanticCustomError
@@ -152,6 +152,11 @@ class DeepSpeedOptions(StrictModel):
 class TrainConfig(StrictModel):
     """The train stage: engine, precision, memory techniques, schedule."""
 
+    moved_fields: ClassVar[dict[str, str]] = {"budget": "train.rows"}
+    """'budget' means tokens per pack only (pack.budget, fixed by the pack stage): the old train.budget (tokens
+    per row, 'auto', or null) is refused at load time, naming train.rows — train.budget=auto → train.rows=auto;
+    train.budget=B → train.rows=B·rows/pack.budget; null → drop it."""
+
     engine: Literal["torch", "deepspeed"] = "torch"
     device: Literal["auto", "cpu", "cuda"] = "auto"
     gpus: PositiveInt = 1
@@ -167,11 +172,14 @@ class TrainConfig(StrictModel):
     compile: bool = False
     fused_optimizer: bool = True
     """Fused AdamW where the device supports it (CUDA); ignored on CPU."""
-    rows: PositiveInt = 4
-    """Packs per micro-batch: the micro-batch is rows × pack.budget tokens, always the same shape."""
-    budget: PositiveInt | Literal["auto"] | None = None
-    """Override of tokens per row; 'auto' → the memory planner picks it; None → pack.budget."""
+    rows: PositiveInt | Literal["auto"] = 4
+    """Packs per micro-batch (rows of pack.budget tokens), or 'auto': the memory planner picks the most that fit.
+    A micro-batch is always rows × pack.budget tokens, the packs' budget read from the packs on disk; 'auto'
+    takes the most rows whose predicted peak ≤ plan.target_fraction × device memory (≤ plan.max_rows).
+    packtrain.planner.choose_shape decides the shape for train and `packtrain plan` alike."""
     grad_accum: PositiveInt = 1
+    """Micro-batches per optimizer step (with rows 'auto' and plan.global_batch_tokens set, the planner derives
+    it from that global batch instead)."""
     max_steps: PositiveInt = 20
     lr: PositiveFloat = 3e-3
     min_lr_ratio: Fraction = 0.1

@@ -1,4 +1,4 @@
-"""`plan_memory` predicts the peak GPU memory of a training step; `choose_budget` picks the token budget.
+"""`plan_memory` predicts the peak GPU memory of a training step; `choose_rows` picks the rows that fit.
 
 A step's memory peaks at one of five moments; the plan evaluates all and reports the largest:
 
@@ -43,8 +43,8 @@ PHASES = ("forward", "loss backward", "layer backward", "end backward", "optimiz
 class MemoryPlan:
     """Predicted memory of one training step on one GPU (bytes; `*_gib` properties for humans)."""
 
-    budget: int
-    rows: int
+    budget: int                       # tokens per pack = per row (the packs' budget)
+    rows: int                         # packs per micro-batch
     tokens: int                       # rows × budget per micro-batch
     grad_accum: int
     shape: ModelShape
@@ -87,10 +87,16 @@ class MemoryPlan:
     def fits(self) -> bool:
         return self.peak_gib <= self.target_gib
 
+    @property
+    def tokens_per_step(self) -> int:
+        """rows × budget × grad_accum × gpus: slot tokens per optimizer step over all GPUs."""
+        return self.tokens * self.grad_accum * self.gpus
+
     def to_dict(self) -> dict:
         d = asdict(self)
         d["shape"] = self.shape.to_dict()
-        d.update(peak_allocated_gib=round(self.peak_allocated_gib, 4), peak_gib=round(self.peak_gib, 4),
+        d.update(tokens_per_step=self.tokens_per_step,
+                 peak_allocated_gib=round(self.peak_allocated_gib, 4), peak_gib=round(self.peak_gib, 4),
                  target_gib=round(self.target_gib, 4), fits=self.fits,
                  components_gib={k: round(v / GIB, 4) for k, v in self.components.items()},
                  phases_gib={k: round(v / GIB, 4) for k, v in self.phases.items()})
@@ -103,6 +109,7 @@ class MemoryPlan:
             f"model: h={s.hidden} layers={s.layers} heads={s.heads}/{s.kv_heads} I={s.intermediate} V={s.vocab}"
             f" · {s.n_params / 1e6:.1f}M params ({s.n_params_nonembed / 1e6:.1f}M non-embedding)",
             f"step:  {self.rows} rows × {self.budget} = {self.tokens} tokens · grad_accum {self.grad_accum} · "
+            f"{self.tokens_per_step} tokens per step · "
             f"{self.precision} · attention {self.attention} · checkpointing {self.checkpointing} "
             f"({self.checkpointed_layers}/{s.layers} layers) · {self.engine}"
             + (f" ZeRO-{self.zero_stage}" if self.zero_stage is not None else "") + f" · {self.gpus} GPU",
@@ -169,25 +176,34 @@ def resolve_device_memory_gib(plan_cfg: PlanConfig, device_memory_gib: float | N
 
 def plan_memory(model_cfg: ModelConfig, train_cfg: TrainConfig, budget: int, plan_cfg: PlanConfig,
                 device_memory_gib: float | None = None, *, vocab_size: int | None = None,
-                grad_accum: int | None = None, suggest: bool = True) -> MemoryPlan:
-    """Predict the peak memory of a training step with `train_cfg.rows` × `budget` tokens per micro-batch.
+                rows: int | None = None, grad_accum: int | None = None, gpus: int | None = None,
+                device: str | None = None, attention: str | None = None, suggest: bool = True) -> MemoryPlan:
+    """Predict the peak memory of a training step of `rows` packs × `budget` tokens per micro-batch.
 
-    vocab_size: the tokenizer's (else plan.vocab_size, or the pretrained config's). grad_accum: default
-    train_cfg.grad_accum (> 1 keeps gradients alive during the forward).
+    budget: tokens per pack (the packs' budget). rows, grad_accum, gpus: default train.rows (an integer;
+    'auto' is resolved by packtrain.planner.choose_shape first), train.grad_accum (> 1 keeps gradients alive
+    during the forward), train.gpus. device: 'cpu' or 'cuda' (default: cpu when train.device is cpu).
+    attention: the backend the run resolved (default: train.attention, 'auto' as `_backend` resolves it).
+    vocab_size: the tokenizer's (else plan.vocab_size, or the pretrained config's).
     """
     if not isinstance(budget, int) or budget < 2:
-        raise ConfigError(f"budget {budget!r}: must be an integer ≥ 2 tokens")
+        raise ConfigError(f"budget {budget!r}: must be an integer ≥ 2 tokens (tokens per pack)")
+    rows = rows or train_cfg.rows
+    if not isinstance(rows, int) or isinstance(rows, bool) or rows < 1:
+        raise ConfigError(f"train.rows {rows!r}: plan_memory needs a number of rows; resolve 'auto' with "
+                          "packtrain.planner.choose_shape")
+    gpus = gpus or train_cfg.gpus
     shape = model_shape(model_cfg, plan_cfg, vocab_size)
-    device = "cpu" if train_cfg.device == "cpu" else "cuda"
+    device = device or ("cpu" if train_cfg.device == "cpu" else "cuda")
     ga = grad_accum or train_cfg.grad_accum
     prec = mem.precision_of(train_cfg.engine, train_cfg.precision)
-    backend = _backend(train_cfg, device)
+    backend = attention or _backend(train_cfg, device)
     chunk = _loss_chunk(train_cfg)
-    rows, n_tok = train_cfg.rows, train_cfg.rows * budget
+    n_tok = rows * budget
     ds = train_cfg.deepspeed
     deepspeed = train_cfg.engine == "deepspeed"
     st = model_states(shape, train_cfg.engine, train_cfg.precision, ds.zero_stage, ds.offload_optimizer,
-                      ds.offload_params, train_cfg.gpus,
+                      ds.offload_params, gpus,
                       # CPU: torch's default AdamW loops tensor by tensor (no whole-model temporary)
                       fused=(train_cfg.fused_optimizer and device == "cuda") or device == "cpu",
                       grad_accum=ga, overlap_comm=ds.overlap_comm,
@@ -270,7 +286,7 @@ def plan_memory(model_cfg: ModelConfig, train_cfg: TrainConfig, budget: int, pla
     plan = MemoryPlan(
         budget=budget, rows=rows, tokens=n_tok, grad_accum=ga, shape=shape, precision=prec.name,
         attention=backend, checkpointing=train_cfg.activation_checkpointing, checkpointed_layers=n_ck,
-        engine=train_cfg.engine, zero_stage=ds.zero_stage if deepspeed else None, gpus=train_cfg.gpus,
+        engine=train_cfg.engine, zero_stage=ds.zero_stage if deepspeed else None, gpus=gpus,
         components=comps, notes=notes, phases={k: int(v) for k, v in phases.items()}, peak_phase=peak_phase,
         layer_activation_bytes=int(layer_bytes + quad), checkpointed_layer_bytes=int(ck_bytes),
         peak_allocated=int(peak_alloc), allocator_overhead=overhead, cuda_context=ctx,
@@ -278,11 +294,12 @@ def plan_memory(model_cfg: ModelConfig, train_cfg: TrainConfig, budget: int, pla
         target_fraction=plan_cfg.target_fraction, cpu_offload=st.cpu,
     )
     if suggest:
-        _suggest(plan, model_cfg, train_cfg, plan_cfg, dev_gib, vocab_size, ga)
+        suggest_changes(plan, model_cfg, train_cfg, plan_cfg, vocab_size, device, attention)
     return plan
 
 
-def _suggest(plan: MemoryPlan, model_cfg, train_cfg, plan_cfg, dev_gib, vocab_size, ga) -> None:
+def suggest_changes(plan: MemoryPlan, model_cfg, train_cfg, plan_cfg, vocab_size, device: str,
+                    attention: str | None = None) -> None:
     """Fill `plan.suggestion` (and `alternatives`): headroom when it fits, else what each single change buys."""
     if plan.fits:
         plan.suggestion = f"fits with {plan.target_gib - plan.peak_gib:.1f} GiB to spare under the target"
@@ -292,7 +309,7 @@ def _suggest(plan: MemoryPlan, model_cfg, train_cfg, plan_cfg, dev_gib, vocab_si
         changes.append(("--set train.activation_checkpointing=full", {"activation_checkpointing": "full"}))
     if train_cfg.loss not in ("chunked", "fused"):
         changes.append(("--set train.loss=chunked", {"loss": "chunked"}))
-    if _backend(train_cfg, "cuda") in ("sdpa", "eager") and train_cfg.precision != "fp32":
+    if (attention or _backend(train_cfg, "cuda")) in ("sdpa", "eager") and train_cfg.precision != "fp32":
         changes.append(("--set train.attention=varlen", {"attention": "varlen"}))
     if train_cfg.engine == "deepspeed" and not (train_cfg.deepspeed.zero_stage == 3
                                                  and train_cfg.deepspeed.offload_params):
@@ -301,8 +318,10 @@ def _suggest(plan: MemoryPlan, model_cfg, train_cfg, plan_cfg, dev_gib, vocab_si
         changes.append(("--set train.deepspeed.zero_stage=3 (+ offload_optimizer, offload_params)",
                         {"deepspeed": ds}))
     for text, update in changes:
-        alt = plan_memory(model_cfg, train_cfg.model_copy(update=update), plan.budget, plan_cfg, dev_gib,
-                          vocab_size=vocab_size, grad_accum=ga, suggest=False)
+        backend = "varlen" if update.get("attention") == "varlen" else attention
+        alt = plan_memory(model_cfg, train_cfg.model_copy(update=update), plan.budget, plan_cfg,
+                          plan.device_memory_gib, vocab_size=vocab_size, rows=plan.rows, grad_accum=plan.grad_accum,
+                          gpus=plan.gpus, device=device, attention=backend, suggest=False)
         plan.alternatives.append({"change": text, "peak_gib": round(alt.peak_gib, 3), "fits": alt.fits})
     fitting = [a for a in plan.alternatives if a["fits"]]
     best = min(plan.alternatives, key=lambda a: a["peak_gib"], default=None)
@@ -311,47 +330,8 @@ def _suggest(plan: MemoryPlan, model_cfg, train_cfg, plan_cfg, dev_gib, vocab_si
         parts.append("fits with " + "; or ".join(f"{a['change']} ({a['peak_gib']:.1f} GiB)" for a in fitting))
     elif best:
         parts.append(f"closest single change: {best['change']} ({best['peak_gib']:.1f} GiB)")
-    parts.append("or lower the budget: --set train.budget=auto")
+    if plan.rows > 1:
+        parts.append("or fewer rows per micro-batch: --set train.rows=auto")
+    else:
+        parts.append(f"or shorter packs: re-pack with --set pack.budget=N < {plan.budget}")
     plan.suggestion = "; ".join(parts)
-
-
-def choose_budget(model_cfg: ModelConfig, train_cfg: TrainConfig, plan_cfg: PlanConfig,
-                  device_memory_gib: float | None = None, *, vocab_size: int | None = None,
-                  reference_budget: int | None = None) -> tuple[int, int, MemoryPlan]:
-    """The largest budget (a multiple of 128, ≤ plan.max_budget or max_position_embeddings — the checkpoint's
-    with model.init_from=<dir>) whose predicted
-    peak ≤ target_fraction × device memory, and the grad_accum that keeps the global batch in tokens.
-
-    Global batch G = plan.global_batch_tokens, else rows × reference budget × train.grad_accum × gpus
-    (reference: `reference_budget`, i.e. pack.budget, else train.budget when it is a number); then
-    grad_accum = max(1, round(G / (rows × budget × gpus))). Without any reference grad_accum is kept.
-
-    350m-h200 on an 80 GiB device, rows 8, reference 2048: budget 4096 (capped by max_position_embeddings),
-    grad_accum 1 — the global batch grows to 32k tokens because grad_accum cannot go below 1.
-    """
-    dev_gib = resolve_device_memory_gib(plan_cfg, device_memory_gib)
-    rows, gpus = train_cfg.rows, train_cfg.gpus
-    ref = reference_budget or (train_cfg.budget if isinstance(train_cfg.budget, int) else None)
-    global_tokens = plan_cfg.global_batch_tokens or (rows * ref * train_cfg.grad_accum * gpus if ref else None)
-    shape = model_shape(model_cfg, plan_cfg, vocab_size)
-    max_budget = plan_cfg.max_budget or shape.max_positions or model_cfg.max_position_embeddings
-    best: tuple[int, int, MemoryPlan] | None = None
-    smallest: MemoryPlan | None = None
-    for budget in range(128, max_budget + 1, 128):
-        ga = (max(1, round(global_tokens / (rows * budget * gpus))) if global_tokens else train_cfg.grad_accum)
-        plan = plan_memory(model_cfg, train_cfg, budget, plan_cfg, dev_gib, vocab_size=vocab_size,
-                           grad_accum=ga, suggest=False)
-        smallest = smallest or plan
-        if plan.fits:
-            best = (budget, ga, plan)
-    if best is None:
-        if smallest is None:
-            raise ConfigError(f"plan.max_budget {max_budget}: no budget ≥ 128 to choose from")
-        plan = plan_memory(model_cfg, train_cfg, 128, plan_cfg, dev_gib, vocab_size=vocab_size,
-                           grad_accum=smallest.grad_accum)
-        raise ConfigError(f"no token budget fits: even budget 128 × {rows} rows needs {plan.peak_gib:.1f} GiB "
-                          f"> {plan.target_gib:.1f} GiB ({plan_cfg.target_fraction} × {dev_gib:.1f} GiB); "
-                          f"{plan.suggestion}")
-    budget, ga, plan = best
-    _suggest(plan, model_cfg, train_cfg, plan_cfg, dev_gib, vocab_size, ga)
-    return budget, ga, plan

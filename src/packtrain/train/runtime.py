@@ -3,7 +3,7 @@
     dist_info()                 rank / local_rank / world_size from torchrun or the DeepSpeed launcher env
     init_distributed(d, dev)    NCCL (CUDA) or gloo (CPU) process group when world_size > 1 (+ a gloo host group)
     resolve_device(cfg, d)      cuda:LOCAL_RANK, or cpu
-    choose_shape(...)           rows per micro-batch + grad accumulation for train.budget None | int | 'auto'
+    Shape, choose_shape         the micro-batch shape (packtrain.planner.micro_batch, the one place it is decided)
     TorchStepper                backward per micro-batch (DDP no_sync until the last), clip, step, GradScaler
     oom_error(...)              the OutOfMemory error naming planned and observed peaks
 """
@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from packtrain.errors import ConfigError, PacktrainError
+from packtrain.planner.micro_batch import Shape, choose_shape  # noqa: F401 - re-exported for the train parts
 
 if TYPE_CHECKING:
     from packtrain.config import ModelConfig, PlanConfig, TrainConfig
@@ -126,51 +127,6 @@ def barrier(d: DistInfo) -> None:
 
 
 @dataclass
-class Shape:
-    """The micro-batch shape a run trains with: `rows` packs of the pack store's `budget` tokens each."""
-
-    budget: int               # tokens per pack (fixed by the pack stage)
-    rows: int                 # packs per micro-batch
-    grad_accum: int
-    source: str               # 'pack' (train.budget None), 'train' (an int), 'auto' (the planner)
-    plan: Any = None          # planner MemoryPlan when source == 'auto'
-
-    @property
-    def tokens(self) -> int:
-        return self.budget * self.rows
-
-
-def choose_shape(model_cfg: ModelConfig, train_cfg: TrainConfig, pack_budget: int, plan_cfg: PlanConfig | None,
-                 vocab_size: int | None = None) -> Shape:
-    """Micro-batch shape. The packs' budget P is fixed on disk, so a train budget B (int, or the planner's
-    choice for 'auto') is honored as B·rows tokens per micro-batch = (B·rows)//P packs.
-
-    >>> from packtrain.config import ModelConfig, TrainConfig
-    >>> choose_shape(ModelConfig(), TrainConfig(rows=4, budget=1024), 512, None).rows
-    8
-    """
-    b = train_cfg.budget
-    if b is None or b == pack_budget:
-        return Shape(pack_budget, train_cfg.rows, train_cfg.grad_accum, "pack" if b is None else "train")
-    ga, plan, source = train_cfg.grad_accum, None, "train"
-    if b == "auto":
-        from packtrain.config import PlanConfig
-        from packtrain.planner import choose_budget
-
-        b, ga, plan = choose_budget(model_cfg, train_cfg, plan_cfg or PlanConfig(), vocab_size=vocab_size,
-                                    reference_budget=pack_budget)
-        source = "auto"
-    rows = (int(b) * train_cfg.rows) // pack_budget
-    if rows < 1:
-        need = -(-pack_budget // train_cfg.rows)
-        raise ConfigError(f"train.budget {b} × train.rows {train_cfg.rows} = {int(b) * train_cfg.rows} tokens is "
-                          f"less than one pack ({pack_budget} tokens, the pack stage's budget): set train.budget ≥ "
-                          f"{need} or raise train.rows, or re-pack with `packtrain pack --set pack.budget=N` for some "
-                          f"2 ≤ N ≤ {int(b) * train_cfg.rows}")
-    return Shape(pack_budget, rows, int(ga), source, plan)
-
-
-@dataclass
 class StepInfo:
     grad_norm: Any                # float, None, or (CUDA, no scaler) a 0-d tensor the loop reads a step later
     skipped: bool             # fp16: inf/nan gradients → the optimizer step was skipped, scale halved
@@ -251,13 +207,10 @@ def oom_error(step: int, device, shape: Shape, model_cfg: ModelConfig, train_cfg
 
         total = torch.cuda.get_device_properties(device).total_memory / (1 << 30)
     plan, planned, hint = None, None, None
-    with contextlib.suppress(Exception):   # the plan of the shape that actually ran (rows may differ from cfg)
-        from packtrain.config import PlanConfig
-        from packtrain.planner import plan_memory
+    with contextlib.suppress(Exception):   # the plan of the shape that actually ran
+        from packtrain.planner import plan_shape
 
-        ran = train_cfg.model_copy(update={"rows": shape.rows, "grad_accum": shape.grad_accum})
-        plan = plan_memory(model_cfg, ran, shape.budget, plan_cfg or PlanConfig(), device_memory_gib=total,
-                           vocab_size=vocab_size)
+        plan = plan_shape(model_cfg, train_cfg, shape, plan_cfg, vocab_size, device=device, device_memory_gib=total)
     if plan is not None:
         planned = plan.peak_gib
         hint = plan.suggestion or None
@@ -269,7 +222,7 @@ def oom_error(step: int, device, shape: Shape, model_cfg: ModelConfig, train_cfg
         f"{shape.rows} rows × {shape.budget} tokens, grad_accum {shape.grad_accum}, "
         f"precision {train_cfg.precision}, activation_checkpointing {train_cfg.activation_checkpointing}."
         + (f" Planner: {hint}." if hint else "")
-        + " Lower train.rows or train.budget (or set train.budget=auto), set train.activation_checkpointing=full,"
+        + " Lower train.rows (or set train.rows=auto), set train.activation_checkpointing=full,"
           " train.loss=chunked, or train.engine=deepspeed with train.deepspeed.offload_optimizer=true.")
 
 
@@ -286,7 +239,8 @@ class Prefetcher:
         import queue
         import threading
 
-        self._loader, self._q = loader, queue.Queue(maxsize=depth)
+        self._loader = loader
+        self._q: queue.Queue[tuple[Any, dict | None]] = queue.Queue(maxsize=depth)
         self._state = loader.state_dict()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="packtrain-prefetch", daemon=True)
