@@ -161,7 +161,7 @@ STAGES: tuple[StageSpec, ...] = (
     StageSpec(
         name="train", inputs=("packs", "tokens"), output="model",
         config=("model", "train", "telemetry", "plan", "pack.budget"),
-        # the packed-batch loader lives in packing/, the planner decides train.budget=auto
+        # the packed-batch loader lives in packing/, the planner decides train.rows=auto
         code=("src/packtrain/model", "src/packtrain/train", "src/packtrain/packing", "src/packtrain/planner",
               "src/packtrain/telemetry", "src/packtrain/stages/train.py"),
         help="train the model on packed batches (AMP, checkpointing, ZeRO)",
