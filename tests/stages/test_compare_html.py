@@ -58,8 +58,9 @@ def report(tmp_path_factory):
                   Metric("useful_mfu", 0.022 - 0.004 * i + 0.001 * (step % 3), t0 + step, step),
                   Metric("dense_mfu", 0.026 - 0.004 * i, t0 + step, step)]
         for k in range(12):   # system series: step = ms since the sampler started
-            m += [Metric("system.utilization_pct", 40 + 30 * (k % 2) - 10 * i, t0 + k, 250 * k),
-                  Metric("system.memory_used_gib", 0.55 + 0.01 * k + 0.05 * i, t0 + k, 250 * k)]
+            m.append(Metric("system.utilization_pct", 40 + 30 * (k % 2) - 10 * i, t0 + k, 250 * k))
+        # one memory sample per run (a train stage shorter than two telemetry intervals): drawn as dots + a note
+        m.append(Metric("system.memory_used_gib", 0.55 + 0.05 * i, t0, 260 - 200 * i))
         finals = {"throughput.real_tokens_per_s": 8000 - 1500 * i, "throughput.useful_mfu": 0.022 - 0.004 * i,
                   "throughput.dense_mfu": 0.026 - 0.004 * i, "throughput.step_time_p50_s": 0.016 + 0.003 * i,
                   "system.utilization": 0.55 - 0.1 * i, "memory.cpu_peak_rss_gib": 0.66 + 0.05 * i,
@@ -150,6 +151,7 @@ def test_report_renders_in_headless_chromium(report, tmp_path, request):
                     text: document.body.innerText.length, height: document.documentElement.scrollHeight,
                     tables: document.querySelectorAll('table').length,
                     gate: [...document.querySelectorAll('p.gate')].map(p => p.innerText),
+                    notes: [...document.querySelectorAll('.curves p.note')].map(p => p.innerText),
                     images: [...document.images].map(i => {const r = i.getBoundingClientRect();
                         return {alt: i.alt, complete: i.complete, w: i.naturalWidth, h: i.naturalHeight,
                                 x: r.left + scrollX, y: r.top + scrollY, cw: r.width, ch: r.height}})};
@@ -176,6 +178,8 @@ def test_report_renders_in_headless_chromium(report, tmp_path, request):
     assert len(dom["gate"]) == 1 and dom["gate"][0].startswith("REGRESSION")   # the 2nd run is 19% slower
     assert [im["alt"] for im in dom["images"]] == [f"{g} curves" for g in
                                                    ("loss", "tokens/s", "MFU", "utilization", "memory")]
+    assert dom["notes"] == ["memory: one system.memory_used_gib point per run (the train stage took less than two "
+                            "telemetry samples, telemetry.interval_s)"]
     for im in dom["images"]:
         assert im["complete"] and im["w"] > 200 and im["h"] > 100 and im["cw"] > 200, im   # decoded and laid out
     assert shot[:8] == b"\x89PNG\r\n\x1a\n" and _colours(shot) > 50           # a page, not one colour

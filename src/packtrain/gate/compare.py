@@ -140,10 +140,8 @@ def compare_runs(run_refs: list[str] | None = None, experiment: str | None = Non
     sources = [load_run(client, c.run_id) for c in runs]   # the run trees as `packtrain gate` reads them
     all_names = sorted(set().union(*(src.metrics for src in sources)))
     metrics = {k: [_float(src.metrics.get(k)) for src in sources] for k in all_names}
-    curves, histories = fetch_curves(client, curve_runs)
-    for title, drawn in curves.items():
-        if not drawn:
-            notes.append(f"no {title} series in the compared runs' metric histories")
+    curves, histories, curve_notes = fetch_curves(client, curve_runs)
+    notes += curve_notes
     return Comparison(runs=runs, params_differ=_stage_order(differ), n_params=len(names), metrics=metrics,
                       headline=headline_rows(metrics), curves=curves, histories=histories,
                       gates=gate_runs(sources, rules), notes=notes)
@@ -231,24 +229,38 @@ def curve_metrics(names: set[str]) -> dict[str, list[str]]:
     return out
 
 
-def fetch_curves(client, curve_runs: list) -> tuple[dict[str, list[str]], dict[str, list[list]]]:
-    """Metric histories of the curve runs: (group → drawn metrics, metric → per run [(x, y)]). A metric is
-    drawn when some run has ≥ 2 points of it; packtrain's system.* series are logged at step = milliseconds
-    since the sampler started, so their x is converted to seconds."""
+def fetch_curves(client, curve_runs: list) -> tuple[dict[str, list[str]], dict[str, list[list]], list[str]]:
+    """Metric histories of the curve runs: (group → drawn metrics, metric → per run [(x, y)], notes).
+
+    A metric is drawn when some run has ≥ 2 points of it. A group with none falls back to its first preferred
+    metric with one point (a train stage shorter than two telemetry samples: `telemetry.interval_s`, 1 s,
+    against a 2-step CPU run), drawn as dots and said in a note. packtrain's system.* series are logged at
+    step = milliseconds since the sampler started, so their x is converted to seconds."""
     names = set().union(*(r.data.metrics for r in curve_runs)) if curve_runs else set()
     curves: dict[str, list[str]] = {}
     histories: dict[str, list[list]] = {}
+    notes: list[str] = []
+    preferred = {title: pref for title, _, pref in CURVES}
     for title, candidates in curve_metrics(names).items():
         drawn: list[str] = []
+        fetched: dict[str, list[list]] = {}
         for name in candidates:
             if len(drawn) == MAX_CURVES:
                 break
             per_run = [history(client, r.info.run_id, name) if name in r.data.metrics else [] for r in curve_runs]
+            fetched[name] = per_run
             if any(len(h) > 1 for h in per_run):
                 drawn.append(name)
                 histories[name] = per_run
+        single = next((n for n in preferred[title] if any(fetched.get(n, []))), None)
+        if not drawn and single is not None:
+            drawn, histories[single] = [single], fetched[single]
+            notes.append(f"{title}: one {single} point per run (the train stage took less than two telemetry "
+                         "samples, telemetry.interval_s)")
+        elif not drawn:
+            notes.append(f"no {title} series in the compared runs' metric histories")
         curves[title] = drawn
-    return curves, histories
+    return curves, histories, notes
 
 
 def history(client, run_id: str, name: str) -> list[tuple[float, float]]:

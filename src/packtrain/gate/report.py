@@ -133,7 +133,7 @@ def curve_figure(comp: Comparison, title: str) -> str | None:
         for run, hist in zip(comp.runs, comp.histories[name], strict=True):
             if hist:
                 xs, ys = zip(*hist, strict=True)
-                ax.plot(xs, ys, marker="." if len(hist) < 40 else None, label=run.label)
+                ax.plot(xs, ys, marker="o" if len(hist) == 1 else "." if len(hist) < 40 else None, label=run.label)
         ax.set_title(name, fontsize=9)
         ax.set_xlabel("seconds" if name.startswith("system.") else "step")
         ax.grid(alpha=0.3)
@@ -155,7 +155,7 @@ _CSS = ("body{font-family:system-ui,sans-serif;margin:2em;color:#222;background:
         "table{border-collapse:collapse;margin:.6em 0}td,th{border:1px solid #ccc;padding:3px 8px;font-size:13px;"
         "text-align:left}th{background:#f3f3f3}img{max-width:100%;display:block;margin:.6em 0}"
         ".PASS{color:#1a7f37}.REGRESSION,.MISSING{color:#cf222e}.note{color:#7a5a00}"
-        ".curves{display:flex;flex-wrap:wrap;gap:0 2em}.curves h3{margin:.8em 0 0}")
+        ".curves{display:flex;flex-wrap:wrap;gap:0 2em}.curves h3{margin:.8em 0 0}.curves p.note{max-width:30em}")
 
 
 def render_html(comp: Comparison) -> str:
@@ -187,9 +187,11 @@ def render_html(comp: Comparison) -> str:
             parts.append(f"<div><h3>{html.escape(title)}</h3><p class='note'>no {html.escape(title)} series in "
                          "these runs' metric histories</p></div>")
         else:
+            said = "".join(f"<p class='note'>{html.escape(n)}</p>" for n in comp.notes if n.startswith(f"{title}: "))
             parts.append(f"<div><h3>{html.escape(title)}</h3><img alt='{html.escape(title)} curves' "
-                         f"src='data:image/png;base64,{png}'></div>")
+                         f"src='data:image/png;base64,{png}'>{said}</div>")
     parts.append("</div>")
-    parts += [f"<p class='note'>note: {html.escape(n)}</p>" for n in comp.notes]
+    parts += [f"<p class='note'>note: {html.escape(n)}</p>" for n in comp.notes
+              if not any(n.startswith(f"{t}: ") and comp.curves[t] for t in comp.curves)]
     parts.append("</body></html>")
     return "\n".join(parts)
