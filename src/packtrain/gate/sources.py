@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 import re
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -94,7 +95,9 @@ def aggregate_values(values: list[float], aggregate: str) -> float:
     """last | median | mean | min | max of a non-empty list."""
     if aggregate == "last":
         return values[-1]
-    return {"median": statistics.median, "mean": statistics.fmean, "min": min, "max": max}[aggregate](values)
+    fns: dict[str, Callable[[list[float]], float]] = {"median": statistics.median, "mean": statistics.fmean,
+                                                      "min": min, "max": max}
+    return fns[aggregate](values)
 
 
 def needs_mlflow(spec: str) -> bool:

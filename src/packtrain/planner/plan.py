@@ -22,7 +22,7 @@ Example (350m-h200: 8 × 2048 tokens, bf16 autocast, varlen, no checkpointing, v
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal, cast
 
 from packtrain.errors import ConfigError
 from packtrain.planner import memory as mem
@@ -176,7 +176,8 @@ def resolve_device_memory_gib(plan_cfg: PlanConfig, device_memory_gib: float | N
 
 def plan_memory(model_cfg: ModelConfig, train_cfg: TrainConfig, budget: int, plan_cfg: PlanConfig,
                 device_memory_gib: float | None = None, *, vocab_size: int | None = None,
-                rows: int | None = None, grad_accum: int | None = None, gpus: int | None = None,
+                rows: int | Literal["auto"] | None = None, grad_accum: int | None = None,
+                gpus: int | None = None,
                 device: str | None = None, attention: str | None = None, suggest: bool = True) -> MemoryPlan:
     """Predict the peak memory of a training step of `rows` packs × `budget` tokens per micro-batch.
 
@@ -197,7 +198,7 @@ def plan_memory(model_cfg: ModelConfig, train_cfg: TrainConfig, budget: int, pla
     device = device or ("cpu" if train_cfg.device == "cpu" else "cuda")
     ga = grad_accum or train_cfg.grad_accum
     prec = mem.precision_of(train_cfg.engine, train_cfg.precision)
-    backend = attention or _backend(train_cfg, device)
+    backend = cast("mem.Backend", attention or _backend(train_cfg, device))
     chunk = _loss_chunk(train_cfg)
     n_tok = rows * budget
     ds = train_cfg.deepspeed

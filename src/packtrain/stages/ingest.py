@@ -9,6 +9,7 @@ the previous out_dir byte-identical, a successful one replaces it whole.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import cast
 
 from packtrain.config import RunConfig
 from packtrain.paths import RunPaths, staged_output
@@ -45,7 +46,7 @@ def run_ingest(cfg: RunConfig, out_dir: str | Path | None = None) -> IngestResul
         run.log_stats(result.to_dict())
         run.set_tags({"dvc.md5.source": input_md5, "dvc.md5.documents": result.output_md5,
                       "dvc.git_rev": result.lineage.git_sha})
-        src_path = Path(source) if source is not None else Path(next(iter(result.default_corpus["roots"].values())))
+        src_path = Path(source) if source is not None else Path(next(iter(cast(dict, result.default_corpus)["roots"].values())))
         run.log_dataset(src_path, "source", input_md5, context="input")
         run.log_dataset(out / DOCUMENTS_FILE, "documents", result.output_md5, context="output")
         run.log_artifact(tmp / STATS_FILE)

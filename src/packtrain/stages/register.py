@@ -62,6 +62,7 @@ def run_register(cfg: RunConfig, model_dir: str | Path, eval_dir: str | Path, tr
         out = run.submit(op)   # live: the result; store unreachable: None (buffered with a model copy)
         if out is None:
             client = run.client
+            assert client is not None   # tracking is enabled (checked above)
             lib = deferred_result(op, run.run_id, client.shown_uri, client.buffer_dir).to_dict()
         else:
             lib = LibraryResult(**out).to_dict()

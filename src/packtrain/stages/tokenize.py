@@ -55,7 +55,7 @@ def run_tokenize(cfg: RunConfig, docs_dir: str | Path | None = None, out_dir: st
             staged_output(out, OUTPUTS, "tokenize") as tmp:
         run.set_tags({"dvc.md5.documents": md5, "dvc.md5.tokenizer": tok_md5})
         run.log_dataset(docs, "documents", md5, context="input")
-        if tok_md5:
+        if tok_md5 and cfg.tokenize.tokenizer_dir:
             run.log_dataset(cfg.tokenize.tokenizer_dir, "tokenizer", tok_md5, context="input")
         stats = tokenize_documents(docs, tmp, tok_cfg, publish=False, tokenizer_from=init_from)
         run.set_tags({"packtrain.tokenizer_hash": stats.tokenizer_hash, "packtrain.tokenizer_from": init_from})

@@ -60,7 +60,7 @@ def origin_client(origin: dict, current: Any):
         from urllib.parse import urlsplit, urlunsplit
 
         parts = urlsplit(uri)
-        uri = urlunsplit(parts._replace(netloc=parts.hostname + (f":{parts.port}" if parts.port else "")))
+        uri = urlunsplit(parts._replace(netloc=(parts.hostname or "") + (f":{parts.port}" if parts.port else "")))
     return MlflowClient(uri)
 
 

@@ -28,7 +28,7 @@ import contextlib
 import os
 import socket
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from packtrain.errors import ConfigError
 from packtrain.train.runtime import StepInfo
@@ -39,8 +39,8 @@ if TYPE_CHECKING:
 LOSS_SCALE_WINDOW = 1000
 
 
-def build_deepspeed_config(train_cfg: TrainConfig, world_size: int = 1, rows: int | None = None,
-                           grad_accum: int | None = None) -> dict:
+def build_deepspeed_config(train_cfg: TrainConfig, world_size: int = 1,
+                           rows: int | Literal["auto"] | None = None, grad_accum: int | None = None) -> dict:
     """DeepSpeed JSON for `train_cfg` on `world_size` data-parallel ranks.
 
     `rows`/`grad_accum` override the config's (after `budget: auto` chose them).
@@ -56,6 +56,9 @@ def build_deepspeed_config(train_cfg: TrainConfig, world_size: int = 1, rows: in
     if ds.offload_optimizer and ds.zero_stage == 0:
         raise ConfigError("train.deepspeed.offload_optimizer: needs train.deepspeed.zero_stage ≥ 1")
     rows = rows or train_cfg.rows
+    if not isinstance(rows, int):
+        raise ConfigError("train.rows 'auto': build_deepspeed_config needs the planned rows (rows=, from "
+                          "packtrain.planner.choose_shape)")
     ga = grad_accum or train_cfg.grad_accum
     zero: dict[str, Any] = {"stage": ds.zero_stage}
     if ds.zero_stage >= 1:
