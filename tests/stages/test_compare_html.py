@@ -139,7 +139,8 @@ def _colours(png: bytes) -> int:
 
 @pytest.mark.skipif(not Path(CHROMIUM).is_file(), reason=f"no Chromium at {CHROMIUM}: `make chromium` installs Debian's "
                     "package (apt-get install chromium); `make test` does it first")
-def test_report_renders_in_headless_chromium(report, tmp_path, request):
+def test_report_renders_in_headless_chromium(report, tmp_path, request, capsys):
+    pytest.importorskip("websocket", reason="websocket-client (installed with kfp's kubernetes client) drives Chromium")
     browser = Browser(tmp_path / "profile")
     try:
         browser.call("Page.enable")
@@ -171,7 +172,8 @@ def test_report_renders_in_headless_chromium(report, tmp_path, request):
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(kept, ARTIFACTS / "compare-report.png")
     request.node.user_properties.append(("screenshot", str(ARTIFACTS / "compare-report.png")))
-    print(f"\ncompare report screenshot: {ARTIFACTS / 'compare-report.png'} (and {kept})")
+    with capsys.disabled():   # in the test output even without -s
+        print(f"\ncompare report screenshot: {ARTIFACTS / 'compare-report.png'} (and {kept})")
 
     assert dom["title"] == "packtrain compare" and dom["h1"] == "packtrain compare: 2 runs"
     assert dom["tables"] >= 4 and dom["text"] > 500 and dom["height"] > 600
