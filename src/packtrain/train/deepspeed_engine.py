@@ -43,7 +43,8 @@ def build_deepspeed_config(train_cfg: TrainConfig, world_size: int = 1,
                            rows: int | Literal["auto"] | None = None, grad_accum: int | None = None) -> dict:
     """DeepSpeed JSON for `train_cfg` on `world_size` data-parallel ranks.
 
-    `rows`/`grad_accum` override the config's (after `budget: auto` chose them).
+    `rows`/`grad_accum` override the config's (the shape packtrain.planner.choose_shape decided, e.g. for
+    train.rows: auto).
 
     >>> from packtrain.config import TrainConfig
     >>> c = build_deepspeed_config(TrainConfig(precision="bf16", rows=8, grad_accum=2), world_size=4)
