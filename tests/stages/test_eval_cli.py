@@ -15,6 +15,7 @@ import pytest
 
 from packtrain.cli import main
 from packtrain.evaluate.tiny import build_tiny_model_dir, write_tiny_packs
+from packtrain.stages.results import EvaluateResult, make_lineage
 
 TEXTS = ["def f(x):\n    return x\n", "import os\n", "The cat sat on the mat."] * 6
 
@@ -36,7 +37,12 @@ def inputs(tmp_path_factory):
     write_tiny_packs(root / "packs" / "eval", [rng.integers(0, 250, size=20) for _ in range(5)], budget=32)
     ev = root / "ev"
     ev.mkdir()
-    (ev / "eval_result.json").write_text(json.dumps({"eval_loss": 5.5, "perplexity": 244.7}))
+    EvaluateResult(   # what `packtrain evaluate` writes (register refuses anything else)
+        eval_loss=5.5, perplexity=244.7, n_label_tokens=95, n_real_tokens=100, n_slot_tokens=160, n_segments=5,
+        n_batches=1, n_batches_epoch=1, complete=True, seconds=0.1, tokens_per_s=1000.0, peak_memory_gib=None,
+        memory_kind="cpu_max_rss", device="cpu", precision="fp32", attention="sdpa", rows=5, budget=32,
+        model_dir=str(model), eval_split_dir=str(root / "packs" / "eval"), lineage=make_lineage({"model": "m"}),
+    ).write(ev)
     return root, model
 
 

@@ -35,7 +35,7 @@ def store(tmp_path):
 
 def _without_seconds(d):
     if isinstance(d, dict):
-        return {k: _without_seconds(v) for k, v in d.items() if not k.startswith("seconds")}
+        return {k: _without_seconds(v) for k, v in d.items() if not k.startswith("seconds") and k != "output"}
     return d
 
 

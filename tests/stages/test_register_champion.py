@@ -16,10 +16,13 @@ import torch
 
 from packtrain.cli import main
 from packtrain.evaluate.tiny import build_tiny_model_dir, write_tiny_packs
+from packtrain.stages.results import Lineage, TrainResult
 
 TEXTS = ["def area(r):\n    return 3.14159 * r * r\n", "import os\nimport sys\nprint(sys.argv)\n",
          "The quick brown fox jumps over the lazy dog. " * 3] * 8
 NAME = "tiny-lm"
+LINEAGE = Lineage(git_sha="abc123", code_version="0.1.0", input_md5={"packs": "p"},
+                  data_version="5d41402abc4b2a76b9719d911017c592", tokenizer_hash=None)
 
 
 @pytest.fixture
@@ -33,8 +36,7 @@ def setup(tmp_path, monkeypatch):
     docs = [rng.integers(0, len(tok), size=int(n)) for n in rng.integers(8, 60, size=12)]
     packs = tmp_path / "packs"
     write_tiny_packs(packs / "eval", docs, budget=64, pad_id=tok.eos_token_id, vocab_size=len(tok))
-    (packs / "pack_stats.json").write_text(json.dumps(
-        {"input_md5": "5d41402abc4b2a76b9719d911017c592", "train": {"fill": 0.991}, "eval": {"fill": 0.93}}))
+    (packs / "pack_stats.json").write_text(json.dumps({"lineage": LINEAGE.to_dict()}))   # evaluate reads the chain
     work = tmp_path / "run"
     sets = ["--set", f"workdir={work}", "--set", "evaluate.max_batches=null", "--set", "evaluate.rows=2",
             "--set", "evaluate.sample_tokens=4", "--set", f"register.model_name={NAME}",
@@ -53,7 +55,7 @@ def test_champion_challenger_and_load_back(setup, capsys):
     for s, d in models.items():
         assert main(["evaluate", *sets, "--model", str(d), "--packs", str(packs), "--out", str(tmp / f"ev-{s}")]) == 0
         ev = _json(tmp / f"ev-{s}" / "eval_result.json")
-        assert ev["complete"] and ev["lineage"]["input_md5"].startswith("5d41")
+        assert ev["complete"] and ev["lineage"]["data_version"].startswith("5d41")
         assert len(_json(tmp / f"ev-{s}" / "samples.json")) == 3
         losses[s] = ev["eval_loss"]
     best, mid, worst = sorted(losses, key=losses.get)
@@ -61,8 +63,12 @@ def test_champion_challenger_and_load_back(setup, capsys):
 
     train = tmp / "train-mid"
     train.mkdir()
-    (train / "train_result.json").write_text(json.dumps(
-        {"summary": {"useful_mfu": 0.42, "tokens_per_s": 1234.0}, "memory": {"peak_alloc_gib": 3.5}}))
+    TrainResult(
+        steps=2, start_step=0, tokens=10, label_tokens=9, slot_tokens=12, final_loss=3.0, loss_curve=[3.5, 3.0],
+        lr_curve=[1e-3, 1e-3], skipped_steps=0, compiles=None, recompiles=None, timings={},
+        throughput={"useful_mfu": 0.42, "real_tokens_per_s": 1234.0}, memory={"peak_alloc_gib": 3.5}, system={},
+        violations=[], telemetry_files=[], setup={}, params={}, model_dir=None, checkpoint=None, packing_fill=0.991,
+        lineage=LINEAGE).write(train)
 
     def register(s, train_dir, out, *extra):
         assert main(["register", *sets, *extra, "--model", str(models[s]), "--eval", str(tmp / f"ev-{s}"),
@@ -81,7 +87,7 @@ def test_champion_challenger_and_load_back(setup, capsys):
     r2 = register(worst, tmp / "no-train", "reg2")
     assert (r2["version"], r2["decision"], r2["champion_version"]) == ("2", "challenger", "1")
     assert r2["champion_value"] == pytest.approx(losses[mid]) and r2["candidate_value"] == pytest.approx(losses[worst])
-    assert set(r2["missing_tags"]) == {"mfu", "peak_memory_gib"}
+    assert set(r2["missing_tags"]) - {"git_sha"} == {"mfu", "peak_memory_gib", "packing_fill"}   # no train result
 
     r3 = register(best, tmp / "no-train", "reg3")
     assert (r3["version"], r3["decision"], r3["champion_version"]) == ("3", "champion", "3")

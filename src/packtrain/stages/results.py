@@ -53,7 +53,7 @@ def _check_keys(cls, d: Any, source: str) -> None:
     """Unknown or missing required keys → InputDataError naming `source`, the key and what is allowed."""
     if not isinstance(d, dict):
         raise InputDataError(f"{source}: expected a JSON object for {cls.__name__}, got {type(d).__name__}")
-    fields = {f.name: f for f in dataclasses.fields(cls)}
+    fields = {f.name: f for f in sorted(dataclasses.fields(cls), key=lambda f: f.name == "lineage")}   # as written
     unknown = [k for k in d if k not in fields]
     if unknown:
         raise _refuse(cls.__name__, source, f"unknown key {unknown[0]!r} (allowed: {', '.join(fields)})")
