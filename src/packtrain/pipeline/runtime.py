@@ -34,10 +34,10 @@ from typing import Any
 
 from packtrain.errors import ConfigError, MissingDataError, PacktrainError
 from packtrain.stages.table import STAGES, stage_spec
+from packtrain.tracking.context import PARENT_ENV  # noqa: F401  (re-exported: pipeline.local imports it from here)
 
 CACHE_ENV = "PACKTRAIN_STAGE_CACHE_DIR"
 ERROR_ENV = "PACKTRAIN_ERROR_FILE"
-PARENT_ENV = "PACKTRAIN_PARENT_RUN_ID"
 CODE_ENV = "PACKTRAIN_CODE_VERSION"
 
 STAGE_INPUTS: dict[str, tuple[str, ...]] = {s.name: s.inputs for s in STAGES}

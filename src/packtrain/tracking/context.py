@@ -5,8 +5,12 @@ from __future__ import annotations
 import functools
 import os
 import socket
-import subprocess
-from pathlib import Path
+
+from packtrain.versioning import git_sha  # noqa: F401  (the one git-HEAD lookup; re-exported for callers)
+
+PARENT_ENV = "PACKTRAIN_PARENT_RUN_ID"
+"""The MLflow run id of the pipeline's parent run: set by `packtrain run`/Airflow (packtrain.tracking.run.
+start_pipeline_run) or by the first KFP component (packtrain.pipeline.runtime); every stage run nests under it."""
 
 # Orchestrator run ids: KFP components get KFP_RUN_ID from the pipeline room's components; Airflow exports
 # AIRFLOW_CTX_* into every task's environment.
@@ -34,21 +38,6 @@ def process_rank() -> int:
 def is_rank_zero() -> bool:
     """Only rank 0 talks to MLflow; other ranks get no-op runs."""
     return process_rank() == 0
-
-
-@functools.lru_cache(maxsize=4)
-def git_sha(cwd: str | None = None) -> str | None:
-    """HEAD of the checkout in `cwd` (default: the current directory, then packtrain's source tree)."""
-    candidates = [cwd] if cwd else [os.getcwd(), str(Path(__file__).resolve().parents[3])]
-    for d in candidates:
-        try:
-            out = subprocess.run(["git", "-C", d, "rev-parse", "HEAD"], capture_output=True, text=True,
-                                 timeout=5)
-        except (OSError, subprocess.TimeoutExpired):
-            return None
-        if out.returncode == 0 and out.stdout.strip():
-            return out.stdout.strip()
-    return os.environ.get("PACKTRAIN_GIT_SHA")  # images built without .git pass it in
 
 
 @functools.lru_cache(maxsize=1)

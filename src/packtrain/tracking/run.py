@@ -33,11 +33,10 @@ from typing import Any
 
 from packtrain.config import RunConfig, flatten
 from packtrain.tracking.buffer import PENDING, BufferedClient
-from packtrain.tracking.context import base_tags, git_sha, is_rank_zero  # noqa: F401 (git_sha re-exported)
+from packtrain.tracking.context import PARENT_ENV, base_tags, git_sha, is_rank_zero  # noqa: F401 (re-exported)
 from packtrain.tracking.transport import short_http
 
 log = logging.getLogger(__name__)
-PARENT_ENV = "PACKTRAIN_PARENT_RUN_ID"
 STATUSES = ("FINISHED", "FAILED", "KILLED")
 _clients: dict[tuple[str, str], BufferedClient] = {}
 _clients_lock = threading.Lock()
