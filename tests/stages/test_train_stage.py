@@ -188,7 +188,7 @@ def test_more_gpus_than_the_machine_has_is_a_config_error(data, tmp_path, capsys
     args = _args(data, tmp_path / "o", "--gpus", "2")
     assert main(args) == 2
     err = capsys.readouterr().err
-    assert "--gpus 2: this machine has 1 CUDA device(s)" in err and "Traceback" not in err
+    assert "train.gpus=2: this machine has 1 CUDA device(s)" in err and "Traceback" not in err
     assert not (tmp_path / "o").exists()
 
 

@@ -25,17 +25,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(default 10; 0: every update; ignored with --verbose)")
     parser.add_argument("--json", dest="json_out", metavar="PATH",
                         help="also write the run's stats + summary as JSON to PATH")
+    from packtrain.commands.train import add_gpus_argument
+
+    add_gpus_argument(parser)   # --gpus N = --set train.gpus=N: the train stage launches N ranks
 
 
 def run(cfg, args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from packtrain.paths import write_json
-    from packtrain.pipeline.local import run_local
-
+    from packtrain.commands.train import check_gpus
     from packtrain.errors import ConfigError
-    from packtrain.pipeline.local import PROGRESS_S
+    from packtrain.paths import write_json
+    from packtrain.pipeline.local import PROGRESS_S, run_local
 
+    check_gpus(args)
     if args.progress is not None and not args.progress >= 0:
         raise ConfigError(f"--progress {args.progress}: must be a number of seconds ≥ 0")
     result = run_local(cfg, verbose=args.verbose, use_cache=False if args.no_cache else None,
