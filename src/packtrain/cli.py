@@ -29,12 +29,8 @@ COMMANDS: dict[str, str] = {
 
 LOCKED = (*STAGE_NAMES, "run", "mlflow")
 """Commands that write into the workdir: they hold its lock (packtrain.pipeline.lock) while they run. Not the
-ranks of a distributed launch (RANK set by torchrun): `--gpus N` holds the lock for its workers, and a multi-node
-job's ranks are one run, scheduled as one by the cluster."""
-
-EXIT_FILE_ENV = "PACKTRAIN_EXIT_FILE"
-"""Set by `train --gpus N` for its workers: rank 0 writes its PacktrainError's exit code there, so the launcher
-exits with it (2, 8, ...) instead of torchrun's generic 1."""
+ranks of a distributed launch (RANK set by torchrun): `--gpus N` holds the lock for its ranks (packtrain.train.launch
+starts them), and a multi-node job's ranks are one run, scheduled as one by the cluster."""
 
 
 def _module(name: str):
@@ -98,9 +94,6 @@ def main(argv: list[str] | None = None) -> int:
         from packtrain.secrets import redact_text
 
         print(f"error: {redact_text(str(e))}", file=sys.stderr)   # messages may quote a URI with credentials
-        if os.environ.get(EXIT_FILE_ENV) and os.environ.get("RANK", "0") == "0":
-            with open(os.environ[EXIT_FILE_ENV], "w", encoding="utf-8") as f:
-                f.write(str(e.exit_code))
         return e.exit_code
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
