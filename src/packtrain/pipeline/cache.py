@@ -31,41 +31,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from packtrain.paths import write_json
-
-CHUNK = 1 << 20
-
-
-def file_md5(path: Path) -> str:
-    """md5 of one file's bytes (hex)."""
-    h = hashlib.md5()
-    with open(path, "rb") as f:
-        while chunk := f.read(CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
+from packtrain.paths import staged_output, write_json
+from packtrain.versioning import code_version  # noqa: F401  (re-exported: the one code-version string)
 
 
 def dir_md5(path: str | Path) -> str:
-    """md5 over a directory tree: relative paths (sorted) and file contents; a file hashes as itself.
+    """DVC md5 of a file or directory tree (packtrain.versioning.data_md5: names + contents), "missing" when
+    absent. Dotfiles (`.x.tmp`, `.packtrain-*`) are skipped: they are never stage outputs.
 
     >>> # dir_md5("a/") == dir_md5("copy_of_a/") for identical trees; renaming one file changes it.
-    Dotfiles (`.x.tmp`, `.packtrain-*`) are skipped: they are never stage outputs.
     """
+    from packtrain.versioning import data_md5
+
     p = Path(path)
-    if p.is_file():
-        return file_md5(p)
-    if not p.is_dir():
-        return "missing"
-    h = hashlib.md5()
-    for f in sorted(q for q in p.rglob("*") if q.is_file()):
-        rel = f.relative_to(p)
-        if any(part.startswith(".") for part in rel.parts):
-            continue
-        h.update(str(rel.as_posix()).encode())
-        h.update(b"\0")
-        h.update(file_md5(f).encode())
-        h.update(b"\n")
-    return h.hexdigest()
+    return data_md5(p, skip_hidden=True) if p.exists() else "missing"
 
 
 def source_md5() -> str:
@@ -78,26 +57,6 @@ def source_md5() -> str:
         h.update(f.relative_to(root).as_posix().encode())
         h.update(f.read_bytes())
     return h.hexdigest()
-
-
-def code_version() -> str:
-    """`0.1.0+g<sha12>` when the package sits in a git checkout, else the package version."""
-    import packtrain
-
-    sha = git_sha_of(Path(packtrain.__file__).parent)
-    return f"{packtrain.__version__}+g{sha[:12]}" if sha else packtrain.__version__
-
-
-def git_sha_of(path: Path) -> str | None:
-    """HEAD of the git checkout containing `path`, or None (installed package, no git)."""
-    import subprocess
-
-    try:
-        out = subprocess.run(["git", "-C", str(path), "rev-parse", "HEAD"], capture_output=True, text=True,
-                             timeout=5)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return out.stdout.strip() or None if out.returncode == 0 else None
 
 
 def stage_cache_key(stage: str, inputs: dict[str, str | Path], config_parts: dict[str, Any],
@@ -149,15 +108,9 @@ class StageCache:
 
     def restore(self, hit: CacheHit, out_dir: str | Path) -> None:
         """Materialize a cached output at `out_dir` (hard links; copies across file systems)."""
-        out = Path(out_dir)
-        if out.exists():
-            shutil.rmtree(out) if out.is_dir() else out.unlink()
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_name(f".{out.name}.restore")
-        if tmp.exists():
-            shutil.rmtree(tmp)
-        shutil.copytree(hit.entry_dir / "out", tmp, copy_function=_link_or_copy)
-        tmp.replace(out)
+        # built next to out_dir, then swapped in as one unit (packtrain.paths.publish_dir)
+        with staged_output(out_dir, what=f"{hit.entry_dir.parent.name} cache restore") as tmp:
+            shutil.copytree(hit.entry_dir / "out", tmp, dirs_exist_ok=True, copy_function=_link_or_copy)
 
     def store(self, stage: str, key: str, out_dir: str | Path, stats, parts: dict) -> Path:
         """Keep a copy of `out_dir` (hard links where possible) and the stats (a typed result or its dict)
@@ -166,16 +119,10 @@ class StageCache:
 
         stats = as_dict(stats)
         entry = self._entry(stage, key)
-        tmp = entry.with_name(f".{key}.tmp{os.getpid()}")
-        if tmp.exists():
-            shutil.rmtree(tmp)
-        tmp.mkdir(parents=True)
-        shutil.copytree(out_dir, tmp / "out", copy_function=_link_or_copy)
-        write_json(tmp / "entry.json", {"stage": stage, "key": key, "stats": stats,
-                                        "created": time.strftime("%Y-%m-%dT%H:%M:%S"), "parts": parts})
-        if entry.exists():
-            shutil.rmtree(entry)
-        tmp.replace(entry)
+        with staged_output(entry, what=f"{stage} cache entry") as tmp:   # a crash never leaves a half entry
+            shutil.copytree(out_dir, tmp / "out", copy_function=_link_or_copy)
+            write_json(tmp / "entry.json", {"stage": stage, "key": key, "stats": stats,
+                                            "created": time.strftime("%Y-%m-%dT%H:%M:%S"), "parts": parts})
         return entry
 
 
