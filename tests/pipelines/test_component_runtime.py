@@ -1,5 +1,7 @@
 """`run_stage_component` as it runs in a cluster pod: config from one JSON string, the KFP run id on the
-MLflow runs, the parent run opened by the first stage and found by the next (separate pods: no env)."""
+MLflow runs, the parent run opened by the first stage and found by the next (separate pods: no env), and the
+train component on train.gpus=2 launching its own ranks (rank 0's error and exit code reach the component).
+The successful 2-rank train component runs in tests/pipelines/test_wheel_ir.py, from the installed wheel."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ import pytest
 from pipeline_helpers import tiny_corpus, tiny_settings
 
 from packtrain.config import load_run_config
-from packtrain.errors import ConfigError, ValidationFailed
+from packtrain.errors import ConfigError, TrainingDiverged, ValidationFailed
 from packtrain.pipeline.runtime import ERROR_ENV, PARENT_ENV, config_from_text, run_stage_component
 
 
@@ -62,3 +64,29 @@ def test_pods_share_one_parent_run_by_kfp_run_id(tmp_path, monkeypatch):
         run_stage_component("validate", bad, {"documents": str(docs)}, str(tmp_path / "art" / "report2"))
     err = json.loads((tmp_path / "err.json").read_text())
     assert err["stage"] == "validate" and err["exit_code"] == 4 and "report" in err["message"].lower()
+
+
+@pytest.mark.slow
+def test_two_rank_train_component_raises_rank0_error_with_its_exit_code(tmp_path, monkeypatch):
+    """The KFP train component's body with train.gpus=2: the stage launches two gloo ranks through torchrun
+    (packtrain.train.launch); both diverge at step 2 (fault hook), and rank 0's TrainingDiverged — not torchrun's
+    generic failure — reaches the component with exit code 8, recorded for `packtrain run`."""
+    from packtrain.train.synthetic import make_synthetic_inputs
+
+    tokens, packs = make_synthetic_inputs(tmp_path / "in", n_docs=120, vocab_size=128, budget=128, seed=1)
+    cfg = load_run_config("tiny-cpu", [
+        "model.hidden_size=32", "model.intermediate_size=64", "model.num_heads=2", "train.gpus=2", "train.rows=2",
+        "train.max_steps=3", "train.warmup_steps=1", "train.threads=1", "telemetry.interval_s=5",
+        f"workdir={tmp_path / 'wd'}", "tracking.enabled=false"])
+    monkeypatch.setenv(ERROR_ENV, str(tmp_path / "err.json"))
+    monkeypatch.setenv("PACKTRAIN_FAULT", "train.nan_loss@2")
+    out = tmp_path / "art" / "model"
+    with pytest.raises(TrainingDiverged, match="training diverged at step 2") as e:
+        run_stage_component("train", json.dumps(cfg.to_dict()), {"packs": str(packs), "tokens": str(tokens)},
+                            str(out))
+    assert e.value.exit_code == 8
+    err = json.loads((tmp_path / "err.json").read_text())
+    assert err["stage"] == "train" and err["exit_code"] == 8 and err["type"] == "TrainingDiverged"
+    log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log] == [1]          # rank 0 trained step 1 with its peer, then stopped
+    assert not (out / "model").exists()
