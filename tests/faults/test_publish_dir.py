@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from packtrain import paths
+from packtrain import publish
 from packtrain.errors import ConfigError, PacktrainError
 from packtrain.paths import FAULT_ENV, clean_stale, publish_dir, replace_dir, staged_output, staging_dir
 
@@ -82,7 +82,7 @@ def test_sigkill_at_each_publish_point_leaves_old_or_new_whole(tmp_path, mode, p
 
 @pytest.fixture
 def fresh_counter(monkeypatch):
-    monkeypatch.setattr(paths, "_fault_counter", itertools.count())
+    monkeypatch.setattr(publish, "_fault_counter", itertools.count())
 
 
 def _stage(dst: Path, tag: str) -> None:
