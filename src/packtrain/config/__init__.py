@@ -65,10 +65,9 @@ class RunConfig(StrictModel):
     def to_yaml(self, path: Path) -> None:
         import yaml
 
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(path.suffix + ".tmp")
-        tmp.write_text(yaml.safe_dump(self.to_dict(), sort_keys=False), encoding="utf-8")
-        tmp.replace(path)
+        from packtrain.publish import atomic_write_text
+
+        atomic_write_text(path, yaml.safe_dump(self.to_dict(), sort_keys=False))
 
 
 def recipe_dir() -> Path:
