@@ -19,7 +19,8 @@ credentials come from MLFLOW_TRACKING_USERNAME/PASSWORD, as for replays). An ori
 (deleted store, server down, a pending id never replayed) never fails the pipeline: the result says why
 (`{"copied": False, "reason": ...}`) and packtrain.pipeline.local logs the cached stats instead.
 Writes go through the BufferedClient, so a copy made while the destination store is down is replayed later.
-Cost (tiny pipeline, sqlite): ~0.1 s a stage; a server adds one HTTP call per metric key and artifact.
+Cost (tiny pipeline, sqlite): 0.1–0.3 s a stage, 1.2 s for all seven; a server adds one HTTP call per metric
+key and per artifact file.
 """
 
 from __future__ import annotations
