@@ -54,7 +54,8 @@ PROGRESS_S = 10.0
 
 
 class _StageLog:
-    """A stdout stand-in: everything goes to the log file; the terminal gets one line per stage."""
+    """A stdout stand-in: everything goes to the log file; the terminal gets one line per stage, plus a progress
+    line of the running stage at most every `progress_s` seconds (packtrain.pipeline.progress)."""
 
     def __init__(self, path: Path, out, verbose: bool, progress_s: float = PROGRESS_S):
         from packtrain.pipeline.progress import Progress
@@ -299,6 +300,10 @@ def _run_local(cfg, *, verbose: bool, use_cache: bool | None, out, progress_s: f
         stages = {s: json.loads(task.outputs[s]) for s in STAGES if task.outputs.get(s)}
         if parent:
             log_cached_stage_runs(parent, cfg, stages)
+        else:   # no run of ours: a restored stage's "mlflow_run" is its origin's
+            for st in stages.values():
+                if st.get("cache") == "hit":
+                    st["restored_from"] = st.pop("mlflow_run", None)
         status = "FINISHED"
     except KeyboardInterrupt:
         status = "KILLED"
