@@ -10,7 +10,8 @@
    MLflow run (tag `packtrain.pipeline_run=<kfp run id>`) so stage runs nest under it;
 3. when PACKTRAIN_STAGE_CACHE_DIR is set (only `packtrain run` sets it), looks the stage up in the stage
    cache (packtrain.pipeline.cache) and restores the output on a hit (`packtrain run` then logs the stage
-   run under the parent, tagged `packtrain.cache=hit`, with the cached stats);
+   run under the parent, tagged `packtrain.cache=hit`: a copy of the run that produced the output, whose id
+   the runner's stats carry as `mlflow_run`; packtrain.tracking.restore);
 4. otherwise calls the stage runner (packtrain.stages.<stage>.run_<stage>) with the artifact directories;
 5. on a PacktrainError writes {"stage", "message", "exit_code"} to PACKTRAIN_ERROR_FILE (when set) so
    `packtrain run` can report it without parsing logs, then re-raises.
