@@ -90,7 +90,7 @@ def test_dag_runs_skips_and_stops_on_bad_data(airflow_env, tiny_pipeline, tmp_pa
     assert third["run_pipeline"] == third["report"] == "upstream_failed"
 
     state = json.loads((tiny_pipeline["workdir"] / "airflow" / "last_data_version.json").read_text())
-    assert state["registered"] == {"model_name": "packtrain-lm", "version": "1", "alias": "champion"}
+    assert state["registered"] == {"model_name": "packtrain-lm", "version": "1", "alias": "champion"}, log[-8000:]
     assert state["version"].endswith(".dir")  # the DVC md5 of the (first) corpus folder
     from packtrain.versioning import data_md5
 
