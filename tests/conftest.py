@@ -44,7 +44,7 @@ def _isolated_mlflow(monkeypatch, tmp_path):
 # Under pytest-xdist (`make test` runs `-n 2 --dist loadfile`) the slowest files start first, so the two workers
 # finish together instead of one waiting out a 4-minute DVC chain at the end.
 _SLOW_FIRST = ("test_dvc.py", "test_local_pipeline.py", "test_airflow_dag.py", "test_train_deepspeed.py",
-               "test_warm_start_run.py", "test_secrets_full_run.py", "test_train_faults.py", "test_train_stage.py",
+               "test_warm_start_run.py", "test_secrets_full_run.py", "test_wheel_ir.py", "test_train_faults.py", "test_train_stage.py",
                "test_publish_stages.py")
 
 
