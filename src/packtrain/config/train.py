@@ -22,6 +22,7 @@ from packtrain.config.base import (
     PositiveInt,
     Seed,
     StrictModel,
+    Word,
 )
 
 Beta = Annotated[Float, Field(ge=0, lt=1)]
@@ -149,6 +150,30 @@ class DeepSpeedOptions(StrictModel):
         return self
 
 
+class AdapterConfig(StrictModel):
+    """A parameter-efficient adapter trained instead of the full model (packtrain.model.adapter, through peft).
+
+    LoRA (Hu et al.): every target linear W (out × in) gets W + (alpha/r)·B·A with A (r × in), B (out × r);
+    only A and B train — Σ r·(in + out) parameters over the targets (Llama-3-8B, r 16, all linears: 42M of
+    8.0B, 0.5%). The base is frozen: no gradients, no optimizer states; under bf16/fp16 it is held in that
+    dtype (2 B/param) since no update needs an fp32 master copy. Checkpoints and model/ hold the adapter only."""
+
+    type: Literal["none", "lora"] = "none"
+    """none: train every parameter (full fine-tune); lora: a LoRA adapter over a frozen base (model.init_from)."""
+    r: PositiveInt = 16
+    """LoRA rank: A is (r × in), B is (out × r)."""
+    alpha: PositiveFloat = 32.0
+    """LoRA scaling numerator: the update is (alpha / r)·B·A (alpha = 2·r is the common choice)."""
+    dropout: Annotated[Float, Field(ge=0, lt=1)] = 0.0
+    """Dropout on the LoRA branch's input, 0 ≤ p < 1 (0: none)."""
+    target_modules: Literal["all-linear"] | Annotated[list[Word], Field(min_length=1)] = "all-linear"
+    """Which linears get an adapter: 'all-linear' (every linear in the decoder layers, not the LM head — peft's
+    rule), or module-name suffixes, e.g. [q_proj, v_proj]."""
+    save_merged: bool = False
+    """Also write model/merged/: the adapter merged into the base (peft merge_and_unload, fp32), a plain
+    save_pretrained directory that loads with AutoModelForCausalLM alone."""
+
+
 class TrainConfig(StrictModel):
     """The train stage: engine, precision, memory techniques, schedule."""
 
@@ -195,6 +220,13 @@ class TrainConfig(StrictModel):
     fused: Liger's fused linear cross-entropy on CUDA (no full logits, no recompute), else chunked."""
     loss_chunk_tokens: PositiveInt = 2048
     """Tokens per chunk for loss: chunked ((chunk, vocab) fp32 logits live at a time: 2048 × 32768 → 256 MiB)."""
+    loss_on: Literal["all", "assistant", "completion"] = "all"
+    """Which tokens carry the loss: all (plain text, every token after a document start); assistant (chat
+    records: assistant turns incl. their end-of-turn token); completion (prompt/completion records: the
+    completion). Tokens outside get label -100 in every packing layout (the token store's loss_mask), and the
+    loss is the token mean over the remaining tokens of the accumulation window; evaluation uses the same."""
+    adapter: AdapterConfig = AdapterConfig()
+    """LoRA adapter over a frozen base (type lora), or none (full fine-tune)."""
     checkpoint: CheckpointConfig = CheckpointConfig()
     deepspeed: DeepSpeedOptions = DeepSpeedOptions()
     log_every: PositiveInt = 1
@@ -202,3 +234,10 @@ class TrainConfig(StrictModel):
     """Set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True before CUDA initializes."""
     threads: PositiveInt | None = None
     """torch CPU threads (None → torch's default)."""
+
+    @model_validator(mode="after")
+    def _adapter_engine(self):
+        if self.adapter.type != "none" and self.engine == "deepspeed":
+            raise ValueError("train.adapter.type=lora runs on train.engine=torch only (a frozen base needs no "
+                             "ZeRO partitioning of optimizer states): set train.engine=torch")
+        return self
