@@ -17,8 +17,9 @@ which per-step series is its history:
     ('pack.fill', 'evaluate.tokens_per_s')
 
 Any other stage-run metric maps to `<stage>.<its name>` (`pack` run `train.n_packs` → `pack.train.n_packs`),
-which is again the pipeline run's name. `python -m packtrain.gate.metrics --write docs/metrics.md`
-regenerates the table in the docs (a test fails when they differ).
+which is again the pipeline run's name. Regenerate the table of docs/metrics.md (a test fails when it differs):
+
+    python -c "import packtrain.gate.metrics as m; m.main(['--write', 'docs/metrics.md'])"
 """
 
 from __future__ import annotations
@@ -126,32 +127,36 @@ def metrics_table() -> str:
     return "\n".join(rows)
 
 
-BEGIN, END = "<!-- BEGIN generated: python -m packtrain.gate.metrics -->", "<!-- END generated -->"
+BEGIN, END = "<!-- BEGIN generated from packtrain.gate.metrics.GATE_METRICS -->", "<!-- END generated -->"
 
 
-def render_doc(text: str) -> str:
-    """`text` (docs/metrics.md) with the part between BEGIN and END replaced by `metrics_table()`."""
-    head, sep, rest = text.partition(BEGIN)
+def render_doc(text: str, begin: str = BEGIN, table: str | None = None) -> str:
+    """`text` with the part between `begin` and END replaced by `table` (default: `metrics_table()`)."""
+    head, sep, rest = text.partition(begin)
     _, sep2, tail = rest.partition(END)
     if not sep or not sep2:
-        raise ValueError(f"docs/metrics.md lacks the markers {BEGIN!r} … {END!r}")
-    return f"{head}{BEGIN}\n{metrics_table()}\n{END}{tail}"
+        raise ValueError(f"the document lacks the markers {begin!r} … {END!r}")
+    return f"{head}{begin}\n{metrics_table() if table is None else table}\n{END}{tail}"
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m packtrain.gate.metrics` prints the table; `--write PATH` rewrites PATH's generated part."""
+    """No argument: print the table; `--write PATH`: rewrite PATH's generated part (module doc); PATH
+    docs/gate.md gets the built-in rules table (packtrain.gate.noise.rules_table)."""
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--write"] and len(argv) == 2:
         from pathlib import Path
 
+        from packtrain.gate.noise import BEGIN_RULES, rules_table
         from packtrain.paths import atomic_write_text
 
         path = Path(argv[1])
-        atomic_write_text(path, render_doc(path.read_text(encoding="utf-8")))
+        text = path.read_text(encoding="utf-8")
+        new = render_doc(text, BEGIN_RULES, rules_table()) if BEGIN_RULES in text else render_doc(text)
+        atomic_write_text(path, new)
         print(f"wrote {path}")
         return 0
     if argv:
-        print("usage: python -m packtrain.gate.metrics [--write docs/metrics.md]", file=sys.stderr)
+        print("usage: main(['--write', 'docs/metrics.md'])", file=sys.stderr)
         return 2
     print(metrics_table())
     return 0

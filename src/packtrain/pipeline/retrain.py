@@ -3,8 +3,18 @@
     detect_data_version(cfg)  → {"version", "previous", "changed", "source"}     skip the run when unchanged
     validate_data(cfg, dir)   → validate stats (raises ValidationFailed: nothing is trained)
     run_pipeline(cfg, version)→ {"mode", "registered": {"model_name", "version", "alias"},
-                                 "warm_start": {"init_from", "resolved", "parent_version", "fallback_reason"}, ...}
+                                 "warm_start": {"init_from", "resolved", "parent_version", "fallback_reason"},
+                                 "gate": {"verdict", "baseline", ...}, ...}   raises GateFailed (below)
     record_version(cfg, version, registered)   the state file, written only after a successful run
+
+Gate: a scheduled run gates itself against the champion before it moves the alias. `scheduled(cfg)` turns
+`register.gate` on (unless the recipe set it), so the register stage lets a version that beats the champion's
+loss take the alias only if its training run passes `packtrain gate` against the champion's training run
+(packtrain.evaluate.champion; built-in noise-aware rules, or `register.gate_rules`). When it does not, the
+champion stays where it is, the new version becomes challenger (its tags `gate`, `gate_failed`,
+`decision_reason` say why; the register run holds gate/gate.md) and `run_pipeline` raises
+packtrain.gate.GateFailed: exit code 1 for a regression, 2 for missing data (as `packtrain gate`). The
+Airflow task fails with that message, the data version is not recorded, and the next schedule tries again.
 
 Warm start: the DAG's default recipe (recipes/retrain-cpu.yaml) sets `model.init_from: champion`, so each run
 continues the registered champion — the pipeline's tokenize and train stages resolve it
@@ -97,15 +107,17 @@ def run_pipeline(cfg, version: str, *, wait: bool = True) -> dict:
     the registry. Returns {"mode", "registered", ...}."""
     from packtrain.errors import PacktrainError
 
+    cfg = scheduled(cfg)
     if cfg.pipeline.mode == "local":
         from packtrain.pipeline.local import run_local
 
         res = run_local(cfg)
         s = res["summary"]
         name = s.get("model_name") or cfg.register_.model_name
-        return {"mode": "local", "seconds": res["seconds"], "parent_run_id": res["parent_run_id"],
-                "registered": {"model_name": name, "version": s.get("version"), "alias": s.get("alias")},
-                "warm_start": warm_start_of(cfg, name, s.get("version"))}
+        out = {"mode": "local", "seconds": res["seconds"], "parent_run_id": res["parent_run_id"],
+               "registered": {"model_name": name, "version": s.get("version"), "alias": s.get("alias")},
+               "warm_start": warm_start_of(cfg, name, s.get("version"))}
+        return {**out, "gate": check_gate(cfg, name, s.get("version"))}
     from packtrain.pipeline.kfp_ops import submit, wait_for_run
 
     sub = submit(cfg.pipeline.kfp_host or "", cfg=cfg, data_version=version)
@@ -116,7 +128,45 @@ def run_pipeline(cfg, version: str, *, wait: bool = True) -> dict:
         raise PacktrainError(f"KFP run {sub['run_id']} ended {state}: {sub['url']}")
     reg = registered_model(cfg)
     return {"mode": "cluster", **sub, "state": state, "registered": reg,
-            "warm_start": warm_start_of(cfg, reg["model_name"], reg["version"])}
+            "warm_start": warm_start_of(cfg, reg["model_name"], reg["version"]),
+            "gate": check_gate(cfg, reg["model_name"], reg["version"])}
+
+
+def scheduled(cfg):
+    """The config a scheduled run uses: `register.gate` None → True (module doc); an explicit value stays."""
+    if cfg.register_.gate is not None:
+        return cfg
+    return cfg.model_copy(update={"register_": cfg.register_.model_copy(update={"gate": True})})
+
+
+def check_gate(cfg, name: str, version: str | None) -> dict:
+    """The gate verdict the register stage tagged on `version`: {} when it was not gated (first champion, lost
+    on loss, deferred); raises GateFailed when the gate did not pass (the champion stayed where it was)."""
+    if not version:
+        return {}
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    from packtrain.gate import GateFailed
+    from packtrain.tracking import resolve_tracking_uri
+
+    uri = resolve_tracking_uri(cfg)
+    client = mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri)
+    try:
+        mv = client.get_model_version(name, version)
+    except MlflowException:
+        return {}
+    t = mv.tags
+    if "gate" not in t:
+        return {}
+    gate = {"verdict": t["gate"], "exit_code": int(t.get("gate_exit_code", 0)), "baseline": t.get("gate_baseline"),
+            "failed": t.get("gate_failed", ""), "register_run_id": mv.run_id}
+    if gate["exit_code"] != 0:
+        raise GateFailed(
+            f"scheduled run: {name} v{version} did not pass the gate against the champion {gate['baseline']}: "
+            f"{gate['verdict']} — {gate['failed']}. The champion alias stays where it was; v{version} is "
+            f"challenger. Table: artifact gate/gate.md of register run {mv.run_id}", gate["exit_code"])
+    return gate
 
 
 def warm_start_of(cfg, name: str, version: str | None) -> dict:
