@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: everything the GPU issues need, each part bounded, logs + JSON under $OUT.
 #   bash bench/gpu_session.sh PART...   parts: env bench350 bench350c bench1b benchf tests smoke memhead isotests telemetry calib scale
-#                                       family qwen05 qwen15
+#                                       family qwen05 qwen15 lora
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export TQDM_DISABLE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false PYTHONPATH=$PWD/src
@@ -44,6 +44,8 @@ for part in "$@"; do
               --out $OUT/gpu_bench_qwen2_0.5b.json ${BENCH_ARGS:-} 2>&1 | grep -v Warning | tee $OUT/qwen05.log | tail -14;;
     qwen15) timeout 420 python3 bench/gpu_bench.py --model qwen2-1.5b --variants ef --loss fused --steps 20 --warmup 6 \
               --out $OUT/gpu_bench_qwen2_1.5b.json ${BENCH_ARGS:-} 2>&1 | grep -v Warning | tee $OUT/qwen15.log | tail -14;;
+    lora) timeout ${LORA_TIMEOUT:-480} python3 bench/lora_bench.py --steps ${LORA_STEPS:-10} --warmup ${LORA_WARMUP:-4} \
+            --out-dir $OUT ${BENCH_ARGS:-} 2>&1 | grep -v Warning | tee $OUT/lora_bench.log | tail -16;;
     calib) timeout 130 python3 bench/memory_calibration.py $OUT/memory_plan_calibration.json --max-seconds 250 2>&1 | tail -20;;
     *) echo "unknown part $part";;
   esac
