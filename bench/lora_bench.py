@@ -157,10 +157,10 @@ def run_transformers_peft(spec: dict, docs, args, device) -> dict:
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-        losses.append(float(loss))   # syncs: the step is done
+        losses.append(float(loss.detach()))   # syncs: the step is done
         sync()
         times.append(time.perf_counter() - t0)
-    steady = list(zip(batches, times))[args.warmup:]
+    steady = list(zip(batches, times, strict=True))[args.warmup:]
     rates = [b["real"] / dt for b, dt in steady]
     seq_lens = [s for b, _ in steady for s in b["seq_lens"]]
     useful, hw = flops_per_real_token(spec, args.r, seq_lens)
