@@ -36,6 +36,7 @@ class ParamCount:
     total: int          # unique parameters (tied embedding counted once)
     embedding: int      # input embedding (+ LM head when untied)
     non_embedding: int  # total - embedding: the N of 6·N FLOPs per token
+    trainable: int | None = None   # parameters with gradients when fewer than total (LoRA: the adapter only)
 
     def to_dict(self) -> dict:
         return asdict(self)

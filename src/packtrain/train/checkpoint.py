@@ -3,6 +3,8 @@
     <out_dir>/checkpoints/
       step_000010/
         model.safetensors   weights (torch engine; tied embedding stored once)
+        adapter.safetensors instead of model.safetensors with train.adapter lora: the trainable (LoRA A/B)
+                            tensors only — the frozen base is rebuilt from model.init_from (or the seed)
         optimizer.pt        optimizer.state_dict() (tensors only: torch.load(weights_only=True))
         rng.pt              torch CPU + CUDA RNG states
         deepspeed/...       engine.save_checkpoint output instead of the two files above (engine: deepspeed)
@@ -291,25 +293,50 @@ def read_state(path: Path) -> dict:
     return state
 
 
-def torch_payload_writer(model, optimizer) -> Callable[[Path], None]:
-    """Payload of the torch engine: weights as safetensors (shared tensors stored once) + optimizer state."""
+ADAPTER_FILE = "adapter.safetensors"
+
+
+def torch_payload_writer(model, optimizer, trainable_only: bool = False) -> Callable[[Path], None]:
+    """Payload of the torch engine: weights as safetensors (shared tensors stored once) + optimizer state.
+    `trainable_only` (LoRA): adapter.safetensors with the parameters that train, nothing of the frozen base
+    (tiny-cpu r 16: 154 KiB instead of 1.3 MiB; Llama-3-8B r 16: 168 MiB instead of 32 GiB)."""
 
     def write(tmp: Path) -> None:
         import torch
-        from safetensors.torch import save_model
+        from safetensors.torch import save_file, save_model
 
-        save_model(model, str(tmp / "model.safetensors"))
+        if trainable_only:
+            tensors = {n: p.detach().contiguous() for n, p in model.named_parameters() if p.requires_grad}
+            save_file(tensors, str(tmp / ADAPTER_FILE))
+        else:
+            save_model(model, str(tmp / "model.safetensors"))
         torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
 
     return write
 
 
 def load_torch_payload(path: Path, model, optimizer, device: Any) -> None:
+    """Load a checkpoint written by `torch_payload_writer` (full weights, or the adapter onto a rebuilt base)."""
     import torch
-    from safetensors.torch import load_model
+    from safetensors.torch import load_file, load_model
 
-    missing, unexpected = load_model(model, str(path / "model.safetensors"), strict=False, device=str(device))
-    if missing or unexpected:
-        raise InputDataError(f"checkpoint {path}/model.safetensors does not match the model: missing "
-                             f"{sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]} (different model config?)")
+    if (path / ADAPTER_FILE).is_file():
+        params = {n: p for n, p in model.named_parameters() if p.requires_grad}
+        saved = load_file(str(path / ADAPTER_FILE), device=str(device))
+        missing, unexpected = sorted(set(params) - set(saved)), sorted(set(saved) - set(params))
+        if missing or unexpected or any(saved[n].shape != p.shape for n, p in params.items()):
+            raise InputDataError(f"checkpoint {path}/{ADAPTER_FILE} does not match the model's adapter: missing "
+                                 f"{missing[:5]}, unexpected {unexpected[:5]} (different train.adapter or model?)")
+        with torch.no_grad():
+            for n, p in params.items():
+                p.copy_(saved[n])
+    else:
+        if not all(p.requires_grad for p in model.parameters()):
+            raise InputDataError(f"checkpoint {path} holds full weights (model.safetensors) but this run trains an "
+                                 "adapter (train.adapter): resume with the run's own config")
+        missing_, unexpected_ = load_model(model, str(path / "model.safetensors"), strict=False, device=str(device))
+        if missing_ or unexpected_:
+            raise InputDataError(f"checkpoint {path}/model.safetensors does not match the model: missing "
+                                 f"{sorted(missing_)[:5]}, unexpected {sorted(unexpected_)[:5]} (different model "
+                                 "config?)")
     optimizer.load_state_dict(torch.load(path / "optimizer.pt", map_location="cpu", weights_only=True))

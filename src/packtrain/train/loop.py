@@ -217,6 +217,7 @@ def _result(s: TrainSession, start: int, train_s: float, save_s: float, total_s:
                "rows_source": shape.source, "world_size": s.dist.world_size,
                "activation_checkpointing": cfg.activation_checkpointing, "checkpointed_layers": len(m.ac_layers),
                "compile": cfg.compile, "loss": cfg.loss, "allocator_expandable_segments": s.allocator_env,
+               "adapter": cfg.adapter.type, "loss_on": cfg.loss_on,
                "resumed_from": c.resumed_from},
         params=m.params.to_dict(),
         model_dir=str(model_dir) if model_dir else None,

@@ -78,8 +78,19 @@ def build_data_parts(split: Path, model_cfg: ModelConfig, train_cfg: TrainConfig
     shape = choose_shape(model_cfg, train_cfg, store.budget, plan_cfg, vocab_size, gpus=dist.world_size,
                          device=device)
     loader = PackedLoader(split, rows=shape.rows, seed=train_cfg.seed, rank=dist.rank,
-                          world_size=dist.world_size, pin_memory=device.type == "cuda")
+                          world_size=dist.world_size, pin_memory=device.type == "cuda",
+                          **loss_on_kwargs(train_cfg.loss_on))
     return DataParts(vocab_size, store.meta.get("pad_id"), store.meta.get("eos_id"), shape, loader)
+
+
+def loss_on_kwargs(loss_on: str) -> dict[str, str]:
+    """PackedLoader keyword for train.loss_on: labels -100 where the token store's loss_mask is 0. 'all' passes
+    nothing (the loader's default), so plain-text stores without a loss_mask load exactly as before.
+
+    >>> loss_on_kwargs("all"), loss_on_kwargs("assistant")
+    ({}, {'loss_on': 'assistant'})
+    """
+    return {} if loss_on == "all" else {"loss_on": loss_on}
 
 
 # ---------------------------------------------------------------------------------------------------- model
@@ -88,7 +99,8 @@ class ModelParts:
     """The model and everything that updates it."""
 
     backend: str                       # attention backend: sdpa | varlen | flex | eager
-    model: Any                         # the transformers CausalLM (parameters in fp32)
+    model: Any                         # the transformers CausalLM (fp32 parameters; LoRA: layers injected, base
+                                       # frozen, in the autocast dtype under bf16/fp16)
     module: Any                        # what the loop calls: the loss wrapper, DDP- or DeepSpeed-wrapped
     params: ParamCount
     flop_dims: dict[str, Any]          # layers, attention width, windows of the family (telemetry.mfu)
@@ -98,6 +110,8 @@ class ModelParts:
     scheduler: torch.optim.lr_scheduler.LambdaLR
     stepper: TorchStepper | DeepSpeedStepper
     autocast: Callable[[], contextlib.AbstractContextManager[Any]]
+    adapted: Any = None                # train.adapter lora: the peft model around `model` (save_pretrained,
+                                       # merge_and_unload); None: full fine-tune
 
     def step_is_async(self) -> bool:
         """True when a step needs no host sync (plain torch engine, no fp16 loss scaler): the loop may then
@@ -109,10 +123,11 @@ class ModelParts:
 
 def build_model_parts(model_cfg: ModelConfig, train_cfg: TrainConfig, data: DataParts, dist: DistInfo,
                       device: torch.device, out_dir: Path, undo: contextlib.ExitStack) -> ModelParts:
-    """Model → loss wrapper → activation checkpointing → compile → optimizer/schedule → engine. `undo` gets the
-    compile counter's stop, so a setup that fails later leaves no counter running."""
+    """Model → adapter (train.adapter) → loss wrapper → activation checkpointing → compile → optimizer/schedule
+    → engine. `undo` gets the compile counter's stop, so a setup that fails later leaves no counter running."""
     import torch
 
+    from packtrain.model.adapter import apply_adapter
     from packtrain.model.attention import resolve_attention
     from packtrain.model.build import build_model, count_params
     from packtrain.telemetry.mfu import model_flop_dims
@@ -124,8 +139,14 @@ def build_model_parts(model_cfg: ModelConfig, train_cfg: TrainConfig, data: Data
                         eos_token_id=data.eos_id, training=True)   # any family: model.init_from (model.families)
     params = count_params(model)
     flop_dims = model_flop_dims(model.config)
+    # Order: adapter (peft injects LoRA layers into `model` in place and freezes it), activation checkpointing,
+    # then compile, then sharding (DDP/DeepSpeed) — techniques.py says why. The loss wrapper, the attention
+    # backends and AC/compile see the same transformers model; peft's own forward is never called.
+    adapted = None
+    if train_cfg.adapter.type != "none":
+        adapted = apply_adapter(model, train_cfg.adapter, base_dtype=tq.half_dtype(train_cfg.precision))
+        params.trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     module = packed_causal_lm(model, train_cfg.loss, train_cfg.loss_chunk_tokens)
-    # Order: activation checkpointing, then compile, then sharding (DDP/DeepSpeed) — techniques.py says why.
     ac_layers = tq.apply_activation_checkpointing(model, train_cfg)
     counter = tq.apply_compile(model, train_cfg)
     if counter is not None:
@@ -149,7 +170,7 @@ def build_model_parts(model_cfg: ModelConfig, train_cfg: TrainConfig, data: Data
         def autocast() -> contextlib.AbstractContextManager[Any]:
             return tq.autocast(train_cfg.precision, device.type)
     return ModelParts(backend, model, stepper.module, params, flop_dims, ac_layers, counter, optimizer, scheduler,
-                      stepper, autocast)
+                      stepper, autocast, adapted)
 
 
 # ---------------------------------------------------------------------------------------------------- telemetry

@@ -149,6 +149,7 @@ class TorchStepper:
                          gradient_as_bucket_view=True)
         self.module, self.ddp = module, d.world_size > 1
         self._params = [p for p in self.lm.parameters() if p.requires_grad]
+        self.adapter = train_cfg.adapter.type != "none"   # checkpoints hold the trainable adapter only
 
     def backward(self, loss, last: bool) -> None:
         ctx = self.module.no_sync() if self.ddp and not last else contextlib.nullcontext()
@@ -177,7 +178,7 @@ class TorchStepper:
     def save(self, tmp: Path) -> None:
         from packtrain.train.checkpoint import torch_payload_writer
 
-        torch_payload_writer(self.lm, self.optimizer)(tmp)
+        torch_payload_writer(self.lm, self.optimizer, trainable_only=self.adapter)(tmp)
 
     def load(self, path: Path) -> None:
         from packtrain.train.checkpoint import load_torch_payload

@@ -215,19 +215,37 @@ class TrainSession:
         tmp = self.out_dir / ".model.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
         lm = self.parts.model
-        impl = lm.config._attn_implementation
-        lm.config._attn_implementation = "sdpa"   # plain transformers must load it without our registry
-        try:
-            lm.save_pretrained(tmp, state_dict=state, safe_serialization=True)
-        finally:
-            lm.config._attn_implementation = impl
+        targets = [tmp]
+        if self.parts.adapted is not None:   # LoRA: the adapter + what loads it (model.adapter.save_adapter_model)
+            targets += self._save_adapter(tmp)
+        else:
+            impl = lm.config._attn_implementation
+            lm.config._attn_implementation = "sdpa"   # plain transformers must load it without our registry
+            try:
+                lm.save_pretrained(tmp, state_dict=state, safe_serialization=True)
+            finally:
+                lm.config._attn_implementation = impl
         src = self.tokenizer_dir / "tokenizer" if (self.tokenizer_dir / "tokenizer").is_dir() else self.tokenizer_dir
-        for f in src.iterdir():
-            if f.is_file():
-                shutil.copy2(f, tmp / f.name)
+        for dst in targets:
+            for f in src.iterdir():
+                if f.is_file():
+                    shutil.copy2(f, dst / f.name)
         kill_point("model.saved")
         replace_dir(tmp, final)
         return final
+
+    def _save_adapter(self, tmp: Path) -> list[Path]:
+        """model/ of a LoRA run: adapter_config.json + adapter_model.safetensors (peft), packtrain_adapter.json
+        (base location, init_from, loss_on), base/ when the base was a scratch init, merged/ with
+        train.adapter.save_merged. Returns the extra directories that get the tokenizer (base/, merged/)."""
+        from packtrain.model.adapter import save_adapter_model
+        from packtrain.model.source import init_from_value, resolve_init_source
+
+        a = self.cfg.adapter
+        meta = save_adapter_model(self.parts.adapted, tmp, init_from=init_from_value(self.model_cfg),
+                                  base_dir=resolve_init_source(self.model_cfg), loss_on=self.cfg.loss_on,
+                                  merged=a.save_merged)
+        return [tmp / d for d in ("base", "merged") if (tmp / d).is_dir() and (d == "base" or meta["merged"])]
 
     def telemetry_report(self) -> tuple[Any, dict, dict]:
         """Stop sampling; rank 0 writes out_dir/telemetry.json (+ system.png, throughput.png when `plots`) via

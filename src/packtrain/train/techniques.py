@@ -173,6 +173,16 @@ def autocast(precision: str, device_type: str):
     return torch.autocast(device_type=device_type, dtype=getattr(torch, _DTYPES[precision]))
 
 
+def half_dtype(precision: str):
+    """The autocast dtype of bf16/fp16 (torch.bfloat16 / torch.float16), None for fp32: what a frozen LoRA base is
+    held in."""
+    if precision not in _DTYPES:
+        return None
+    import torch
+
+    return getattr(torch, _DTYPES[precision])
+
+
 def make_grad_scaler(precision: str, device_type: str):
     """fp16 needs loss scaling (its range ends at 65504; small grads underflow); bf16/fp32 do not."""
     if precision != "fp16":
