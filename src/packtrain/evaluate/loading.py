@@ -3,6 +3,16 @@
     <model_dir>/config.json, model.safetensors, generation_config.json      (model.save_pretrained)
     <model_dir>/tokenizer.json, tokenizer_config.json                      (tokenizer.save_pretrained)
 
+or a LoRA run's adapter directory (packtrain.model.adapter.save_adapter_model):
+
+    <model_dir>/adapter_config.json, adapter_model.safetensors              (peft save_pretrained)
+    <model_dir>/packtrain_adapter.json     base location (base/ or the init_from directory), loss_on, merged/
+    <model_dir>/tokenizer.json, ...
+
+An adapter directory loads as base (fp32) + adapter merged (peft merge_and_unload): the same function, one matmul
+per linear. `model_loss_on(dir)` is the train.loss_on the model was trained with (evaluation scores the same
+tokens).
+
 Errors name the directory and the missing file, never a transformers traceback.
 """
 
@@ -30,11 +40,29 @@ def resolve_device(device: str = "auto"):
 
 
 def check_model_dir(model_dir: str | Path) -> Path:
-    """The directory exists and holds config.json + weights + a tokenizer; returns it as a Path."""
+    """The directory exists and holds config.json + weights + a tokenizer (or an adapter, its base and a
+    tokenizer); returns it as a Path."""
+    from packtrain.model.adapter import ADAPTER_META, adapter_base_dir, read_adapter_meta
+
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
         raise MissingDataError(f"model directory {model_dir} does not exist: run `packtrain train` first "
                                f"or pass --model DIR")
+    try:
+        meta = read_adapter_meta(model_dir)
+    except (OSError, ValueError) as e:
+        raise InputDataError(f"model directory {model_dir}: {ADAPTER_META} cannot be read ({e})") from None
+    if meta is not None:
+        for f in ("adapter_config.json", "adapter_model.safetensors"):
+            if not (model_dir / f).is_file():
+                raise InputDataError(f"model directory {model_dir}: adapter run without {f} (peft save_pretrained)")
+        base = adapter_base_dir(model_dir, meta)
+        if not (base / "config.json").is_file():
+            raise MissingDataError(f"model directory {model_dir}: the adapter's base {base} (from {ADAPTER_META}, "
+                                   f"init_from {meta.get('init_from')!r}) has no config.json")
+        if not (model_dir / "tokenizer.json").is_file() and not (model_dir / "tokenizer_config.json").is_file():
+            raise InputDataError(f"model directory {model_dir}: no tokenizer (tokenizer.json)")
+        return model_dir
     if not (model_dir / "config.json").is_file():
         raise InputDataError(f"model directory {model_dir}: missing config.json (expected a "
                              f"save_pretrained directory)")
@@ -46,8 +74,26 @@ def check_model_dir(model_dir: str | Path) -> Path:
     return model_dir
 
 
+def model_loss_on(model_dir: str | Path) -> str:
+    """train.loss_on of the run that wrote `model_dir`: packtrain_adapter.json's, or config.json's
+    `packtrain_loss_on` (a full fine-tune with loss_on ≠ all), else 'all'."""
+    import json
+
+    from packtrain.model.adapter import read_adapter_meta
+
+    model_dir = Path(model_dir)
+    meta = read_adapter_meta(model_dir)
+    if meta is not None:
+        return str(meta.get("loss_on") or "all")
+    try:
+        return str(json.loads((model_dir / "config.json").read_text()).get("packtrain_loss_on") or "all")
+    except (OSError, ValueError):
+        return "all"
+
+
 def load_model_dir(model_dir: str | Path, device="cpu", attention: str = "sdpa"):
-    """(model in eval mode on `device`, tokenizer) from a save_pretrained directory.
+    """(model in eval mode on `device`, tokenizer) from a save_pretrained directory (or an adapter directory:
+    base + adapter, merged).
 
     attention: a packtrain backend (sdpa | eager | flex | varlen, packtrain.model.attention), all of which
     isolate packed documents given `model_inputs(batch, backend)`.
@@ -62,10 +108,13 @@ def load_model_dir(model_dir: str | Path, device="cpu", attention: str = "sdpa")
     model_dir = check_model_dir(model_dir)
     from transformers import AutoConfig
 
+    from packtrain.model.adapter import adapter_base_dir, load_adapter_model, read_adapter_meta
     from packtrain.model.families import check_attention
 
+    meta = read_adapter_meta(model_dir)
+    config_dir = adapter_base_dir(model_dir, meta) if meta is not None else model_dir
     try:
-        hf_cfg = AutoConfig.from_pretrained(str(model_dir))
+        hf_cfg = AutoConfig.from_pretrained(str(config_dir))
     except (OSError, ValueError, KeyError) as e:
         raise InputDataError(f"model directory {model_dir} cannot be loaded: {e}") from None
     # refuse a family × backend pair that cannot isolate documents (or honour the family's attention) by name
@@ -73,8 +122,11 @@ def load_model_dir(model_dir: str | Path, device="cpu", attention: str = "sdpa")
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
         # fp32 master weights; `precision` autocasts the forward (bf16 weights would bias the loss).
-        model = AutoModelForCausalLM.from_pretrained(str(model_dir), attn_implementation=HF_NAMES[attention],
-                                                     dtype=torch.float32)
+        if meta is not None:
+            model = load_adapter_model(model_dir, attention, torch.float32)
+        else:
+            model = AutoModelForCausalLM.from_pretrained(str(model_dir), attn_implementation=HF_NAMES[attention],
+                                                         dtype=torch.float32)
     except (OSError, ValueError, KeyError) as e:
         raise InputDataError(f"model directory {model_dir} cannot be loaded: {e}") from None
     return model.to(device).eval(), tokenizer

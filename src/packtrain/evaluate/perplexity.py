@@ -9,6 +9,8 @@ packed by the pack stage into `<packs>/eval`. One epoch over it, nothing dropped
     forward: packtrain.model.attention.model_inputs(batch, backend): sdpa/eager as (rows, budget) rows with
              restarting position_ids and no mask (transformers builds the block-diagonal mask), flex with a
              document BlockMask, varlen over cu_seqlens; always use_cache=False (DESIGN.md)
+    labels also -100 where the token store's loss_mask is 0 when the model was trained with train.loss_on ≠ all
+             (read from the model directory, `loading.model_loss_on`): eval scores the tokens training did
     loss_sum += Σ CE(logits[t], labels[t+1]) over labels[t+1] ≠ -100         (fp64 accumulator)
     eval_loss = loss_sum / Σ label tokens;  perplexity = exp(eval_loss)
 
@@ -160,8 +162,9 @@ def _peak_memory(device) -> tuple[float | None, str]:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, "cpu_max_rss"   # KiB → GiB
 
 
-def open_eval_loader(eval_split_dir: Path, rows: int, seed: int):
-    """The packing room's PackedLoader over one epoch of the eval packs, keeping the last partial batch."""
+def open_eval_loader(eval_split_dir: Path, rows: int, seed: int, loss_on: str = "all"):
+    """The packing room's PackedLoader over one epoch of the eval packs, keeping the last partial batch; with
+    `loss_on` ≠ all, labels are -100 outside the loss mask (the tokens train.loss_on trained on)."""
     try:
         from packtrain.packing.batches import PackedLoader
     except ImportError as e:
@@ -169,19 +172,23 @@ def open_eval_loader(eval_split_dir: Path, rows: int, seed: int):
     if not Path(eval_split_dir).is_dir():
         raise MissingDataError(f"eval packs {eval_split_dir} do not exist: run `packtrain pack` first "
                                f"(it writes <packs>/eval) or pass --packs DIR")
-    return PackedLoader(eval_split_dir, rows=rows, seed=seed, drop_last=False, epochs=1)
+    from packtrain.train.parts import loss_on_kwargs
+
+    return PackedLoader(eval_split_dir, rows=rows, seed=seed, drop_last=False, epochs=1, **loss_on_kwargs(loss_on))
 
 
-def evaluate(model_dir: str | Path, eval_split_dir: str | Path, cfg: EvalConfig, device: str | None = None
-             ) -> EvalResult:
+def evaluate(model_dir: str | Path, eval_split_dir: str | Path, cfg: EvalConfig, device: str | None = None,
+             loss_on: str | None = None) -> EvalResult:
     """Held-out loss/perplexity of the model in `model_dir` over one epoch of `eval_split_dir`'s packs,
     eval tokens/s and peak memory, plus greedy samples from `cfg.prompts`.
 
-    `device` overrides `cfg.device` ('auto' | 'cpu' | 'cuda').
+    `device` overrides `cfg.device` ('auto' | 'cpu' | 'cuda'). `loss_on` (all | assistant | completion): the
+    tokens scored; None → the train.loss_on recorded in `model_dir` (an adapter directory loads as base +
+    adapter merged).
     """
     import torch
 
-    from packtrain.evaluate.loading import load_model_dir, resolve_device
+    from packtrain.evaluate.loading import load_model_dir, model_loss_on, resolve_device
     from packtrain.evaluate.samples import generate_samples
     from packtrain.model.attention import resolve_attention
 
@@ -191,7 +198,8 @@ def evaluate(model_dir: str | Path, eval_split_dir: str | Path, cfg: EvalConfig,
     except ConfigError as e:   # the train room's message names train.attention
         raise ConfigError(str(e).replace("train.attention", "evaluate.attention")) from None
     eval_split_dir = Path(eval_split_dir)
-    loader = open_eval_loader(eval_split_dir, cfg.rows, cfg.seed)
+    loss_on = loss_on or model_loss_on(model_dir)
+    loader = open_eval_loader(eval_split_dir, cfg.rows, cfg.seed, loss_on)
     n_epoch = len(loader)
     if n_epoch == 0:
         raise MissingDataError(f"eval packs {eval_split_dir} hold no documents (is tokenize.eval_fraction 0?)")

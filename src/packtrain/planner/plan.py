@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Literal, cast
 from packtrain.errors import ConfigError
 from packtrain.planner import memory as mem
 from packtrain.planner.shapes import ModelShape, model_shape
-from packtrain.planner.states import model_states
+from packtrain.planner.states import lora_params, lora_states, model_states
 
 if TYPE_CHECKING:
     from packtrain.config import ModelConfig, PlanConfig, TrainConfig
@@ -68,6 +68,7 @@ class MemoryPlan:
     device_memory_gib: float
     target_fraction: float
     cpu_offload: int = 0
+    adapter_params: int = 0           # LoRA: trainable adapter parameters (states.lora_params); 0: full fine-tune
     suggestion: str = ""
     alternatives: list[dict] = field(default_factory=list)
 
@@ -112,7 +113,8 @@ class MemoryPlan:
             f"{self.tokens_per_step} tokens per step · "
             f"{self.precision} · attention {self.attention} · checkpointing {self.checkpointing} "
             f"({self.checkpointed_layers}/{s.layers} layers) · {self.engine}"
-            + (f" ZeRO-{self.zero_stage}" if self.zero_stage is not None else "") + f" · {self.gpus} GPU",
+            + (f" ZeRO-{self.zero_stage}" if self.zero_stage is not None else "") + f" · {self.gpus} GPU"
+            + (f" · LoRA {self.adapter_params / 1e6:.2f}M trainable" if self.adapter_params else ""),
             "",
             f"{'component':<22}{'GiB':>9}  note",
             "-" * 78,
@@ -209,6 +211,11 @@ def plan_memory(model_cfg: ModelConfig, train_cfg: TrainConfig, budget: int, pla
                       fused=(train_cfg.fused_optimizer and device == "cuda") or device == "cpu",
                       grad_accum=ga, overlap_comm=ds.overlap_comm,
                       reduce_bucket=int(getattr(ds, "reduce_bucket_size", 0) or 500_000_000))
+    adapter = train_cfg.adapter
+    lora = adapter.type == "lora"
+    if lora:   # frozen base in the autocast dtype + fp32 adapter with AdamW (states.lora_states)
+        st = lora_states(shape, train_cfg.precision, adapter.r, adapter.target_modules, gpus,
+                         fused=(train_cfg.fused_optimizer and device == "cuda") or device == "cpu", grad_accum=ga)
 
     ck = mem.checkpointed_layers(shape.layers, train_cfg.activation_checkpointing, train_cfg.ac_every_k)
     n_ck = len(ck)
@@ -228,12 +235,13 @@ def plan_memory(model_cfg: ModelConfig, train_cfg: TrainConfig, budget: int, pla
     loss_fwd, loss_bwd = mem.loss_bytes(shape, prec, n_tok, chunk)
     fw = mem.CUDA_WORKSPACE_BYTES if device == "cuda" else 0
 
-    cast_layer = 2 * shape.layer_linear_params if prec.autocast else 0
-    cast_head = 2 * shape.vocab * shape.hidden if prec.autocast else 0
+    # LoRA: the frozen base already is in the autocast dtype (no bf16 copies); the embedding/LM head get no gradient
+    cast_layer = 2 * shape.layer_linear_params if prec.autocast and not lora else 0
+    cast_head = 2 * shape.vocab * shape.hidden if prec.autocast and not lora else 0
     casts_all = shape.layers * cast_layer + cast_head
     casts_saved = (shape.layers - n_ck) * cast_layer + (cast_head if chunk is None else 0)
     last_ck = shape.layers - 1 in ck
-    head_grad = (4 if not deepspeed else 0) * shape.vocab * shape.hidden
+    head_grad = (4 if not (deepspeed or lora) else 0) * shape.vocab * shape.hidden
 
     base = dict(parameters=st.params, master_weights=st.master, gradients=st.persistent_grads,
                 optimizer_states=st.optimizer, zero_buffers=st.zero_buffers, framework_workspace=fw)
@@ -258,7 +266,7 @@ def plan_memory(model_cfg: ModelConfig, train_cfg: TrainConfig, budget: int, pla
                            "attention_workspace": attn + (quad if last_ck else 0),
                            "backward_workspace": mem.layer_backward_workspace_bytes(shape, prec, n_tok)},
         "end backward": {**base, "gradients": max(st.grads, st.persistent_grads),
-                         "backward_workspace": (4 if not deepspeed else prec.compute_bytes)
+                         "backward_workspace": 0 if lora else (4 if not deepspeed else prec.compute_bytes)
                          * shape.vocab * shape.hidden},
         "optimizer step": {**base, "gradients": max(st.grads, st.persistent_grads),
                            "optimizer_workspace": st.step_workspace},
@@ -293,6 +301,7 @@ def plan_memory(model_cfg: ModelConfig, train_cfg: TrainConfig, budget: int, pla
         peak_allocated=int(peak_alloc), allocator_overhead=overhead, cuda_context=ctx,
         peak=int(peak_alloc + overhead + ctx), device_memory_gib=dev_gib,
         target_fraction=plan_cfg.target_fraction, cpu_offload=st.cpu,
+        adapter_params=lora_params(shape, adapter.r, adapter.target_modules) if lora else 0,
     )
     if suggest:
         suggest_changes(plan, model_cfg, train_cfg, plan_cfg, vocab_size, device, attention)

@@ -11,6 +11,12 @@ Bytes per parameter P (Adam; ZeRO paper: 16 bytes/param of model state with mixe
     offload_optimizer             master, Adam and fp32 gradients move to CPU memory
     offload_params (ZeRO-3)       the parameter partition moves to CPU; the GPU holds only gathered params
 
+LoRA (train.adapter lora, torch engine): the base is frozen — its weights only, in the autocast dtype (2 B/param
+under bf16/fp16, 4 under fp32), no gradients, no optimizer states, no autocast copies; the adapter's A parameters
+(A = Σ over target linears of r·(in + out), `lora_params`) are fp32 with full AdamW: 4 + 4 + 8 B each (+ 4 for
+the foreach temporary, + 4 DDP buckets on n > 1 GPUs). Llama-3-8B, r 16, all linears, bf16: 16.06 GB frozen base
++ 41.9M × 16 B = 0.67 GB of adapter state (full fine-tune: 128 GB).
+
 Reduce buckets: DeepSpeed allocates `reduce_bucket_size` elements (default 5e8 → 1 GB in bf16) per buffer,
 two with overlap_comm (stage 1/2), whatever the model size. ZeRO-3 keeps gathered parameters that are reused
 within stage3_max_reuse_distance (1e9) — every parameter in a training step — up to
@@ -99,6 +105,42 @@ def model_states(shape: ModelShape, engine: str, precision: str, zero_stage: int
                "grads": f"ZeRO-{stage} gradient partition", "step_workspace": "",
                "zero_buffers": f"reduce bucket {reduce_bucket:.0e} el." + (" + gathered bf16 params" if stage == 3
                                                                            else "")},
+    )
+
+
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def lora_params(shape: ModelShape, r: int, targets: str | list[str] = "all-linear") -> int:
+    """Adapter parameters: Σ over the target linears of every layer of r·(in + out).
+
+    >>> from packtrain.planner.shapes import ModelShape
+    >>> lora_params(ModelShape(32, 64, 2, 4, 2, 8, 97), 4)       # q,o: 4·(32+32); k,v: 4·(32+16); 3 MLP: 4·(32+64)
+    4096
+    >>> lora_params(ModelShape(32, 64, 2, 4, 2, 8, 97), 4, ["q_proj", "v_proj"])
+    896
+    """
+    h, q, kv, i = shape.hidden, shape.q_hidden, shape.kv_hidden, shape.intermediate
+    per = {"q_proj": h + q, "k_proj": h + kv, "v_proj": h + kv, "o_proj": q + h,
+           "gate_proj": h + i, "up_proj": h + i, "down_proj": i + h}
+    names = LORA_TARGETS if targets == "all-linear" else [t.rsplit(".", 1)[-1] for t in targets]
+    return shape.layers * r * sum(per[n] for n in set(names) if n in per)
+
+
+def lora_states(shape: ModelShape, precision: str, r: int, targets: str | list[str], gpus: int, fused: bool,
+                grad_accum: int) -> ModelStates:
+    """Model states of a LoRA run (torch engine): frozen base weights + an fp32 adapter with AdamW."""
+    p, a = shape.n_params, lora_params(shape, r, targets)
+    wb = 4 if precision == "fp32" else 2
+    grads = 4 * a
+    return ModelStates(
+        params=wb * p + 4 * a, master=0, grads=grads, persistent_grads=grads if grad_accum > 1 else 0,
+        optimizer=8 * a, step_workspace=0 if fused else 4 * a, zero_buffers=4 * a if gpus > 1 else 0,
+        notes={"params": f"frozen base {_m(p)} × {wb} B + LoRA r={r} {_m(a)} × 4 B",
+               "optimizer": "AdamW m, v of the adapter only (8 B/adapter param)",
+               "grads": "adapter only (4 B/adapter param); the base has none",
+               "step_workspace": "fused AdamW" if fused else "foreach AdamW: one fp32 temp (adapter)",
+               "zero_buffers": "DDP reducer buckets (adapter)" if gpus > 1 else ""},
     )
 
 

@@ -221,6 +221,8 @@ class TrainSession:
         else:
             impl = lm.config._attn_implementation
             lm.config._attn_implementation = "sdpa"   # plain transformers must load it without our registry
+            if self.cfg.loss_on != "all":   # evaluation scores the same tokens (evaluate.loading.model_loss_on)
+                lm.config.packtrain_loss_on = self.cfg.loss_on
             try:
                 lm.save_pretrained(tmp, state_dict=state, safe_serialization=True)
             finally:
