@@ -27,6 +27,10 @@ class IngestConfig(StrictModel):
     """.txt sources: one document per file, or one per blank-line-separated block."""
     text_field: Text = "text"
     """JSON field (.jsonl) or column (.parquet) holding the text."""
+    record_format: Literal["auto", "text", "messages", "prompt_completion"] = "auto"
+    """.jsonl/.parquet records: auto → per file from its first record / columns: a `messages` list of
+    {role, content} (chat), `prompt` + `completion`, else the text field. Chat and prompt/completion rows keep
+    their structure in documents.parquet's `record` column; validate checks it (docs/data.md)."""
     default_corpus_mb: Float = Field(24.0, gt=0)
     """Target size of the default corpus in MB of UTF-8 text (≥ 20 MB keeps the long tail real)."""
     max_doc_chars: PositiveInt = 50_000_000
@@ -74,3 +78,8 @@ class TokenizeConfig(StrictModel):
     """Append EOS to every document so the model learns to stop; the EOS counts as a document token."""
     workers: PositiveInt = 2
     batch_docs: PositiveInt = 2000
+    chat_template: Literal["auto", "builtin"] = "auto"
+    """Chat records: auto → the tokenizer's own chat_template when it has one, else the built-in ChatML-like
+    template (`<|im_start|>role\ncontent<|im_end|>\n`, markers encoded as text); builtin → always the built-in
+    one. The loss mask (1 = assistant content and its end-of-turn marker) is stored beside the ids
+    (packtrain.data.chat)."""

@@ -1,6 +1,17 @@
 """ingest: a source (or the default corpus) → `documents.parquet`, the table every later stage reads.
 
     documents.parquet   doc_id int64 (0..n-1, in order) | text string | source string | n_chars int64
+                        [| format string | record string]   only when a chat/prompt-completion file is read
+
+Chat and prompt/completion records (packtrain.data.chat) add two columns: `format` ("text", "messages" or
+"prompt_completion") and `record` (the record's structure as JSON, null for text rows); their `text` is the
+record's contents joined by blank lines (what validate's length/empty/duplicate checks see):
+
+    >>> # chat.jsonl: '{"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo"}]}'
+    >>> # → text ["Hi\n\nYo"], source ["chat.jsonl:1"], format ["messages"],
+    >>> #   record ['[{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo"}]']
+
+A plain-text source gives exactly the four columns it always did (the same bytes as before).
 
     >>> # folder/{a.txt: "hi", b.jsonl: '{"text": "x"}\\n{"text": "yz"}\\n'}
     >>> # → doc_id [0, 1, 2], text ["hi", "x", "yz"], source ["a.txt", "b.jsonl:1", "b.jsonl:2"], n_chars [2, 1, 2]
@@ -26,8 +37,10 @@ from packtrain.config import IngestConfig
 from packtrain.data.corpus import select_default_corpus
 from packtrain.data.sources import (
     Discovery,
+    Doc,
     SourceFile,
     discover_files,
+    file_record_format,
     read_jsonl,
     read_parquet,
     read_txt,
@@ -61,6 +74,8 @@ class IngestStats:
     stopped_at_max_docs: bool = False
     seconds: float = 0.0
     default_corpus: dict | None = None
+    records_by_format: dict[str, int] = field(default_factory=dict)
+    """Documents per record format ({"text": n, "messages": m, "prompt_completion": k}); {} for plain text."""
     input_files: dict[str, Path] = field(default_factory=dict, repr=False)
     """Files read, keyed by their `source` name (for the DVC-style md5 of exactly what was read)."""
     input_exact: bool = field(default=True, repr=False)
@@ -89,13 +104,16 @@ def length_summary(lengths: list[int]) -> dict[str, float]:
 class _DocWriter:
     """Streams rows into a parquet temp file; `commit()` renames it into place, `abort()` removes it."""
 
-    def __init__(self, final: Path):
+    def __init__(self, final: Path, records: bool = False):
         import pyarrow as pa
         import pyarrow.parquet as pq
 
         self._pa = pa
-        self.schema = pa.schema([("doc_id", pa.int64()), ("text", pa.string()),
-                                 ("source", pa.string()), ("n_chars", pa.int64())])
+        cols = [("doc_id", pa.int64()), ("text", pa.string()), ("source", pa.string()), ("n_chars", pa.int64())]
+        if records:
+            cols += [("format", pa.string()), ("record", pa.string())]
+        self.records = records
+        self.schema = pa.schema(cols)
         self.final = final
         self.tmp = final.with_name(f".{final.name}.tmp")
         self.writer = pq.ParquetWriter(self.tmp, self.schema, compression="zstd")
@@ -103,11 +121,14 @@ class _DocWriter:
         self.buffered = 0
         self.n = 0
 
-    def add(self, text: str, source: str) -> None:
+    def add(self, text: str, source: str, fmt: str = "text", record: str | None = None) -> None:
         self.cols["doc_id"].append(self.n)
         self.cols["text"].append(text)
         self.cols["source"].append(source)
         self.cols["n_chars"].append(len(text))
+        if self.records:
+            self.cols["format"].append(fmt)
+            self.cols["record"].append(record)
         self.n += 1
         self.buffered += len(text)
         if len(self.cols["doc_id"]) >= _FLUSH_DOCS or self.buffered >= _FLUSH_BYTES:
@@ -169,7 +190,9 @@ def ingest_documents(source: str | Path | None, dst_dir: str | Path, cfg: Ingest
         raise InputDataError(f"{label}: no files to ingest")
 
     dst_dir.mkdir(parents=True, exist_ok=True)
-    writer = _DocWriter(final)
+    records = any(file_record_format(f, cfg.text_field, cfg.record_format) != "text" for f in files)
+    writer = _DocWriter(final, records=records)
+    by_format: dict[str, int] = {}
     lengths: list[int] = []
     by_type: dict[str, int] = {}
     read: dict[str, Path] = {}
@@ -182,16 +205,18 @@ def ingest_documents(source: str | Path | None, dst_dir: str | Path, cfg: Ingest
             read[f.name] = f.path
             key = Path(f.name).suffix.lstrip(".") if kind == "default" else f.kind
             by_type[key] = by_type.get(key, 0) + 1
+            docs: Iterator[Doc]
             if f.kind == "txt":
-                docs = read_txt(f, cfg.txt_mode, cfg.max_doc_chars, bar.update)
+                docs = ((t, w, "text", None) for t, w in read_txt(f, cfg.txt_mode, cfg.max_doc_chars, bar.update))
             elif f.kind == "jsonl":
-                docs = read_jsonl(f, cfg.text_field, bar.update)
+                docs = read_jsonl(f, cfg.text_field, bar.update, cfg.record_format)
             else:
-                docs = read_parquet(f, cfg.text_field, bar.update)
-            for text, where in _reading(f, docs):
+                docs = read_parquet(f, cfg.text_field, bar.update, cfg.record_format)
+            for text, where, fmt, record in _reading(f, docs):
                 if len(text) > cfg.max_doc_chars:
                     raise too_long_error(f, where, len(text), cfg.max_doc_chars)
-                writer.add(text, where)
+                writer.add(text, where, fmt, record)
+                by_format[fmt] = by_format.get(fmt, 0) + 1
                 lengths.append(len(text))
                 n_bytes += len(text.encode("utf-8")) if not text.isascii() else len(text)
                 if cfg.max_docs is not None and writer.n >= cfg.max_docs:
@@ -213,7 +238,8 @@ def ingest_documents(source: str | Path | None, dst_dir: str | Path, cfg: Ingest
         skipped_entries=[e.to_dict() for e in disc.bad_entries], linked_folders=disc.linked_folders,
         length_chars=length_summary(lengths), stopped_at_max_docs=stopped,
         seconds=round(time.perf_counter() - t0, 3),
-        default_corpus=default.provenance() if default else None, input_files=read,
+        default_corpus=default.provenance() if default else None,
+        records_by_format=by_format if records else {}, input_files=read,
         input_exact=source is not None and disc.exact)
 
 
@@ -228,7 +254,7 @@ def _warn_skipped(src: Path, disc: Discovery) -> None:
               file=sys.stderr)
 
 
-def _reading(f: SourceFile, docs: Iterator[tuple[str, str]]) -> Iterator[tuple[str, str]]:
+def _reading(f: SourceFile, docs: Iterator[Doc]) -> Iterator[Doc]:
     """`docs`, with an OS error while reading `f` (permissions, I/O) turned into an InputDataError naming it."""
     while True:
         try:

@@ -8,6 +8,12 @@ and says where the document came from:
     .jsonl                 "dump.jsonl:3"         (line 3, field cfg.text_field)
     .parquet               "part-0.parquet#41"    (row 41, column cfg.text_field)
 
+`.jsonl`/`.parquet` may also hold chat records (`messages`: a list of {role, content}) or prompt/completion
+records (`prompt` + `completion`), detected from the file's first record / its columns
+(`detect_record_format`, or `ingest.record_format`). Their structure is kept as JSON in the documents
+table's `record` column *as it is*: a wrong role, a missing content, a non-list `messages` is not refused
+here but reported row by row by `packtrain validate` (packtrain.data.chat.record_problems).
+
 Folders are walked in sorted order following symbolic links (also out of the folder), every folder read at
 most once by its resolved path; dangling or looping links, links to a folder already read and special files
 are named (`discover_files`). Bad input raises `InputDataError` naming the file, line/row, field and value,
@@ -33,6 +39,9 @@ SUPPORTED: dict[str, Kind] = {".txt": "txt", ".jsonl": "jsonl", ".parquet": "par
 ALLOWED = ", ".join(SUPPORTED)
 BOM = b"\xef\xbb\xbf"
 Progress = Callable[[int], None]
+RecordFormat = Literal["text", "messages", "prompt_completion"]
+Doc = tuple[str, str, RecordFormat, str | None]
+"""(text, locator, record format, record JSON or None for plain text): what every reader yields."""
 
 
 @dataclass(frozen=True)
@@ -242,7 +251,7 @@ def decode_utf8(data: bytes, where: str, base_offset: int = 0) -> str:
 
 
 def read_txt(f: SourceFile, mode: Literal["file", "paragraph"], max_chars: int,
-             progress: Progress | None = None) -> Iterator[tuple[str, str]]:
+             progress: Progress | None = None) -> Iterator[tuple[str, str]]:  # (text, locator)
     """One document per file, or one per blank-line-separated block (blocks keep their inner newlines)."""
     if mode == "file" and f.n_bytes > 4 * max_chars:  # UTF-8 needs ≤ 4 bytes per char: surely too long
         raise too_long_error(f, f.name, f.n_bytes, max_chars, approx=True)
@@ -270,11 +279,39 @@ def read_txt(f: SourceFile, mode: Literal["file", "paragraph"], max_chars: int,
         yield "\n".join(block), f"{f.name}:{start}"
 
 
-def read_jsonl(f: SourceFile, field: str, progress: Progress | None = None) -> Iterator[tuple[str, str]]:
-    """One document per non-blank line: a JSON object whose `field` is a string. Streams line by line."""
+def detect_record_format(obj: dict, text_field: str, record_format: str = "auto") -> RecordFormat:
+    """The kind of a JSON record: `messages` when it has a "messages" key, `prompt_completion` when it has
+    "prompt" or "completion", else `text`; an explicit `ingest.record_format` wins.
+
+    >>> detect_record_format({"prompt": "2+2=", "completion": "4"}, "text")
+    'prompt_completion'
+    """
+    if record_format != "auto":
+        return record_format  # type: ignore[return-value]
+    if "messages" in obj:
+        return "messages"
+    if text_field not in obj and ("prompt" in obj or "completion" in obj):
+        return "prompt_completion"
+    return "text"
+
+
+def record_of(obj: dict, fmt: RecordFormat) -> str:
+    """The structured part of a chat/prompt record as canonical JSON (validate and tokenize parse it). Kept as
+    it is, whatever its shape: a malformed record is reported by validate, row by row, not refused here."""
+    if fmt == "messages":
+        return json.dumps(obj.get("messages"), ensure_ascii=False)
+    return json.dumps({"prompt": obj.get("prompt"), "completion": obj.get("completion")}, ensure_ascii=False)
+
+
+def read_jsonl(f: SourceFile, field: str, progress: Progress | None = None,
+               record_format: str = "auto") -> Iterator[Doc]:
+    """One document per non-blank line: a JSON object whose `field` is a string, or a chat record
+    ({"messages": [...]}) or a prompt/completion record (detect_record_format; the file's first record decides
+    for the whole file). Streams line by line."""
     offset = 0
     pending = 0
     n = 0
+    fmt: RecordFormat | None = None
     with open(f.path, "rb") as fh:
         for lineno, raw in enumerate(fh, 1):
             start, offset = offset, offset + len(raw)
@@ -296,26 +333,38 @@ def read_jsonl(f: SourceFile, field: str, progress: Progress | None = None) -> I
                 raise InputDataError(
                     f"{where}: expected a JSON object with a {field!r} field, got a JSON {type(obj).__name__}: "
                     f"{_clip(line)}")
+            if fmt is None:
+                fmt = detect_record_format(obj, field, record_format)
+            n += 1
+            if fmt != "text":
+                from packtrain.data.chat import record_text
+
+                record = record_of(obj, fmt)
+                yield record_text(fmt, json.loads(record)), f"{f.name}:{lineno}", fmt, record
+                continue
             if field not in obj:
                 keys = ", ".join(sorted(obj)[:20]) or "none"
                 raise InputDataError(
                     f"{where}: no field {field!r} (fields: {keys}); name the text field with "
-                    f"--set ingest.text_field=NAME")
+                    f"--set ingest.text_field=NAME (chat records need a \"messages\" list, prompt/completion "
+                    "records \"prompt\" and \"completion\")")
             value = obj[field]
             if not isinstance(value, str):
                 raise InputDataError(
                     f"{where}: field {field!r} is {_json_type(value)} ({_clip(json.dumps(value))}); "
                     "expected a string")
-            n += 1
-            yield value, f"{f.name}:{lineno}"
+            yield value, f"{f.name}:{lineno}", "text", None
     if progress and pending:
         progress(pending)
     if n == 0:
         raise InputDataError(f"{f.path}: empty file ({offset} bytes, no JSON lines); expected one JSON object per line")
 
 
-def read_parquet(f: SourceFile, column: str, progress: Progress | None = None) -> Iterator[tuple[str, str]]:
-    """One document per row of a string column. Streams record batches of 4,096 rows."""
+def read_parquet(f: SourceFile, column: str, progress: Progress | None = None,
+                 record_format: str = "auto") -> Iterator[Doc]:
+    """One document per row of a string column, or per chat/prompt record (a `messages` list-of-struct
+    column, or `prompt` + `completion` columns: detect_record_format on the column names). Streams record
+    batches of 4,096 rows."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -324,6 +373,10 @@ def read_parquet(f: SourceFile, column: str, progress: Progress | None = None) -
         schema = pf.schema_arrow
     except (pa.ArrowException, OSError) as e:
         raise InputDataError(f"{f.path}: not a readable parquet file ({e})") from None
+    fmt = detect_record_format(dict.fromkeys(schema.names), column, record_format)
+    if fmt != "text":
+        yield from _parquet_records(f, pf, fmt, progress)
+        return
     if column not in schema.names:
         raise InputDataError(
             f"{f.path}: no column {column!r} (columns: {', '.join(schema.names) or 'none'}); name the text "
@@ -343,12 +396,56 @@ def read_parquet(f: SourceFile, column: str, progress: Progress | None = None) -
                 i = values.index(None)
                 raise InputDataError(f"{f.path}: row {row + i}: column {column!r} is null; expected a string")
             for i, v in enumerate(values):
-                yield v, f"{f.name}#{row + i}"
+                yield v, f"{f.name}#{row + i}", "text", None
             row += len(values)
     except (pa.ArrowException, UnicodeDecodeError) as e:
         raise InputDataError(f"{f.path}: near row {row}: cannot read column {column!r} ({e})") from None
     if progress:
         progress(f.n_bytes)
+
+
+def _parquet_records(f: SourceFile, pf, fmt: RecordFormat, progress: Progress | None) -> Iterator[Doc]:
+    """Chat / prompt-completion rows of a parquet file: each row's columns as a JSON object (record_of)."""
+    import pyarrow as pa
+
+    from packtrain.data.chat import record_text
+
+    cols = ["messages"] if fmt == "messages" else [c for c in ("prompt", "completion") if c in pf.schema_arrow.names]
+    if pf.metadata.num_rows == 0:
+        raise InputDataError(f"{f.path}: empty file (0 rows); expected at least one record")
+    row = 0
+    try:
+        for batch in pf.iter_batches(batch_size=4096, columns=cols):
+            for obj in batch.to_pylist():
+                record = record_of(obj, fmt)
+                yield record_text(fmt, json.loads(record)), f"{f.name}#{row}", fmt, record
+                row += 1
+    except (pa.ArrowException, UnicodeDecodeError) as e:
+        raise InputDataError(f"{f.path}: near row {row}: cannot read columns {cols} ({e})") from None
+    if progress:
+        progress(f.n_bytes)
+
+
+def file_record_format(f: SourceFile, text_field: str, record_format: str = "auto") -> RecordFormat:
+    """The record format of a file without reading it all: the first JSON line's keys (.jsonl) or the column
+    names (.parquet); .txt is text. Unreadable files answer "text" (reading them later names the problem)."""
+    if f.kind == "txt":
+        return "text"
+    if record_format != "auto":
+        return record_format  # type: ignore[return-value]
+    try:
+        if f.kind == "parquet":
+            import pyarrow.parquet as pq
+
+            return detect_record_format(dict.fromkeys(pq.read_schema(f.path).names), text_field)
+        with open(f.path, "rb") as fh:
+            for raw in fh:
+                if raw.strip():
+                    obj = json.loads(raw.decode("utf-8-sig"))
+                    return detect_record_format(obj, text_field) if isinstance(obj, dict) else "text"
+    except Exception:   # noqa: BLE001 - any problem is reported by the real read, with its line
+        return "text"
+    return "text"
 
 
 def too_long_error(f: SourceFile, locator: str, n: int, limit: int, approx: bool = False) -> InputDataError:

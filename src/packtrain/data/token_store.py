@@ -11,6 +11,15 @@
                          "tokenizer_from",                model.init_from when it came with the init model
                          "special_prefix", "special_suffix"}   ids the tokenizer's rules put around a text
     <dir>/tokenizer/    AutoTokenizer.from_pretrained-loadable
+    <dir>/loss_mask.bin uint8, 1 = the token is learned (assistant content + end-of-turn, a completion), 0 = not
+                        (system/user turns, a prompt, template markup) [Σ n_tokens]; only when the documents
+                        hold chat / prompt-completion records (meta "loss_mask": true). No file = every token
+                        is learned (plain text, and every store written before masks existed).
+
+A document and its mask (built-in template, packtrain.data.chat), tokens shown as text:
+
+    tokens     <|im_start|>user\n  Hi  <|im_end|>\n  <|im_start|>assistant\n  Yo  <|im_end|>  \n  <eos>
+    loss_mask  0 ...               0   0 ...        0 ...                    1   1 ...       0   1
 
 The train stage refuses a store whose `tokenizer_hash` differs from the init model's tokenizer, or whose
 `max_token_id` does not fit the model's vocabulary (packtrain.model.warm_start.check_store_matches_model).
@@ -43,6 +52,13 @@ class TokenStore:
     doc_ids: np.ndarray  # int64 [n_docs]
     split: np.ndarray    # uint8 [n_docs]
     meta: dict
+    loss_mask: np.ndarray | None = None   # uint8 memmap [N_tokens], None → every token learned
+
+    def doc_mask(self, i: int) -> np.ndarray:
+        """uint8 [len(doc i)]: document i's loss mask (all ones without a mask file)."""
+        if self.loss_mask is None:
+            return np.ones(int(self.offsets[i + 1] - self.offsets[i]), np.uint8)
+        return self.loss_mask[self.offsets[i]: self.offsets[i + 1]]
 
     @property
     def n_docs(self) -> int:
@@ -101,7 +117,15 @@ class TokenStore:
                 f"split {split.shape}, n_tokens {n_tok} disagree")
         if n and np.any(np.diff(offsets) < 0):
             raise InputDataError(f"token store {root} is corrupt: offsets.npy is not non-decreasing")
-        return cls(root, tokens, offsets, doc_ids, split, meta)
+        mask = None
+        mask_path = root / "loss_mask.bin"
+        if meta.get("loss_mask") or mask_path.exists():
+            if not mask_path.is_file() or mask_path.stat().st_size != n_tok:
+                size = mask_path.stat().st_size if mask_path.is_file() else "missing"
+                raise InputDataError(f"token store {mask_path} is corrupt: {size} bytes, meta.json says "
+                                     f"{n_tok} tokens (one uint8 mask value per token)")
+            mask = np.memmap(mask_path, dtype=np.uint8, mode="r", shape=(n_tok,)) if n_tok else np.zeros(0, np.uint8)
+        return cls(root, tokens, offsets, doc_ids, split, meta, mask)
 
 
 class TokenStoreWriter:
@@ -119,7 +143,7 @@ class TokenStoreWriter:
     files go (e.g. save the tokenizer to `w.dir / "tokenizer"` instead of passing `tokenizer_dir`).
     """
 
-    def __init__(self, root: str | Path, publish: bool = True):
+    def __init__(self, root: str | Path, publish: bool = True, loss_mask: bool = False):
         from array import array
 
         self.root = Path(root)
@@ -132,12 +156,26 @@ class TokenStoreWriter:
             if any(self.dir.iterdir()):
                 raise ValueError(f"TokenStoreWriter(publish=False) needs a new or empty directory: {self.dir}")
         self._f = open(self.dir / "tokens.bin", "wb")  # noqa: SIM115 - closed by finish()/abort()
+        self._m = open(self.dir / "loss_mask.bin", "wb") if loss_mask else None  # noqa: SIM115 - likewise
         self._lengths = array("q")
         self._max = -1
 
-    def append(self, ids) -> None:
+    def enable_mask(self) -> None:
+        """Keep a loss mask from now on (before the first append): for a caller that learns it needs one late."""
+        if self._lengths:
+            raise ValueError("enable_mask() after documents were appended")
+        if self._m is None:
+            self._m = open(self.dir / "loss_mask.bin", "wb")  # noqa: SIM115 - closed by finish()/abort()
+
+    def append(self, ids, mask=None) -> None:
+        """One document's ids; `mask` (same length, 0/1) when the writer keeps a loss mask (None → all 1)."""
         a = np.asarray(ids, dtype=np.uint32)
         self._f.write(a.tobytes())
+        if self._m is not None:
+            m = np.ones(len(a), np.uint8) if mask is None else np.asarray(mask, dtype=np.uint8)
+            if m.shape != a.shape:
+                raise ValueError(f"loss mask of {len(m)} values for {len(a)} ids")
+            self._m.write(m.tobytes())
         self._lengths.append(len(a))
         if len(a):
             self._max = max(self._max, int(a.max()))
@@ -145,6 +183,8 @@ class TokenStoreWriter:
     def finish(self, doc_ids: np.ndarray, split: np.ndarray, meta: dict,
                tokenizer_dir: Path | None = None) -> TokenStore:
         self._f.close()
+        if self._m is not None:
+            self._m.close()
         n = len(self._lengths)
         offsets = np.zeros(n + 1, dtype=np.int64)
         np.cumsum(np.frombuffer(self._lengths, dtype=np.int64) if n else np.zeros(0, np.int64), out=offsets[1:])
@@ -153,6 +193,8 @@ class TokenStoreWriter:
         np.save(self.dir / "split.npy", np.asarray(split, dtype=np.uint8))
         meta = {**meta, "n_docs": int(n), "n_tokens": int(offsets[-1]), "dtype": "uint32",
                 "max_token_id": self._max}
+        if self._m is not None:
+            meta["loss_mask"] = True
         (self.dir / "meta.json").write_text(json.dumps(meta, indent=2))
         if tokenizer_dir is not None:
             shutil.copytree(tokenizer_dir, self.dir / "tokenizer")
@@ -165,6 +207,8 @@ class TokenStoreWriter:
 
     def abort(self) -> None:
         self._f.close()
+        if self._m is not None:
+            self._m.close()
         if self.publish:
             shutil.rmtree(self.dir, ignore_errors=True)
 
@@ -177,9 +221,11 @@ class TokenStoreWriter:
 
 
 def write_token_store(root: str | Path, token_arrays: list[np.ndarray], doc_ids: np.ndarray,
-                      split: np.ndarray, meta: dict, tokenizer_dir: Path | None = None) -> TokenStore:
-    """Write a token store atomically (temp dir + rename). `token_arrays[i]` are document i's ids."""
-    with TokenStoreWriter(root) as w:
-        for a in token_arrays:
-            w.append(a)
+                      split: np.ndarray, meta: dict, tokenizer_dir: Path | None = None,
+                      masks: list[np.ndarray] | None = None) -> TokenStore:
+    """Write a token store atomically (temp dir + rename). `token_arrays[i]` are document i's ids, `masks[i]`
+    its loss mask (None: no mask file, every token learned)."""
+    with TokenStoreWriter(root, loss_mask=masks is not None) as w:
+        for i, a in enumerate(token_arrays):
+            w.append(a, None if masks is None else masks[i])
         return w.finish(doc_ids, split, meta, tokenizer_dir)

@@ -28,6 +28,14 @@ hash (same split on every machine and run; independent of document order). If th
 (tiny corpora) the document with the smallest u is held out; at least one document stays in train. The
 tokenizer is trained on train documents only, visited in decreasing u order.
 
+Chat / prompt-completion records (documents.parquet with `format`/`record` columns, packtrain.data.ingest)
+are rendered by packtrain.data.chat (the tokenizer's own chat_template, or the built-in ChatML-like one) and
+a uint8 loss mask is written beside the ids (token_store `loss_mask.bin`; text rows all 1). A record whose
+prompt — the tokens before its first learned token — is longer than `prompt_budget` (the tokenize stage passes
+pack.budget) would be packed as chunks whose answer cannot see its question: every such record, and every
+record that does not render (wrong role, missing content, ...: `packtrain validate` lists them first), is
+named by source (file:line) and doc_id in one InputDataError (exit 3), after the whole table was read.
+
 Encoding uses `Tokenizer.encode_batch` on `batch_docs` documents at a time with tokenizers' Rayon thread
 pool enabled for the call (`workers` threads; TOKENIZERS_PARALLELISM is off elsewhere in packtrain):
 ≈4-6 M chars/s on 2 cores with vocab 4096.
@@ -82,6 +90,9 @@ class TokenizeStats:
     tokenizer_from: str | None = None           # model.init_from when the tokenizer came with the init model
     special_prefix: list[int] = field(default_factory=list)   # ids the tokenizer puts before a text (BOS)
     special_suffix: list[int] = field(default_factory=list)   # ... and after it (before the appended EOS)
+    loss_mask: bool = False                 # loss_mask.bin written (chat / prompt-completion records)
+    loss_tokens: int | None = None          # tokens with mask 1 (None without a mask: all of them)
+    chat_template: str | None = None        # "tokenizer" (its own chat_template) | "builtin" | None (no chat)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -300,11 +311,14 @@ def _training_texts(pf, path: Path, doc_ids: np.ndarray, split: np.ndarray, u: n
 
 
 def tokenize_documents(docs: str | Path, out_dir: str | Path, cfg: TokenizeConfig,
-                       publish: bool = True, tokenizer_from: str | None = None) -> TokenizeStats:
+                       publish: bool = True, tokenizer_from: str | None = None,
+                       prompt_budget: int | None = None) -> TokenizeStats:
     """Train/load the tokenizer, encode every document (+ EOS), write the token store to `out_dir`.
 
     `tokenizer_from`: set when `cfg.tokenizer_dir` is the init model's directory (the tokenize stage's
     substitution); recorded in meta.json and the stats, and named in errors instead of tokenize.tokenizer_dir.
+    `prompt_budget`: chat / prompt-completion records whose prompt has ≥ this many tokens are refused (the
+    stage passes pack.budget); None → not checked.
 
     Streams: texts are read `batch_docs` at a time and each batch's ids go straight to the store's temp file,
     so memory is O(documents) + one batch, whatever the corpus size (200 MB of text: peak RSS 1.66 GB when
@@ -349,20 +363,50 @@ def tokenize_documents(docs: str | Path, out_dir: str | Path, cfg: TokenizeConfi
             backend = hf.backend_tokenizer
             encode = getattr(backend, "encode_batch_fast", backend.encode_batch)
             wrap = _document_ids(prefix, suffix, eos, cfg.append_eos)
-            chars = 0
+            records = "record" in pf.schema_arrow.names
+            chat = None
+            if records:
+                from packtrain.data.chat import has_own_template
+
+                chat = "tokenizer" if cfg.chat_template == "auto" and has_own_template(hf) else "builtin"
+                writer.enable_mask()
+            chars, loss_tokens = 0, 0
+            problems: list[str] = []
             t2 = time.perf_counter()
             with tqdm(total=n_docs, unit="doc", desc="tokenize", file=sys.stderr, delay=2.0, leave=False) as bar:
-                for _, col in _text_batches(pf, path, doc_ids, cfg.batch_docs):
-                    texts = col.to_pylist()
-                    for sub in _by_chars(texts, ENCODE_CHARS):   # bounds the Encoding objects alive at once
-                        for enc in encode(sub, add_special_tokens=False):
-                            writer.append(wrap(enc.ids))
-                    chars += sum(map(len, texts))
-                    bar.update(len(texts))
+                if records:
+                    for start, rows in _record_batches(pf, cfg.batch_docs):
+                        for j, (text, fmt, rec, src) in enumerate(rows):
+                            ids, mask = _encode_record(hf, fmt, rec, wrap, prefix, chat == "tokenizer",
+                                                       encode, text)
+                            bad = _record_problem(ids, mask, fmt, rec, prompt_budget)
+                            if bad:
+                                problems.append(f"{src} (doc_id {int(doc_ids[start + j])}): {bad}")
+                                ids, mask = [eos if eos is not None else 0], [0]   # placeholder; never published
+                            writer.append(ids, mask)
+                            loss_tokens += int(sum(mask))
+                            chars += len(text)
+                        bar.update(len(rows))
+                else:
+                    for _, col in _text_batches(pf, path, doc_ids, cfg.batch_docs):
+                        texts = col.to_pylist()
+                        for sub in _by_chars(texts, ENCODE_CHARS):   # bounds the Encoding objects alive at once
+                            for enc in encode(sub, add_special_tokens=False):
+                                writer.append(wrap(enc.ids))
+                        chars += sum(map(len, texts))
+                        bar.update(len(texts))
+            if problems:
+                raise InputDataError(
+                    f"{path}: {len(problems)} record(s) cannot be tokenized for training: "
+                    + "; ".join(problems[:20]) + (f"; ... ({len(problems) - 20} more)" if len(problems) > 20 else "")
+                    + ". Fix or remove them (`packtrain validate` lists malformed records row by row); a prompt "
+                    "longer than the pack budget needs a larger pack.budget or a shorter prompt")
             encode_s = time.perf_counter() - t2
             meta = {"vocab_size": len(hf), "eos_id": eos, "pad_id": hf.pad_token_id, "bos_id": hf.bos_token_id,
                     "append_eos": cfg.append_eos, "tokenizer": source, "tokenizer_hash": tok_hash,
                     "tokenizer_from": tokenizer_from, "special_prefix": prefix, "special_suffix": suffix}
+            if chat is not None:
+                meta["chat_template"] = chat
             store = writer.finish(doc_ids, split, meta)
 
     lengths = store.lengths()
@@ -377,7 +421,60 @@ def tokenize_documents(docs: str | Path, out_dir: str | Path, cfg: TokenizeConfi
         train_seconds=round(train_s, 3), encode_seconds=round(encode_s, 3),
         tokens_per_second=round(n_tok / max(encode_s, 1e-9), 1), seconds=round(time.perf_counter() - t0, 3),
         output=str(out_dir), tokenizer_hash=tok_hash, tokenizer_from=tokenizer_from, special_prefix=prefix,
-        special_suffix=suffix)
+        special_suffix=suffix, loss_mask=records, loss_tokens=loss_tokens if records else None,
+        chat_template=chat)
+
+
+def _record_batches(pf, batch_docs: int):
+    """Yield (first row index, [(text, format, record JSON or None, source)]) of a table with records."""
+    start = 0
+    cols = ["text", "format", "record", "source"]
+    for rb in pf.iter_batches(batch_size=batch_docs, columns=cols):
+        d = rb.to_pydict()
+        rows = list(zip(d["text"], d["format"], d["record"], d["source"], strict=True))
+        yield start, rows
+        start += len(rows)
+
+
+def _encode_record(hf, fmt, rec, wrap, prefix: list[int], own_template: bool, encode, text):
+    """(ids, mask) of one row: a text row through the usual prefix/EOS rule with mask 1; a record rendered by
+    packtrain.data.chat, the tokenizer's prefix (BOS) mask 0 — left out for its own template, which writes
+    its BOS itself — and the appended EOS learned when the record ends with an assistant turn / completion.
+    A record that does not render gives ([], [problem]) for _record_problem to report."""
+    import json
+
+    from packtrain.data.chat import RecordError, ends_with_learned_turn, render_record
+
+    if fmt in (None, "text") or rec is None:
+        ids = wrap(list(encode([text or ""], add_special_tokens=False)[0].ids))
+        return ids, [1] * len(ids)
+    try:
+        record = json.loads(rec)
+        r = render_record(fmt, record, hf, own_template)
+    except (RecordError, json.JSONDecodeError, TypeError, KeyError) as e:
+        return [], [str(e)]
+    tail = wrap(r.ids)[len(prefix) + len(r.ids):]   # wrap: prefix + ids + suffix (+ EOS)
+    head = [] if own_template else list(prefix)
+    learned_end = int(ends_with_learned_turn(fmt, record))
+    return head + r.ids + tail, [0] * len(head) + r.mask + [learned_end] * len(tail)
+
+
+def _record_problem(ids, mask, fmt, rec, prompt_budget: int | None) -> str | None:
+    """Why a rendered record cannot be trained on, or None: it did not render, it learns nothing, or its
+    prompt is longer than the pack budget."""
+    from packtrain.data.chat import prompt_tokens
+
+    if not ids:
+        return str(mask[0]) if mask else "renders to no tokens"
+    if fmt in (None, "text") or rec is None:
+        return None
+    if not any(mask):
+        return "no token to learn (no assistant content / completion)"
+    n = prompt_tokens(mask)
+    if prompt_budget is not None and n >= prompt_budget:
+        return (f"prompt of {n} tokens (before the first learned token) does not fit the pack budget "
+                f"{prompt_budget}")
+    return None
 
 
 def _ship_tokenizer(hf, src: Path, tok_dir: Path, field_name: str) -> None:

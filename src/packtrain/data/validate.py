@@ -14,6 +14,18 @@ The suite (thresholds from `ValidateConfig`; name → GX expectation):
                                                            i.e. (rows - distinct) / rows ≤ max_duplicate_ratio
     row_count          ExpectTableRowCountToBeBetween      rows ≥ min_rows
 
+Chat / prompt-completion tables (a `record` column, packtrain.data.ingest) get four more expectations, one
+per packtrain.data.chat.CHECKS, each ExpectColumnValuesToBeNull on a column holding the row's first problem
+(None when the row is fine; plain-text rows always None):
+
+    record_shape       messages is a list of {role, content} with string content; prompt and completion strings
+    roles_allowed      every role is one of system, user, assistant, tool
+    has_assistant_turn a conversation has at least one assistant turn
+    content_not_empty  no empty (whitespace-only) content or completion
+
+Every failing expectation lists its rows in `offending_rows`: doc_id, `source` (file:line / file#row) and,
+for these four, the problem (`messages[1].role is "bot", allowed: ...`); the exit-4 message names them too.
+
 Outputs in `out_dir`: `report.json` (per expectation: success, observed value, element/unexpected counts,
 up to `max_offending_ids` offending doc_ids — for duplicate_ratio the ids of rows repeating an earlier
 text, computed with pandas because GX's aggregate expectation lists none) and `data_docs/index.html`, the
@@ -56,13 +68,20 @@ class ExpectationResult:
     offending_doc_ids: list[int] = field(default_factory=list)
     kwargs: dict = field(default_factory=dict)
     error: str | None = None
+    offending_rows: list[dict] = field(default_factory=list)
+    """[{"doc_id", "source", "problem"?}] of the offending doc_ids: where each row came from (file:line)."""
 
     def summary(self) -> str:
-        """'length_in_range (12 unexpected, 0.8%)' — used in the failure message."""
+        """'length_in_range (12 unexpected, 0.8%)' — used in the failure message; chat checks name their rows:
+        'roles_allowed (1 unexpected, 25.0%: chat.jsonl:3 messages[1].role is "bot", allowed: ...)'."""
         if self.error:
             return f"{self.name} (error: {self.error})"
         if self.unexpected_count is not None:
-            return f"{self.name} ({self.unexpected_count} unexpected, {self.unexpected_percent or 0:.1f}%)"
+            rows = [f"{r['source']} {r['problem']}" for r in self.offending_rows[:5] if r.get("problem")]
+            more = f" ... ({len(self.offending_rows) - 5} more listed in the report)" if len(rows) == 5 \
+                and len(self.offending_rows) > 5 else ""
+            where = (": " + "; ".join(rows) + more) if rows else ""
+            return f"{self.name} ({self.unexpected_count} unexpected, {self.unexpected_percent or 0:.1f}%{where})"
         return f"{self.name} (observed {self.observed})"
 
 
@@ -146,18 +165,48 @@ def load_frame(path: Path, batch_rows: int = 2048):
             cols[f.name] = pd.Series(parts[f.name], dtype=object)
         else:
             cols[f.name] = pa.chunked_array(parts[f.name], type=f.type).to_pandas()
+    if "record" in cols:
+        for name, values in record_check_columns(parts.get("format") or [], parts["record"]).items():
+            cols[name] = pd.Series(values, dtype=object)
+        del cols["record"]   # the structure was only needed for the checks
     return pd.DataFrame(cols) if cols else pd.DataFrame(index=range(pf.metadata.num_rows))
 
 
-def build_suite(cfg: ValidateConfig) -> list[tuple[str, object]]:
-    """[(name, GX expectation)] in report order; names are stored in each expectation's meta."""
+def record_check_columns(formats: list, records: list) -> dict[str, list]:
+    """{"<check>_problem": [first problem of each row or None]} for packtrain.data.chat.CHECKS; a record that
+    is not valid JSON fails record_shape. Rows without a record (plain text) pass every check."""
+    import json
+
+    from packtrain.data.chat import CHECKS, record_checks
+
+    out: dict[str, list] = {f"{c}_problem": [] for c in CHECKS}
+    for i, rec in enumerate(records):
+        fmt = formats[i] if i < len(formats) else None
+        if rec is None or fmt in (None, "text"):
+            found: dict[str, str | None] = dict.fromkeys(CHECKS)
+        else:
+            try:
+                found = record_checks(fmt, json.loads(rec))
+            except (json.JSONDecodeError, TypeError):
+                found = {**dict.fromkeys(CHECKS), "record_shape": "record is not valid JSON"}
+        for c in CHECKS:
+            out[f"{c}_problem"].append(found[c])
+    return out
+
+
+def build_suite(cfg: ValidateConfig, records: bool = False) -> list[tuple[str, object]]:
+    """[(name, GX expectation)] in report order; names are stored in each expectation's meta. `records`: the
+    table holds chat / prompt-completion rows (adds the four record checks)."""
     import great_expectations.expectations as gxe
+
+    from packtrain.data.chat import CHECKS
 
     def named(name, exp):
         exp.meta = {"packtrain_name": name}
         return name, exp
 
-    return [
+    extra = [named(c, gxe.ExpectColumnValuesToBeNull(column=f"{c}_problem")) for c in CHECKS] if records else []
+    return extra + [
         named("columns_present", gxe.ExpectTableColumnsToMatchSet(column_set=list(COLUMNS), exact_match=False)),
         *(named(f"{c}_type", gxe.ExpectColumnValuesToBeOfType(column=c, type_=t)) for c, t in COLUMNS.items()),
         named("doc_id_unique", gxe.ExpectColumnValuesToBeUnique(column="doc_id")),
@@ -217,7 +266,28 @@ def _to_result(name: str, r, df, cfg: ValidateConfig) -> ExpectationResult:
         element_count=res.get("element_count"), unexpected_count=res.get("unexpected_count"),
         unexpected_percent=(round(res["unexpected_percent"], 4) if res.get("unexpected_percent") is not None
                             else None),
-        offending_doc_ids=ids[: cfg.max_offending_ids], kwargs=kwargs, error=error)
+        offending_doc_ids=ids[: cfg.max_offending_ids], kwargs=kwargs, error=error,
+        offending_rows=_offending_rows(ids[: cfg.max_offending_ids], df, column))
+
+
+def _offending_rows(ids: list[int], df, column: str | None) -> list[dict]:
+    """[{"doc_id", "source", "problem"?}] for `ids`: the source locator (file:line) and, for a record check's
+    `<check>_problem` column, the problem text."""
+    if not ids or "doc_id" not in df.columns or "source" not in df.columns:
+        return []
+    at = df.set_index("doc_id", drop=False)
+    rows = []
+    for i in ids:
+        if i not in at.index:
+            continue
+        row = at.loc[i]
+        if getattr(row, "ndim", 1) > 1:   # duplicated doc_id: the first
+            row = row.iloc[0]
+        item = {"doc_id": int(i), "source": row["source"]}
+        if column is not None and column.endswith("_problem") and column in df.columns:
+            item["problem"] = row[column]
+        rows.append(item)
+    return rows
 
 
 def validate_documents(docs: str | Path, out_dir: str | Path, cfg: ValidateConfig,
@@ -253,7 +323,7 @@ def validate_documents(docs: str | Path, out_dir: str | Path, cfg: ValidateConfi
                  .add_batch_definition_whole_dataframe("all"))
     suite = ctx.suites.add(gx.ExpectationSuite(name=SUITE_NAME))
     names = []
-    for name, exp in build_suite(cfg):
+    for name, exp in build_suite(cfg, records="record_shape_problem" in df.columns):
         suite.add_expectation(exp)
         names.append(name)
     vdef = ctx.validation_definitions.add(gx.ValidationDefinition(name="documents", data=batch_def, suite=suite))

@@ -23,6 +23,16 @@ b (4 tokens), one padding slot::
         b3 [ .  .  .  1  1  1  1  . ]
         pd [ .  .  .  .  .  .  .  1 ]
 
+Loss mask (chat / prompt-completion records, `loss_on="assistant"` or `"completion"`): a label is also -100
+where the pack store's loss_mask is 0 (system/user turns, prompts, template markup), so only learned tokens
+count — in `labels` and in `n_label_tokens`, for every row of the batch. Document a = prompt p0 p1 + answer
+r0 r1 (mask 0 0 1 1), b = plain text (mask 1 1 1), budget 8::
+
+    slot           0     1     2     3     4     5     6     7
+    input_ids      p0    p1    r0    r1    b0    b1    b2    pad
+    loss_mask      0     0     1     1     1     1     1     -
+    labels        -100  -100   r0    r1   -100   b1    b2   -100   n_label_tokens 4 (loss_on="all": 5)
+
 transformers (SDPA/eager/flex) builds exactly this mask from `position_ids` when `attention_mask is None`
 and `use_cache=False`; varlen attention takes `cu_seqlens`/`max_seqlen`; FlexAttention takes `segment_ids`.
 
@@ -82,10 +92,21 @@ class PackedBatch:
         return PackedBatch(**kw)
 
 
+LOSS_ON = ("all", "assistant", "completion")
+"""What the loss covers: every token (the mask ignored), or the learned tokens of the loss mask — "assistant"
+and "completion" read the same mask (assistant turns of chat records, the completion of prompt/completion
+records; plain-text documents are all learned)."""
+
+
 def build_batch(rows_tokens: Sequence[np.ndarray], rows_seg_lens: Sequence[np.ndarray], budget: int,
-                pad_id: int = 0) -> PackedBatch:
+                pad_id: int = 0, rows_masks: Sequence[np.ndarray | None] | None = None) -> PackedBatch:
     """Collate packs into one PackedBatch. Row i holds `rows_tokens[i]` (≤ budget tokens) made of segments
-    `rows_seg_lens[i]` (summing to its length); an empty row is all padding.
+    `rows_seg_lens[i]` (summing to its length); an empty row is all padding. `rows_masks[i]` (uint8, same
+    length as row i, or None = all learned): labels are also -100 where it is 0.
+
+    >>> b = build_batch([np.array([5, 6, 7, 8, 9])], [np.array([5])], budget=6, rows_masks=[np.array([0, 0, 1, 1, 0])])
+    >>> b.labels.tolist(), b.n_label_tokens
+    ([[-100, -100, 7, 8, -100, -100]], 2)
 
     >>> b = build_batch([np.array([5, 6, 7, 8, 9])], [np.array([2, 3])], budget=6, pad_id=0)
     >>> b.input_ids.tolist(), b.position_ids.tolist(), b.labels.tolist(), b.cu_seqlens.tolist()
@@ -96,12 +117,18 @@ def build_batch(rows_tokens: Sequence[np.ndarray], rows_seg_lens: Sequence[np.nd
     n_rows = len(rows_tokens)
     T = n_rows * budget
     ids = np.full(T, pad_id, dtype=np.int64)
+    learned = np.ones(T, dtype=bool)
     seg_lens, is_pad = [], []
     for r, (tok, sl) in enumerate(zip(rows_tokens, rows_seg_lens, strict=True)):
         n = len(tok)
         if n > budget:
             raise ValueError(f"row {r} holds {n} tokens > budget {budget}")
         ids[r * budget: r * budget + n] = tok
+        m = rows_masks[r] if rows_masks is not None else None
+        if m is not None:
+            if len(m) != n:
+                raise ValueError(f"row {r}: loss mask of {len(m)} values for {n} tokens")
+            learned[r * budget: r * budget + n] = np.asarray(m) != 0
         sl = np.asarray(sl, dtype=np.int64)
         if int(sl.sum()) != n:
             raise ValueError(f"row {r}: segment lengths sum to {int(sl.sum())}, row holds {n} tokens")
@@ -119,6 +146,7 @@ def build_batch(rows_tokens: Sequence[np.ndarray], rows_seg_lens: Sequence[np.nd
     labels = ids.copy()
     labels[cu[:-1]] = IGNORE
     labels[pad_seg[seg_ids]] = IGNORE
+    labels[~learned] = IGNORE
     real = lens[~pad_seg]
     return PackedBatch(
         input_ids=torch.from_numpy(ids).view(1, T),
@@ -129,7 +157,7 @@ def build_batch(rows_tokens: Sequence[np.ndarray], rows_seg_lens: Sequence[np.nd
         segment_ids=torch.from_numpy(seg_ids).view(1, T),
         seq_lens=[int(x) for x in real],
         n_real_tokens=int(real.sum()),
-        n_label_tokens=int(real.sum() - len(real)),
+        n_label_tokens=int((labels != IGNORE).sum()),
         rows=n_rows,
         budget=budget,
     )
@@ -151,11 +179,16 @@ class PackedLoader:
     `state_dict()` after receiving batch k resumes at batch k+1: `load_state_dict` on a fresh loader yields
     exactly the batches the old one would have yielded next. Iterating again continues where it stopped.
     `pin_memory=True` pins batches in page-locked memory when CUDA is available (a no-op on CPU).
+    `loss_on` (LOSS_ON): "all" ignores the store's loss mask; "assistant"/"completion" set labels to -100 where
+    it is 0 (a store without a mask: every token is learned, as for plain text).
     """
 
     def __init__(self, split_dir, rows: int, seed: int = 0, rank: int = 0, world_size: int = 1,
                  pin_memory: bool = False, drop_last: bool = True, epochs: int | None = None,
-                 shuffle: bool = True):
+                 shuffle: bool = True, loss_on: str = "all"):
+        if loss_on not in LOSS_ON:
+            raise ConfigError(f"PackedLoader loss_on={loss_on!r}: allowed {', '.join(LOSS_ON)}")
+        self.loss_on = loss_on
         if rows < 1:
             raise ConfigError(f"PackedLoader rows={rows}: must be ≥ 1")
         if world_size < 1 or not 0 <= rank < world_size:
@@ -204,15 +237,18 @@ class PackedLoader:
 
     def collate(self, pack_ids: np.ndarray) -> PackedBatch:
         st = self.store
-        toks, segs = [], []
+        toks, segs, masks = [], [], []
+        use_mask = self.loss_on != "all" and st.loss_mask is not None
         for p in pack_ids:
             if p < 0:
                 toks.append(np.zeros(0, np.uint32))
                 segs.append(np.zeros(0, np.int64))
+                masks.append(None)
             else:
                 toks.append(st.pack_tokens(int(p)))
                 segs.append(self._seg_lens[st.seg_offsets[p]: st.seg_offsets[p + 1]])
-        batch = build_batch(toks, segs, self.budget, st.pad_id)
+                masks.append(st.pack_mask(int(p)) if use_mask else None)
+        batch = build_batch(toks, segs, self.budget, st.pad_id, masks if use_mask else None)
         if self.pin_memory:
             import torch
 

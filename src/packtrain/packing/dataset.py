@@ -90,7 +90,7 @@ def write_packs(src: Path, out: Path, cfg: PackConfig) -> PackStats:
     t0 = time.perf_counter()
     src, out = Path(src), Path(out)
     ts = TokenStore.open(src)
-    _check_store(ts)
+    _check_store(ts, cfg.budget)
     out.mkdir(parents=True, exist_ok=True)
     stats = {}
     for name, code in (("train", SPLIT_TRAIN), ("eval", SPLIT_EVAL)):
@@ -104,7 +104,22 @@ def write_packs(src: Path, out: Path, cfg: PackConfig) -> PackStats:
     return result
 
 
-def _check_store(ts: TokenStore) -> None:
+def _check_prompts(ts: TokenStore, budget: int) -> None:
+    """A masked document whose first learned token lies at position ≥ budget would be split so that its answer
+    lands in a pack without its prompt (tokenize refuses such records by name; this guards stores made
+    otherwise). Names the doc_ids."""
+    lengths = ts.lengths()
+    long = np.flatnonzero(lengths > budget)
+    bad = [int(ts.doc_ids[i]) for i in long
+           if not ts.doc_mask(int(i))[:budget].any() and ts.doc_mask(int(i)).any()]
+    if bad:
+        raise InputDataError(
+            f"token store {ts.root}: {len(bad)} record(s) whose prompt (tokens before the first learned one) does "
+            f"not fit pack.budget {budget}: doc_ids {bad[:10]}{' ...' if len(bad) > 10 else ''}; raise "
+            "pack.budget or shorten those prompts (tokenize names their source rows)")
+
+
+def _check_store(ts: TokenStore, budget: int | None = None) -> None:
     if ts.n_docs == 0:
         raise InputDataError(f"token store {ts.root} holds no documents (offsets.npy is empty)")
     lengths = ts.lengths()
@@ -114,6 +129,8 @@ def _check_store(ts: TokenStore) -> None:
             f"token store {ts.root}: {len(zero)} zero-length documents (doc_ids {ts.doc_ids[zero[:5]].tolist()}"
             f"{' ...' if len(zero) > 5 else ''}); every document needs ≥ 1 token — re-run `packtrain tokenize`")
     vocab = ts.vocab_size
+    if budget is not None and ts.loss_mask is not None:
+        _check_prompts(ts, budget)
     for a in range(0, len(ts.tokens), 1 << 24):
         block = ts.tokens[a: a + (1 << 24)]
         if block.max() >= vocab:
@@ -147,8 +164,11 @@ def _pack_split(ts: TokenStore, code: int, name: str, out: Path, cfg: PackConfig
     meta = {"split": name, "budget": cfg.budget, "strategy": cfg.strategy, "overlong": cfg.overlong,
             "seed": cfg.seed, "vocab_size": ts.vocab_size, "pad_id": ts.meta.get("pad_id"),
             "eos_id": ts.meta.get("eos_id")}
+    # The mask is gathered with the very same (start, length) segments as the tokens: aligned by construction,
+    # whatever the strategy, the overlong split or the pack shuffle.
+    masks = None if ts.loss_mask is None else _gather(ts.loss_mask, src_start, seg_len, f"pack {name} mask")
     write_pack_store(out, _gather(ts.tokens, src_start, seg_len, f"pack {name}"), pack_offsets, seg_offsets,
-                     segments, meta)
+                     segments, meta, mask_chunks=masks)
     return _split_stats(plan, lengths, int((~keep).sum()), len(keep), t_plan, time.perf_counter() - t0)
 
 

@@ -9,7 +9,10 @@ One directory per split (`<pack_dir>/train/`, `<pack_dir>/eval/`)::
                                                token store document `doc_id`, in the order they lie in the pack
     meta.json         {"format": "packtrain.packs", "version": 1, "budget", "n_packs", "n_segments",
                        "n_tokens", "vocab_size", "pad_id", "eos_id", "strategy", "seed", "split",
-                       "checksums": {file: crc32}}
+                       "loss_mask": bool, "checksums": {file: crc32}}
+    loss_mask.bin     uint8  [n_tokens]        only when the token store has one (chat / prompt-completion):
+                                               1 = learned, aligned with tokens.bin byte for token (the same
+                                               gather), so it follows every strategy, split and shuffle
 
 Example, budget 8, documents 7 (len 5), 9 (len 2), 4 (len 6)::
 
@@ -61,6 +64,13 @@ class PackStore:
     seg_offsets: np.ndarray   # int64 [n_packs + 1]
     segments: np.ndarray      # int64 [n_segments, 3] (doc_id, start, length)
     meta: dict
+    loss_mask: np.ndarray | None = None   # uint8 memmap [n_tokens]; None → every token learned
+
+    def pack_mask(self, p: int) -> np.ndarray | None:
+        """uint8 [len(pack p)] loss mask of pack p, None when the store has none (all learned)."""
+        if self.loss_mask is None:
+            return None
+        return self.loss_mask[self.pack_offsets[p]: self.pack_offsets[p + 1]]
 
     @property
     def n_packs(self) -> int:
@@ -151,7 +161,25 @@ class PackStore:
                                  f"{int(plen.max())} tokens > budget {budget}")
         tokens = (np.memmap(root / "tokens.bin", dtype=np.uint32, mode="r", shape=(n_tok,))
                   if n_tok else np.zeros(0, np.uint32))
-        return cls(root, tokens, po.astype(np.int64), so.astype(np.int64), seg.astype(np.int64), meta)
+        mask = _open_mask(root, meta, n_tok, sums, verify)
+        return cls(root, tokens, po.astype(np.int64), so.astype(np.int64), seg.astype(np.int64), meta, mask)
+
+
+def _open_mask(root: Path, meta: dict, n_tok: int, sums: dict, verify: bool | None) -> np.ndarray | None:
+    """loss_mask.bin when meta says there is one: size n_tok bytes, crc32 as recorded (like tokens.bin)."""
+    path = root / "loss_mask.bin"
+    if not meta.get("loss_mask"):
+        return None
+    if not path.is_file():
+        raise MissingDataError(f"pack store {root}: missing loss_mask.bin (meta.json says loss_mask: true)")
+    size = path.stat().st_size
+    if size != n_tok:
+        raise InputDataError(f"pack store {path} is corrupt: {size} bytes, meta.json says {n_tok} tokens "
+                             "(one uint8 mask value per token)")
+    check = verify is True or (verify is None and size <= VERIFY_TOKENS_MAX_BYTES)
+    if check and "loss_mask.bin" in sums and file_crc32(path) != int(sums["loss_mask.bin"]):
+        raise InputDataError(f"pack store {path} is corrupt: crc32 differs from meta.json")
+    return np.memmap(path, dtype=np.uint8, mode="r", shape=(n_tok,)) if n_tok else np.zeros(0, np.uint8)
 
 
 def _check(path: Path, off: np.ndarray, n_packs: int, total: int) -> None:
@@ -163,9 +191,11 @@ def _check(path: Path, off: np.ndarray, n_packs: int, total: int) -> None:
 
 
 def write_pack_store(root: str | Path, token_chunks: Iterable[np.ndarray], pack_offsets: np.ndarray,
-                     seg_offsets: np.ndarray, segments: np.ndarray, meta: dict) -> Path:
+                     seg_offsets: np.ndarray, segments: np.ndarray, meta: dict,
+                     mask_chunks: Iterable[np.ndarray] | None = None) -> Path:
     """Write a split atomically. `token_chunks` yields uint32 arrays whose concatenation is tokens.bin
-    (streamed, so the whole split never sits in memory). Returns `root`."""
+    (streamed, so the whole split never sits in memory); `mask_chunks` likewise the uint8 loss_mask.bin (None:
+    no mask). Returns `root`."""
     root = Path(root)
     tmp = staging_dir(root)
     try:
@@ -178,12 +208,26 @@ def write_pack_store(root: str | Path, token_chunks: Iterable[np.ndarray], pack_
                 f.write(b)
         if n_tok != int(pack_offsets[-1]):
             raise ValueError(f"wrote {n_tok} tokens, pack_offsets ends at {int(pack_offsets[-1])}")
+        mask_meta: dict = {}
+        if mask_chunks is not None:
+            mcrc, n_mask = 0, 0
+            with open(tmp / "loss_mask.bin", "wb") as f:
+                for chunk in mask_chunks:
+                    b = np.ascontiguousarray(chunk, dtype=np.uint8).tobytes()
+                    mcrc = zlib.crc32(b, mcrc)
+                    n_mask += len(b)
+                    f.write(b)
+            if n_mask != n_tok:
+                raise ValueError(f"wrote {n_mask} mask values for {n_tok} tokens")
+            mask_meta = {"loss_mask": True}
         np.save(tmp / "pack_offsets.npy", np.asarray(pack_offsets, np.int64))
         np.save(tmp / "seg_offsets.npy", np.asarray(seg_offsets, np.int64))
         np.save(tmp / "segments.npy", np.asarray(segments, np.int64).reshape(-1, 3))
         sums = {"tokens.bin": crc}
         sums.update({n: file_crc32(tmp / n) for n in FILES[1:]})
-        full = {"format": FORMAT, "version": VERSION, **meta, "n_packs": len(pack_offsets) - 1,
+        if mask_chunks is not None:
+            sums["loss_mask.bin"] = mcrc
+        full = {"format": FORMAT, "version": VERSION, **meta, **mask_meta, "n_packs": len(pack_offsets) - 1,
                 "n_segments": int(len(segments)), "n_tokens": n_tok, "checksums": sums}
         (tmp / "meta.json").write_text(json.dumps(full, indent=2) + "\n", encoding="utf-8")
         publish_dir(tmp, root)

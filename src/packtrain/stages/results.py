@@ -162,6 +162,7 @@ class IngestResult(StageResult):
     default_corpus: dict | None
     input_md5_of: str                         # what lineage.input_md5["source"] covers: source | files read
     output_md5: str                           # DVC md5 of documents.parquet (validate/tokenize read it)
+    records_by_format: dict[str, int] = dataclasses.field(default_factory=dict)   # chat/prompt sources: docs per format
 
 
 @dataclass(kw_only=True)
@@ -214,6 +215,9 @@ class TokenizeResult(StageResult):
     special_suffix: list[int]
     input: str
     tokens_md5: str                           # DVC md5 of tokens.bin: equal across runs ⇔ same ids
+    loss_mask: bool = False                   # loss_mask.bin written (chat / prompt-completion records)
+    loss_tokens: int | None = None            # tokens with mask 1 (None: no mask, every token learned)
+    chat_template: str | None = None          # "tokenizer" | "builtin" | None (no chat records)
 
 
 @dataclass(kw_only=True)

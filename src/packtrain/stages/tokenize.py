@@ -29,7 +29,8 @@ from packtrain.stages.results import (
 )
 
 STATS_FILE = TokenizeResult.FILE
-OUTPUTS = ("tokens.bin", "offsets.npy", "doc_ids.npy", "split.npy", "meta.json", "tokenizer", STATS_FILE)
+REQUIRED = ("tokens.bin", "offsets.npy", "doc_ids.npy", "split.npy", "meta.json", "tokenizer", STATS_FILE)
+OUTPUTS = (*REQUIRED, "loss_mask.bin")   # loss_mask.bin only for chat / prompt-completion records
 
 
 def run_tokenize(cfg: RunConfig, docs_dir: str | Path | None = None, out_dir: str | Path | None = None
@@ -52,12 +53,13 @@ def run_tokenize(cfg: RunConfig, docs_dir: str | Path | None = None, out_dir: st
     tok_md5 = data_md5(check_tokenizer_dir(cfg.tokenize.tokenizer_dir)) if cfg.tokenize.tokenizer_dir else None
     tok_cfg, init_from = tokenizer_of_init(cfg)
     with stage_run("tokenize", cfg, section=cfg.tokenize) as run, \
-            staged_output(out, OUTPUTS, "tokenize") as tmp:
+            staged_output(out, OUTPUTS, "tokenize", required=REQUIRED) as tmp:
         run.set_tags({"dvc.md5.documents": md5, "dvc.md5.tokenizer": tok_md5})
         run.log_dataset(docs, "documents", md5, context="input")
         if tok_md5 and cfg.tokenize.tokenizer_dir:
             run.log_dataset(cfg.tokenize.tokenizer_dir, "tokenizer", tok_md5, context="input")
-        stats = tokenize_documents(docs, tmp, tok_cfg, publish=False, tokenizer_from=init_from)
+        stats = tokenize_documents(docs, tmp, tok_cfg, publish=False, tokenizer_from=init_from,
+                                   prompt_budget=cfg.pack.budget)   # a longer prompt could not share a pack with its answer
         run.set_tags({"packtrain.tokenizer_hash": stats.tokenizer_hash, "packtrain.tokenizer_from": init_from})
         _check_store(tmp, stats)
         lineage = make_lineage({"documents": md5, "tokenizer": tok_md5},

@@ -1,0 +1,253 @@
+"""Chat and prompt/completion records → token ids + a per-token loss mask (uint8, 1 = the model learns it).
+
+Record kinds (the documents table's `format` column, packtrain.data.ingest):
+
+    text               {"text": "..."}                                   mask all 1
+    messages           {"messages": [{"role": "user", "content": "Hi"},  mask 1 on assistant content and its
+                                     {"role": "assistant", "content": "Hello"}]}   end-of-turn token, else 0
+    prompt_completion  {"prompt": "2+2=", "completion": "4"}             prompt + completion, no template;
+                                                                         mask 0 on the prompt, 1 on the completion
+
+Chat template, first match (`tokenize.chat_template: auto`):
+1. the tokenizer's own `chat_template` (a real model's): rendered with `apply_chat_template`. When the
+   template marks assistant text with `{% generation %}`, transformers' `return_assistant_tokens_mask` gives
+   the mask; otherwise the assistant spans are found by rendering prefixes: for the k-th assistant turn,
+   render(messages[:k], add_generation_prompt=True) must be a prefix of render(messages[:k+1]), which must be
+   a prefix of the whole conversation; the characters between the two are that turn (content + end-of-turn
+   markup), and every token whose first character lies in a span gets mask 1 (token offsets). A template
+   that is not prefix-stable (e.g. it drops earlier reasoning) is an error naming the record: set
+   `tokenize.chat_template: builtin`.
+2. the built-in ChatML-like template (`tokenize.chat_template: builtin`, or a tokenizer without one):
+
+       <|im_start|>system\\nYou are terse.<|im_end|>\\n<|im_start|>user\\nHi<|im_end|>\\n<|im_start|>assistant\\nHello<|im_end|>\\n
+
+   The markers are encoded *as text*, so any BPE tokenizer works (a trained 4k BPE spends a few tokens on
+   each). Each piece is encoded on its own and the ids concatenated, so span boundaries are exact:
+
+       piece                          mask
+       "<|im_start|>user\\n"           0
+       "Hi"                           0
+       "<|im_end|>\\n"                 0
+       "<|im_start|>assistant\\n"      0
+       "Hello"                        1
+       "<|im_end|>"                   1      the end-of-turn marker: the model learns to stop
+       "\\n"                           0
+
+The tokenizer's special prefix (BOS) has mask 0; the appended EOS has mask 1 when the record ends with an
+assistant turn / a completion (the model learns where a conversation ends), else 0.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+ROLES = ("system", "user", "assistant", "tool")
+"""Roles a chat record may use; `assistant` turns are the ones learned."""
+IM_START, IM_END = "<|im_start|>", "<|im_end|>"
+FORMATS = ("text", "messages", "prompt_completion")
+
+Encode = Callable[[str], list[int]]
+
+
+class RecordError(ValueError):
+    """A record that cannot be rendered; the message says which field and what is allowed."""
+
+
+@dataclass(frozen=True)
+class Rendered:
+    """One record as token ids and its loss mask (same length)."""
+
+    ids: list[int]
+    mask: list[int]
+
+
+CHECKS = ("record_shape", "roles_allowed", "has_assistant_turn", "content_not_empty")
+"""The per-record checks validate runs on chat / prompt-completion rows (one GX expectation each)."""
+
+
+def record_checks(fmt: str, record: object) -> dict[str, str | None]:
+    """{check: the first problem found, or None} for each of CHECKS.
+
+    >>> record_checks("messages", [{"role": "bot", "content": "hi"}])["roles_allowed"]
+    'messages[0].role is "bot", allowed: system, user, assistant, tool'
+    """
+    out: dict[str, str | None] = dict.fromkeys(CHECKS)
+
+    def note(check: str, msg: str) -> None:
+        if out[check] is None:
+            out[check] = msg
+
+    if fmt == "text":
+        return out
+    if fmt == "prompt_completion":
+        if not isinstance(record, dict):
+            note("record_shape", f"record is {_kind(record)}, expected {{prompt, completion}}")
+            return out
+        for key in ("prompt", "completion"):
+            v = record.get(key)
+            if v is None:
+                note("record_shape", f"{key} is missing")
+            elif not isinstance(v, str):
+                note("record_shape", f"{key} is {_kind(v)}, expected a string")
+            elif key == "completion" and not v.strip():
+                note("content_not_empty", "completion is empty")
+        return out
+    if fmt != "messages":
+        note("record_shape", f"unknown record format {fmt!r} (allowed: {', '.join(FORMATS)})")
+        return out
+    if not isinstance(record, list):
+        note("record_shape", f"messages is {_kind(record)}, expected a list of {{role, content}}")
+        return out
+    if not record:
+        note("record_shape", "messages is an empty list")
+    for i, m in enumerate(record):
+        if not isinstance(m, dict):
+            note("record_shape", f"messages[{i}] is {_kind(m)}, expected {{role, content}}")
+            continue
+        role, content = m.get("role"), m.get("content")
+        if role not in ROLES:
+            note("roles_allowed", f"messages[{i}].role is {json.dumps(role)}, allowed: {', '.join(ROLES)}")
+        if content is None:
+            note("record_shape", f"messages[{i}].content is missing")
+        elif not isinstance(content, str):
+            note("record_shape", f"messages[{i}].content is {_kind(content)}, expected a string")
+        elif not content.strip():
+            note("content_not_empty", f"messages[{i}].content is empty")
+    if record and not any(isinstance(m, dict) and m.get("role") == "assistant" for m in record):
+        note("has_assistant_turn", "no assistant turn (a conversation needs one to learn from)")
+    return out
+
+
+def record_problems(fmt: str, record: object) -> list[str]:
+    """What is wrong with a record, [] when it renders (the non-None values of record_checks).
+
+    >>> record_problems("messages", [{"role": "user", "content": "hi"}])
+    ['no assistant turn (a conversation needs one to learn from)']
+    >>> record_problems("messages", "hi")
+    ['messages is a JSON string, expected a list of {role, content}']
+    """
+    return [m for m in record_checks(fmt, record).values() if m is not None]
+
+
+def _kind(v: object) -> str:
+    if v is None:
+        return "null"
+    return {str: "a JSON string", bool: "a boolean", int: "a number", float: "a number", list: "a list",
+            dict: "an object"}.get(type(v), type(v).__name__)
+
+
+def record_text(fmt: str, record: object) -> str:
+    """The plain text of a record (its contents joined by blank lines): what validate's length, emptiness and
+    duplicate checks see, and `documents.parquet`'s `text` column for chat rows.
+
+    >>> record_text("messages", [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo"}])
+    'Hi\\n\\nYo'
+    """
+    if fmt == "prompt_completion" and isinstance(record, dict):
+        return "\n\n".join(v for v in (record.get("prompt"), record.get("completion")) if isinstance(v, str))
+    if fmt == "messages" and isinstance(record, list):
+        return "\n\n".join(m["content"] for m in record if isinstance(m, dict) and isinstance(m.get("content"), str))
+    return record if fmt == "text" and isinstance(record, str) else ""
+
+
+def render_builtin(messages: Sequence[dict], encode: Encode) -> Rendered:
+    """The built-in ChatML-like template (module doc), piece by piece. `encode(text)` → ids, no specials."""
+    ids: list[int] = []
+    mask: list[int] = []
+
+    def put(text: str, m: int) -> None:
+        if text:
+            piece = encode(text)
+            ids.extend(piece)
+            mask.extend([m] * len(piece))
+
+    for msg in messages:
+        learn = int(msg["role"] == "assistant")
+        put(f"{IM_START}{msg['role']}\n", 0)
+        put(msg["content"], learn)
+        put(IM_END, learn)
+        put("\n", 0)
+    return Rendered(ids, mask)
+
+
+def render_prompt_completion(record: dict, encode: Encode) -> Rendered:
+    """prompt + completion as plain text, no template: mask 0 on the prompt's ids, 1 on the completion's."""
+    p, c = encode(record["prompt"]), encode(record["completion"])
+    return Rendered(p + c, [0] * len(p) + [1] * len(c))
+
+
+def render_with_template(messages: Sequence[dict], hf) -> Rendered:
+    """The tokenizer's own chat template (module doc): its ids and the assistant mask."""
+    msgs = [{"role": m["role"], "content": m["content"]} for m in messages]
+    template = hf.chat_template if isinstance(hf.chat_template, str) else ""
+    if "{% generation %}" in template or "{%- generation %}" in template:
+        out = hf.apply_chat_template(msgs, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
+        ids = list(out["input_ids"])
+        return Rendered(ids, [int(bool(x)) for x in out["assistant_masks"]])
+    full = hf.apply_chat_template(msgs, tokenize=False)
+    spans = []
+    for k, m in enumerate(msgs):
+        if m["role"] != "assistant":
+            continue
+        before = hf.apply_chat_template(msgs[:k], tokenize=False, add_generation_prompt=True) if k else ""
+        upto = hf.apply_chat_template(msgs[: k + 1], tokenize=False)
+        if not (upto.startswith(before) and full.startswith(upto) and m["content"] in upto[len(before):]):
+            raise RecordError(
+                f"the tokenizer's chat template is not prefix-stable at turn {k} (rendering the conversation up "
+                "to that turn is not a prefix of the whole), so the assistant tokens cannot be located; set "
+                "tokenize.chat_template=builtin")
+        spans.append((len(before), len(upto)))
+    enc = hf.backend_tokenizer.encode(full, add_special_tokens=False)
+    starts = np.array([s for s, _ in enc.offsets], dtype=np.int64)
+    mask = np.zeros(len(enc.ids), dtype=np.uint8)
+    for a, b in spans:
+        mask[(starts >= a) & (starts < b)] = 1
+    return Rendered(list(enc.ids), mask.tolist())
+
+
+def has_own_template(hf) -> bool:
+    """True when the tokenizer ships a chat template (a string; multi-template dicts are not used)."""
+    return isinstance(getattr(hf, "chat_template", None), str) and bool(hf.chat_template.strip())
+
+
+def render_record(fmt: str, record: object, hf, use_own_template: bool) -> Rendered:
+    """ids + mask of one non-text record (no BOS/EOS: the caller adds the tokenizer's rule); RecordError when
+    the record is malformed (the same problems `record_problems` lists)."""
+    problems = record_problems(fmt, record)
+    if problems:
+        raise RecordError("; ".join(problems))
+    backend = hf.backend_tokenizer
+
+    def encode(text: str) -> list[int]:
+        return list(backend.encode(text, add_special_tokens=False).ids)
+
+    if fmt == "prompt_completion":
+        assert isinstance(record, dict)
+        return render_prompt_completion(record, encode)
+    assert isinstance(record, list)
+    if use_own_template:
+        return render_with_template(record, hf)
+    return render_builtin(record, encode)
+
+
+def ends_with_learned_turn(fmt: str, record: object) -> bool:
+    """Whether the appended EOS is learned (mask 1): the record ends with an assistant turn / a completion."""
+    if fmt == "prompt_completion":
+        return True
+    return isinstance(record, list) and bool(record) and isinstance(record[-1], dict) \
+        and record[-1].get("role") == "assistant"
+
+
+def prompt_tokens(mask: Sequence[int] | np.ndarray) -> int:
+    """Tokens before the first learned one (the whole record when none is learned).
+
+    >>> prompt_tokens([0, 0, 0, 1, 1, 0])
+    3
+    """
+    m = np.asarray(mask)
+    hits = np.flatnonzero(m)
+    return int(hits[0]) if len(hits) else len(m)
