@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from packtrain.evaluate.adapter_registry import log_adapter
 from packtrain.evaluate.champion import (
     CHALLENGER,
     CHAMPION,
@@ -57,6 +58,7 @@ def _version_of_op(client, name: str, oid: str):
 def _log_model_once(client, run_id: str, op: dict, model_dir: Path, card: str) -> tuple[str, str, str, float]:
     """(model_id, flavor, note, seconds) of the op's logged model; logged only when no earlier attempt
     finished it (an attempt is finished once its model carries the packtrain.flavor tag)."""
+    from packtrain.evaluate.adapter_registry import registry_model_dir
     from packtrain.evaluate.loading import load_model_dir
     from packtrain.evaluate.registry import ARTIFACT_NAME, log_model
 
@@ -68,6 +70,7 @@ def _log_model_once(client, run_id: str, op: dict, model_dir: Path, card: str) -
             float(t.get("packtrain.log_model_s", 0.0))
     model_id = found[0].model_id if found else client.create_logged_model(
         exp, name=ARTIFACT_NAME, source_run_id=run_id, tags={OP_TAG: op["id"]}).model_id
+    model_dir = registry_model_dir(model_dir)   # a LoRA model/: its merged/ (plain transformers)
     model, tokenizer = load_model_dir(model_dir, "cpu")
     _, flavor, note, log_s = log_model(model, tokenizer, model_dir, op["flavor"], op["pip_requirements"], card,
                                        model_id=model_id, run_id=run_id)
@@ -143,7 +146,8 @@ def apply_registration(client, tracking_uri: str, run_id: str, op: dict, model_d
         tags = {**op["version_tags"], "decision": decision, "decision_reason": reason[:4000], "flavor": flavor,
                 "previous_champion_version": prev_version, "had_champion": str(had).lower(),
                 "previous_champion_value": prev_value, "log_model_s": f"{log_s:.3f}", OP_TAG: oid,
-                TRAIN_RUN_TAG: train_run_of(client, run_id), **(gate.tags() if gate else {})}
+                TRAIN_RUN_TAG: train_run_of(client, run_id), **(gate.tags() if gate else {}),
+                **log_adapter(client, run_id, Path(model_dir))}   # LoRA: adapter files → artifact adapter/
         mv = mlflow.register_model(f"models:/{model_id}", name,
                                    tags={k: str(v) for k, v in tags.items() if v is not None})
     else:   # an earlier attempt registered it: read back what it decided

@@ -36,6 +36,7 @@ from packtrain.stages.results import (
 def run_register(cfg: RunConfig, model_dir: str | Path, eval_dir: str | Path, train_dir: str | Path,
                  out_dir: str | Path) -> RegisterResult:
     from packtrain.data.tokenizer_files import tokenizer_hash
+    from packtrain.evaluate.adapter_registry import registry_model_dir
     from packtrain.evaluate.loading import check_model_dir
     from packtrain.evaluate.register import RegisterResult as LibraryResult
     from packtrain.evaluate.register import build_registration, deferred_result
@@ -46,7 +47,7 @@ def run_register(cfg: RunConfig, model_dir: str | Path, eval_dir: str | Path, tr
         raise ConfigError("register needs the MLflow Model Registry: tracking.enabled is false "
                           "(set --set tracking.enabled=true)")
     model_dir, eval_dir, train_dir, out_dir = Path(model_dir), Path(eval_dir), Path(train_dir), Path(out_dir)
-    check_model_dir(model_dir)
+    check_model_dir(registry_model_dir(model_dir))   # a LoRA model/ registers its merged/ (adapter_registry)
     evaluation = EvaluateResult.from_dir(eval_dir)   # missing: MissingDataError; stale/odd keys: InputDataError
     ev = evaluation.to_dict()
     metric = ev.get(cfg.register_.metric)
