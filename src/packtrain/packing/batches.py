@@ -237,7 +237,9 @@ class PackedLoader:
 
     def collate(self, pack_ids: np.ndarray) -> PackedBatch:
         st = self.store
-        toks, segs, masks = [], [], []
+        toks: list[np.ndarray] = []
+        segs: list[np.ndarray] = []
+        masks: list[np.ndarray | None] = []
         use_mask = self.loss_on != "all" and st.loss_mask is not None
         for p in pack_ids:
             if p < 0:
