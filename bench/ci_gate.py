@@ -5,10 +5,11 @@
     python bench/ci_gate.py --write-baseline                  # regenerate bench/baselines/ci-tiny.json
 
 Candidate metrics (no GPU, no MLflow, < 2 s):
-    pack.fill, pack.padding_frac, pack.n_packs   packtrain.packing.plan.pack_lengths over a fixed synthetic set
-                                                 of 20,000 lognormal document lengths (median 180 tokens,
+    pack.fill, pack.padding_fraction,            packtrain.packing.plan.pack_lengths over a fixed synthetic set
+    pack.n_packs                                 of 20,000 lognormal document lengths (median 180 tokens,
                                                  σ = 1.0; drawn by inverse CDF at fixed quantiles in a fixed
-                                                 order, so no RNG is involved) at the recipe's pack settings
+                                                 order, so no RNG is involved) at the recipe's pack settings;
+                                                 named as docs/metrics.md names a run's pack metrics
     plan.peak_alloc_gib, plan.peak_gib           the memory planner's prediction for the recipe's step
                                                  (planned for a CUDA device of 80 GiB)
     train.tokens_per_step                        rows × budget × grad_accum × gpus (slot tokens per optimizer
@@ -58,7 +59,7 @@ def candidate_metrics(cfg) -> dict:
     tokens_per_step = shape.tokens_per_step
     return {
         "pack.fill": round(plan.fill, 6),
-        "pack.padding_frac": round(1.0 - plan.fill, 6),
+        "pack.padding_fraction": round(1.0 - plan.fill, 6),
         "pack.n_packs": plan.n_packs,
         "plan.peak_alloc_gib": round(mplan.peak_allocated_gib, 6),
         "plan.peak_gib": round(mplan.peak_gib, 6),

@@ -33,7 +33,7 @@ def test_sequential_packing_fails_the_gate(tmp_path):
     proc = _ci(tmp_path, "--set", "pack.strategy=sequential")
     assert proc.returncode == 1, proc.stdout + proc.stderr
     res = json.loads((tmp_path / "out" / "gate.json").read_text())
-    assert {"pack.fill", "pack.padding_frac", "train.real_tokens_per_step"} <= set(res["regressions"])
+    assert {"pack.fill", "pack.padding_fraction", "train.real_tokens_per_step"} <= set(res["regressions"])
     assert "below floor 0.99" in proc.stdout
     assert "REGRESSION" in (tmp_path / "out" / "gate.md").read_text()
 

@@ -1,10 +1,10 @@
 """`evaluate_gate(candidate, baseline, rules) -> GateResult`: fail CI when a candidate run regresses.
 
-    >>> base = MetricSource("file base.json", {"pack.fill": 0.995, "train.tokens_per_s": 80000.0})
-    >>> cand = MetricSource("run 1a2b", {"pack.fill": 0.81, "train.tokens_per_s": 81000.0})
+    >>> base = MetricSource("file base.json", {"pack.fill": 0.995, "train.throughput.real_tokens_per_s": 8e4})
+    >>> cand = MetricSource("run 1a2b", {"pack.fill": 0.81, "train.throughput.real_tokens_per_s": 8.1e4})
     >>> r = evaluate_gate(cand, base)
     >>> [(row.metric, row.verdict) for row in r.rows], r.exit_code
-    ([('pack.fill', 'regression'), ('train.tokens_per_s', 'pass')], 1)
+    ([('pack.fill', 'regression'), ('train.throughput.real_tokens_per_s', 'pass')], 1)
 
 Which rules: a rules file's metrics, plus (unless it says `use_default_patterns: false`) the built-in
 rules — for runs the noise-aware rules of the device kind the runs' `packtrain.gpu` tag names
