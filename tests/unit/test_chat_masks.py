@@ -128,6 +128,22 @@ def test_own_chat_template_prefix_diff(tmp_path, char_tokenizer):
     assert learned == "A1</s>A2</s>", list(zip(text, r.mask, strict=True))
 
 
+def test_own_chat_template_with_generation_tags(char_tokenizer):
+    """A template that marks assistant text with {% generation %}: transformers' assistant mask is used."""
+    from transformers import AutoTokenizer
+
+    from packtrain.data.chat import render_record
+
+    hf = AutoTokenizer.from_pretrained(str(char_tokenizer))
+    hf.chat_template = ("{% for m in messages %}[{{ m['role'] }}]{% if m['role'] == 'assistant' %}{% generation %}"
+                        "{{ m['content'] }}</s>{% endgeneration %}{% else %}{{ m['content'] }}</s>{% endif %}"
+                        "{% endfor %}")
+    r = render_record("messages", [{"role": "user", "content": "Q"}, {"role": "assistant", "content": "A"}], hf,
+                      use_own_template=True)
+    assert "".join(hf.decode([i]) for i in r.ids) == "[user]Q</s>[assistant]A</s>"
+    assert "".join(hf.decode([i]) for i, m in zip(r.ids, r.mask, strict=True) if m) == "A</s>"
+
+
 def test_record_checks_name_each_problem():
     assert record_checks("messages", [{"role": "bot", "content": "x"}, {"role": "assistant", "content": "y"}]) == {
         "record_shape": None, "roles_allowed": 'messages[0].role is "bot", allowed: system, user, assistant, tool',
