@@ -200,6 +200,11 @@ def plan_memory(model_cfg: ModelConfig, train_cfg: TrainConfig, budget: int, pla
     device = device or ("cpu" if train_cfg.device == "cpu" else "cuda")
     ga = grad_accum or train_cfg.grad_accum
     prec = mem.precision_of(train_cfg.engine, train_cfg.precision)
+    if train_cfg.adapter.type == "lora" and train_cfg.precision != "fp32":
+        # the frozen base is held in bf16/fp16, so the residual stream and every saved activation are 16-bit as
+        # in a pure 16-bit module; LoRA adds only its (tokens, r) intermediates (A·x), negligible at r ≪ h
+        prec = mem.Precision(f"{train_cfg.precision} autocast (LoRA: frozen {train_cfg.precision} base, fp32 "
+                             "adapter)", 2, 2, False)
     backend = cast("mem.Backend", attention or _backend(train_cfg, device))
     chunk = _loss_chunk(train_cfg)
     n_tok = rows * budget

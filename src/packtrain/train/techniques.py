@@ -132,10 +132,34 @@ def apply_compile(model, cfg: TrainConfig, backend: str = "inductor") -> Compile
     cfg.compile is False)."""
     if not cfg.compile:
         return None
+    _share_one_layer_graph(model)
     counter = CompileCounter().start()
     for layer in decoder_layers(model):
         layer.compile(backend=backend)
     return counter
+
+
+def _share_one_layer_graph(model) -> None:
+    """A frozen input embedding with trainable layers (LoRA) feeds layer 0 a hidden state without
+    requires_grad while every later layer's input has it: dynamo guards on that flag, so layer 0 would get a
+    graph of its own and layer 1 a recompile. Marking the embedding output as requiring grad keeps one graph for
+    all layers (cost: layer 0 also computes its input gradient, ~1/L of the backward's input-gradient work)."""
+    import torch
+
+    emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    params = list(model.parameters())
+    if emb is None or emb.weight.requires_grad or not any(p.requires_grad for p in params):
+        return
+    if getattr(emb, "_packtrain_grad_hook", False):
+        return
+
+    def require_grad(module, args, out):
+        if torch.is_grad_enabled() and not torch.is_inference_mode_enabled():
+            return out.requires_grad_(True)
+        return out
+
+    emb.register_forward_hook(require_grad)
+    emb._packtrain_grad_hook = True
 
 
 def set_allocator_env(cfg: TrainConfig) -> bool:
