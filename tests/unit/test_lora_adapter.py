@@ -176,7 +176,7 @@ def test_adapter_only_checkpoint_round_trips(tmp_path):
 
     fresh, _ = _lora_model(seed=0)   # the same base (seeded) with a different adapter state
     with torch.no_grad():
-        for n, p in fresh.named_parameters():
+        for p in fresh.parameters():
             if p.requires_grad:
                 p.zero_()
     fresh_opt = tq.build_optimizer(fresh, TrainConfig(), "cpu")
