@@ -172,9 +172,7 @@ def open_eval_loader(eval_split_dir: Path, rows: int, seed: int, loss_on: str = 
     if not Path(eval_split_dir).is_dir():
         raise MissingDataError(f"eval packs {eval_split_dir} do not exist: run `packtrain pack` first "
                                f"(it writes <packs>/eval) or pass --packs DIR")
-    from packtrain.train.parts import loss_on_kwargs
-
-    return PackedLoader(eval_split_dir, rows=rows, seed=seed, drop_last=False, epochs=1, **loss_on_kwargs(loss_on))
+    return PackedLoader(eval_split_dir, rows=rows, seed=seed, drop_last=False, epochs=1, loss_on=loss_on)
 
 
 def evaluate(model_dir: str | Path, eval_split_dir: str | Path, cfg: EvalConfig, device: str | None = None,

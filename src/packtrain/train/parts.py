@@ -79,7 +79,7 @@ def build_data_parts(split: Path, model_cfg: ModelConfig, train_cfg: TrainConfig
                          device=device)
     loader = PackedLoader(split, rows=shape.rows, seed=train_cfg.seed, rank=dist.rank,
                           world_size=dist.world_size, pin_memory=device.type == "cuda",
-                          **loss_on_kwargs(train_cfg.loss_on))
+                          loss_on=train_cfg.loss_on)
     return DataParts(vocab_size, store.meta.get("pad_id"), store.meta.get("eos_id"), shape, loader)
 
 
