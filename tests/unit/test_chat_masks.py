@@ -144,6 +144,44 @@ def test_own_chat_template_with_generation_tags(char_tokenizer):
     assert "".join(hf.decode([i]) for i, m in zip(r.ids, r.mask, strict=True) if m) == "A</s>"
 
 
+def test_tokenize_uses_the_tokenizers_own_template(tmp_path, char_tokenizer):
+    """tokenize.chat_template=auto with a tokenizer that ships a chat_template: rendered by it (no extra BOS),
+    the mask on the reply + its end marker + EOS; =builtin overrides it."""
+    from transformers import AutoTokenizer
+
+    hf = AutoTokenizer.from_pretrained(str(char_tokenizer))
+    hf.chat_template = "{% for m in messages %}[{{ m['role'] }}]{{ m['content'] }}</s>{% endfor %}" \
+                       "{% if add_generation_prompt %}[assistant]{% endif %}"
+    hf.save_pretrained(str(tmp_path / "own"))
+    src = tmp_path / "c.jsonl"
+    src.write_text(json.dumps({"messages": [{"role": "user", "content": "Q"},
+                                            {"role": "assistant", "content": "A"}]}) + "\n", encoding="utf-8")
+    ingest_documents(src, tmp_path / "ing", IngestConfig())
+    for mode, text, learned in (("auto", "[user]Q</s>[assistant]A</s><|endoftext|>", "A</s><|endoftext|>"),
+                                ("builtin", "<|im_start|>user\nQ<|im_end|>\n<|im_start|>assistant\nA<|im_end|>\n"
+                                 "<|endoftext|>", "A<|im_end|><|endoftext|>")):
+        stats = tokenize_documents(tmp_path / "ing", tmp_path / mode, TokenizeConfig(
+            tokenizer_dir=str(tmp_path / "own"), eval_fraction=0.0, chat_template=mode))
+        assert stats.chat_template == ("tokenizer" if mode == "auto" else "builtin")
+        ts = TokenStore.open(tmp_path / mode)
+        toks = [hf.decode([int(i)]) for i in ts.doc(0)]
+        assert "".join(toks) == text
+        assert "".join(t for t, m in zip(toks, ts.doc_mask(0), strict=True) if m) == learned
+
+
+def test_pack_refuses_a_prompt_longer_than_the_budget(tmp_path):
+    """Split, the answer would land in a pack without its question: refused, naming the doc_id."""
+    from packtrain.errors import InputDataError
+
+    write_token_store(tmp_path / "tok", [np.arange(2, 14, dtype=np.uint32), np.arange(2, 6, dtype=np.uint32)],
+                      np.array([41, 42]), np.zeros(2, np.uint8), {"vocab_size": 32, "eos_id": 0, "pad_id": 1},
+                      masks=[np.array([0] * 10 + [1, 1], np.uint8), np.array([0, 1, 1, 1], np.uint8)])
+    with pytest.raises(InputDataError, match=r"does not fit pack.budget 8: doc_ids \[41\]"):
+        pack_dataset(tmp_path / "tok", tmp_path / "pack", PackConfig(budget=8))
+    stats = pack_dataset(tmp_path / "tok", tmp_path / "pack", PackConfig(budget=16))
+    assert stats.train.loss_tokens == 5 and stats.train.n_tokens == 16
+
+
 def test_record_checks_name_each_problem():
     assert record_checks("messages", [{"role": "bot", "content": "x"}, {"role": "assistant", "content": "y"}]) == {
         "record_shape": None, "roles_allowed": 'messages[0].role is "bot", allowed: system, user, assistant, tool',

@@ -55,6 +55,7 @@ class SplitPackStats:
     split_tokens: int           # tokens of those documents
     seconds_plan: float         # pack_lengths only
     seconds: float              # plan + gather + write
+    loss_tokens: int | None = None   # packed tokens with loss mask 1 (None: no mask, every token is learned)
 
 
 @dataclass
@@ -166,10 +167,21 @@ def _pack_split(ts: TokenStore, code: int, name: str, out: Path, cfg: PackConfig
             "eos_id": ts.meta.get("eos_id")}
     # The mask is gathered with the very same (start, length) segments as the tokens: aligned by construction,
     # whatever the strategy, the overlong split or the pack shuffle.
-    masks = None if ts.loss_mask is None else _gather(ts.loss_mask, src_start, seg_len, f"pack {name} mask")
+    learned = [0]
+    masks = None if ts.loss_mask is None else _counted(
+        _gather(ts.loss_mask, src_start, seg_len, f"pack {name} mask"), learned)
     write_pack_store(out, _gather(ts.tokens, src_start, seg_len, f"pack {name}"), pack_offsets, seg_offsets,
                      segments, meta, mask_chunks=masks)
-    return _split_stats(plan, lengths, int((~keep).sum()), len(keep), t_plan, time.perf_counter() - t0)
+    stats = _split_stats(plan, lengths, int((~keep).sum()), len(keep), t_plan, time.perf_counter() - t0)
+    stats.loss_tokens = learned[0] if masks is not None else None
+    return stats
+
+
+def _counted(chunks: Iterator[np.ndarray], total: list[int]) -> Iterator[np.ndarray]:
+    """`chunks` unchanged, adding their sum (the learned tokens of mask chunks) to total[0]."""
+    for c in chunks:
+        total[0] += int(c.sum(dtype=np.int64))
+        yield c
 
 
 def _ranges(starts: np.ndarray, lens: np.ndarray) -> np.ndarray:
