@@ -42,6 +42,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
@@ -49,6 +50,7 @@ ROLES = ("system", "user", "assistant", "tool")
 """Roles a chat record may use; `assistant` turns are the ones learned."""
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
 FORMATS = ("text", "messages", "prompt_completion")
+RecordFormat = Literal["text", "messages", "prompt_completion"]
 
 Encode = Callable[[str], list[int]]
 
@@ -251,3 +253,99 @@ def prompt_tokens(mask: Sequence[int] | np.ndarray) -> int:
     m = np.asarray(mask)
     hits = np.flatnonzero(m)
     return int(hits[0]) if len(hits) else len(m)
+
+
+# ---- reading: which files hold records (packtrain.data.sources) -----------------------------------------
+
+def detect_record_format(obj: dict, text_field: str, record_format: str = "auto") -> RecordFormat:
+    """The kind of a JSON record: `messages` when it has a "messages" key, `prompt_completion` when it has
+    "prompt" or "completion", else `text`; an explicit `ingest.record_format` wins.
+
+    >>> detect_record_format({"prompt": "2+2=", "completion": "4"}, "text")
+    'prompt_completion'
+    """
+    if record_format != "auto":
+        return record_format  # type: ignore[return-value]
+    if "messages" in obj:
+        return "messages"
+    if text_field not in obj and ("prompt" in obj or "completion" in obj):
+        return "prompt_completion"
+    return "text"
+
+
+def record_of(obj: dict, fmt: RecordFormat) -> str:
+    """The structured part of a chat/prompt record as canonical JSON (validate and tokenize parse it). Kept as
+    it is, whatever its shape: a malformed record is reported by validate, row by row, not refused here."""
+    if fmt == "messages":
+        return json.dumps(obj.get("messages"), ensure_ascii=False)
+    return json.dumps({"prompt": obj.get("prompt"), "completion": obj.get("completion")}, ensure_ascii=False)
+
+
+def file_record_format(f, text_field: str, record_format: str = "auto") -> RecordFormat:
+    """The record format of a file without reading it all: the first JSON line's keys (.jsonl) or the column
+    names (.parquet); .txt is text. Unreadable files answer "text" (reading them later names the problem)."""
+    if f.kind == "txt":
+        return "text"
+    if record_format != "auto":
+        return record_format  # type: ignore[return-value]
+    try:
+        if f.kind == "parquet":
+            import pyarrow.parquet as pq
+
+            return detect_record_format(dict.fromkeys(pq.read_schema(f.path).names), text_field)
+        with open(f.path, "rb") as fh:
+            for raw in fh:
+                if raw.strip():
+                    obj = json.loads(raw.decode("utf-8-sig"))
+                    return detect_record_format(obj, text_field) if isinstance(obj, dict) else "text"
+    except Exception:   # noqa: BLE001 - any problem is reported by the real read, with its line
+        return "text"
+    return "text"
+
+
+# ---- tokenizing rows (packtrain.data.tokenize) --------------------------------------------------------------
+
+def record_batches(pf, batch_docs: int):
+    """Yield (first row index, [(text, format, record JSON or None, source)]) of a table with records."""
+    start = 0
+    cols = ["text", "format", "record", "source"]
+    for rb in pf.iter_batches(batch_size=batch_docs, columns=cols):
+        d = rb.to_pydict()
+        rows = list(zip(d["text"], d["format"], d["record"], d["source"], strict=True))
+        yield start, rows
+        start += len(rows)
+
+
+def encode_row(hf, fmt, rec, text, wrap, prefix: list[int], own_template: bool):
+    """(ids, mask) of one row: a text row through the usual prefix/EOS rule with mask 1; a record rendered by
+    packtrain.data.chat, the tokenizer's prefix (BOS) mask 0 — left out for its own template, which writes
+    its BOS itself — and the appended EOS learned when the record ends with an assistant turn / completion.
+    A record that does not render gives ([], [problem]) for row_problem to report."""
+    if fmt in (None, "text") or rec is None:
+        ids = wrap(list(hf.backend_tokenizer.encode(text or "", add_special_tokens=False).ids))
+        return ids, [1] * len(ids)
+    try:
+        record = json.loads(rec)
+        r = render_record(fmt, record, hf, own_template)
+    except (RecordError, json.JSONDecodeError, TypeError, KeyError) as e:
+        return [], [str(e)]
+    tail = wrap(r.ids)[len(prefix) + len(r.ids):]   # wrap: prefix + ids + suffix (+ EOS)
+    head = [] if own_template else list(prefix)
+    learned_end = int(ends_with_learned_turn(fmt, record))
+    return head + r.ids + tail, [0] * len(head) + r.mask + [learned_end] * len(tail)
+
+
+def row_problem(ids, mask, fmt, rec, prompt_budget: int | None) -> str | None:
+    """Why a rendered record cannot be trained on, or None: it did not render, it learns nothing, or its
+    prompt is longer than the pack budget."""
+    if not ids:
+        return str(mask[0]) if mask else "renders to no tokens"
+    if fmt in (None, "text") or rec is None:
+        return None
+    if not any(mask):
+        return "no token to learn (no assistant content / completion)"
+    n = prompt_tokens(mask)
+    if prompt_budget is not None and n >= prompt_budget:
+        return (f"prompt of {n} tokens (before the first learned token) does not fit the pack budget "
+                f"{prompt_budget}")
+    return None

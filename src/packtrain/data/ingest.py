@@ -34,13 +34,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from packtrain.config import IngestConfig
+from packtrain.data.chat import file_record_format
 from packtrain.data.corpus import select_default_corpus
 from packtrain.data.sources import (
     Discovery,
     Doc,
     SourceFile,
     discover_files,
-    file_record_format,
     read_jsonl,
     read_parquet,
     read_txt,

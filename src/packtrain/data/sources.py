@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from packtrain.data.chat import RecordFormat, detect_record_format, record_of, record_text
 from packtrain.errors import InputDataError
 
 Kind = Literal["txt", "jsonl", "parquet"]
@@ -39,7 +40,6 @@ SUPPORTED: dict[str, Kind] = {".txt": "txt", ".jsonl": "jsonl", ".parquet": "par
 ALLOWED = ", ".join(SUPPORTED)
 BOM = b"\xef\xbb\xbf"
 Progress = Callable[[int], None]
-RecordFormat = Literal["text", "messages", "prompt_completion"]
 Doc = tuple[str, str, RecordFormat, str | None]
 """(text, locator, record format, record JSON or None for plain text): what every reader yields."""
 
@@ -279,30 +279,6 @@ def read_txt(f: SourceFile, mode: Literal["file", "paragraph"], max_chars: int,
         yield "\n".join(block), f"{f.name}:{start}"
 
 
-def detect_record_format(obj: dict, text_field: str, record_format: str = "auto") -> RecordFormat:
-    """The kind of a JSON record: `messages` when it has a "messages" key, `prompt_completion` when it has
-    "prompt" or "completion", else `text`; an explicit `ingest.record_format` wins.
-
-    >>> detect_record_format({"prompt": "2+2=", "completion": "4"}, "text")
-    'prompt_completion'
-    """
-    if record_format != "auto":
-        return record_format  # type: ignore[return-value]
-    if "messages" in obj:
-        return "messages"
-    if text_field not in obj and ("prompt" in obj or "completion" in obj):
-        return "prompt_completion"
-    return "text"
-
-
-def record_of(obj: dict, fmt: RecordFormat) -> str:
-    """The structured part of a chat/prompt record as canonical JSON (validate and tokenize parse it). Kept as
-    it is, whatever its shape: a malformed record is reported by validate, row by row, not refused here."""
-    if fmt == "messages":
-        return json.dumps(obj.get("messages"), ensure_ascii=False)
-    return json.dumps({"prompt": obj.get("prompt"), "completion": obj.get("completion")}, ensure_ascii=False)
-
-
 def read_jsonl(f: SourceFile, field: str, progress: Progress | None = None,
                record_format: str = "auto") -> Iterator[Doc]:
     """One document per non-blank line: a JSON object whose `field` is a string, or a chat record
@@ -337,8 +313,6 @@ def read_jsonl(f: SourceFile, field: str, progress: Progress | None = None,
                 fmt = detect_record_format(obj, field, record_format)
             n += 1
             if fmt != "text":
-                from packtrain.data.chat import record_text
-
                 record = record_of(obj, fmt)
                 yield record_text(fmt, json.loads(record)), f"{f.name}:{lineno}", fmt, record
                 continue
@@ -408,8 +382,6 @@ def _parquet_records(f: SourceFile, pf, fmt: RecordFormat, progress: Progress | 
     """Chat / prompt-completion rows of a parquet file: each row's columns as a JSON object (record_of)."""
     import pyarrow as pa
 
-    from packtrain.data.chat import record_text
-
     cols = ["messages"] if fmt == "messages" else [c for c in ("prompt", "completion") if c in pf.schema_arrow.names]
     if pf.metadata.num_rows == 0:
         raise InputDataError(f"{f.path}: empty file (0 rows); expected at least one record")
@@ -424,28 +396,6 @@ def _parquet_records(f: SourceFile, pf, fmt: RecordFormat, progress: Progress | 
         raise InputDataError(f"{f.path}: near row {row}: cannot read columns {cols} ({e})") from None
     if progress:
         progress(f.n_bytes)
-
-
-def file_record_format(f: SourceFile, text_field: str, record_format: str = "auto") -> RecordFormat:
-    """The record format of a file without reading it all: the first JSON line's keys (.jsonl) or the column
-    names (.parquet); .txt is text. Unreadable files answer "text" (reading them later names the problem)."""
-    if f.kind == "txt":
-        return "text"
-    if record_format != "auto":
-        return record_format  # type: ignore[return-value]
-    try:
-        if f.kind == "parquet":
-            import pyarrow.parquet as pq
-
-            return detect_record_format(dict.fromkeys(pq.read_schema(f.path).names), text_field)
-        with open(f.path, "rb") as fh:
-            for raw in fh:
-                if raw.strip():
-                    obj = json.loads(raw.decode("utf-8-sig"))
-                    return detect_record_format(obj, text_field) if isinstance(obj, dict) else "text"
-    except Exception:   # noqa: BLE001 - any problem is reported by the real read, with its line
-        return "text"
-    return "text"
 
 
 def too_long_error(f: SourceFile, locator: str, n: int, limit: int, approx: bool = False) -> InputDataError:

@@ -53,6 +53,7 @@ from pathlib import Path
 import numpy as np
 
 from packtrain.config import TokenizeConfig
+from packtrain.data.chat import encode_row, record_batches, row_problem
 from packtrain.data.ingest import length_summary
 from packtrain.data.token_store import SPLIT_EVAL, SPLIT_TRAIN, TokenStoreWriter
 from packtrain.data.tokenizer_files import copy_tokenizer, tokenizer_hash
@@ -375,11 +376,10 @@ def tokenize_documents(docs: str | Path, out_dir: str | Path, cfg: TokenizeConfi
             t2 = time.perf_counter()
             with tqdm(total=n_docs, unit="doc", desc="tokenize", file=sys.stderr, delay=2.0, leave=False) as bar:
                 if records:
-                    for start, rows in _record_batches(pf, cfg.batch_docs):
+                    for start, rows in record_batches(pf, cfg.batch_docs):
                         for j, (text, fmt, rec, src) in enumerate(rows):
-                            ids, mask = _encode_record(hf, fmt, rec, wrap, prefix, chat == "tokenizer",
-                                                       encode, text)
-                            bad = _record_problem(ids, mask, fmt, rec, prompt_budget)
+                            ids, mask = encode_row(hf, fmt, rec, text, wrap, prefix, chat == "tokenizer")
+                            bad = row_problem(ids, mask, fmt, rec, prompt_budget)
                             if bad:
                                 problems.append(f"{src} (doc_id {int(doc_ids[start + j])}): {bad}")
                                 ids, mask = [eos if eos is not None else 0], [0]   # placeholder; never published
@@ -423,58 +423,6 @@ def tokenize_documents(docs: str | Path, out_dir: str | Path, cfg: TokenizeConfi
         output=str(out_dir), tokenizer_hash=tok_hash, tokenizer_from=tokenizer_from, special_prefix=prefix,
         special_suffix=suffix, loss_mask=records, loss_tokens=loss_tokens if records else None,
         chat_template=chat)
-
-
-def _record_batches(pf, batch_docs: int):
-    """Yield (first row index, [(text, format, record JSON or None, source)]) of a table with records."""
-    start = 0
-    cols = ["text", "format", "record", "source"]
-    for rb in pf.iter_batches(batch_size=batch_docs, columns=cols):
-        d = rb.to_pydict()
-        rows = list(zip(d["text"], d["format"], d["record"], d["source"], strict=True))
-        yield start, rows
-        start += len(rows)
-
-
-def _encode_record(hf, fmt, rec, wrap, prefix: list[int], own_template: bool, encode, text):
-    """(ids, mask) of one row: a text row through the usual prefix/EOS rule with mask 1; a record rendered by
-    packtrain.data.chat, the tokenizer's prefix (BOS) mask 0 — left out for its own template, which writes
-    its BOS itself — and the appended EOS learned when the record ends with an assistant turn / completion.
-    A record that does not render gives ([], [problem]) for _record_problem to report."""
-    import json
-
-    from packtrain.data.chat import RecordError, ends_with_learned_turn, render_record
-
-    if fmt in (None, "text") or rec is None:
-        ids = wrap(list(encode([text or ""], add_special_tokens=False)[0].ids))
-        return ids, [1] * len(ids)
-    try:
-        record = json.loads(rec)
-        r = render_record(fmt, record, hf, own_template)
-    except (RecordError, json.JSONDecodeError, TypeError, KeyError) as e:
-        return [], [str(e)]
-    tail = wrap(r.ids)[len(prefix) + len(r.ids):]   # wrap: prefix + ids + suffix (+ EOS)
-    head = [] if own_template else list(prefix)
-    learned_end = int(ends_with_learned_turn(fmt, record))
-    return head + r.ids + tail, [0] * len(head) + r.mask + [learned_end] * len(tail)
-
-
-def _record_problem(ids, mask, fmt, rec, prompt_budget: int | None) -> str | None:
-    """Why a rendered record cannot be trained on, or None: it did not render, it learns nothing, or its
-    prompt is longer than the pack budget."""
-    from packtrain.data.chat import prompt_tokens
-
-    if not ids:
-        return str(mask[0]) if mask else "renders to no tokens"
-    if fmt in (None, "text") or rec is None:
-        return None
-    if not any(mask):
-        return "no token to learn (no assistant content / completion)"
-    n = prompt_tokens(mask)
-    if prompt_budget is not None and n >= prompt_budget:
-        return (f"prompt of {n} tokens (before the first learned token) does not fit the pack budget "
-                f"{prompt_budget}")
-    return None
 
 
 def _ship_tokenizer(hf, src: Path, tok_dir: Path, field_name: str) -> None:
