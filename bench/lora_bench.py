@@ -388,6 +388,7 @@ def main(argv=None) -> list[dict]:
                    "peak_alloc_gib": alloc, "peak_reserved_gib": reserved}
         row["variant_wall_s"] = time.perf_counter() - t0
         rows_out.append(row)
+        (out_dir / FILES[name]).write_text(json.dumps(row, indent=2) + "\n")   # now: a later timeout keeps it
         print(json.dumps({k: v for k, v in row.items() if k not in ("loss_curve", "shape", "machine")}), flush=True)
     _compare(rows_out)
     for row in rows_out:
