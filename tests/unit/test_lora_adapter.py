@@ -215,3 +215,20 @@ def test_planner_lora_arithmetic_exact():
     assert full.components["parameters"] == 4 * P and full.components["optimizer_states"] == 8 * P
     assert plan.peak < full.peak / 2
     assert plan.precision.startswith("bf16 autocast (LoRA") and plan.checkpointed_layer_bytes == 2 * 4096 * 8 * 2048
+
+
+def test_lora_flops_count_no_weight_gradients_for_the_frozen_base():
+    from packtrain.telemetry.mfu import step_flops
+    from packtrain.train.parts import Telemetry
+
+    dims = {"n_layers": 2, "hidden_size": 32, "vocab_size": V, "attn_width": 32, "windows": (None, None)}
+    b = _batch(_docs())
+    n = 18_592   # non-embedding parameters of MODEL
+    full = Telemetry(None, None, 1.0, dims, n, None)   # type: ignore[arg-type]
+    lora = Telemetry(None, None, 1.0, dims, n, None, adapter_params=4096)   # type: ignore[arg-type]
+    u_full, d_full = full.window_flops([b])
+    assert (u_full, d_full) == step_flops(n, 2, 32, b.seq_lens, b.rows * b.budget, b.budget, V, attn_width=32)
+    u, d = lora.window_flops([b])
+    real, slot = sum(b.seq_lens), b.rows * b.budget
+    assert u == u_full - 2.0 * (n + 32 * V) * real + 6.0 * 4096 * real
+    assert d == d_full - 2.0 * (n + 32 * V) * slot + 6.0 * 4096 * slot

@@ -186,15 +186,24 @@ class Telemetry:
     sampler: SystemSampler | None      # rank 0 only; None when psutil/nvidia-ml-py are missing
     steady_since: float = 0.0          # sampler clock at the end of the warm-up steps
     steady_until: float | None = None  # ... and at the last training step (the final save is not counted)
+    adapter_params: int = 0            # LoRA: trainable adapter parameters (0: full fine-tune)
 
     def window_flops(self, window: list[PackedBatch]) -> tuple[float, float]:
-        """(useful, dense) FLOPs of one optimizer step's micro-batches, from the built model's own shape."""
+        """(useful, dense) FLOPs of one optimizer step's micro-batches, from the built model's own shape.
+
+        LoRA: the frozen base and LM head compute no weight gradients, so their matmuls cost 4 FLOPs per
+        parameter and token (forward 2 + input gradient 2), not 6; the adapter's A parameters cost the full 6;
+        attention (no weights) is unchanged. Llama-3-8B r 16: 4·6.98e9 + 4·h·V + 6·4.19e7 per token."""
         from packtrain.telemetry.mfu import step_flops
 
         f, useful, dense = self.flop_dims, 0.0, 0.0
         for b in window:
             u, d = step_flops(self.non_embedding, f["n_layers"], f["hidden_size"], b.seq_lens, b.rows * b.budget,
                               b.budget, f["vocab_size"], attn_width=f["attn_width"], windows=f["windows"])
+            if self.adapter_params:
+                weights = self.non_embedding + f["hidden_size"] * f["vocab_size"]   # what step_flops counts ×6
+                per_tok = 6.0 * self.adapter_params - 2.0 * weights
+                u, d = u + per_tok * sum(b.seq_lens), d + per_tok * b.rows * b.budget
             useful, dense = useful + u, dense + d
         return useful, dense
 
@@ -232,4 +241,5 @@ def build_telemetry(cfg: TelemetryConfig, precision: str, parts: ModelParts, dis
             sampler = SystemSampler(cfg.interval_s, gpu_indices=gpus).start()
         except ImportError as e:   # neither nvidia-ml-py nor psutil installed: train without sampling
             warnings.warn(f"system sampling off: {e}", RuntimeWarning, stacklevel=2)
-    return Telemetry(cfg, meter, peak, parts.flop_dims, parts.params.non_embedding, sampler)
+    adapter = (parts.params.trainable or 0) if parts.adapted is not None else 0
+    return Telemetry(cfg, meter, peak, parts.flop_dims, parts.params.non_embedding, sampler, adapter_params=adapter)
