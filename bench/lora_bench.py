@@ -206,7 +206,9 @@ def run_packtrain(spec: dict, docs, args, device) -> dict:
     from packtrain.train.synthetic import write_tokenizer
 
     vocab = spec["vocab_size"]
-    cfg = load_run_config("350m-h200", packtrain_overrides(spec, args, device))
+    # by path: on the GPU machine packtrain runs from src/ (PYTHONPATH), where packtrain.recipes is not a package
+    recipe = Path(__file__).resolve().parents[1] / "recipes" / "350m-h200.yaml"
+    cfg = load_run_config(recipe, packtrain_overrides(spec, args, device))
     predicted = _planner_peak(cfg, args, vocab, device)
     with tempfile.TemporaryDirectory(prefix="lora-bench-") as tmp:
         tmp = Path(tmp)
