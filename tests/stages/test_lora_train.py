@@ -115,3 +115,14 @@ def test_kill_after_the_first_checkpoint_then_resume_is_exact(inputs, straight, 
     assert r.loss_curve == ref.loss_curve                      # bitwise
     a, b = _adapter(out / "model"), _adapter(ref_out / "model")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_loss_on_assistant_without_a_loss_mask_is_refused(inputs, tmp_path):
+    from packtrain.errors import ConfigError
+    from packtrain.train.loop import train
+
+    tokens_dir, packs_dir, model = inputs
+    with pytest.raises(ConfigError, match="train.loss_on='assistant'.*no loss mask"):
+        train(ModelConfig(**model), TrainConfig(**{**TRAIN, "loss_on": "assistant"}), None,
+              TelemetryConfig(interval_s=5), packs_dir, tokens_dir / "tokenizer", tmp_path)
+    assert not (tmp_path / "model").exists()

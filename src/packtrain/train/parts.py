@@ -74,6 +74,12 @@ def build_data_parts(split: Path, model_cfg: ModelConfig, train_cfg: TrainConfig
     from packtrain.packing.store import PackStore
 
     store = PackStore.open(split, verify=False)
+    if train_cfg.loss_on != "all" and getattr(store, "loss_mask", None) is None:
+        from packtrain.errors import ConfigError
+
+        raise ConfigError(f"train.loss_on={train_cfg.loss_on!r} but the packs in {split} hold no loss mask (they "
+                          "were made from plain-text records): ingest chat (messages) or prompt/completion records, "
+                          "or set train.loss_on=all")
     vocab_size = int(store.meta["vocab_size"])
     shape = choose_shape(model_cfg, train_cfg, store.budget, plan_cfg, vocab_size, gpus=dist.world_size,
                          device=device)
