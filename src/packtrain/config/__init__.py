@@ -77,6 +77,10 @@ def recipe_dir() -> Path:
 
     spec = importlib.util.find_spec("packtrain.recipes")
     if spec is None or not spec.origin:
+        # a source tree run without installing (PYTHONPATH=src, as on the GPU bench machine): recipes/ beside src/
+        beside = Path(__file__).resolve().parents[3] / "recipes"
+        if (beside / "__init__.py").is_file():
+            return beside
         raise ConfigError("package packtrain.recipes is missing: reinstall packtrain (pip install packtrain or "
                           "pip install -e . in a checkout)")
     return Path(spec.origin).parent
