@@ -42,11 +42,11 @@ def _isolated_mlflow(monkeypatch, tmp_path):
 
 
 # Under pytest-xdist (`make test` runs `-n 2 --dist loadfile`) the slowest files start first, so the two workers
-# finish together instead of one waiting out a 4-minute DVC chain at the end. Longest first (seconds of a loaded
-# full run, 2026-12-01: run_server ~170, dvc ~130, local_pipeline ~125, warm_start ~110, airflow ~95), except that
-# local_pipeline leads: it runs the session's `tiny_pipeline`, which run_server and airflow then wait for (file
-# lock) — started after dvc's ~2-minute chain on the other worker, they find it done.
-_SLOW_FIRST = ("test_local_pipeline.py", "test_dvc.py", "test_run_server.py", "test_warm_start_run.py",
+# finish together instead of one waiting out a 4-minute DVC chain at the end. Longest first (seconds on 2 workers,
+# 2026-12-01: warm_start ~125, dvc ~110, local_pipeline ~105, run_server ~50, airflow ~45), except that
+# local_pipeline leads: it runs the session's `tiny_pipeline`, which run_server and airflow wait for (file lock);
+# queued behind local_pipeline / warm_start + dvc, they find it done.
+_SLOW_FIRST = ("test_local_pipeline.py", "test_warm_start_run.py", "test_dvc.py", "test_run_server.py",
                "test_airflow_dag.py", "test_train_stage.py", "test_train_deepspeed.py", "test_secrets_full_run.py",
                "test_wheel_ir.py", "test_compare_mlflow.py", "test_train_faults.py", "test_tracking_server.py",
                "test_replay_idempotent.py", "test_publish_stages.py")
