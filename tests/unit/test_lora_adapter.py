@@ -70,7 +70,7 @@ def test_apply_adapter_freezes_the_base_and_counts_exactly():
 
 def _doc_loss(module, doc, backend):
     """Σ token losses of one document alone (its own batch, same backend)."""
-    b = build_batch([doc], [np.array([len(doc)])], BUDGET)
+    b = build_batch([doc], [np.array([len(doc)])], BUDGET).to(next(module.parameters()).device)
     return module(labels=b.labels, **model_inputs(b, backend))
 
 
@@ -232,3 +232,38 @@ def test_lora_flops_count_no_weight_gradients_for_the_frozen_base():
     real, slot = sum(b.seq_lens), b.rows * b.budget
     assert u == u_full - 2.0 * (n + 32 * V) * real + 6.0 * 4096 * real
     assert d == d_full - 2.0 * (n + 32 * V) * slot + 6.0 * 4096 * slot
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="inductor + varlen/flex training need CUDA")
+@pytest.mark.parametrize("backend", ["varlen", "flex", "sdpa"])
+def test_cuda_lora_bf16_checkpointed_compiled_compiles_only_in_the_first_step(backend):
+    """Adapter → AC → inductor compile, bf16 base, packed (1, 4·1024) batches of changing documents: every compile
+    happens in step 1 (measured on the H200, torch 2.11: varlen, flex and sdpa alike)."""
+    torch.manual_seed(0)
+    gpu_model = ModelConfig(hidden_size=256, intermediate_size=512, num_layers=4, num_heads=4, num_kv_heads=2)
+    vocab = 1000
+    model = build_model(gpu_model, vocab, attention=backend, device="cuda")
+    apply_adapter(model, AdapterConfig(type="lora", r=8), base_dtype=torch.bfloat16)
+    tq.apply_activation_checkpointing(model, TrainConfig(activation_checkpointing="full"))
+    counter = tq.apply_compile(model, TrainConfig(compile=True))
+    assert counter is not None
+    opt = tq.build_optimizer(model, TrainConfig(lr=1e-3), "cuda")
+    module = packed_causal_lm(model)
+    rng = np.random.default_rng(0)
+    after_first: list[str] = []
+    try:
+        for step in range(4):
+            rows = [[int(x) for x in rng.integers(20, 300, 3)] for _ in range(4)]
+            b = build_batch([rng.integers(3, vocab, sum(r)) for r in rows], [np.array(r) for r in rows],
+                            1024).to("cuda")
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = module(labels=b.labels, **model_inputs(b, backend, compiled=True))
+            (loss / b.n_label_tokens).backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            assert torch.isfinite(loss)
+            if step == 0:
+                after_first = list(counter.ids)
+    finally:
+        counter.stop()
+    assert after_first and counter.ids == after_first, counter.ids
