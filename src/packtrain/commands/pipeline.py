@@ -15,6 +15,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from packtrain.stages.table import STAGE_NAMES
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="action", metavar="ACTION")
@@ -35,7 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     j.add_argument("--namespace", default="kubeflow")
     j.add_argument("--out", default="-", help="output path ('-' = stdout)")
     e = sub.add_parser("export", help="write metrics/<stage>.json (+ plots/train_steps.csv) for dvc.yaml")
-    e.add_argument("stage", choices=["ingest", "validate", "tokenize", "pack", "train", "evaluate", "register"])
+    e.add_argument("stage", choices=list(STAGE_NAMES))
     e.add_argument("--dir", default=None, help="the stage's output directory (default <workdir>/<stage>)")
     e.add_argument("--metrics-dir", default="metrics")
     e.add_argument("--plots-dir", default="plots")

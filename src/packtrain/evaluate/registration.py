@@ -213,7 +213,7 @@ def _publish_result(client, run_id: str, op: dict, result: dict) -> None:
         with contextlib.suppress(OSError, ValueError):
             old = json.loads(out.read_text(encoding="utf-8"))
             if old.get("op_id") == op["id"]:   # the stage's file keeps its lineage (packtrain.stages.results)
-                new = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+                from packtrain.publish import write_json
+
                 result = {**result, **({"lineage": old["lineage"]} if "lineage" in old else {})}
-                new.write_text(json.dumps(result, indent=2, default=str) + "\n", encoding="utf-8")
-                new.replace(out)
+                write_json(out, result)   # fsynced temp + rename

@@ -139,9 +139,6 @@ def write_id(buffer_dir: Path, pending: str, real: str) -> None:
         if ids.get(pending) == real:
             return
         ids[pending] = real
-        tmp = buffer_dir / ".run_ids.json.tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(json.dumps(ids, indent=1))
-            f.flush()
-            os.fsync(f.fileno())
-        tmp.replace(buffer_dir / RUN_IDS)
+        from packtrain.publish import atomic_write_text
+
+        atomic_write_text(buffer_dir / RUN_IDS, json.dumps(ids, indent=1))
