@@ -75,7 +75,8 @@ def test_lora_run_writes_adapter_only_checkpoints_and_a_loadable_model(inputs, s
     model_dir = out / "model"
     meta = json.loads((model_dir / "packtrain_adapter.json").read_text())
     assert meta["base"] == str(Path(inputs[2]["init_from"]).resolve()) and meta["merged"] == "merged"
-    assert json.loads((model_dir / "adapter_config.json").read_text())["r"] == 4
+    peft_cfg = json.loads((model_dir / "adapter_config.json").read_text())
+    assert peft_cfg["r"] == 4 and peft_cfg["base_model_name_or_path"] == meta["base"]
     assert not (model_dir / "config.json").exists() and not (model_dir / "base").exists()
     assert sum(t.numel() for t in _adapter(model_dir).values()) == 4096
 

@@ -114,8 +114,9 @@ def save_adapter_model(peft_model: Any, out: Path, *, init_from: str, base_dir: 
             base_ref = "base"
         else:
             base_ref = str(Path(base_dir).resolve())
-        peft_model.peft_config["default"].base_model_name_or_path = (
-            str((out / "base").resolve()) if base_dir is None else base_ref)
+        # peft's own pointer: the base directory (absolute), or "base" for a scratch base — relative to the model
+        # directory, since `out` is a temp name renamed into place afterwards (load_adapter_model resolves it)
+        peft_model.peft_config["default"].base_model_name_or_path = base_ref
         peft_model.save_pretrained(out, safe_serialization=True)
         meta = {"format": "packtrain.adapter", "version": 1, "base": base_ref, "init_from": init_from,
                 "merged": "merged" if merged else None, "loss_on": loss_on,
