@@ -89,16 +89,6 @@ def build_data_parts(split: Path, model_cfg: ModelConfig, train_cfg: TrainConfig
     return DataParts(vocab_size, store.meta.get("pad_id"), store.meta.get("eos_id"), shape, loader)
 
 
-def loss_on_kwargs(loss_on: str) -> dict[str, str]:
-    """PackedLoader keyword for train.loss_on: labels -100 where the token store's loss_mask is 0. 'all' passes
-    nothing (the loader's default), so plain-text stores without a loss_mask load exactly as before.
-
-    >>> loss_on_kwargs("all"), loss_on_kwargs("assistant")
-    ({}, {'loss_on': 'assistant'})
-    """
-    return {} if loss_on == "all" else {"loss_on": loss_on}
-
-
 # ---------------------------------------------------------------------------------------------------- model
 @dataclass(slots=True)
 class ModelParts:
