@@ -28,7 +28,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from packtrain import paths
+from packtrain import publish
 from packtrain.cli import main
 from packtrain.data.token_store import TokenStore
 from packtrain.evaluate.tiny import build_tiny_model_dir, write_tiny_packs
@@ -188,7 +188,7 @@ def test_an_error_at_the_last_moment_before_publishing(world, previous, tmp_path
     nothing (PACKTRAIN_FAULT=publish.raise@N at the stage directory's `synced` point)."""
     stage = STAGES[name]
     out, before = previous(stage)
-    monkeypatch.setattr(paths, "_fault_counter", itertools.count())
+    monkeypatch.setattr(publish, "_fault_counter", itertools.count())
     monkeypatch.setenv(FAULT_ENV, f"publish.raise@{stage.last_before_commit}")
     assert run_in_process(stage, stage.new(world), out, tmp_path) == 1
     err = capsys.readouterr().err

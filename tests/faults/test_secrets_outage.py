@@ -109,8 +109,14 @@ def test_outage_with_secrets_then_replay(tmp_path, monkeypatch, capfd, caplog, f
     end_pipeline_run(parent)
     model = build_tiny_model_dir(tmp_path / "model", ["def f(x):\n    return x + 1\n"] * 8, seed=1)
     (tmp_path / "eval").mkdir()
-    (tmp_path / "eval" / "eval_result.json").write_text(json.dumps(
-        {"eval_loss": 3.25, "perplexity": 25.79, "tokens_per_s": 1000.0, "complete": True}))
+    from packtrain.stages.results import EvaluateResult, make_lineage
+
+    EvaluateResult(   # what `packtrain evaluate` writes (register refuses anything else)
+        eval_loss=3.25, perplexity=25.79, n_label_tokens=95, n_real_tokens=100, n_slot_tokens=160, n_segments=5,
+        n_batches=1, n_batches_epoch=1, complete=True, seconds=0.1, tokens_per_s=1000.0, peak_memory_gib=None,
+        memory_kind="cpu_max_rss", device="cpu", precision="fp32", attention="sdpa", rows=5, budget=32,
+        model_dir=str(model), eval_split_dir=str(tmp_path / "packs"), lineage=make_lineage({"model": "m"}),
+    ).write(tmp_path / "eval")
     sets = ["--set", f"workdir={work}", "--set", "register.model_name=tiny-lm", "--set", "tracking.system_metrics=false"]
     out_dir = tmp_path / "register"
     rc = cli_main(["register", *sets, "--model", str(model), "--eval", str(tmp_path / "eval"),

@@ -49,8 +49,15 @@ def set_fluent_tracking_uri(uri: str) -> None:
     MLFLOW_TRACKING_URI, which `resolve_tracking_uri` honours first — so the first stage's store would stick
     for every later stage in the process, whatever their workdir."""
     import mlflow
+    from mlflow.tracking import fluent
 
     before = os.environ.get("MLFLOW_TRACKING_URI")
+    if mlflow.get_tracking_uri() != uri and fluent._active_experiment_id is not None:
+        # an experiment id set in this process (mlflow.set_experiment, which also exports MLFLOW_EXPERIMENT_ID)
+        # belongs to the previous store: on the new one it names nothing or another experiment
+        if os.environ.get("MLFLOW_EXPERIMENT_ID") == fluent._active_experiment_id:
+            os.environ.pop("MLFLOW_EXPERIMENT_ID", None)
+        fluent._active_experiment_id = None
     mlflow.set_tracking_uri(uri)
     if before is None:
         os.environ.pop("MLFLOW_TRACKING_URI", None)
