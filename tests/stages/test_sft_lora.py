@@ -73,8 +73,8 @@ def test_sft_lora_recipe_registers_merged_model_and_adapter_and_compares(tmp_pat
 
     # the registered model loads in plain transformers and equals base + adapter
     # explicit URIs: an earlier test in this worker may have set MLflow's process-wide tracking URI
-    reg = Path(mlflow.artifacts.download_artifacts(artifact_uri="models:/packtrain-sft/1", tracking_uri=uri,
-                                                   registry_uri=uri, dst_path=str(tmp_path / "reg")))
+    reg = Path(mlflow.artifacts.download_artifacts(artifact_uri=client.get_model_version_download_uri(
+        "packtrain-sft", "1"), tracking_uri=uri, dst_path=str(tmp_path / "reg")))
     merged = AutoModelForCausalLM.from_pretrained(str(_model_dir_with_config(reg)), dtype=torch.float32).eval()
     (train_model,) = [p.parent for p in wd.rglob("packtrain_adapter.json") if p.parent.name == "model"
                       and "kfp" in p.parts]
