@@ -21,12 +21,11 @@ train_result.json is optional (register --train DIR); when present it must parse
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from packtrain.errors import InputDataError
-from packtrain.stages.results import EvaluateResult, Lineage, TrainResult
+from packtrain.stages.results import EvaluateResult, Lineage, TrainResult, read_json_file
 
 LINEAGE_TAGS = ("dataset_md5", "git_sha", "code_version", "tokenizer_hash", "packing_fill", "mfu",
                 "peak_memory_gib")
@@ -38,15 +37,9 @@ _FROM_LINEAGE = {"dataset_md5": "data_version", "git_sha": "git_sha", "code_vers
 
 def read_optional_json(path: str | Path | None) -> dict | None:
     """The JSON object at `path`, None when the file does not exist; a corrupt file is an InputDataError."""
-    if path is None:
+    if path is None or not Path(path).is_file():
         return None
-    path = Path(path)
-    if not path.is_file():
-        return None
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise InputDataError(f"{path}: not valid JSON: {e}") from None
+    data = read_json_file(path)
     if not isinstance(data, dict):
         raise InputDataError(f"{path}: expected a JSON object, got {type(data).__name__}")
     return data

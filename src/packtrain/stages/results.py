@@ -375,16 +375,21 @@ def upstream_lineage(path: str | Path) -> Lineage | None:
     "lineage" key (the library functions — pack_dataset, tokenize_documents, the synthetic training inputs —
     write the same file names without one: the chain then starts at the stage reading it); a "lineage" that
     does not parse is an InputDataError naming the file."""
+    data = read_json_file(path)
+    if not isinstance(data, dict) or "lineage" not in data:
+        return None
+    return Lineage.from_dict(data["lineage"], str(path))
+
+
+def read_json_file(path: str | Path) -> Any:
+    """The parsed JSON at `path`, None when the file does not exist; invalid JSON is an InputDataError naming it."""
     path = Path(path)
     if not path.is_file():
         return None
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        return json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise InputDataError(f"{path}: not valid JSON: {e}") from None
-    if not isinstance(data, dict) or "lineage" not in data:
-        return None
-    return Lineage.from_dict(data["lineage"], str(path))
 
 
 def make_lineage(inputs: dict[str, str | None], *upstream: Lineage | None,
