@@ -23,13 +23,22 @@ from packtrain.config.evaluate import EvalConfig, RegisterConfig
 from packtrain.config.packing import PackConfig
 from packtrain.config.pipeline import PipelineConfig, PlanConfig
 from packtrain.config.tracking import TelemetryConfig, TrackingConfig
-from packtrain.config.train import CheckpointConfig, DeepSpeedOptions, ModelConfig, TrainConfig
+from packtrain.config.train import (
+    CheckpointConfig,
+    DeepSpeedOptions,
+    Fp8Options,
+    FsdpOptions,
+    ModelConfig,
+    RopeScaling,
+    TrainConfig,
+)
 from packtrain.errors import ConfigError
 
 __all__ = [
     "RunConfig", "load_run_config", "recipe_dir", "list_recipes", "IngestConfig", "ValidateConfig",
     "TokenizeConfig", "PackConfig", "ModelConfig", "TrainConfig", "CheckpointConfig", "DeepSpeedOptions",
     "TelemetryConfig", "TrackingConfig", "EvalConfig", "RegisterConfig", "PipelineConfig", "PlanConfig",
+    "Fp8Options", "FsdpOptions", "RopeScaling",
     "flatten",
 ]
 

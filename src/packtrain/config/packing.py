@@ -24,6 +24,10 @@ class PackConfig(StrictModel):
     are reopened in the next one (≥ 100k keeps fill ≥ 99.9% of the bound)."""
     overlong: Literal["split", "truncate"] = "split"
     """Documents longer than the budget: split into continuation chunks, or truncate (dropped tokens counted)."""
+    chunk_positions: Literal["restart", "continue"] = "restart"
+    """Position ids of the chunks of a split document: restart (every chunk starts at 0: an independent
+    document, as every context does at inference) or continue (chunk k starts at its offset in the document).
+    Recorded in the packs' meta.json; docs/long-context.md has the policy and why restart is the default."""
     seed: Seed = 0
     """Shuffles the order of packs (not their content); packing is deterministic for a seed."""
     min_doc_tokens: PositiveInt = 1

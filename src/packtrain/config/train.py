@@ -63,6 +63,22 @@ InitFallback = Annotated[str, StringConstraints(min_length=1), AfterValidator(_c
                          Allowed("'scratch' or a local save_pretrained directory")]
 
 
+class RopeScaling(StrictModel):
+    """RoPE scaling for context extension (transformers' rope_parameters / rope_scaling)."""
+
+    type: Literal["linear", "dynamic", "yarn", "llama3"] = "linear"
+    """linear: positions divided by factor; dynamic: NTK-aware θ grown with the sequence; yarn: YaRN
+    (per-frequency interpolation + attention temperature); llama3: Llama-3.1's low/high-frequency split."""
+    factor: Float = Field(1.0, ge=1.0)
+    """Context multiple over original_max_position_embeddings (e.g. 4.0: 8k → 32k)."""
+    original_max_position_embeddings: PositiveInt | None = None
+    """The pre-extension context (None: the model's max_position_embeddings before scaling)."""
+    low_freq_factor: PositiveFloat = 1.0
+    """llama3 only."""
+    high_freq_factor: PositiveFloat = 4.0
+    """llama3 only."""
+
+
 class ModelConfig(StrictModel):
     """The model: random init from the sizes below (a Llama-style model), or a checkpoint of any supported
     family (llama, mistral, qwen2, qwen3, gemma2, gemma3_text, phi3 — packtrain.model.families) to continue."""
@@ -92,6 +108,11 @@ class ModelConfig(StrictModel):
     """Grouped-query attention; None → num_heads."""
     max_position_embeddings: Int = Field(4096, ge=16)
     rope_theta: PositiveFloat = 10000.0
+    """RoPE base frequency θ (scratch models; with init_from a checkpoint, only when set explicitly: then it
+    replaces the checkpoint's — docs/long-context.md)."""
+    rope_scaling: RopeScaling | None = None
+    """Stretch RoPE to a longer context (linear, dynamic NTK, YaRN, Llama-3 style); None: the family's own
+    (a checkpoint's config is kept). packtrain.model.build applies it to scratch and checkpoint models alike."""
     tie_word_embeddings: bool = True
     init_std: PositiveFloat = 0.02
 
@@ -174,6 +195,24 @@ class AdapterConfig(StrictModel):
     save_pretrained directory that loads with AutoModelForCausalLM alone."""
 
 
+class Fp8Options(StrictModel):
+    """FP8 matmuls (train.precision=fp8) through torchao's float8 training (packtrain.train.fp8)."""
+
+    recipe: Literal["tensorwise", "rowwise"] = "tensorwise"
+    """Scaling granularity of the float8 casts: tensorwise (one scale per tensor; fastest on Hopper: 1.28× bf16
+    measured at 3B) or rowwise (one scale per row; more robust to outliers, 1.07× measured)."""
+
+
+class FsdpOptions(StrictModel):
+    """FSDP2 (train.engine=fsdp2, torch.distributed.fsdp.fully_shard per decoder layer + the root)."""
+
+    reshard_after_forward: bool = True
+    """Free each layer's gathered parameters after its forward (ZeRO-3-like memory) and gather again in backward;
+    false keeps them until backward (ZeRO-2-like: more memory, one all-gather fewer per layer)."""
+    reduce_dtype: Literal["fp32", "bf16"] = "fp32"
+    """Dtype of the gradient reduce-scatter (fp32: exact sums; bf16: half the traffic)."""
+
+
 class TrainConfig(StrictModel):
     """The train stage: engine, precision, memory techniques, schedule."""
 
@@ -182,7 +221,9 @@ class TrainConfig(StrictModel):
     per row, 'auto', or null) is refused at load time, naming train.rows — train.budget=auto → train.rows=auto;
     train.budget=B → train.rows=B·rows/pack.budget; null → drop it."""
 
-    engine: Literal["torch", "deepspeed"] = "torch"
+    engine: Literal["torch", "deepspeed", "fsdp2"] = "torch"
+    """torch: one process or DDP; deepspeed: ZeRO (train.deepspeed); fsdp2: PyTorch-native sharding (fully_shard,
+    train.fsdp), composes with compile."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     gpus: PositiveInt = 1
     """Data-parallel processes on one node, one per GPU. N > 1: the train stage relaunches itself through
@@ -191,7 +232,11 @@ class TrainConfig(StrictModel):
     by N. `--gpus N` on `packtrain train`/`run` sets it."""
     attention: Literal["auto", "sdpa", "flex", "varlen", "eager"] = "auto"
     """Isolated attention backend for packed batches; auto → fastest available (sdpa on CPU)."""
-    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    precision: Literal["fp32", "bf16", "fp16", "fp8"] = "fp32"
+    """fp8: the decoder's linear layers run FP8 matmuls (torchao float8 training, train.fp8), everything else
+    bf16 autocast; needs a GPU with FP8 tensor cores (compute capability ≥ 8.9) and is refused elsewhere."""
+    fp8: Fp8Options = Fp8Options()
+    fsdp: FsdpOptions = FsdpOptions()
     activation_checkpointing: Literal["none", "full", "every_k"] = "none"
     ac_every_k: PositiveInt = 2
     compile: bool = False
