@@ -64,9 +64,11 @@ def test_trainjob_shape(tmp_path):
     assert t["numNodes"] == 3 and t["numProcPerNode"] == 4
     assert t["resourcesPerNode"]["limits"]["nvidia.com/gpu"] == 4
     assert "--nnodes=3" in t["command"]
-    (ov,) = job["spec"]["podTemplateOverrides"]
-    assert ov["targetJobs"] == [{"name": "node"}]
-    assert {v["name"] for v in ov["spec"]["volumes"]} == {"dshm", "config", "data"}
+    (patch,) = job["spec"]["runtimePatches"]
+    (node,) = patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]
+    assert node["name"] == "node"
+    pod = node["template"]["spec"]["template"]["spec"]
+    assert {v["name"] for v in pod["volumes"]} == {"dshm", "config", "data"}
 
 
 def test_gpus_per_node_defaults_to_train_gpus(tmp_path):

@@ -10,7 +10,8 @@ the data stages wrote (KFP run with that PVC, or `dvc repro pack` on it):
     PyTorchJob packtrain-<name>-train    Master ×1 + Worker ×(M-1), each: N × nvidia.com/gpu,
                                          /dev/shm emptyDir (Memory), MLflow secret as env (optional),
       command: torchrun --nnodes=M --nproc-per-node=N --no-python packtrain train --recipe /etc/packtrain/run.yaml
-    or TrainJob (trainer.kubeflow.org/v1alpha1, runtime torch-distributed): numNodes=M, numProcPerNode=N.
+    or TrainJob (trainer.kubeflow.org/v1alpha1, runtime torch-distributed): numNodes=M, numProcPerNode=N,
+                                         volumes through runtimePatches (Trainer API 2.3).
 
 The operators inject PET_NODE_RANK, PET_MASTER_ADDR, PET_MASTER_PORT (and PET_NNODES/PET_NPROC_PER_NODE),
 which torchrun reads from the environment; world size = M × N ranks. The outer torchrun sets RANK, so the
@@ -121,10 +122,24 @@ def pytorchjob(spec: JobSpec) -> dict:
     }
 
 
+MLFLOW_SECRET_KEYS = ("MLFLOW_TRACKING_URI", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD",
+                      "MLFLOW_TRACKING_TOKEN")
+"""The keys a TrainJob reads from the MLflow secret, each optional (a TrainJob's trainer takes `env` only, no
+`envFrom`; the PyTorchJob mounts the whole secret with envFrom)."""
+
+
 def trainjob(spec: JobSpec, runtime: str = "torch-distributed") -> dict:
-    """A Kubeflow Trainer v2 TrainJob on the `torch-distributed` ClusterTrainingRuntime."""
+    """A Kubeflow Trainer v2 TrainJob (trainer.kubeflow.org/v1alpha1, API 2.3) on the `torch-distributed`
+    ClusterTrainingRuntime. Volumes and mounts reach the runtime's `node` replicated job through a
+    `runtimePatches` entry (manager "packtrain"): the API has no podTemplateOverrides since Trainer 2.1, and a
+    ContainerPatch has no envFrom, so the MLflow secret's keys come in as optional secretKeyRef env vars.
+    tests/pipelines/test_job_schema.py validates the result against kubeflow-trainer-api's models."""
     pod = _pod_spec(spec)
     c = pod["containers"][0]
+    secret_env = [{"name": key, "valueFrom": {"secretKeyRef": {"name": spec.mlflow_secret, "key": key,
+                                                                 "optional": True}}}
+                  for key in MLFLOW_SECRET_KEYS]
+    node_pod = {"volumes": pod["volumes"], "containers": [{"name": "node", "volumeMounts": c["volumeMounts"]}]}
     return {
         "apiVersion": "trainer.kubeflow.org/v1alpha1",
         "kind": "TrainJob",
@@ -132,14 +147,13 @@ def trainjob(spec: JobSpec, runtime: str = "torch-distributed") -> dict:
                      "labels": {"app.kubernetes.io/part-of": "packtrain"}},
         "spec": {
             "runtimeRef": {"name": runtime},
-            "trainer": {"image": spec.image, "command": c["command"], "env": c["env"],
+            "trainer": {"image": spec.image, "command": c["command"], "env": c["env"] + secret_env,
                         "numNodes": spec.nodes, "numProcPerNode": spec.gpus_per_node,
                         "resourcesPerNode": c["resources"]},
-            "podTemplateOverrides": [{
-                "targetJobs": [{"name": "node"}],
-                "spec": {"volumes": pod["volumes"],
-                         "containers": [{"name": "node", "volumeMounts": c["volumeMounts"],
-                                         "envFrom": c["envFrom"]}]},
+            "runtimePatches": [{
+                "manager": "packtrain",
+                "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [{
+                    "name": "node", "template": {"spec": {"template": {"spec": node_pod}}}}]}}},
             }],
         },
     }
