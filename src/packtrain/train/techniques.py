@@ -3,7 +3,7 @@
     apply_activation_checkpointing(model, cfg)   none | full | every_k decoder layers recomputed in backward
     apply_compile(model, cfg) -> CompileCounter  torch.compile per decoder layer; counts (re)compiles
     set_allocator_env(cfg)                       PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True before CUDA init
-    autocast(precision, device)                  bf16 / fp16 autocast, or nothing for fp32
+    autocast(precision, device)                  bf16 / fp16 autocast (fp8: bf16), or nothing for fp32
     make_grad_scaler(precision, device)          GradScaler for fp16 (None otherwise)
     build_optimizer(model, cfg, device)          AdamW (fused on CUDA), decay on ≥2-D weights only
     build_scheduler(optimizer, cfg)              linear warmup + cosine to min_lr_ratio·lr
@@ -183,23 +183,26 @@ def set_allocator_env(cfg: TrainConfig) -> bool:
     return True
 
 
-_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
+_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp8": "bfloat16"}
+"""fp8 autocasts to bf16: only the decoder's converted linears run FP8 matmuls (train/fp8.py), everything else is
+bf16 — so fp8 also needs no GradScaler and holds a frozen LoRA base in bf16."""
 
 
 def autocast(precision: str, device_type: str):
-    """Autocast context for bf16/fp16 (matmuls in half precision, fp32 master weights); fp32: no-op."""
+    """Autocast context for bf16/fp16/fp8 (matmuls in half precision — fp8: bf16 outside the Float8Linear layers —
+    fp32 master weights); fp32: no-op."""
     import torch
 
     if precision == "fp32":
         return contextlib.nullcontext()
     if precision not in _DTYPES:
-        raise ConfigError(f"train.precision: {precision!r} (allowed: fp32, bf16, fp16)")
+        raise ConfigError(f"train.precision: {precision!r} (allowed: fp32, bf16, fp16, fp8)")
     return torch.autocast(device_type=device_type, dtype=getattr(torch, _DTYPES[precision]))
 
 
 def half_dtype(precision: str):
-    """The autocast dtype of bf16/fp16 (torch.bfloat16 / torch.float16), None for fp32: what a frozen LoRA base is
-    held in."""
+    """The autocast dtype of bf16/fp16/fp8 (torch.bfloat16 / torch.float16 / torch.bfloat16), None for fp32: what a
+    frozen LoRA base is held in."""
     if precision not in _DTYPES:
         return None
     import torch
