@@ -1,10 +1,10 @@
 """Data-parallel scaling on one node: `packtrain train --gpus N` against the same run on one GPU.
 
-    python bench/scaling.py bench/results/scaling_1b_h200x2.json [--gpus 2] [--configs zero2,zero3,ddp]
+    python bench/scaling.py bench/results/scaling_1b_h200x2.json [--gpus 2] [--configs zero2,zero3,ddp,fsdp2]
         [--recipe 1b-h200] [--steps 24] [--rows 8] [--global-accum 4] [--docs 6000] [--timeout 300]
 
-For each config (zero2 / zero3: `train.engine=deepspeed`, compile off; ddp: `train.engine=torch`, the recipe's
-compile), two runs of the recipe through the real CLI — one GPU with grad_accum = G, N GPUs with G / N each —
+For each config (zero2 / zero3: `train.engine=deepspeed`, compile off; ddp: `train.engine=torch`; fsdp2:
+`train.engine=fsdp2`; ddp and fsdp2 with the recipe's compile), two runs of the recipe through the real CLI — one GPU with grad_accum = G, N GPUs with G / N each —
 so both see the same global batch (rows × budget × G tokens, the same packs per optimizer step: the loader
 gives rank r the packs order[(s·N + r)·rows …], the 1-GPU run walks the same order micro-batch by micro-batch).
 MLflow points at a dead server, so each run buffers its tracking locally; the buffer shows how many runs
@@ -40,6 +40,7 @@ CONFIGS = {
     "zero2": ["train.engine=deepspeed", "train.deepspeed.zero_stage=2", "train.compile=false"],
     "zero3": ["train.engine=deepspeed", "train.deepspeed.zero_stage=3", "train.compile=false"],
     "ddp": ["train.engine=torch"],
+    "fsdp2": ["train.engine=fsdp2"],   # compiled (the recipe's compile), fully_shard per layer
 }
 
 
