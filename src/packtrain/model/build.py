@@ -44,8 +44,11 @@ class ParamCount:
 
 def llama_config(model_cfg: ModelConfig, vocab_size: int, attn_implementation: str = "sdpa",
                  pad_token_id: int | None = None, eos_token_id: int | None = None) -> LlamaConfig:
-    """The transformers LlamaConfig for a ModelConfig (use_cache False: training on packed batches)."""
+    """The transformers LlamaConfig for a ModelConfig (use_cache False: training on packed batches); RoPE θ and
+    scaling go into `rope_parameters` (packtrain.model.rope)."""
     from transformers import LlamaConfig
+
+    from packtrain.model.rope import rope_parameters
 
     if vocab_size < 2:
         raise ConfigError(f"vocab_size {vocab_size}: must be ≥ 2 (read from the token store's meta.json)")
@@ -57,7 +60,7 @@ def llama_config(model_cfg: ModelConfig, vocab_size: int, attn_implementation: s
         num_attention_heads=model_cfg.num_heads,
         num_key_value_heads=model_cfg.num_kv_heads or model_cfg.num_heads,
         max_position_embeddings=model_cfg.max_position_embeddings,
-        rope_theta=model_cfg.rope_theta,
+        rope_parameters=rope_parameters(model_cfg),   # θ + model.rope_scaling (packtrain.model.rope)
         tie_word_embeddings=model_cfg.tie_word_embeddings,
         initializer_range=model_cfg.init_std,
         pad_token_id=pad_token_id,
@@ -91,7 +94,7 @@ def build_model(model_cfg: ModelConfig, vocab_size: int, attention: str = "sdpa"
     dtype = dtype or torch.float32
     source = resolve_init_source(model_cfg)
     if source is not None:
-        return load_pretrained(source, vocab_size, attention, device, dtype, training)
+        return load_pretrained(source, vocab_size, attention, device, dtype, training, model_cfg=model_cfg)
     cfg = llama_config(model_cfg, vocab_size, impl, pad_token_id, eos_token_id)
     with torch.device("meta"):
         model = LlamaForCausalLM._from_config(cfg, dtype=dtype)
@@ -115,11 +118,12 @@ def read_checkpoint_config(path: Path):
 
 
 def load_pretrained(path: Path, vocab_size: int, attention: str = "sdpa", device: Any = "cpu", dtype=None,
-                    training: bool = True) -> PreTrainedModel:
+                    training: bool = True, model_cfg: ModelConfig | None = None) -> PreTrainedModel:
     """AutoModelForCausalLM.from_pretrained(path) with packtrain's backend, use_cache off, in `dtype` (fp32
     default), after refusing what cannot be trained faithfully: an unsupported family, a (family, backend) pair
     that is not isolated or drops the family's attention semantics (families.check_attention), or a vocabulary
-    smaller than the token store's."""
+    smaller than the token store's. `model_cfg`'s explicit rope_theta / rope_scaling replace the checkpoint's
+    (packtrain.model.rope.override_rope, said on stderr)."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -132,9 +136,15 @@ def load_pretrained(path: Path, vocab_size: int, attention: str = "sdpa", device
     if cfg.vocab_size < vocab_size:
         raise ConfigError(f"model.init_from {path}: vocab_size {cfg.vocab_size} < the tokenizer's "
                           f"{vocab_size}; re-tokenize with that model's tokenizer (tokenize.tokenizer_dir)")
+    extra = {}
+    if model_cfg is not None:
+        from packtrain.model.rope import override_rope
+
+        if override_rope(cfg, model_cfg, where=f"model.init_from {path}"):
+            extra["config"] = cfg   # the changed config; otherwise from_pretrained reads config.json itself
     try:
         model = AutoModelForCausalLM.from_pretrained(str(path), attn_implementation=HF_NAMES[attention],
-                                                     dtype=dtype or torch.float32)
+                                                     dtype=dtype or torch.float32, **extra)
     except (OSError, ValueError, KeyError, RuntimeError) as e:
         raise InputDataError(f"model.init_from {path}: cannot be loaded: {str(e).strip()[:400]}") from None
     model.config.use_cache = False
