@@ -40,8 +40,11 @@ class ThroughputMeter:
         self.records: list[dict] = []
 
     def record(self, step: int, step_time_s: float, data_wait_s: float, real_tokens: int, slot_tokens: int,
-               useful_flops: float, dense_flops: float, peak_flops: float) -> dict:
-        """Store one step and return its metrics (MLflow-ready floats, `step` excluded)."""
+               useful_flops: float, dense_flops: float, peak_flops: float,
+               dense_peak_flops: float | None = None) -> dict:
+        """Store one step and return its metrics (MLflow-ready floats, `step` excluded). `dense_peak_flops`:
+        the dense MFU's own peak where it differs (fp8's time-weighted peaks, docs/fp8.md); default peak_flops."""
+        dense_peak = peak_flops if dense_peak_flops is None else dense_peak_flops
         if step_time_s <= 0:
             raise ValueError(f"step_time_s must be > 0, got {step_time_s}")
         if not 0 <= real_tokens <= slot_tokens:
@@ -55,7 +58,7 @@ class ThroughputMeter:
             "padding": 1.0 - real_tokens / slot_tokens if slot_tokens else 0.0,
             "useful_tflops": useful_flops / step_time_s / 1e12,
             "useful_mfu": useful_flops / step_time_s / peak_flops if peak_flops > 0 else 0.0,
-            "dense_mfu": dense_flops / step_time_s / peak_flops if peak_flops > 0 else 0.0,
+            "dense_mfu": dense_flops / step_time_s / dense_peak if dense_peak > 0 else 0.0,
         }
         self.records.append({"step": int(step), "data_wait_s": wait, "real_tokens": int(real_tokens),
                              "slot_tokens": int(slot_tokens), **m})

@@ -28,6 +28,10 @@ Example (the hand-computed case of tests/unit/test_telemetry_mfu.py)::
     >>> step_flops(1000, 2, 8, [3, 5], slot_tokens=16, budget=8, vocab_size=10)
     (58368.0, 128256.0)
 
+FP8 (train.precision=fp8; docs/fp8.md): the decoder's converted linears (6·N_fp8 FLOPs per token) run at the
+FP8 peak, everything else (attention, LM head, unconverted linears) at bf16's; MFU = ideal time / step time with
+ideal = F_fp8/P_fp8 + (F − F_fp8)/P_bf16, i.e. F / step_time / `time_weighted_peak(F, F_fp8, P_fp8, P_bf16)`.
+
 MFU = FLOPs / step_time / peak. `peak_flops` reads the datasheet table below (dense, no sparsity), or
 `telemetry.peak_tflops` from the config (e.g. a measured 790 TFLOP/s bf16 on an H200), or for a CPU / an
 unknown device measures a matmul once per process.
@@ -182,6 +186,44 @@ def peak_flops(device_name: str, precision: str = "bf16", override_tflops: float
     log.warning("no datasheet peak for %r (%s): using a measured matmul, %.3g TFLOP/s; "
                 "set telemetry.peak_tflops to override", device_name, precision, measured / 1e12)
     return measured
+
+
+def fp8_peak_flops(device_name: str, override_tflops: float | None = None) -> float:
+    """FP8 dense peak FLOP/s for the FP8 matmuls of train.precision=fp8: the table's fp8 entry; with
+    `telemetry.peak_tflops` (which is the bf16 peak) that override × the table's fp8/bf16 ratio (2.0 on Hopper);
+    a device without an fp8 entry: 2 × its bf16 peak.
+
+    >>> fp8_peak_flops("NVIDIA H200") / 1e12, round(fp8_peak_flops("NVIDIA H200", 790.0) / 1e12, 1)
+    (1978.9, 1580.1)
+    """
+    bf16 = lookup_peak_tflops(device_name, "bf16") if device_name.lower() != "cpu" else None
+    fp8 = None
+    for pattern, table in PEAK_TFLOPS:
+        if re.search(pattern, device_name, flags=re.IGNORECASE):
+            fp8 = table.get("fp8")
+            break
+    ratio = fp8 / bf16 if fp8 and bf16 else 2.0
+    if override_tflops is not None:
+        return peak_flops(device_name, "bf16", override_tflops) * ratio
+    if fp8:
+        return fp8 * 1e12
+    return peak_flops(device_name, "bf16") * ratio
+
+
+def time_weighted_peak(flops: float, fp8_flops: float, peak_fp8: float, peak_bf16: float) -> float:
+    """The one peak P under which flops / t / P = ideal time / t when `fp8_flops` of the `flops` run at
+    `peak_fp8` and the rest at `peak_bf16`: P = F / (F₈/P₈ + (F − F₈)/P₁₆) — a harmonic, time-weighted mean.
+
+    3B Llama (docs/fp8.md), 8×2048 full rows, dense: F = 3.216e14, F₈ = 6·2.819e9·16384 = 2.771e14 (86.1%) on an
+    H200 (1978.9 / 989.4 TFLOP/s) → 1,738 TFLOP/s. No FP8 FLOPs → peak_bf16; all FP8 → peak_fp8.
+
+    >>> round(time_weighted_peak(3.0, 2.0, 2.0, 1.0), 3)   # 2 FLOPs at 2/s + 1 at 1/s: ideal 2 s
+    1.5
+    """
+    if flops <= 0:
+        return peak_bf16
+    f8 = min(max(fp8_flops, 0.0), flops)
+    return flops / (f8 / peak_fp8 + (flops - f8) / peak_bf16)
 
 
 def device_name(device=None) -> str:

@@ -1,7 +1,7 @@
 """The built parts a `TrainSession` holds, each a dataclass with declared fields and one small builder.
 
     DataParts   pack store → micro-batch shape → PackedLoader (+ the loop's batch iterator)
-    ModelParts  attention backend → model (meta init) → loss wrapper → activation checkpointing → compile
+    ModelParts  attention backend → model (meta init) → fp8 linears → loss wrapper → activation checkpointing → compile
                 → optimizer + LR schedule → engine (torch/DDP or DeepSpeed: sharding last)
     Telemetry   ThroughputMeter + peak FLOP/s + SystemSampler (rank 0) and the steady-state window
 
@@ -108,6 +108,8 @@ class ModelParts:
     autocast: Callable[[], contextlib.AbstractContextManager[Any]]
     adapted: Any = None                # train.adapter lora: the peft model around `model` (save_pretrained,
                                        # merge_and_unload); None: full fine-tune
+    fp8_linears: list[str] | None = None   # train.precision fp8: the linears torchao runs in FP8 (train/fp8.py)
+    fp8_params: int = 0                # ... and their parameters (N_fp8 of MFU's 6·N_fp8 share)
 
     def step_is_async(self) -> bool:
         """True when a step needs no host sync (plain torch engine, no fp16 loss scaler): the loop may then
@@ -119,8 +121,9 @@ class ModelParts:
 
 def build_model_parts(model_cfg: ModelConfig, train_cfg: TrainConfig, data: DataParts, dist: DistInfo,
                       device: torch.device, out_dir: Path, undo: contextlib.ExitStack) -> ModelParts:
-    """Model → adapter (train.adapter) → loss wrapper → activation checkpointing → compile → optimizer/schedule
-    → engine. `undo` gets the compile counter's stop, so a setup that fails later leaves no counter running."""
+    """Model → adapter (train.adapter) → fp8 (train.precision=fp8) → loss wrapper → activation checkpointing →
+    compile → optimizer/schedule → engine. `undo` gets the compile counter's stop, so a setup that fails later
+    leaves no counter running."""
     import torch
 
     from packtrain.model.adapter import apply_adapter
@@ -131,17 +134,28 @@ def build_model_parts(model_cfg: ModelConfig, train_cfg: TrainConfig, data: Data
     from packtrain.train.loss import packed_causal_lm
 
     backend = resolve_attention(train_cfg.attention, device, train_cfg.precision)
+    if train_cfg.precision == "fp8":   # before building anything: a clear refusal on CPU / pre-Ada GPUs
+        from packtrain.train.fp8 import check_fp8_support
+
+        check_fp8_support(device)
     model = build_model(model_cfg, data.vocab_size, backend, device, torch.float32, pad_token_id=data.pad_id,
                         eos_token_id=data.eos_id, training=True)   # any family: model.init_from (model.families)
     params = count_params(model)
     flop_dims = model_flop_dims(model.config)
-    # Order: adapter (peft injects LoRA layers into `model` in place and freezes it), activation checkpointing,
-    # then compile, then sharding (DDP/DeepSpeed) — techniques.py says why. The loss wrapper, the attention
-    # backends and AC/compile see the same transformers model; peft's own forward is never called.
+    # Order: adapter (peft injects LoRA layers into `model` in place and freezes it), fp8 (torchao swaps the
+    # decoder's linears in place: convert, then compile — torchao's rule), activation checkpointing, then compile,
+    # then sharding (DDP/DeepSpeed) — techniques.py says why. The loss wrapper, the attention backends and
+    # AC/compile see the same transformers model; peft's own forward is never called.
     adapted = None
     if train_cfg.adapter.type != "none":
         adapted = apply_adapter(model, train_cfg.adapter, base_dtype=tq.half_dtype(train_cfg.precision))
         params.trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    fp8_linears, fp8_params = None, 0
+    if train_cfg.precision == "fp8":   # swap modules before the loss wrapper, AC and compile see them (train/fp8.py)
+        from packtrain.train.fp8 import apply_fp8, fp8_param_count
+
+        fp8_linears = apply_fp8(model, train_cfg.fp8)
+        fp8_params = fp8_param_count(model, fp8_linears)
     module = packed_causal_lm(model, train_cfg.loss, train_cfg.loss_chunk_tokens)
     ac_layers = tq.apply_activation_checkpointing(model, train_cfg)
     counter = tq.apply_compile(model, train_cfg)
@@ -166,7 +180,7 @@ def build_model_parts(model_cfg: ModelConfig, train_cfg: TrainConfig, data: Data
         def autocast() -> contextlib.AbstractContextManager[Any]:
             return tq.autocast(train_cfg.precision, device.type)
     return ModelParts(backend, model, stepper.module, params, flop_dims, ac_layers, counter, optimizer, scheduler,
-                      stepper, autocast, adapted)
+                      stepper, autocast, adapted, fp8_linears, fp8_params)
 
 
 # ---------------------------------------------------------------------------------------------------- telemetry
@@ -176,13 +190,15 @@ class Telemetry:
 
     cfg: TelemetryConfig
     meter: ThroughputMeter
-    peak: float                        # peak FLOP/s of this device at the run's precision
+    peak: float                        # peak FLOP/s of this device at the run's precision (fp8: the bf16 peak)
     flop_dims: dict[str, Any]
     non_embedding: int                 # N of 6·N FLOPs per token
     sampler: SystemSampler | None      # rank 0 only; None when psutil/nvidia-ml-py are missing
     steady_since: float = 0.0          # sampler clock at the end of the warm-up steps
     steady_until: float | None = None  # ... and at the last training step (the final save is not counted)
     adapter_params: int = 0            # LoRA: trainable adapter parameters (0: full fine-tune)
+    fp8_params: int = 0                # fp8: parameters of the FP8 linears (0: no FP8)
+    peak_fp8: float = 0.0              # fp8: the FP8 peak FLOP/s their matmuls are counted against
 
     def window_flops(self, window: list[PackedBatch]) -> tuple[float, float]:
         """(useful, dense) FLOPs of one optimizer step's micro-batches, from the built model's own shape.
@@ -205,9 +221,23 @@ class Telemetry:
 
     def measure(self, step: int, window: list[PackedBatch], step_time: float, data_wait: float, real: int,
                 slot: int) -> dict:
-        """Meter one optimizer step (this rank: per-GPU numbers) → the metrics dict the tracker logs."""
+        """Meter one optimizer step (this rank: per-GPU numbers) → the metrics dict the tracker logs.
+
+        fp8: MFU = ideal time / step time, ideal = F_fp8/P_fp8 + (F − F_fp8)/P_bf16 with F_fp8 = 6·N_fp8 per token
+        (4·N_fp8 under LoRA: frozen base) — i.e. F over a time-weighted peak, one for useful and one for dense
+        FLOPs (their attention shares differ). docs/fp8.md works the 3B example."""
         useful, dense = self.window_flops(window)
-        return self.meter.record(step, step_time, data_wait, real, slot, useful, dense, self.peak)
+        peak_useful = peak_dense = self.peak
+        if self.fp8_params:
+            from packtrain.telemetry.mfu import time_weighted_peak
+
+            per_tok = (4.0 if self.adapter_params else 6.0) * self.fp8_params
+            real_w = sum(sum(b.seq_lens) for b in window)
+            slot_w = sum(b.rows * b.budget for b in window)
+            peak_useful = time_weighted_peak(useful, per_tok * real_w, self.peak_fp8, self.peak)
+            peak_dense = time_weighted_peak(dense, per_tok * slot_w, self.peak_fp8, self.peak)
+        return self.meter.record(step, step_time, data_wait, real, slot, useful, dense, peak_useful,
+                                 dense_peak_flops=peak_dense)
 
     def mark(self, step: int, start_step: int) -> None:
         """The sampler's steady window: from the end of the warm-up steps to the last step recorded."""
@@ -225,11 +255,14 @@ class Telemetry:
 def build_telemetry(cfg: TelemetryConfig, precision: str, parts: ModelParts, dist: DistInfo,
                     device: torch.device) -> Telemetry:
     from packtrain.telemetry.meter import ThroughputMeter
-    from packtrain.telemetry.mfu import device_name, peak_flops
+    from packtrain.telemetry.mfu import device_name, fp8_peak_flops, peak_flops
     from packtrain.telemetry.sampler import SystemSampler
 
     meter = ThroughputMeter(cfg.warmup_steps)
-    peak = peak_flops(device_name(device), precision if device.type == "cuda" else "fp32", cfg.peak_tflops)
+    fp8 = precision == "fp8" and device.type == "cuda" and bool(parts.fp8_params)
+    prec = ("bf16" if precision == "fp8" else precision) if device.type == "cuda" else "fp32"   # fp8: rest is bf16
+    peak = peak_flops(device_name(device), prec, cfg.peak_tflops)
+    peak_fp8 = fp8_peak_flops(device_name(device), cfg.peak_tflops) if fp8 else 0.0
     sampler = None
     if dist.is_main:
         gpus = list(range(dist.local_world_size)) if device.type == "cuda" else None   # this node's GPUs
@@ -238,4 +271,5 @@ def build_telemetry(cfg: TelemetryConfig, precision: str, parts: ModelParts, dis
         except ImportError as e:   # neither nvidia-ml-py nor psutil installed: train without sampling
             warnings.warn(f"system sampling off: {e}", RuntimeWarning, stacklevel=2)
     adapter = (parts.params.trainable or 0) if parts.adapted is not None else 0
-    return Telemetry(cfg, meter, peak, parts.flop_dims, parts.params.non_embedding, sampler, adapter_params=adapter)
+    return Telemetry(cfg, meter, peak, parts.flop_dims, parts.params.non_embedding, sampler, adapter_params=adapter,
+                     fp8_params=parts.fp8_params if fp8 else 0, peak_fp8=peak_fp8)
