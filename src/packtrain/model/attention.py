@@ -70,11 +70,11 @@ def _flex_importable() -> bool:
 def available_backends(device: Any, precision: str = "bf16", training: bool = True) -> list[str]:
     """Backends that run on `device` with `precision`. CPU: sdpa, eager, and flex for inference only (torch
     has no flex backward on CPU; eager-mode flex materializes the scores); CUDA: sdpa, eager, flex, and varlen
-    for bf16/fp16 (FlashAttention has no fp32 kernel)."""
+    for bf16/fp16/fp8 (FlashAttention has no fp32 kernel; under fp8 attention runs in bf16)."""
     out = ["sdpa", "eager"]
     if _flex_importable() and (_device_type(device) == "cuda" or not training):
         out.append("flex")
-    if _device_type(device) == "cuda" and precision in ("bf16", "fp16") and _varlen_fn() is not None:
+    if _device_type(device) == "cuda" and precision in ("bf16", "fp16", "fp8") and _varlen_fn() is not None:
         out.append("varlen")
     return out
 
@@ -95,7 +95,7 @@ def resolve_attention(name: str, device: Any, precision: str = "bf16", training:
     if name not in BACKENDS:
         raise ConfigError(f"train.attention: {name!r} is not a backend (allowed: auto, {', '.join(BACKENDS)})")
     if name not in avail:
-        why = ("needs CUDA, bf16/fp16 precision and torch ≥ 2.9 (torch.nn.attention.varlen)" if name == "varlen"
+        why = ("needs CUDA, bf16/fp16/fp8 precision and torch ≥ 2.9 (torch.nn.attention.varlen)" if name == "varlen"
                else "needs CUDA for training (torch has no FlexAttention backward on CPU) and torch ≥ 2.5")
         raise ConfigError(f"train.attention: {name!r} is not available on {device} with precision {precision}: "
                           f"{why}; available here: {', '.join(avail)}")

@@ -71,9 +71,17 @@ under bf16/fp16 autocast; fp32 and DeepSpeed runs keep the eager sizes (memory_p
 
 
 def precision_of(engine: str, precision: str) -> Precision:
-    """torch + bf16/fp16 → autocast over fp32 params; DeepSpeed bf16/fp16 → the module itself in 16 bit."""
+    """torch + bf16/fp16 → autocast over fp32 params; DeepSpeed bf16/fp16 → the module itself in 16 bit.
+
+    fp8 (torchao float8 linears, docs/fp8.md) is planned as bf16 autocast: the converted linears keep fp32 weights
+    and save their bf16 input for backward like an autocast linear; torchao's extra — the e4m3 copy of one
+    linear's weight and input while it runs (1 B/element, freed after the matmul) — is below the planner's
+    resolution and not counted (DESIGN.md's FP8 probe, 3B, 8×2048, pure-bf16 weights: FP8 peaked 12 GiB *lower*
+    than bf16, 49.4 vs 61.7 GiB — bench/fp8_bench.py records planner vs measured under autocast)."""
     if precision == "fp32":
         return Precision("fp32", 4, 4, False)
+    if precision == "fp8":
+        return Precision("fp8 linears + bf16 autocast (fp32 params)", 4, 2, True)
     if engine == "deepspeed":
         return Precision(f"{precision} (DeepSpeed, {precision} params + fp32 master)", 2, 2, False)
     return Precision(f"{precision} autocast (fp32 params)", 4, 2, True)

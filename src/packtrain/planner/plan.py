@@ -145,13 +145,13 @@ class MemoryPlan:
 
 
 def _backend(train_cfg: TrainConfig, device: str) -> str:
-    """`auto` as packtrain.model.attention resolves it: varlen on CUDA with bf16/fp16, flex on CUDA fp32,
+    """`auto` as packtrain.model.attention resolves it: varlen on CUDA with bf16/fp16/fp8, flex on CUDA fp32,
     sdpa on CPU."""
     if train_cfg.attention != "auto":
         return train_cfg.attention
     if device != "cuda":
         return "sdpa"
-    return "varlen" if train_cfg.precision in ("bf16", "fp16") else "flex"
+    return "varlen" if train_cfg.precision in ("bf16", "fp16", "fp8") else "flex"
 
 
 def _loss_chunk(train_cfg: TrainConfig) -> int | None:
@@ -229,7 +229,7 @@ def plan_memory(model_cfg: ModelConfig, train_cfg: TrainConfig, budget: int, pla
     layer_bytes = a_tok * n_tok
     # measured for the torch engine under 16-bit autocast only (fp32 and DeepSpeed + compile keep eager sizes)
     compiled = (train_cfg.compile and device == "cuda" and train_cfg.engine == "torch"
-                and train_cfg.precision in ("bf16", "fp16"))
+                and train_cfg.precision in ("bf16", "fp16", "fp8"))   # fp8: planned as bf16 (precision_of)
     if compiled:   # inductor fuses the elementwise chains and saves fewer, smaller tensors for backward
         layer_bytes = int(layer_bytes * mem.COMPILED_LAYER_ACTIVATION_FACTOR)
     ck_bytes = prec.residual_bytes * shape.hidden * n_tok

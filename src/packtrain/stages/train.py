@@ -48,13 +48,18 @@ from packtrain.stages.results import (
 
 def check_inputs(cfg: RunConfig, packs_dir: Path, tokens_dir: Path) -> tuple[Path, str]:
     """Fail before any work (and before an MLflow run opens) when an upstream output is missing or the
-    attention backend cannot run here; returns the tokenizer directory and the resolved backend."""
+    attention backend (or train.precision=fp8) cannot run here; returns the tokenizer directory and the resolved
+    backend."""
     import torch
 
     from packtrain.model.attention import resolve_attention
     from packtrain.packing.store import PackStore
 
     device = "cuda" if cfg.train.device != "cpu" and torch.cuda.is_available() else "cpu"
+    if cfg.train.precision == "fp8":   # FP8 tensor cores (compute capability ≥ 8.9) + torchao, or a clear refusal
+        from packtrain.train.fp8 import check_fp8_support
+
+        check_fp8_support(device)
     backend = resolve_attention(cfg.train.attention, device, cfg.train.precision)
 
     split = packs_dir / "train"
