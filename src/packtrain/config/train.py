@@ -286,3 +286,11 @@ class TrainConfig(StrictModel):
             raise ValueError("train.adapter.type=lora runs on train.engine=torch only (a frozen base needs no "
                              "ZeRO partitioning of optimizer states): set train.engine=torch")
         return self
+
+    @model_validator(mode="after")
+    def _fp8_engine(self):
+        if self.precision == "fp8" and self.engine == "deepspeed":
+            raise ValueError("train.precision=fp8 runs on train.engine=torch or fsdp2 (DeepSpeed casts the whole "
+                             "module to its own bf16/fp16 and does not drive torchao's float8 linears): set "
+                             "train.engine=torch, or train.precision=bf16 with DeepSpeed")
+        return self
