@@ -26,7 +26,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
-	$(PY) -m pip install -q -c $(CONSTRAINTS) -e '.[dev,deepspeed]'
+	$(PY) -m pip install -q -c $(CONSTRAINTS) -e '.[dev,deepspeed,fp8]'
 	@touch $(STAMP)
 
 setup-airflow: $(AF_STAMP)
