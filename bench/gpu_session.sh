@@ -2,6 +2,7 @@
 # One device call: everything the GPU issues need, each part bounded, logs + JSON under $OUT.
 #   bash bench/gpu_session.sh PART...   parts: env bench350 bench350c bench1b benchf tests smoke memhead isotests telemetry calib scale
 #                                       family qwen05 qwen15 lora
+#                                       long32k (long8k long16k long64k) fp8 fsdp2   (issue 19)
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export TQDM_DISABLE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false PYTHONPATH=$PWD/src
@@ -46,6 +47,14 @@ for part in "$@"; do
               --out $OUT/gpu_bench_qwen2_1.5b.json ${BENCH_ARGS:-} 2>&1 | grep -v Warning | tee $OUT/qwen15.log | tail -14;;
     lora) timeout ${LORA_TIMEOUT:-480} python3 bench/lora_bench.py --steps ${LORA_STEPS:-10} --warmup ${LORA_WARMUP:-4} \
             --out-dir $OUT ${BENCH_ARGS:-} 2>&1 | grep -v Warning | tee $OUT/lora_bench.log | tail -16;;
+    long8k|long16k|long32k|long64k)   # issue 19: 1B at a long budget, packtrain beside transformers (~2-3 min)
+      k=${part#long}; k=${k%k}
+      timeout ${LONG_TIMEOUT:-330} python3 bench/long_context_bench.py --budget $((k * 1024)) \
+        --out $OUT/long_context_1b_${k}k.json ${BENCH_ARGS:-} 2>&1 | grep -v Warning | tee $OUT/long${k}k.log | tail -8;;
+    fp8) timeout ${FP8_TIMEOUT:-540} python3 bench/fp8_bench.py --out $OUT/fp8_bench_3b.json ${BENCH_ARGS:-} 2>&1 \
+           | grep -v Warning | tee $OUT/fp8.log | tail -8;;    # issue 19: 3B bf16 vs fp8, 2 × 200 steps (~6 min)
+    fsdp2) timeout ${FSDP2_TIMEOUT:-360} python3 bench/fsdp2_bench.py --out $OUT/fsdp2_bench_1b.json ${BENCH_ARGS:-} 2>&1 \
+             | grep -v Warning | tee $OUT/fsdp2.log | tail -8;;  # issue 19: 1B torch vs fsdp2 (+ torch again) (~3-4 min)
     calib) timeout 130 python3 bench/memory_calibration.py $OUT/memory_plan_calibration.json --max-seconds 250 2>&1 | tail -20;;
     *) echo "unknown part $part";;
   esac

@@ -1,0 +1,237 @@
+"""Long context on one H200: a 1B Llama at a 32k budget on long-tailed documents, packtrain beside transformers.
+
+    python bench/long_context_bench.py --budget 32768 --out bench/results/long_context_1b_32k.json   # H200, ~3 min
+    python bench/long_context_bench.py --budget 16384 --out bench/results/long_context_1b_16k.json
+    python bench/long_context_bench.py --tiny                                                       # CPU, ~20 s
+    bash bench/gpu_session.sh long32k                                                               # the lead's call
+
+Model: recipes/1b-32k-h200.yaml (a ~1B Llama: hidden 2048, 16 layers, 16 heads, vocab 32768; pack.budget 32768,
+varlen attention, bf16, per-layer compile, fused loss); without that file, recipes/1b-h200.yaml with
+model.max_position_embeddings raised to the budget. `--budget` overrides pack.budget (8k/16k/32k/64k rows).
+
+Data: lognormal document lengths, median budget/16 (2,048 at 32k), σ 1.2, clipped to [64, budget] — a heavy
+tail: at 32k p90 ≈ 9.5k, p99 ≈ budget, ~1% of documents are exactly budget-long (a longer document's first
+chunk), ~40% of the tokens sit in documents ≥ 8k. Tokens from packtrain's synthetic Markov chain (the loss falls).
+The record's "data" block has the measured quantiles and Σs²/Σs (the attention span a token pays for).
+
+Variants, same documents, same packs (best-fit-decreasing at the budget), `rows` packs per step (default 1):
+  packtrain              the product's train(): token store → pack_dataset → smoke_run (varlen over cu_seqlens,
+                         compile, fused loss), the meter's steady-state medians after --warmup steps
+  transformers_packed    transformers' own LlamaForCausalLM (the same config: packtrain.model.build.llama_config),
+                         SDPA on (rows, budget) packed rows with position_ids restarting per document, no mask,
+                         use_cache=False, bf16 autocast, fused AdamW (bench/hf_baselines.py) — its tok/s, or the OOM
+                         it hits (recorded; the memory is freed and the run goes on)
+
+Recorded: real tok/s, useful MFU (packtrain's convention, full s² per document) and useful_mfu_causal (the
+attention term halved: what a causal kernel executes), the steps' peak allocated memory beside the planner's
+prediction for the same shape (packtrain.planner.choose_shape + plan_shape, as `packtrain plan` calls them;
+goal ±10%), loss curves. Goals: useful MFU ≥ 50%, planner within ±10%.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _issue19 as common  # noqa: E402
+import numpy as np  # noqa: E402
+
+GOALS = {"useful_mfu_min": 0.50, "planner_error_max": 0.10}
+
+
+def long_tailed_lengths(tokens: int, budget: int, median: float, sigma: float, seed: int) -> np.ndarray:
+    """Lognormal(ln median, σ) lengths clipped to [64, budget] until they hold ≥ `tokens` tokens."""
+    rng = np.random.default_rng(seed)
+    lo = min(64, budget)
+    return common.lengths_for_tokens(
+        lambda n: np.clip(np.round(rng.lognormal(np.log(median), sigma, n)), lo, budget).astype(np.int64), tokens)
+
+
+def recipe_config(args, vocab: int):
+    """The packtrain RunConfig: the recipe + the budget/rows/attention of this run (+ --tiny, --packtrain-set)."""
+    name = args.recipe if (common.ROOT / "recipes" / f"{args.recipe}.yaml").exists() else "1b-h200"
+    args.recipe_used = name
+    ov = [f"pack.budget={args.budget}", f"train.rows={args.rows}", f"telemetry.peak_tflops={args.peak_tflops}",
+          "telemetry.interval_s=0.2", f"train.seed={args.seed}"]
+    if args.attention:
+        ov.append(f"train.attention={args.attention}")
+    if args.tiny:
+        ov += common.TINY_MODEL + common.TINY_TRAIN
+    ov += args.packtrain_set
+    cfg = common.load_recipe(name, ov)
+    if cfg.model.max_position_embeddings < args.budget:   # 1b-h200 says 4096; a scratch model needs ≥ budget
+        ov.append(f"model.max_position_embeddings={args.budget}")
+        cfg = common.load_recipe(name, ov)
+    return cfg, ov
+
+
+def run_packtrain(cfg, tokens_dir, packs_dir, tmp, args, vocab) -> dict:
+    """packtrain's train() on the packs + the planner's prediction for the same shape."""
+    device = "cpu" if cfg.train.device == "cpu" else "cuda"
+    planned = common.planner_prediction(cfg, args.budget, vocab, device)
+    row = common.run_packtrain(cfg, tokens_dir, packs_dir, tmp / "out", args.steps + args.warmup, args.warmup,
+                               vocab)
+    row.update(planned)
+    measured = row.get("step_peak_alloc_gib")
+    if measured and planned.get("planner_peak_alloc_gib"):
+        row["planner_error"] = planned["planner_peak_alloc_gib"] / measured - 1
+    return row
+
+
+def run_transformers(cfg, docs, lengths, args, vocab) -> dict:
+    """transformers' packed-rows path (hf_baselines.run_hf_variant) on the same documents, BFD packs of the
+    budget, `rows` rows per step; tok/s = real tokens / wall time over --hf-steps after --hf-warmup."""
+    import torch
+    from hf_baselines import batches_packed_rows, run_hf_variant
+    from transformers import AutoModelForCausalLM
+
+    from packtrain.model.build import llama_config
+    from packtrain.packing.plan import pack_lengths
+    from packtrain.planner.shapes import shape_of_config
+    from packtrain.telemetry.mfu import model_flop_dims, step_flops
+
+    device = torch.device("cpu" if cfg.train.device == "cpu" else "cuda")
+    plan = pack_lengths(lengths, args.budget, strategy="bfd")
+    packs = [[seg[0] for seg in pack] for pack in plan.to_lists()]   # lengths ≤ budget: one segment per doc
+    packs = [packs[i] for i in np.random.default_rng(args.seed).permutation(len(packs))]
+    n = args.hf_steps + args.hf_warmup
+    batches = batches_packed_rows(docs, packs, args.rows, args.budget, n)
+    hf_cfg = llama_config(cfg.model, vocab, "sdpa")   # packtrain's model config, transformers' own model
+    torch.manual_seed(args.seed)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(hf_cfg)
+    dt, util, loss = run_hf_variant("hf_packed", model, batches, args.hf_steps, args.hf_warmup, device)
+    alloc = torch.cuda.max_memory_allocated() / common.GIB if device.type == "cuda" else None
+    reserved = torch.cuda.max_memory_reserved() / common.GIB if device.type == "cuda" else None
+    del model
+    meas = batches[args.hf_warmup:]
+    dims = model_flop_dims(hf_cfg)
+    n_ne = shape_of_config(hf_cfg).n_params_nonembed
+    useful = sum(step_flops(n_ne, dims["n_layers"], dims["hidden_size"], b["seq_lens"], b["slot"], args.budget,
+                            dims["vocab_size"], attn_width=dims["attn_width"], windows=dims["windows"])[0]
+                 for b in meas)
+    real = sum(b["real"] for b in meas)
+    return {"real_tokens_per_s": real / dt, "useful_mfu": useful / dt / (args.peak_tflops * 1e12),
+            "step_time_mean_s": dt / len(meas), "peak_alloc_gib": alloc, "peak_reserved_gib": reserved,
+            "nvml_util": util, "final_loss": loss, "steps": args.hf_steps, "warmup": args.hf_warmup,
+            "attention": "sdpa (transformers, position_ids packed rows)"}
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--budget", type=int, default=32768, help="pack.budget: 8192 | 16384 | 32768 | 65536")
+    p.add_argument("--rows", type=int, default=1, help="packs per micro-batch (1 × 32k = 32,768 tokens a step)")
+    p.add_argument("--recipe", default="1b-32k-h200", help="recipes/<name>.yaml (missing → 1b-h200)")
+    p.add_argument("--attention", default=None, help="packtrain backend (default: the recipe's): varlen | flex")
+    p.add_argument("--steps", type=int, default=20, help="measured packtrain steps after --warmup")
+    p.add_argument("--warmup", type=int, default=6, help="packtrain steps not measured (compile happens here)")
+    p.add_argument("--hf-steps", type=int, default=8)
+    p.add_argument("--hf-warmup", type=int, default=2)
+    p.add_argument("--median", type=float, default=None, help="median document length (default budget/16)")
+    p.add_argument("--sigma", type=float, default=1.2, help="lognormal σ of the document lengths")
+    p.add_argument("--variants", default="packtrain,transformers_packed",
+                   help="comma-separated, in this order (packtrain first: its numbers are written before an OOM "
+                        "of the baseline could take the process down)")
+    p.add_argument("--peak-tflops", type=float, default=790.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--packtrain-set", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--tiny", action="store_true",
+                   help="CPU check of this script: tiny model, budget 512, sdpa, no compile, 3+1 steps")
+    p.add_argument("--out", default=None, help="the JSON (default bench/results/long_context_1b_<budget>.json; "
+                                               "--tiny: a temporary file)")
+    args = p.parse_args(argv)
+    if args.tiny:
+        args.budget = 512 if args.budget == 32768 else args.budget
+        args.steps, args.warmup, args.hf_steps, args.hf_warmup = 3, 1, 2, 1
+    args.median = args.median or args.budget / 16
+    return args
+
+
+VARIANTS = {"packtrain", "transformers_packed"}
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    t_start = time.perf_counter()
+    vocab = 512 if args.tiny else 32768
+    cfg, overrides = recipe_config(args, vocab)
+    out = Path(args.out or (Path(tempfile.mkdtemp(prefix="lc-tiny-")) / "long_context_tiny.json" if args.tiny
+                            else f"bench/results/long_context_1b_{args.budget // 1024}k.json"))
+    need = int((args.steps + args.warmup + 4) * args.rows * args.budget * 1.15)
+    lengths = long_tailed_lengths(max(need, 8 * args.budget), args.budget, args.median, args.sigma, args.seed)
+    docs, gen_s = common.timed(common.markov_docs, lengths, vocab, args.seed)
+    record = {"bench": "long_context", "issue": 19, "command": common.command_line(argv),
+              "machine": common.environment(args.peak_tflops),
+              "settings": {"recipe": args.recipe_used, "overrides": overrides, "budget": args.budget,
+                           "rows": args.rows, "tokens_per_step": args.rows * args.budget, "steps": args.steps,
+                           "warmup": args.warmup, "hf_steps": args.hf_steps, "hf_warmup": args.hf_warmup,
+                           "attention": cfg.train.attention, "precision": cfg.train.precision,
+                           "compile": cfg.train.compile, "loss": cfg.train.loss, "vocab": vocab,
+                           "activation_checkpointing": cfg.train.activation_checkpointing,
+                           "chunk_positions": getattr(cfg.pack, "chunk_positions", None),
+                           "model": cfg.model.model_dump(mode="json"), "seed": args.seed, "tiny": args.tiny,
+                           "lengths": {"dist": "lognormal", "median": args.median, "sigma": args.sigma,
+                                       "clip": [min(64, args.budget), args.budget]}},
+              "data": {**common.length_summary(lengths), "generate_s": gen_s},
+              "goals": GOALS}
+    print(json.dumps({"data": record["data"]}), flush=True)
+    with tempfile.TemporaryDirectory(prefix="lc-bench-") as tmp:
+        tmp = Path(tmp)
+        tokens_dir, packs_dir, stats = common.write_inputs(tmp, docs, vocab, cfg.pack)
+        record["pack"] = {"fill": stats["fill"], "n_packs": stats["n_packs"]}
+        names = [v.strip() for v in args.variants.split(",") if v.strip()]
+        bad = [n for n in names if n not in VARIANTS]
+        if bad:
+            raise SystemExit(f"--variants: {bad} not in {sorted(VARIANTS)}")
+        common.run_variants(record, out, names, lambda name: (
+            run_packtrain(cfg, tokens_dir, packs_dir, tmp, args, vocab) if name == "packtrain"
+            else run_transformers(cfg, docs, lengths, args, vocab)))
+    record.update(compare(record))
+    record["wall_s"] = time.perf_counter() - t_start
+    common.write_record(out, record)
+    print_table(record, out)
+    return record
+
+
+def compare(record: dict) -> dict:
+    """Speed-up over transformers (when it ran) and the goals met."""
+    ours, base = record.get("packtrain", {}), record.get("transformers_packed", {})
+    out: dict = {}
+    if ours.get("real_tokens_per_s") and base.get("real_tokens_per_s"):
+        out["speedup_vs_transformers"] = ours["real_tokens_per_s"] / base["real_tokens_per_s"]
+    if ours.get("real_tokens_per_s"):
+        err = ours.get("planner_error")
+        out["goal_met"] = {"useful_mfu": (ours.get("useful_mfu") or 0) >= GOALS["useful_mfu_min"],
+                           "planner": err is not None and abs(err) <= GOALS["planner_error_max"]}
+    return out
+
+
+def print_table(record: dict, out: Path) -> None:
+    print(f"\n{'variant':<20} {'real tok/s':>10} {'useful MFU':>10} {'causal MFU':>10} {'peak GiB':>8} "
+          f"{'planner GiB':>11} {'err':>6} {'loss':>7}")
+    for name in ("packtrain", "transformers_packed"):
+        r = record.get(name)
+        if r is None:
+            continue
+        if "error" in r:
+            print(f"{name:<20} {'OOM' if r.get('oom') else 'ERROR'}: {r['error'][:110]}")
+            continue
+        peak = r.get("step_peak_alloc_gib") or r.get("peak_alloc_gib")
+        pl, err, cm = r.get("planner_peak_alloc_gib"), r.get("planner_error"), r.get("useful_mfu_causal")
+        print(f"{name:<20} {r['real_tokens_per_s'] or 0:>10,.0f} {r.get('useful_mfu') or 0:>10.3f} "
+              f"{'-' if cm is None else f'{cm:.3f}':>10} {'-' if peak is None else f'{peak:.1f}':>8} "
+              f"{'-' if pl is None else f'{pl:.1f}':>11} {'-' if err is None else f'{err:+.1%}':>6} "
+              f"{r.get('final_loss') or 0:>7.3f}")
+    d = record["data"]
+    print(f"budget {record['settings']['budget']}, docs p50 {d['p50']:.0f} p90 {d['p90']:.0f} max {d['max']}, "
+          f"Σs²/Σs {d['sum_sq_over_sum']:.0f}; speed-up {record.get('speedup_vs_transformers', '-')}; "
+          f"goals {record.get('goal_met')}; JSON {out}")
+
+
+if __name__ == "__main__":
+    main()
