@@ -83,9 +83,10 @@ def load_recipe(name: str, overrides: list[str]):
 
 
 def free_device() -> None:
-    """Drop garbage and cached blocks, reset the peak counters (between variants, after an OOM)."""
+    """Drop compile caches, garbage and cached blocks, reset the peak counters (between variants, after an OOM)."""
     import torch
 
+    torch._dynamo.reset()   # compiled graphs hold the last run's module (and its parameters) alive
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.synchronize()

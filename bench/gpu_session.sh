@@ -50,10 +50,10 @@ for part in "$@"; do
     long8k|long16k|long32k|long64k)   # issue 19: 1B at a long budget, packtrain beside transformers (~2-3 min)
       k=${part#long}; k=${k%k}
       timeout ${LONG_TIMEOUT:-330} python3 bench/long_context_bench.py --budget $((k * 1024)) \
-        --out $OUT/long_context_1b_${k}k.json ${BENCH_ARGS:-} 2>&1 | grep -v Warning | tee $OUT/long${k}k.log | tail -8;;
-    fp8) timeout ${FP8_TIMEOUT:-540} python3 bench/fp8_bench.py --out $OUT/fp8_bench_3b.json ${BENCH_ARGS:-} 2>&1 \
+        --out $OUT/long_context_1b_${k}k.json ${LONG_ARGS:-} 2>&1 | grep -v Warning | tee $OUT/long${k}k.log | tail -8;;
+    fp8) timeout ${FP8_TIMEOUT:-540} python3 bench/fp8_bench.py --out $OUT/fp8_bench_3b.json ${FP8_ARGS:-} 2>&1 \
            | grep -v Warning | tee $OUT/fp8.log | tail -8;;    # issue 19: 3B bf16 vs fp8, 2 × 200 steps (~6 min)
-    fsdp2) timeout ${FSDP2_TIMEOUT:-360} python3 bench/fsdp2_bench.py --out $OUT/fsdp2_bench_1b.json ${BENCH_ARGS:-} 2>&1 \
+    fsdp2) timeout ${FSDP2_TIMEOUT:-360} python3 bench/fsdp2_bench.py --out $OUT/fsdp2_bench_1b.json ${FSDP2_ARGS:-} 2>&1 \
              | grep -v Warning | tee $OUT/fsdp2.log | tail -8;;  # issue 19: 1B torch vs fsdp2 (+ torch again) (~3-4 min)
     calib) timeout 130 python3 bench/memory_calibration.py $OUT/memory_plan_calibration.json --max-seconds 250 2>&1 | tail -20;;
     *) echo "unknown part $part";;

@@ -17,6 +17,7 @@ The record's "data" block has the measured quantiles and Σs²/Σs (the attentio
 Variants, same documents, same packs (best-fit-decreasing at the budget), `rows` packs per step (default 1):
   packtrain              the product's train(): token store → pack_dataset → smoke_run (varlen over cu_seqlens,
                          compile, fused loss), the meter's steady-state medians after --warmup steps
+  packtrain_flex         (optional) the same with train.attention=flex (document BlockMask, built once a step)
   transformers_packed    transformers' own LlamaForCausalLM (the same config: packtrain.model.build.llama_config),
                          SDPA on (rows, budget) packed rows with position_ids restarting per document, no mask,
                          use_cache=False, bf16 autocast, fused AdamW (bench/hf_baselines.py) — its tok/s, or the OOM
@@ -71,10 +72,11 @@ def recipe_config(args, vocab: int):
 
 
 def run_packtrain(cfg, tokens_dir, packs_dir, tmp, args, vocab) -> dict:
-    """packtrain's train() on the packs + the planner's prediction for the same shape."""
+    """packtrain's train() on the packs (its output in `tmp`, removed after) + the planner's prediction for the
+    same shape."""
     device = "cpu" if cfg.train.device == "cpu" else "cuda"
     planned = common.planner_prediction(cfg, args.budget, vocab, device)
-    row = common.run_packtrain(cfg, tokens_dir, packs_dir, tmp / "out", args.steps + args.warmup, args.warmup,
+    row = common.run_packtrain(cfg, tokens_dir, packs_dir, tmp, args.steps + args.warmup, args.warmup,
                                vocab)
     row.update(planned)
     measured = row.get("step_peak_alloc_gib")
@@ -152,7 +154,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-VARIANTS = {"packtrain", "transformers_packed"}
+VARIANTS = {"packtrain": [], "packtrain_flex": ["train.attention=flex"], "transformers_packed": None}
+"""name → extra packtrain overrides (None: the transformers baseline). packtrain_flex: the same run with
+FlexAttention's document BlockMask instead of varlen (optional row: --variants packtrain,packtrain_flex,...)."""
 
 
 def main(argv=None) -> dict:
@@ -189,8 +193,9 @@ def main(argv=None) -> dict:
         if bad:
             raise SystemExit(f"--variants: {bad} not in {sorted(VARIANTS)}")
         common.run_variants(record, out, names, lambda name: (
-            run_packtrain(cfg, tokens_dir, packs_dir, tmp, args, vocab) if name == "packtrain"
-            else run_transformers(cfg, docs, lengths, args, vocab)))
+            run_transformers(cfg, docs, lengths, args, vocab) if VARIANTS[name] is None
+            else run_packtrain(common.load_recipe(args.recipe_used, overrides + VARIANTS[name]), tokens_dir,
+                               packs_dir, tmp / name, args, vocab)))
     record.update(compare(record))
     record["wall_s"] = time.perf_counter() - t_start
     common.write_record(out, record)
@@ -214,7 +219,7 @@ def compare(record: dict) -> dict:
 def print_table(record: dict, out: Path) -> None:
     print(f"\n{'variant':<20} {'real tok/s':>10} {'useful MFU':>10} {'causal MFU':>10} {'peak GiB':>8} "
           f"{'planner GiB':>11} {'err':>6} {'loss':>7}")
-    for name in ("packtrain", "transformers_packed"):
+    for name in VARIANTS:
         r = record.get(name)
         if r is None:
             continue
