@@ -217,12 +217,14 @@ def run_packtrain(cfg, tokens_dir: Path, packs_dir: Path, out_dir: Path, steps: 
                   vocab: int) -> dict:
     """`steps` optimizer steps of `cfg` through packtrain's `train()` (smoke_run; the first `warmup` are not
     measured). Returns smoke_run's numbers (tokens/s and MFU = the meter's steady-state medians) plus
-    loss_curve, step_times_s, the steps' peak memory and useful_mfu_causal (attention halved)."""
+    loss_curve, step_times_s, the steps' peak memory, useful_mfu_causal (attention halved) and the planner's
+    predicted peak for the run's shape with its error (planner_peak_alloc_gib / step_peak_alloc_gib − 1)."""
     import shutil
 
     from packtrain.train.smoke import smoke_run
 
     t = cfg.train
+    planned = planner_prediction(cfg, cfg.pack.budget, vocab, "cpu" if t.device == "cpu" else "cuda")
     try:
         with observe_train() as obs:
             r = smoke_run(cfg, tokens_dir, packs_dir, out_dir, t.attention, steps, engine=t.engine,
@@ -241,7 +243,9 @@ def run_packtrain(cfg, tokens_dir: Path, packs_dir: Path, out_dir: Path, steps: 
             "loss_curve": list(res.loss_curve) if res is not None else [],
             "step_times_s": [h["step_time_s"] for h in hist], "setup": res.setup if res is not None else {},
             "params": res.params if res is not None else {}, "timings": res.timings if res is not None else {},
-            "sum_sq_over_sum": sum(obs["sum_s2"][m:]) / max(1, sum(obs["sum_s"][m:]))}
+            "sum_sq_over_sum": sum(obs["sum_s2"][m:]) / max(1, sum(obs["sum_s"][m:])), **planned,
+            "planner_error": (planned["planner_peak_alloc_gib"] / obs["step_peak_alloc_gib"] - 1
+                              if obs["step_peak_alloc_gib"] and planned.get("planner_peak_alloc_gib") else None)}
 
 
 def planner_prediction(cfg, budget: int, vocab: int, device: str) -> dict:

@@ -124,7 +124,7 @@ def main(argv=None) -> dict:
 
 
 def print_table(record: dict, out: Path) -> None:
-    print(f"\n{'precision':<10} {'real tok/s':>10} {'useful MFU':>10} {'step GiB':>8} {'loss first':>10} "
+    print(f"\n{'precision':<10} {'real tok/s':>10} {'useful MFU':>10} {'step GiB':>8} {'plan GiB':>8} {'loss first':>10} "
           f"{'loss tail10':>11} {'compiles':>8}")
     for name in ("bf16", "fp8"):
         r = record.get(name)
@@ -136,12 +136,17 @@ def print_table(record: dict, out: Path) -> None:
             continue
         peak = r.get("step_peak_alloc_gib")
         print(f"{name:<10} {r['real_tokens_per_s'] or 0:>10,.0f} {r.get('useful_mfu') or 0:>10.3f} "
-              f"{'-' if peak is None else f'{peak:.1f}':>8} {r.get('first_loss') or 0:>10.3f} "
+              f"{'-' if peak is None else f'{peak:.1f}':>8} {_gib(r.get('planner_peak_alloc_gib')):>8} "
+              f"{r.get('first_loss') or 0:>10.3f} "
               f"{common.loss_tail_mean(r['loss_curve']) or 0:>11.4f} {r.get('compiles')!s:>8}")
     c = record.get("comparison", {})
     print(f"fp8/bf16 tok/s {c.get('tok_s_ratio', '-')}, loss tail rel diff {c.get('loss_tail_rel_diff', '-')}, "
           f"max |Δloss| {c.get('loss_max_abs_diff', '-')}; goals {record.get('goal_met', record.get('skipped'))}; "
           f"JSON {out}")
+
+
+def _gib(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1f}"
 
 
 if __name__ == "__main__":

@@ -133,7 +133,7 @@ def compare(record: dict) -> dict:
 
 
 def print_table(record: dict, out: Path) -> None:
-    print(f"\n{'row':<14} {'real tok/s':>10} {'vs torch':>8} {'useful MFU':>10} {'step GiB':>8} {'compiles':>8} "
+    print(f"\n{'row':<14} {'real tok/s':>10} {'vs torch':>8} {'useful MFU':>10} {'step GiB':>8} {'plan GiB':>8} {'compiles':>8} "
           f"{'max|Δloss|':>10} {'tail rel':>9}")
     cmp = record.get("comparison", {})
     for name in ROWS:
@@ -148,8 +148,12 @@ def print_table(record: dict, out: Path) -> None:
         d, t = c.get("loss_max_abs_diff"), c.get("loss_tail_rel_diff")
         print(f"{name:<14} {r['real_tokens_per_s'] or 0:>10,.0f} {'-' if ratio is None else f'{ratio:.3f}':>8} "
               f"{r.get('useful_mfu') or 0:>10.3f} {'-' if peak is None else f'{peak:.1f}':>8} "
-              f"{r.get('compiles')!s:>8} {'-' if d is None else f'{d:.2e}':>10} {'-' if t is None else f'{t:.2e}':>9}")
+              f"{_gib(r.get('planner_peak_alloc_gib')):>8} {r.get('compiles')!s:>8} {'-' if d is None else f'{d:.2e}':>10} {'-' if t is None else f'{t:.2e}':>9}")
     print(f"goals {record.get('goal_met')}; JSON {out}")
+
+
+def _gib(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1f}"
 
 
 if __name__ == "__main__":

@@ -72,17 +72,9 @@ def recipe_config(args, vocab: int):
 
 
 def run_packtrain(cfg, tokens_dir, packs_dir, tmp, args, vocab) -> dict:
-    """packtrain's train() on the packs (its output in `tmp`, removed after) + the planner's prediction for the
-    same shape."""
-    device = "cpu" if cfg.train.device == "cpu" else "cuda"
-    planned = common.planner_prediction(cfg, args.budget, vocab, device)
-    row = common.run_packtrain(cfg, tokens_dir, packs_dir, tmp, args.steps + args.warmup, args.warmup,
-                               vocab)
-    row.update(planned)
-    measured = row.get("step_peak_alloc_gib")
-    if measured and planned.get("planner_peak_alloc_gib"):
-        row["planner_error"] = planned["planner_peak_alloc_gib"] / measured - 1
-    return row
+    """packtrain's train() on the packs (its output in `tmp`, removed after), with the planner's prediction for
+    the same shape and its error (common.run_packtrain)."""
+    return common.run_packtrain(cfg, tokens_dir, packs_dir, tmp, args.steps + args.warmup, args.warmup, vocab)
 
 
 def run_transformers(cfg, docs, lengths, args, vocab) -> dict:
