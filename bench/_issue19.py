@@ -241,6 +241,7 @@ def run_packtrain(cfg, tokens_dir: Path, packs_dir: Path, out_dir: Path, steps: 
             "step_peak_alloc_gib": obs["step_peak_alloc_gib"] or None,
             "step_peak_reserved_gib": obs["step_peak_reserved_gib"] or None,
             "loss_curve": list(res.loss_curve) if res is not None else [],
+            "loss_tail10": loss_tail_mean(list(res.loss_curve)) if res is not None else None,
             "step_times_s": [h["step_time_s"] for h in hist], "setup": res.setup if res is not None else {},
             "params": res.params if res is not None else {}, "timings": res.timings if res is not None else {},
             "sum_sq_over_sum": sum(obs["sum_s2"][m:]) / max(1, sum(obs["sum_s"][m:])), **planned,
