@@ -153,17 +153,18 @@ def write_inputs(root: Path, docs: list[np.ndarray], vocab: int, pack_cfg) -> tu
 
 # ------------------------------------------------------------------------------------------- packtrain runs
 @contextlib.contextmanager
-def observe_train():
+def observe_train(steady_from: int = 0):
     """What smoke_run does not return, observed by wrapping packtrain.train.loop's run_step and train (restored
-    on exit): the steps' peak memory (the CUDA peak is reset before the first step, after the model, compile
-    wrappers and optimizer are built: the planner's quantity), Σs and Σs² of each step's documents, and the
-    TrainResult (its loss_curve, per-step history). Yields a dict filled as the run goes."""
+    on exit): the steps' peak memory — step_peak: reset before the first step, after the model, compile wrappers
+    and optimizer are built; steady_peak: reset again before step `steady_from` (0-based), so compile-time
+    workspace of the first steps is left out (the planner's quantity) — Σs and Σs² of each step's documents, and
+    the TrainResult (its loss_curve, per-step history). Yields a dict filled as the run goes."""
     import torch
 
     from packtrain.train import loop
 
     obs: dict = {"fp8_linears": None, "module": None, "setup_peak_alloc_gib": None, "step_peak_alloc_gib": 0.0,
-                 "step_peak_reserved_gib": 0.0,
+                 "step_peak_reserved_gib": 0.0, "steady_peak_alloc_gib": 0.0, "steady_peak_reserved_gib": 0.0,
                  "sum_s": [], "sum_s2": [], "result": None}
     inner_step, inner_train = loop.run_step, loop.train
     cuda = torch.cuda.is_available()
@@ -176,6 +177,9 @@ def observe_train():
             if cuda:
                 obs["setup_peak_alloc_gib"] = torch.cuda.max_memory_allocated() / GIB
                 torch.cuda.reset_peak_memory_stats()
+        n = len(obs["sum_s"])   # this step's index
+        if cuda and n == steady_from and n:
+            torch.cuda.reset_peak_memory_stats()
         lens = [s for b in window for s in b.seq_lens]
         obs["sum_s"].append(sum(lens))
         obs["sum_s2"].append(sum(s * s for s in lens))
@@ -184,6 +188,11 @@ def observe_train():
             obs["step_peak_alloc_gib"] = max(obs["step_peak_alloc_gib"], torch.cuda.max_memory_allocated() / GIB)
             obs["step_peak_reserved_gib"] = max(obs["step_peak_reserved_gib"],
                                                 torch.cuda.max_memory_reserved() / GIB)
+            if n >= steady_from:
+                obs["steady_peak_alloc_gib"] = max(obs["steady_peak_alloc_gib"],
+                                                   torch.cuda.max_memory_allocated() / GIB)
+                obs["steady_peak_reserved_gib"] = max(obs["steady_peak_reserved_gib"],
+                                                      torch.cuda.max_memory_reserved() / GIB)
         return out
 
     def train(*a, **kw):
@@ -218,7 +227,8 @@ def run_packtrain(cfg, tokens_dir: Path, packs_dir: Path, out_dir: Path, steps: 
     """`steps` optimizer steps of `cfg` through packtrain's `train()` (smoke_run; the first `warmup` are not
     measured). Returns smoke_run's numbers (tokens/s and MFU = the meter's steady-state medians) plus
     loss_curve, step_times_s, the steps' peak memory, useful_mfu_causal (attention halved) and the planner's
-    predicted peak for the run's shape with its error (planner_peak_alloc_gib / step_peak_alloc_gib − 1)."""
+    predicted peak for the run's shape with its error (planner_peak_alloc_gib / steady_peak_alloc_gib − 1, the
+    peak over the measured steps; planner_error_vs_step_peak: against every step's, compile included)."""
     import shutil
 
     from packtrain.train.smoke import smoke_run
@@ -226,7 +236,7 @@ def run_packtrain(cfg, tokens_dir: Path, packs_dir: Path, out_dir: Path, steps: 
     t = cfg.train
     planned = planner_prediction(cfg, cfg.pack.budget, vocab, "cpu" if t.device == "cpu" else "cuda")
     try:
-        with observe_train() as obs:
+        with observe_train(steady_from=warmup) as obs:
             r = smoke_run(cfg, tokens_dir, packs_dir, out_dir, t.attention, steps, engine=t.engine,
                           compile=t.compile, warmup_steps=warmup)
     finally:   # the saved model (12.8 GB at 3B in fp32) is not evidence: free the disk for the next row
@@ -240,13 +250,18 @@ def run_packtrain(cfg, tokens_dir: Path, packs_dir: Path, out_dir: Path, steps: 
             "fp8_linears": obs["fp8_linears"], "module": obs["module"],
             "step_peak_alloc_gib": obs["step_peak_alloc_gib"] or None,
             "step_peak_reserved_gib": obs["step_peak_reserved_gib"] or None,
+            "steady_peak_alloc_gib": obs["steady_peak_alloc_gib"] or None,
+            "steady_peak_reserved_gib": obs["steady_peak_reserved_gib"] or None,
             "loss_curve": list(res.loss_curve) if res is not None else [],
             "loss_tail10": loss_tail_mean(list(res.loss_curve)) if res is not None else None,
             "step_times_s": [h["step_time_s"] for h in hist], "setup": res.setup if res is not None else {},
             "params": res.params if res is not None else {}, "timings": res.timings if res is not None else {},
             "sum_sq_over_sum": sum(obs["sum_s2"][m:]) / max(1, sum(obs["sum_s"][m:])), **planned,
-            "planner_error": (planned["planner_peak_alloc_gib"] / obs["step_peak_alloc_gib"] - 1
-                              if obs["step_peak_alloc_gib"] and planned.get("planner_peak_alloc_gib") else None)}
+            "planner_error": (planned["planner_peak_alloc_gib"] / obs["steady_peak_alloc_gib"] - 1
+                              if obs["steady_peak_alloc_gib"] and planned.get("planner_peak_alloc_gib") else None),
+            "planner_error_vs_step_peak": (planned["planner_peak_alloc_gib"] / obs["step_peak_alloc_gib"] - 1
+                                           if obs["step_peak_alloc_gib"] and planned.get("planner_peak_alloc_gib")
+                                           else None)}
 
 
 def planner_prediction(cfg, budget: int, vocab: int, device: str) -> dict:
@@ -293,7 +308,7 @@ def compare_curves(base: dict, other: dict, tail: int = 10) -> dict:
                     "loss_first_abs_diff": diffs[0],
                     "loss_step_rel_diff_max": max(d / abs(x) for d, x in zip(diffs, a[:n], strict=True) if x), f"loss_tail{tail}_base": ta, f"loss_tail{tail}_other": tb,
                     "loss_tail_rel_diff": abs(tb - ta) / abs(ta) if ta else None})
-    for k in ("step_peak_alloc_gib", "peak_alloc_gib"):
+    for k in ("steady_peak_alloc_gib", "step_peak_alloc_gib", "peak_alloc_gib"):
         if base.get(k) and other.get(k):
             out[f"{k}_ratio"] = other[k] / base[k]
     return out

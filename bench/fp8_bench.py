@@ -124,7 +124,7 @@ def main(argv=None) -> dict:
 
 
 def print_table(record: dict, out: Path) -> None:
-    print(f"\n{'precision':<10} {'real tok/s':>10} {'useful MFU':>10} {'step GiB':>8} {'plan GiB':>8} {'loss first':>10} "
+    print(f"\n{'precision':<10} {'real tok/s':>10} {'useful MFU':>10} {'peak GiB':>8} {'plan GiB':>8} {'loss first':>10} "
           f"{'loss tail10':>11} {'compiles':>8}")
     for name in ("bf16", "fp8"):
         r = record.get(name)
@@ -134,7 +134,7 @@ def print_table(record: dict, out: Path) -> None:
             tag = "REFUSED" if r.get("refused") else ("OOM" if r.get("oom") else "ERROR")
             print(f"{name:<10} {tag}: {r['error'][:110]}")
             continue
-        peak = r.get("step_peak_alloc_gib")
+        peak = r.get("steady_peak_alloc_gib")
         print(f"{name:<10} {r['real_tokens_per_s'] or 0:>10,.0f} {r.get('useful_mfu') or 0:>10.3f} "
               f"{'-' if peak is None else f'{peak:.1f}':>8} {_gib(r.get('planner_peak_alloc_gib')):>8} "
               f"{r.get('first_loss') or 0:>10.3f} "

@@ -137,7 +137,7 @@ def compare(record: dict) -> dict:
 
 
 def print_table(record: dict, out: Path) -> None:
-    print(f"\n{'row':<14} {'real tok/s':>10} {'vs torch':>8} {'useful MFU':>10} {'step GiB':>8} {'plan GiB':>8} {'compiles':>8} "
+    print(f"\n{'row':<14} {'real tok/s':>10} {'vs torch':>8} {'useful MFU':>10} {'peak GiB':>8} {'plan GiB':>8} {'compiles':>8} "
           f"{'max|Δloss|':>10} {'tail rel':>9}")
     cmp = record.get("comparison", {})
     for name in ROWS:
@@ -148,7 +148,7 @@ def print_table(record: dict, out: Path) -> None:
             print(f"{name:<14} {'OOM' if r.get('oom') else 'ERROR'}: {r['error'][:110]}")
             continue
         c = cmp.get(name, {})
-        peak, ratio = r.get("step_peak_alloc_gib"), c.get("tok_s_ratio")
+        peak, ratio = r.get("steady_peak_alloc_gib"), c.get("tok_s_ratio")
         d, t = c.get("loss_max_abs_diff"), c.get("loss_tail_rel_diff")
         print(f"{name:<14} {r['real_tokens_per_s'] or 0:>10,.0f} {'-' if ratio is None else f'{ratio:.3f}':>8} "
               f"{r.get('useful_mfu') or 0:>10.3f} {'-' if peak is None else f'{peak:.1f}':>8} "

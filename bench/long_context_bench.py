@@ -223,7 +223,7 @@ def print_table(record: dict, out: Path) -> None:
         if "error" in r:
             print(f"{name:<20} {'OOM' if r.get('oom') else 'ERROR'}: {r['error'][:110]}")
             continue
-        peak = r.get("step_peak_alloc_gib") or r.get("peak_alloc_gib")
+        peak = r.get("steady_peak_alloc_gib") or r.get("peak_alloc_gib")
         pl, err, cm = r.get("planner_peak_alloc_gib"), r.get("planner_error"), r.get("useful_mfu_causal")
         print(f"{name:<20} {r['real_tokens_per_s'] or 0:>10,.0f} {r.get('useful_mfu') or 0:>10.3f} "
               f"{'-' if cm is None else f'{cm:.3f}':>10} {'-' if peak is None else f'{peak:.1f}':>8} "
