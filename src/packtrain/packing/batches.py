@@ -36,6 +36,19 @@ r0 r1 (mask 0 0 1 1), b = plain text (mask 1 1 1), budget 8::
 transformers (SDPA/eager/flex) builds exactly this mask from `position_ids` when `attention_mask is None`
 and `use_cache=False`; varlen attention takes `cu_seqlens`/`max_seqlen`; FlexAttention takes `segment_ids`.
 
+Chunks of a document longer than the budget (pack.overlong=split) are segments of their own, isolated like any
+document; their first token's label is -100 (its context is in another pack). Their position ids follow the
+store's `chunk_positions` (meta.json; docs/long-context.md): `restart` (default) counts from 0 like a document,
+`continue` from the chunk's offset in its document. Document d (20 tokens) at budget 8 → chunks at 0, 8, 16::
+
+    pack               0 (d[0:8])            1 (d[8:16])            2 (d[16:20] + e, 3 tokens)
+    restart positions  0 1 2 3 4 5 6 7       0 1 2 3 4 5 6 7        0 1 2 3  0 1 2  0
+    continue positions 0 1 2 3 4 5 6 7       8 9 10 11 12 13 14 15  16 17 18 19  0 1 2  0
+
+transformers' packed-row detection (sdpa/eager) splits rows where consecutive position ids do not step by 1, so
+`continue` stays isolated: a chunk starts at a multiple of the budget and no segment before it in a pack ends one
+position earlier (`build_batch` checks every boundary and refuses a batch where one would).
+
 Loss: the model's logits at position i predict labels[i+1]. Sum the token losses of every micro-batch of an
 accumulation window and divide by the window's label-token count (`token_mean_loss`): the result does not
 depend on how documents were packed, padded or split into micro-batches.
@@ -62,7 +75,8 @@ IGNORE = -100
 @dataclass
 class PackedBatch:
     input_ids: torch.Tensor     # int64 (1, T), T = rows * budget
-    position_ids: torch.Tensor  # int64 (1, T), restart at 0 per document and per padding segment
+    position_ids: torch.Tensor  # int64 (1, T), restart at 0 per document and per padding segment (chunks of a
+                                #   split document: their start offset under chunk_positions=continue)
     labels: torch.Tensor        # int64 (1, T), input_ids with -100 at document starts and on padding
     cu_seqlens: torch.Tensor    # int32 (n_segments + 1,), over the flattened T; row ends are segment ends
     max_seqlen: int
@@ -92,6 +106,9 @@ class PackedBatch:
         return PackedBatch(**kw)
 
 
+CHUNK_POSITIONS = ("restart", "continue")
+"""Position ids of split-document chunks (pack.chunk_positions): from 0, or from the chunk's offset."""
+
 LOSS_ON = ("all", "assistant", "completion")
 """What the loss covers: every token (the mask ignored), or the learned tokens of the loss mask — "assistant"
 and "completion" read the same mask (assistant turns of chat records, the completion of prompt/completion
@@ -99,10 +116,16 @@ records; plain-text documents are all learned)."""
 
 
 def build_batch(rows_tokens: Sequence[np.ndarray], rows_seg_lens: Sequence[np.ndarray], budget: int,
-                pad_id: int = 0, rows_masks: Sequence[np.ndarray | None] | None = None) -> PackedBatch:
+                pad_id: int = 0, rows_masks: Sequence[np.ndarray | None] | None = None,
+                rows_seg_starts: Sequence[np.ndarray] | None = None) -> PackedBatch:
     """Collate packs into one PackedBatch. Row i holds `rows_tokens[i]` (≤ budget tokens) made of segments
     `rows_seg_lens[i]` (summing to its length); an empty row is all padding. `rows_masks[i]` (uint8, same
-    length as row i, or None = all learned): labels are also -100 where it is 0.
+    length as row i, or None = all learned): labels are also -100 where it is 0. `rows_seg_starts[i]` (one
+    per segment, or None = all 0): the first position id of each segment (chunk_positions=continue).
+
+    >>> b = build_batch([np.array([5, 6, 7, 8, 9])], [np.array([3, 2])], budget=6, rows_seg_starts=[np.array([8, 0])])
+    >>> b.position_ids.tolist(), b.labels.tolist()
+    ([[8, 9, 10, 0, 1, 0]], [[-100, 6, 7, -100, 9, -100]])
 
     >>> b = build_batch([np.array([5, 6, 7, 8, 9])], [np.array([5])], budget=6, rows_masks=[np.array([0, 0, 1, 1, 0])])
     >>> b.labels.tolist(), b.n_label_tokens
@@ -118,7 +141,7 @@ def build_batch(rows_tokens: Sequence[np.ndarray], rows_seg_lens: Sequence[np.nd
     T = n_rows * budget
     ids = np.full(T, pad_id, dtype=np.int64)
     learned = np.ones(T, dtype=bool)
-    seg_lens, is_pad = [], []
+    seg_lens, is_pad, seg_starts = [], [], []
     for r, (tok, sl) in enumerate(zip(rows_tokens, rows_seg_lens, strict=True)):
         n = len(tok)
         if n > budget:
@@ -134,15 +157,24 @@ def build_batch(rows_tokens: Sequence[np.ndarray], rows_seg_lens: Sequence[np.nd
             raise ValueError(f"row {r}: segment lengths sum to {int(sl.sum())}, row holds {n} tokens")
         seg_lens.append(sl)
         is_pad.append(np.zeros(len(sl), bool))
+        st = rows_seg_starts[r] if rows_seg_starts is not None else None
+        if st is not None and len(st) != len(sl):
+            raise ValueError(f"row {r}: {len(st)} segment starts for {len(sl)} segments")
+        seg_starts.append(np.zeros(len(sl), np.int64) if st is None else np.asarray(st, np.int64))
         if n < budget:
             seg_lens.append(np.array([budget - n], np.int64))
             is_pad.append(np.ones(1, bool))
+            seg_starts.append(np.zeros(1, np.int64))
     lens = np.concatenate(seg_lens)                      # (n_segments,)
     pad_seg = np.concatenate(is_pad)
     cu = np.zeros(len(lens) + 1, np.int64)
     np.cumsum(lens, out=cu[1:])
     seg_ids = np.repeat(np.arange(len(lens), dtype=np.int32), lens)   # (T,)
     pos = np.arange(T, dtype=np.int64) - cu[:-1][seg_ids]
+    if rows_seg_starts is not None:
+        starts = np.concatenate(seg_starts)
+        pos += starts[seg_ids]
+        _check_boundaries(pos, cu, budget)
     labels = ids.copy()
     labels[cu[:-1]] = IGNORE
     labels[pad_seg[seg_ids]] = IGNORE
@@ -163,6 +195,18 @@ def build_batch(rows_tokens: Sequence[np.ndarray], rows_seg_lens: Sequence[np.nd
     )
 
 
+def _check_boundaries(pos: np.ndarray, cu: np.ndarray, budget: int) -> None:
+    """Refuse position ids that hide a segment boundary inside a row: transformers' sdpa/eager packing detection
+    starts a new document only where position ids do not step by +1 (never the case for packtrain's chunks)."""
+    b = cu[1:-1]
+    inner = b[b % budget != 0]   # boundaries that are not row starts
+    bad = inner[pos[inner] == pos[inner - 1] + 1]
+    if len(bad):
+        raise ValueError(f"segment starting at flat index {int(bad[0])} has position {int(pos[bad[0]])}, one more "
+                         "than the token before it in another segment: sdpa/eager would merge the two documents "
+                         "(chunk starts must be multiples of the budget, as the pack stage writes them)")
+
+
 class PackedLoader:
     """Iterable of PackedBatch of shape (1, rows * budget), forever (or `epochs` epochs), from one split.
 
@@ -181,11 +225,13 @@ class PackedLoader:
     `pin_memory=True` pins batches in page-locked memory when CUDA is available (a no-op on CPU).
     `loss_on` (LOSS_ON): "all" ignores the store's loss mask; "assistant"/"completion" set labels to -100 where
     it is 0 (a store without a mask: every token is learned, as for plain text).
+    `chunk_positions` (restart | continue | None = the store's meta.json, restart for stores written before the
+    key existed): position ids of split-document chunks (module doc).
     """
 
     def __init__(self, split_dir, rows: int, seed: int = 0, rank: int = 0, world_size: int = 1,
                  pin_memory: bool = False, drop_last: bool = True, epochs: int | None = None,
-                 shuffle: bool = True, loss_on: str = "all"):
+                 shuffle: bool = True, loss_on: str = "all", chunk_positions: str | None = None):
         if loss_on not in LOSS_ON:
             raise ConfigError(f"PackedLoader loss_on={loss_on!r}: allowed {', '.join(LOSS_ON)}")
         self.loss_on = loss_on
@@ -209,6 +255,11 @@ class PackedLoader:
         self._epoch, self._step = 0, 0
         self._order: tuple[int, np.ndarray] | None = None
         self._seg_lens = self.store.segments[:, 2]
+        self.chunk_positions = chunk_positions or self.store.chunk_positions
+        if self.chunk_positions not in CHUNK_POSITIONS:
+            raise ConfigError(f"PackedLoader chunk_positions={self.chunk_positions!r}: allowed "
+                              f"{', '.join(CHUNK_POSITIONS)}")
+        self._seg_starts = self.store.segments[:, 1] if self.chunk_positions == "continue" else None
 
     def __len__(self) -> int:
         n, per_step = self.store.n_packs, self.rows * self.world_size
@@ -239,18 +290,23 @@ class PackedLoader:
         st = self.store
         toks: list[np.ndarray] = []
         segs: list[np.ndarray] = []
+        starts: list[np.ndarray] = []
         masks: list[np.ndarray | None] = []
         use_mask = self.loss_on != "all" and st.loss_mask is not None
         for p in pack_ids:
             if p < 0:
                 toks.append(np.zeros(0, np.uint32))
                 segs.append(np.zeros(0, np.int64))
+                starts.append(np.zeros(0, np.int64))
                 masks.append(None)
             else:
                 toks.append(st.pack_tokens(int(p)))
                 segs.append(self._seg_lens[st.seg_offsets[p]: st.seg_offsets[p + 1]])
+                if self._seg_starts is not None:
+                    starts.append(self._seg_starts[st.seg_offsets[p]: st.seg_offsets[p + 1]])
                 masks.append(st.pack_mask(int(p)) if use_mask else None)
-        batch = build_batch(toks, segs, self.budget, st.pad_id, masks if use_mask else None)
+        batch = build_batch(toks, segs, self.budget, st.pad_id, masks if use_mask else None,
+                            starts if self._seg_starts is not None else None)
         if self.pin_memory:
             import torch
 

@@ -163,7 +163,7 @@ def _pack_split(ts: TokenStore, code: int, name: str, out: Path, cfg: PackConfig
     tok_cum = np.concatenate([[0], np.cumsum(seg_len)])
     pack_offsets = tok_cum[seg_offsets]
     meta = {"split": name, "budget": cfg.budget, "strategy": cfg.strategy, "overlong": cfg.overlong,
-            "seed": cfg.seed, "vocab_size": ts.vocab_size, "pad_id": ts.meta.get("pad_id"),
+            "chunk_positions": cfg.chunk_positions, "seed": cfg.seed, "vocab_size": ts.vocab_size, "pad_id": ts.meta.get("pad_id"),
             "eos_id": ts.meta.get("eos_id")}
     # The mask is gathered with the very same (start, length) segments as the tokens: aligned by construction,
     # whatever the strategy, the overlong split or the pack shuffle.

@@ -9,7 +9,9 @@ One directory per split (`<pack_dir>/train/`, `<pack_dir>/eval/`)::
                                                token store document `doc_id`, in the order they lie in the pack
     meta.json         {"format": "packtrain.packs", "version": 1, "budget", "n_packs", "n_segments",
                        "n_tokens", "vocab_size", "pad_id", "eos_id", "strategy", "seed", "split",
-                       "loss_mask": bool, "checksums": {file: crc32}}
+                       "loss_mask": bool, "chunk_positions": "restart" | "continue", "checksums": {file: crc32}}
+                                               chunk_positions: position ids of split-document chunks
+                                               (packtrain.packing.batches); absent in older stores = restart
     loss_mask.bin     uint8  [n_tokens]        only when the token store has one (chat / prompt-completion):
                                                1 = learned, aligned with tokens.bin byte for token (the same
                                                gather), so it follows every strategy, split and shuffle
@@ -79,6 +81,15 @@ class PackStore:
     @property
     def budget(self) -> int:
         return int(self.meta["budget"])
+
+    @property
+    def chunk_positions(self) -> str:
+        """restart | continue, from meta.json (stores written before the key existed: restart)."""
+        value = self.meta.get("chunk_positions", "restart")
+        if value not in ("restart", "continue"):
+            raise InputDataError(f"pack store {self.root / 'meta.json'}: chunk_positions {value!r}; allowed "
+                                 "'restart', 'continue'")
+        return value
 
     @property
     def pad_id(self) -> int:
