@@ -115,7 +115,7 @@ def _candidates(path: str, value, places: dict[str, str]) -> list:
         return [*opts, _bump_digit(value), value + "x", places["init"], places["corpus"], ["q_proj"]]
     # None: a value of the field's other type
     return [*opts, places["corpus"] if path == "ingest.source" else places["init"], 1024, 2, 0.5, "x",
-            "sqlite:///other.db", ["x==1"], True]
+            "sqlite:///other.db", ["x==1"], True, {"type": "linear", "factor": 2.0}]
 
 
 COMPANIONS = {"train.deepspeed.offload_params": {"train.deepspeed.zero_stage": 3}}
