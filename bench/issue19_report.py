@@ -1,0 +1,117 @@
+"""Markdown tables of issue 19's GPU evidence, from the JSON records the three benches wrote.
+
+    python bench/issue19_report.py bench/results/long_context_1b_32k.json bench/results/fp8_bench_3b.json \
+        bench/results/fsdp2_bench_1b.json            # prints a GPU_RESULTS/README section to paste
+
+Each record says which bench wrote it ("bench": long_context | fp8 | fsdp2); any subset, any order. Numbers are
+read, never recomputed: tok/s and MFU are the train meter's steady-state medians, peaks the steady-state
+`max_memory_allocated`, the planner error = predicted / measured − 1.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+
+def _f(x, fmt: str = ",.0f", none: str = "–") -> str:
+    return none if x is None else format(x, fmt)
+
+
+def _failed(name: str, r: dict) -> str | None:
+    if "error" not in r:
+        return None
+    what = "out of memory" if r.get("oom") else ("refused" if r.get("refused") else "error")
+    return f"| {name} | {what}: {r['error'][:90]} (peak {_f(r.get('peak_alloc_gib_at_failure'), '.1f')} GiB) |"
+
+
+def long_context(rec: dict) -> list[str]:
+    s, d = rec["settings"], rec["data"]
+    lines = [f"### 1B at a {s['budget']:,}-token budget, long-tailed documents (`{Path(rec.get('_path', '')).name}`)",
+             "", f"    {rec['command']}", "",
+             f"{s['rows']} × {s['budget']:,} tokens a step, {s['steps']} measured steps after {s['warmup']}; documents "
+             f"lognormal (median {s['lengths']['median']:.0f}, σ {s['lengths']['sigma']}) cut at the budget: p50 "
+             f"{d['p50']:,.0f}, p90 {d['p90']:,.0f}, max {d['max']:,}, {d['token_share_ge_8k']:.0%} of the tokens in "
+             f"documents ≥ 8k, Σs²/Σs {d['sum_sq_over_sum']:,.0f}. Recipe {s['recipe']} ({s['attention']}, "
+             f"{s['precision']}, compile {s['compile']}, loss {s['loss']}).", "",
+             "| variant | real tok/s | useful MFU | useful MFU, causal s²/2 | peak alloc GiB | planner GiB | planner error |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    names = {"packtrain": "packtrain (varlen)", "packtrain_flex": "packtrain (flex)",
+             "transformers_packed": "transformers packed rows (SDPA + position_ids)"}
+    for key, name in names.items():
+        r = rec.get(key)
+        if r is None:
+            continue
+        lines.append(_failed(name, r) or (
+            f"| {name} | {_f(r.get('real_tokens_per_s'))} | {_f(r.get('useful_mfu'), '.3f')} | "
+            f"{_f(r.get('useful_mfu_causal'), '.3f')} | {_f(r.get('steady_peak_alloc_gib') or r.get('peak_alloc_gib'), '.1f')} | "
+            f"{_f(r.get('planner_peak_alloc_gib'), '.1f')} | {_f(r.get('planner_error'), '+.1%')} |"))
+    lines += ["", f"Goals (useful MFU ≥ 50%, planner ±10%): {rec.get('goal_met')}; speed-up over transformers: "
+                  f"{_f(rec.get('speedup_vs_transformers'), '.2f')}×.", ""]
+    return lines
+
+
+def fp8(rec: dict) -> list[str]:
+    s, c = rec["settings"], rec.get("comparison", {})
+    lines = [f"### FP8 vs bf16 at 3B (`{Path(rec.get('_path', '')).name}`)", "", f"    {rec['command']}", "",
+             f"Llama-3.2-3B shape ({s.get('params')}), {s['rows']} × {s['budget']} tokens a step, {s['steps']} "
+             f"steps each, same seed and packs, compiled; fp8 = torchao float8 {s['fp8_recipe']} on the decoder "
+             f"linears.", "",
+             "| precision | real tok/s | useful MFU | peak alloc GiB | planner GiB | loss, mean of last 10 |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for key in ("bf16", "fp8"):
+        r = rec.get(key)
+        if r is None:
+            continue
+        lines.append(_failed(key, r) or (
+            f"| {key} | {_f(r.get('real_tokens_per_s'))} | {_f(r.get('useful_mfu'), '.3f')} | "
+            f"{_f(r.get('steady_peak_alloc_gib'), '.1f')} | {_f(r.get('planner_peak_alloc_gib'), '.1f')} | "
+            f"{_f(r.get('loss_tail10'), '.4f')} |"))
+    lines += ["", f"fp8 / bf16 real tok/s: {_f(c.get('tok_s_ratio'), '.3f')}× (goal ≥ 1.25); loss difference "
+                  f"(last-10 means): {_f(c.get('loss_tail_rel_diff'), '.3%')} (goal ≤ 1%); max |Δloss| over the "
+                  f"curve {_f(c.get('loss_max_abs_diff'), '.4f')} at step {c.get('loss_max_abs_diff_step')}. "
+                  f"Goals: {rec.get('goal_met', rec.get('skipped'))}.", ""]
+    return lines
+
+
+def fsdp2(rec: dict) -> list[str]:
+    s, cmp = rec["settings"], rec.get("comparison", {})
+    lines = [f"### FSDP2 vs the torch engine, 1B on one GPU (`{Path(rec.get('_path', '')).name}`)", "",
+             f"    {rec['command']}", "",
+             f"recipe {s['recipe']}, {s['rows']} × {s['budget']} tokens a step, {s['steps']} steps each, same seed "
+             f"and packs, compile {s['compile']}.", "",
+             "| engine | real tok/s | vs torch | useful MFU | peak alloc GiB | max \\|Δloss\\| vs torch | max relative |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    for key in ("torch", "fsdp2", "fsdp2_reshard", "torch_repeat"):
+        r, c = rec.get(key), cmp.get(key, {})
+        if r is None:
+            continue
+        lines.append(_failed(key, r) or (
+            f"| {key} | {_f(r.get('real_tokens_per_s'))} | {_f(c.get('tok_s_ratio'), '.3f')} | "
+            f"{_f(r.get('useful_mfu'), '.3f')} | {_f(r.get('steady_peak_alloc_gib'), '.1f')} | "
+            f"{_f(c.get('loss_max_abs_diff'), '.2e')} | {_f(c.get('loss_step_rel_diff_max'), '.2e')} |"))
+    lines += ["", f"Goals (≤ 5% slower, loss within 1% at every step): {rec.get('goal_met')}; the torch run "
+                  f"repeated: {rec.get('repeat_spread')}.", ""]
+    return lines
+
+
+RENDER = {"long_context": long_context, "fp8": fp8, "fsdp2": fsdp2}
+
+
+def render(paths: list[str]) -> str:
+    out = ["## Issue 19 on one H200: long context, FP8, FSDP2", ""]
+    for p in paths:
+        rec = json.loads(Path(p).read_text())
+        rec["_path"] = p
+        if rec.get("bench") not in RENDER:
+            raise SystemExit(f"{p}: 'bench' is {rec.get('bench')!r}, not one of {', '.join(RENDER)}")
+        out += RENDER[rec["bench"]](rec)
+    m = rec["machine"]
+    out.append(f"Machine: {m.get('gpu', 'cpu')}, torch {m.get('torch')}, transformers {m.get('transformers')}, "
+               f"torchao {m.get('torchao')}; MFU against {m.get('peak_tflops_bf16')} TFLOP/s bf16.")
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    print(render(sys.argv[1:]))
