@@ -4,7 +4,9 @@ The eval split is the tokenize stage's held-out documents (chosen by a hash of d
 packed by the pack stage into `<packs>/eval`. One epoch over it, nothing dropped:
 
     batch (1, T = rows·budget)     input_ids   a a a a b b c c c · ·   ← `·` padding tail of a row
-                                   position_ids 0 1 2 3 0 1 0 1 2 0 1   restart per document/padding
+                                   position_ids 0 1 2 3 0 1 0 1 2 0 1   restart per document/padding (chunks of
+                                                                        a split document: per the eval packs'
+                                                                        meta.json chunk_positions, as in training)
                                    labels       - a a a - b - c c - -   `-` = -100 (doc start, padding)
     forward: packtrain.model.attention.model_inputs(batch, backend): sdpa/eager as (rows, budget) rows with
              restarting position_ids and no mask (transformers builds the block-diagonal mask), flex with a
@@ -164,7 +166,9 @@ def _peak_memory(device) -> tuple[float | None, str]:
 
 def open_eval_loader(eval_split_dir: Path, rows: int, seed: int, loss_on: str = "all"):
     """The packing room's PackedLoader over one epoch of the eval packs, keeping the last partial batch; with
-    `loss_on` ≠ all, labels are -100 outside the loss mask (the tokens train.loss_on trained on)."""
+    `loss_on` ≠ all, labels are -100 outside the loss mask (the tokens train.loss_on trained on). Position ids of
+    split-document chunks follow the packs' own chunk_positions (meta.json; restart when absent), the policy the
+    pack stage used for the train packs too."""
     try:
         from packtrain.packing.batches import PackedLoader
     except ImportError as e:
