@@ -206,11 +206,16 @@ class Fp8Options(StrictModel):
 class FsdpOptions(StrictModel):
     """FSDP2 (train.engine=fsdp2, torch.distributed.fsdp.fully_shard per decoder layer + the root)."""
 
-    reshard_after_forward: bool = True
+    reshard_after_forward: bool | Literal["auto"] = "auto"
     """Free each layer's gathered parameters after its forward (ZeRO-3-like memory) and gather again in backward;
-    false keeps them until backward (ZeRO-2-like: more memory, one all-gather fewer per layer)."""
+    false keeps them until backward (ZeRO-2-like: more memory, one all-gather fewer per layer); auto: true on
+    several GPUs, false on one (nothing is sharded, so a re-gather would only add a cast-copy per layer)."""
     reduce_dtype: Literal["fp32", "bf16"] = "fp32"
     """Dtype of the gradient reduce-scatter (fp32: exact sums; bf16: half the traffic)."""
+
+    def reshards(self, world_size: int) -> bool:
+        """reshard_after_forward with auto resolved. FsdpOptions().reshards(1), .reshards(2) → False, True"""
+        return world_size > 1 if self.reshard_after_forward == "auto" else bool(self.reshard_after_forward)
 
 
 class TrainConfig(StrictModel):
@@ -285,6 +290,12 @@ class TrainConfig(StrictModel):
         if self.adapter.type != "none" and self.engine == "deepspeed":
             raise ValueError("train.adapter.type=lora runs on train.engine=torch only (a frozen base needs no "
                              "ZeRO partitioning of optimizer states): set train.engine=torch")
+        if self.engine == "fsdp2" and self.adapter.type != "none":
+            raise ValueError("train.adapter.type=lora runs on train.engine=torch only (not fsdp2: a frozen base "
+                             "needs no sharded optimizer states): set train.engine=torch")
+        if self.engine == "fsdp2" and self.precision == "fp16":
+            raise ValueError("train.precision=fp16 with train.engine=fsdp2: fp16 needs a sharded loss scaler, which "
+                             "packtrain does not run; use train.precision=bf16")
         return self
 
     @model_validator(mode="after")

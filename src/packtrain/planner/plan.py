@@ -215,7 +215,8 @@ def plan_memory(model_cfg: ModelConfig, train_cfg: TrainConfig, budget: int, pla
                       # CPU: torch's default AdamW loops tensor by tensor (no whole-model temporary)
                       fused=(train_cfg.fused_optimizer and device == "cuda") or device == "cpu",
                       grad_accum=ga, overlap_comm=ds.overlap_comm,
-                      reduce_bucket=int(getattr(ds, "reduce_bucket_size", 0) or 500_000_000))
+                      reduce_bucket=int(getattr(ds, "reduce_bucket_size", 0) or 500_000_000),
+                      reshard=train_cfg.fsdp.reshards(gpus))
     adapter = train_cfg.adapter
     lora = adapter.type == "lora"
     if lora:   # frozen base in the autocast dtype + fp32 adapter with AdamW (states.lora_states)

@@ -10,6 +10,9 @@ Bytes per parameter P (Adam; ZeRO paper: 16 bytes/param of model state with mixe
     DeepSpeed bf16, ZeRO-3        2/n     4/n     4/n     8/n       + reduce bucket + gathered params
     offload_optimizer             master, Adam and fp32 gradients move to CPU memory
     offload_params (ZeRO-3)       the parameter partition moves to CPU; the GPU holds only gathered params
+    FSDP2 (fsdp2), any precision  4/n     –       4/n     8/n       + gathered params in the compute dtype:
+                                  (fp32 shards are the master)        every layer (reshard_after_forward false,
+                                                                      ZeRO-2-like) or two layers + the root (true)
 
 LoRA (train.adapter lora, torch engine): the base is frozen — its weights only, in the autocast dtype (2 B/param
 under bf16/fp16, 4 under fp32), no gradients, no optimizer states, no autocast copies; the adapter's A parameters
@@ -54,8 +57,10 @@ class ModelStates:
 def model_states(shape: ModelShape, engine: str, precision: str, zero_stage: int, offload_optimizer: bool,
                  offload_params: bool, gpus: int, fused: bool, grad_accum: int, overlap_comm: bool = True,
                  reduce_bucket: int = DS_REDUCE_BUCKET, prefetch_bucket: int = DS_PREFETCH_BUCKET,
-                 max_live: int = DS_MAX_LIVE) -> ModelStates:
+                 max_live: int = DS_MAX_LIVE, reshard: bool = True) -> ModelStates:
     p, n = shape.n_params, max(1, gpus)
+    if engine == "fsdp2":
+        return fsdp2_states(shape, precision, n, fused, grad_accum, reshard)
     if engine != "deepspeed":
         grads = 4 * p
         ddp = 4 * p if gpus > 1 else 0
@@ -105,6 +110,29 @@ def model_states(shape: ModelShape, engine: str, precision: str, zero_stage: int
                "grads": f"ZeRO-{stage} gradient partition", "step_workspace": "",
                "zero_buffers": f"reduce bucket {reduce_bucket:.0e} el." + (" + gathered bf16 params" if stage == 3
                                                                            else "")},
+    )
+
+
+def fsdp2_states(shape: ModelShape, precision: str, n: int, fused: bool, grad_accum: int,
+                 reshard: bool) -> ModelStates:
+    """FSDP2 (train.engine fsdp2) on n GPUs: fp32 parameter, gradient and AdamW shards (16/n B/param), plus the
+    gathered parameters in the compute dtype (2 B under bf16/fp8, 4 under fp32): all of them from forward to
+    backward without resharding, else two layers in flight + the root (embedding, final norm, LM head) which
+    stays gathered. recipes/1b-h200 (889M params, layers of 51.4M), bf16, 1 GPU, no reshard: 14.2 GB of shards +
+    1.8 GB gathered; 8 GPUs, reshard: 1.8 GB of shards + 0.3 GB gathered."""
+    p = shape.n_params
+    wb = 4 if precision == "fp32" else 2
+    root = p - shape.layers * shape.layer_params
+    gathered = wb * (p if not reshard else min(p, 2 * shape.layer_params + root))
+    grads = 4 * p // n
+    return ModelStates(
+        params=4 * p // n, master=0, grads=grads, persistent_grads=grads if grad_accum > 1 else 0,
+        optimizer=8 * p // n, step_workspace=0 if fused else 4 * p // n, zero_buffers=gathered,
+        notes={"params": f"fp32 shards / {n} GPU (the master copy)", "optimizer": f"AdamW m, v / {n} GPU",
+               "grads": f"fp32 gradient shards / {n} GPU",
+               "step_workspace": "fused AdamW" if fused else "foreach AdamW: one fp32 temp (shard)",
+               "zero_buffers": ("all gathered" if not reshard else "2 layers + root gathered")
+                               + f" ({'fp32' if wb == 4 else 'bf16'}; reshard_after_forward {str(reshard).lower()})"},
     )
 
 

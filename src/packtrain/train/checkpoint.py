@@ -331,6 +331,9 @@ def load_torch_payload(path: Path, model, optimizer, device: Any) -> None:
             for n, p in params.items():
                 p.copy_(saved[n])
     else:
+        if (path / "dcp").is_dir() and not (path / "model.safetensors").is_file():
+            raise InputDataError(f"checkpoint {path} was written by train.engine=fsdp2 (a dcp/ directory, no "
+                                 "model.safetensors): resume with train.engine=fsdp2 on the same number of GPUs")
         if not all(p.requires_grad for p in model.parameters()):
             raise InputDataError(f"checkpoint {path} holds full weights (model.safetensors) but this run trains an "
                                  "adapter (train.adapter): resume with the run's own config")

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from packtrain.telemetry.meter import ThroughputMeter
     from packtrain.telemetry.sampler import SystemSampler
     from packtrain.train.deepspeed_engine import DeepSpeedStepper
+    from packtrain.train.fsdp2_engine import Fsdp2Stepper
     from packtrain.train.runtime import TorchStepper
     from packtrain.train.techniques import CompileCounter
 
@@ -104,7 +105,7 @@ class ModelParts:
     compile_counter: CompileCounter | None   # None: compile off
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LambdaLR
-    stepper: TorchStepper | DeepSpeedStepper
+    stepper: TorchStepper | DeepSpeedStepper | Fsdp2Stepper
     autocast: Callable[[], contextlib.AbstractContextManager[Any]]
     adapted: Any = None                # train.adapter lora: the peft model around `model` (save_pretrained,
                                        # merge_and_unload); None: full fine-tune
@@ -114,9 +115,10 @@ class ModelParts:
     def step_is_async(self) -> bool:
         """True when a step needs no host sync (plain torch engine, no fp16 loss scaler): the loop may then
         read each step's numbers one step late."""
+        from packtrain.train.fsdp2_engine import Fsdp2Stepper
         from packtrain.train.runtime import TorchStepper
 
-        return isinstance(self.stepper, TorchStepper) and self.stepper.scaler is None
+        return isinstance(self.stepper, (TorchStepper, Fsdp2Stepper)) and self.stepper.scaler is None
 
 
 def build_model_parts(model_cfg: ModelConfig, train_cfg: TrainConfig, data: DataParts, dist: DistInfo,
@@ -161,9 +163,13 @@ def build_model_parts(model_cfg: ModelConfig, train_cfg: TrainConfig, data: Data
     counter = tq.apply_compile(model, train_cfg)
     if counter is not None:
         undo.callback(counter.stop)
+    if train_cfg.engine == "fsdp2":   # before the optimizer: fully_shard swaps every parameter for a DTensor shard
+        from packtrain.train.fsdp2_engine import shard_model
+
+        shard_model(module, model, train_cfg, dist, device, undo)
     optimizer = tq.build_optimizer(model, train_cfg, device.type)
     scheduler = tq.build_scheduler(optimizer, train_cfg)
-    stepper: TorchStepper | DeepSpeedStepper
+    stepper: TorchStepper | DeepSpeedStepper | Fsdp2Stepper
     autocast: Callable[[], contextlib.AbstractContextManager[Any]]
     if train_cfg.engine == "deepspeed":
         from packtrain.train.deepspeed_engine import DeepSpeedStepper
@@ -171,6 +177,11 @@ def build_model_parts(model_cfg: ModelConfig, train_cfg: TrainConfig, data: Data
         stepper = DeepSpeedStepper(module, optimizer, train_cfg, device, dist.world_size, data.shape.rows,
                                    data.shape.grad_accum, out_dir)
         autocast = contextlib.nullcontext   # DeepSpeed casts the module to bf16/fp16 itself
+    elif train_cfg.engine == "fsdp2":
+        from packtrain.train.fsdp2_engine import Fsdp2Stepper
+
+        stepper = Fsdp2Stepper(module, model, optimizer, train_cfg, dist)
+        autocast = contextlib.nullcontext   # its MixedPrecisionPolicy computes in bf16 params (no autocast)
     else:
         from packtrain.train.runtime import TorchStepper
 

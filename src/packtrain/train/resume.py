@@ -141,7 +141,7 @@ def save_checkpoint(s: TrainSession, step: int) -> None:
     tmp = ckpt.begin_checkpoint(c.root, step) if s.dist.is_main else None
     barrier(s.dist)
     tmp = tmp or c.root / f".tmp-{ckpt.step_dir_name(step)}"
-    if s.cfg.engine == "deepspeed" or s.dist.is_main:   # every rank writes its DeepSpeed shard
+    if s.cfg.engine in ("deepspeed", "fsdp2") or s.dist.is_main:   # every rank writes its DeepSpeed/DCP shard
         m.stepper.save(tmp)
     barrier(s.dist)
     if s.dist.is_main:
