@@ -184,13 +184,14 @@ def test_restart_and_continue_give_the_same_loss_under_plain_rope(packs, scaling
     assert abs(restart - cont) / restart < 1e-5, (restart, cont)
 
 
-def test_dynamic_rope_makes_the_policies_differ(packs):
+def test_dynamic_rope_makes_the_policies_differ(packs, capfd):
     """Dynamic NTK grows θ once a position reaches max_position_embeddings (here 20 < 41): continue chunks get
     other frequencies than restart chunks, so the two losses differ (docs/long-context.md)."""
     cfg = ModelConfig.model_validate({**MODEL.model_dump(), "max_position_embeddings": 20,
                                       "rope_scaling": {"type": "dynamic", "factor": 4.0}})
     torch.manual_seed(0)
     model = build_model(cfg, V).eval()
+    assert "dynamic: θ follows the micro-batch's largest position id" in capfd.readouterr().err   # said at build
     restart, cont = _epoch_loss(model, packs["restart"]), _epoch_loss(model, packs["continue"])
     assert abs(restart - cont) / restart > 1e-4, (restart, cont)
 

@@ -92,6 +92,10 @@ def build_model(model_cfg: ModelConfig, vocab_size: int, attention: str = "sdpa"
         raise ConfigError(f"train.attention: {attention!r} is not a backend (allowed: {', '.join(HF_NAMES)})")
     impl = HF_NAMES[attention]
     dtype = dtype or torch.float32
+    if training:
+        from packtrain.model.rope import warn_dynamic_in_training
+
+        warn_dynamic_in_training(model_cfg)
     source = resolve_init_source(model_cfg)
     if source is not None:
         return load_pretrained(source, vocab_size, attention, device, dtype, training, model_cfg=model_cfg)

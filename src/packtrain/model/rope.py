@@ -118,6 +118,20 @@ def override_rope(hf_cfg: Any, model_cfg: ModelConfig, where: str = "model.init_
     return changes
 
 
+def warn_dynamic_in_training(model_cfg: ModelConfig) -> str | None:
+    """dynamic NTK recomputes θ from the largest position id of the whole micro-batch (transformers'
+    dynamic_rope_update): in a packed batch a document's frequencies then depend on its neighbours once any
+    position reaches max_position_embeddings. Said on stderr when training with it; returns the line."""
+    rs = model_cfg.rope_scaling
+    if rs is None or rs.type != "dynamic":
+        return None
+    line = ("[packtrain] model.rope_scaling.type=dynamic: θ follows the micro-batch's largest position id once it "
+            f"reaches max_position_embeddings ({model_cfg.max_position_embeddings}); keep pack.budget ≤ it with "
+            "chunk_positions=restart (then dynamic is inert in training), or use linear/yarn (docs/long-context.md)")
+    print(line, file=sys.stderr, flush=True)
+    return line
+
+
 def _short(d: dict) -> str:
     return "{" + ", ".join(f"{k}: {v:g}" if isinstance(v, float) else f"{k}: {v}" for k, v in d.items()) + "}"
 
