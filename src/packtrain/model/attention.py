@@ -15,7 +15,10 @@ name for `train.attention` and maps to a transformers `attn_implementation`:
     varlen   packtrain_varlen     (1, T)      torch.nn.attention.varlen.varlen_attn over       FlashAttention varlen,
                                               cu_seqlens, causal                               CUDA + bf16/fp16 only
 
-`L` = pack budget, `T` = rows·L. Families with sliding windows or soft-caps (packtrain.model.families): sdpa/eager
+`L` = pack budget, `T` = rows·L. Position ids need not start at 0 (chunks of a split document under
+pack.chunk_positions=continue): varlen and flex never read them for masking, and transformers' detection starts a
+new document wherever consecutive ids do not step by +1, which packtrain.packing.batches.build_batch guarantees at
+every segment boundary (tests/unit/test_long_context.py, tests/gpu/test_long_context_gpu.py). Families with sliding windows or soft-caps (packtrain.model.families): sdpa/eager
 get them from transformers' own masks and eager attention; flex applies a layer's window and soft-cap as a
 score_mod; varlen passes window_size=(W-1, 0); what a backend cannot compute is refused at setup (families.py)
 and raises in the kernel. Measured on the H200 (DESIGN.md): varlen fwd+bwd over 16k packed tokens 0.91 ms
