@@ -112,7 +112,7 @@ def _candidates(path: str, value, places: dict[str, str]) -> list:
             return [[value[0] * 0.9, *value[1:]]]
         return [[*value, "x"], value[:1]]
     if isinstance(value, str):
-        return [*opts, _bump_digit(value), value + "x", places["init"], places["corpus"], ["q_proj"]]
+        return [*opts, _bump_digit(value), value + "x", places["init"], places["corpus"], ["q_proj"], False, True]
     # None: a value of the field's other type
     return [*opts, places["corpus"] if path == "ingest.source" else places["init"], 1024, 2, 0.5, "x",
             "sqlite:///other.db", ["x==1"], True, {"type": "linear", "factor": 2.0}]
