@@ -2,7 +2,7 @@
 # One device call: everything the GPU issues need, each part bounded, logs + JSON under $OUT.
 #   bash bench/gpu_session.sh PART...   parts: env bench350 bench350c bench1b benchf tests smoke memhead isotests telemetry calib scale
 #                                       family qwen05 qwen15 lora
-#                                       long32k (long8k long16k long64k) fp8 fsdp2   (issue 19)
+#                                       long32k (long8k long16k long64k) fp8 fsdp2 longtests i19tests   (issue 19)
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export TQDM_DISABLE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false PYTHONPATH=$PWD/src
@@ -55,6 +55,10 @@ for part in "$@"; do
            | grep -v Warning | tee $OUT/fp8.log | tail -8;;    # issue 19: 3B bf16 vs fp8, 2 × 200 steps (~6 min)
     fsdp2) timeout ${FSDP2_TIMEOUT:-360} python3 bench/fsdp2_bench.py --out $OUT/fsdp2_bench_1b.json ${FSDP2_ARGS:-} 2>&1 \
              | grep -v Warning | tee $OUT/fsdp2.log | tail -8;;  # issue 19: 1B torch vs fsdp2 (+ torch again) (~3-4 min)
+    longtests) timeout 200 python3 -m pytest -q -s -p no:cacheprovider tests/gpu/test_long_context_gpu.py 2>&1 \
+                 | tee $OUT/long_context_gpu_tests.log | tail -15;;   # issue 19 (A): continue chunks isolated, ~1-2 min
+    i19tests) timeout 300 python3 -m pytest -q -s -p no:cacheprovider $(ls tests/gpu/test_long_context_gpu.py \
+                tests/gpu/test_fp8_gpu.py 2>/dev/null) 2>&1 | tee $OUT/issue19_gpu_tests.log | tail -15;;   # A's + B's GPU tests
     calib) timeout 130 python3 bench/memory_calibration.py $OUT/memory_plan_calibration.json --max-seconds 250 2>&1 | tail -20;;
     *) echo "unknown part $part";;
   esac
