@@ -56,11 +56,12 @@ def fp8(rec: dict) -> list[str]:
     s, c = rec["settings"], rec.get("comparison", {})
     lines = [f"### FP8 vs bf16 at 3B (`{Path(rec.get('_path', '')).name}`)", "", f"    {rec['command']}", "",
              f"Llama-3.2-3B shape ({s.get('params')}), {s['rows']} × {s['budget']} tokens a step, {s['steps']} "
-             f"steps each, same seed and packs, compiled; fp8 = torchao float8 {s['fp8_recipe']} on the decoder "
+             f"steps each, same seed and packs, compile {rec.get('bf16', {}).get('compile')}; fp8 = torchao float8 "
+             f"{s['fp8_recipe']} on the decoder "
              f"linears.", "",
              "| precision | real tok/s | useful MFU | peak alloc GiB | planner GiB | loss, mean of last 10 |",
              "|---|---:|---:|---:|---:|---:|"]
-    for key in ("bf16", "fp8"):
+    for key in ("bf16", "fp8", "fp8_tensorwise", "fp8_rowwise"):
         r = rec.get(key)
         if r is None:
             continue
@@ -68,7 +69,7 @@ def fp8(rec: dict) -> list[str]:
             f"| {key} | {_f(r.get('real_tokens_per_s'))} | {_f(r.get('useful_mfu'), '.3f')} | "
             f"{_f(r.get('steady_peak_alloc_gib'), '.1f')} | {_f(r.get('planner_peak_alloc_gib'), '.1f')} | "
             f"{_f(r.get('loss_tail10'), '.4f')} |"))
-    lines += ["", f"fp8 / bf16 real tok/s: {_f(c.get('tok_s_ratio'), '.3f')}× (goal ≥ 1.25); loss difference "
+    lines += ["", f"{rec.get('headline_row', 'fp8')} / bf16 real tok/s: {_f(c.get('tok_s_ratio'), '.3f')}× (goal ≥ 1.25); loss difference "
                   f"(last-10 means): {_f(c.get('loss_tail_rel_diff'), '.3%')} (goal ≤ 1%); max |Δloss| over the "
                   f"curve {_f(c.get('loss_max_abs_diff'), '.4f')} at step {c.get('loss_max_abs_diff_step')}. "
                   f"Goals: {rec.get('goal_met', rec.get('skipped'))}.", ""]
