@@ -47,7 +47,7 @@ def reference(data, tmp_path_factory):
     return out, _train(data, out)
 
 
-def test_one_process_equals_the_torch_engine(data, reference, tmp_path):
+def test_one_process_equals_the_torch_engine(data, reference, tmp_path, capsys):
     """World size 1: train() makes its own 1-rank gloo group (gone afterwards); fp32 FSDP2 computes what the
     torch engine computes; checkpoints are DCP directories."""
     import torch.distributed as dist
@@ -60,6 +60,39 @@ def test_one_process_equals_the_torch_engine(data, reference, tmp_path):
     ck = tmp_path / "f" / "checkpoints" / "step_000003"
     assert (ck / "dcp" / ".metadata").is_file() and not (ck / "model.safetensors").exists()
     assert "dcp/.metadata" in json.loads((ck / "manifest.json").read_text())["files"]   # verified on resume
+    args = ["train", "--packs", str(data / "pack"), "--tokens", str(data / "tokenize"), "--out", str(tmp_path / "f"),
+            "--resume", *[x for s in [*TINY, f"workdir={data / 'work'}"] for x in ("--set", s)]]
+    assert main(args) == 3   # the torch engine cannot read a DCP checkpoint: refused, naming the engine
+    assert "written by train.engine=fsdp2" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("sets, words", [(["train.adapter.type=lora"], "not fsdp2"),
+                                         (["train.precision=fp16"], "use train.precision=bf16")])
+def test_refused_at_load_time(sets, words):
+    from packtrain.config import load_run_config
+    from packtrain.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=words):
+        load_run_config("tiny-cpu", ["train.engine=fsdp2", *sets])
+
+
+def test_planner_divides_states_and_gathers_params():
+    """16 B/param of fp32 shards over W GPUs, plus gathered bf16 params: every layer on one GPU (reshard auto =
+    false), two layers + the root on 8 (auto = true)."""
+    from packtrain.config import load_run_config
+    from packtrain.planner import plan_memory
+
+    plans = {}
+    for gpus in (1, 8):
+        cfg = load_run_config("1b-h200", ["train.engine=fsdp2", f"train.gpus={gpus}"])
+        plans[gpus] = plan_memory(cfg.model, cfg.train, cfg.pack.budget, cfg.plan, vocab_size=32768)
+    s = plans[1].shape
+    n, root = s.n_params, s.n_params - s.layers * s.layer_params
+    assert plans[1].components["parameters"] + plans[1].components["optimizer_states"] == 12 * n
+    assert plans[8].components["parameters"] + plans[8].components["optimizer_states"] == 3 * n // 2
+    assert plans[1].components["zero_buffers"] == 2 * n
+    assert plans[8].components["zero_buffers"] == 2 * (2 * s.layer_params + root)
+    assert plans[1].components.get("weight_casts", 0) == 0   # no autocast copies
 
 
 @pytest.mark.slow
