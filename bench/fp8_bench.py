@@ -7,9 +7,9 @@
 Model: the Llama-3.2-3B shape, random init — hidden 3072, 28 layers, 24 heads, 8 KV heads (GQA), intermediate
 8192, vocabulary 128,256, tied embeddings, RoPE θ 5e5: 3.21B parameters (2.82B outside the embedding), the "3B
 shape" of DESIGN.md's FP8 probe (bf16 30,074 tok/s → tensorwise FP8 38,452, 1.28×, at 8 × 2048, pure-bf16
-weights). Settings from recipes/1b-h200.yaml (bf16 autocast over fp32 master weights, varlen attention,
-per-layer torch.compile, Liger fused loss, fused AdamW, lr 3e-4, no activation checkpointing) with the shape
-above; 8 packs × 2048 tokens a step (16,384 tokens, ~0.5 s at bf16), 200 optimizer steps per precision.
+weights; `--vocab 32768` gives the 2.92B variant whose bf16 LM head is 4× smaller). Settings from
+recipes/1b-h200.yaml (bf16 autocast over fp32 master weights, varlen attention, per-layer torch.compile, Liger
+fused loss, fused AdamW, lr 3e-4, no activation checkpointing) with the shape above; 8 packs × 2048 tokens a step (16,384 tokens, ~0.5 s at bf16), 200 optimizer steps per precision.
 
 Data: lognormal lengths (median 300, σ 1, clipped to [16, 2048]: the anchors' distribution) of a Markov chain
 over the first 32,768 ids (--data-vocab; the LM head still has 128,256 outputs), so the loss falls well below
@@ -72,7 +72,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--fp8-recipe", default="tensorwise", choices=["tensorwise", "rowwise"])
     p.add_argument("--variants", default="bf16,fp8",
                    help="comma-separated rows, in this order: bf16, fp8 (--fp8-recipe), fp8_tensorwise, fp8_rowwise")
-    p.add_argument("--data-vocab", type=int, default=32768, help="ids the documents use (≤ the model's 128,256)")
+    p.add_argument("--vocab", type=int, default=VOCAB_3B,
+                   help="the model's vocabulary: 128,256 (Llama-3.2-3B, 3.21B params) or 32,768 (2.92B; the LM head, "
+                        "which stays bf16, is then 4× smaller)")
+    p.add_argument("--data-vocab", type=int, default=32768, help="ids the documents use (≤ --vocab)")
     p.add_argument("--lr", type=float, default=3e-4)
     p.add_argument("--peak-tflops", type=float, default=790.0, help="bf16 peak; FP8's is 2× (packtrain.telemetry)")
     p.add_argument("--seed", type=int, default=0)
@@ -86,13 +89,15 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error(f"--variants: {bad} not in {ROWS}")
     if args.tiny:
         args.steps, args.warmup, args.rows, args.budget, args.data_vocab = 6, 2, 2, 256, 500
+    elif args.data_vocab > args.vocab:
+        p.error(f"--data-vocab {args.data_vocab} > --vocab {args.vocab}: documents must fit the vocabulary")
     return args
 
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
     t_start = time.perf_counter()
-    vocab = 512 if args.tiny else VOCAB_3B
+    vocab = 512 if args.tiny else args.vocab
     out = Path(args.out or (Path(tempfile.mkdtemp(prefix="fp8-tiny-")) / "fp8_bench_tiny.json" if args.tiny
                             else "bench/results/fp8_bench_3b.json"))
     rng = np.random.default_rng(args.seed)
@@ -104,7 +109,8 @@ def main(argv=None) -> dict:
     record = {"bench": "fp8", "issue": 19, "command": common.command_line(argv),
               "machine": common.environment(args.peak_tflops),
               "settings": {"recipe": "1b-h200", "shape": "tiny" if args.tiny else {**SHAPE_3B, "vocab": vocab},
-                           "params": "3.21B (2.82B non-embedding), Llama-3.2-3B shape" if not args.tiny else None,
+                           "params": None if args.tiny else f"{(2_818_747_392 + 3072 * vocab) / 1e9:.2f}B "
+                                     f"(2.82B non-embedding, tied embedding of {vocab:,}), Llama-3.2-3B shape",
                            "budget": args.budget, "rows": args.rows, "tokens_per_step": args.rows * args.budget,
                            "steps": args.steps, "warmup": args.warmup, "fp8_recipe": args.fp8_recipe,
                            "data_vocab": args.data_vocab, "lr": args.lr, "seed": args.seed, "tiny": args.tiny,
