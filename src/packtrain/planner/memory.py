@@ -69,6 +69,11 @@ bf16, fused loss, rows 8 × 2048): 350M 0.596 (varlen and sdpa alike), 1B 0.608 
 train_gpu_smoke.json, scaling_1b_h200x2_run2.json). Applied only where it was measured — the torch engine
 under bf16/fp16 autocast; fp32 and DeepSpeed runs keep the eager sizes (memory_plan_calibration.json)."""
 
+COMPILED_FSDP2_LAYER_ACTIVATION_FACTOR = 0.70
+"""The same ratio for FSDP2 (bf16 MixedPrecisionPolicy, no autocast) against the pure-bf16 eager layer (which
+already saves 0.81× the autocast layer's bytes): 1B, varlen, fused loss, 8 × 2048, one H200, torch 2.11: 0.696
+(measured steady peak 28.81 GiB; bench/results/fsdp2_bench_1b.json). One calibration point."""
+
 
 def precision_of(engine: str, precision: str) -> Precision:
     """torch + bf16/fp16 → autocast over fp32 params; DeepSpeed bf16/fp16 → the module itself in 16 bit.

@@ -228,11 +228,12 @@ def plan_memory(model_cfg: ModelConfig, train_cfg: TrainConfig, budget: int, pla
     a_tok = mem.layer_activation_bytes_per_token(shape, prec, backend)
     quad = mem.attention_quadratic_bytes(shape, prec, backend, rows, budget)
     layer_bytes = a_tok * n_tok
-    # measured for the torch engine under 16-bit autocast only (fp32 and DeepSpeed + compile keep eager sizes)
-    compiled = (train_cfg.compile and device == "cuda" and train_cfg.engine == "torch"
+    # measured for the torch engine under 16-bit autocast and FSDP2 in bf16 (fp32 and DeepSpeed keep eager sizes)
+    compiled = (train_cfg.compile and device == "cuda" and train_cfg.engine in ("torch", "fsdp2")
                 and train_cfg.precision in ("bf16", "fp16", "fp8"))   # fp8: planned as bf16 (precision_of)
     if compiled:   # inductor fuses the elementwise chains and saves fewer, smaller tensors for backward
-        layer_bytes = int(layer_bytes * mem.COMPILED_LAYER_ACTIVATION_FACTOR)
+        layer_bytes = int(layer_bytes * (mem.COMPILED_FSDP2_LAYER_ACTIVATION_FACTOR if train_cfg.engine == "fsdp2"
+                                         else mem.COMPILED_LAYER_ACTIVATION_FACTOR))
     ck_bytes = prec.residual_bytes * shape.hidden * n_tok
     head_tok, shared_tok = mem.head_activation_bytes_per_token(shape, prec, chunk is not None)
     head_bytes = head_tok * n_tok
