@@ -53,7 +53,10 @@ def base_of(model: Any) -> Any:
 
 def lora_config(cfg: AdapterConfig):
     """peft LoraConfig for a packtrain AdapterConfig (bias none: only A and B train)."""
-    from peft import LoraConfig
+    from packtrain.train.fp8 import quiet_torchao_import
+
+    with quiet_torchao_import():   # peft imports torchao when it is installed (the fp8 extra)
+        from peft import LoraConfig
 
     targets = cfg.target_modules if cfg.target_modules == "all-linear" else list(cfg.target_modules)
     return LoraConfig(r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout, target_modules=targets,
@@ -166,8 +169,12 @@ def load_adapter_model(model_dir: Path, attention: str = "sdpa", dtype: Any = No
     """Base (fp32, packtrain backend `attention`) + the adapter in `model_dir` → the merged transformers model
     (merge True: what evaluation runs — same function as the adapter, one matmul per linear) or the peft model."""
     import torch
-    from peft import PeftModel
     from transformers import AutoModelForCausalLM
+
+    from packtrain.train.fp8 import quiet_torchao_import
+
+    with quiet_torchao_import():   # the first peft import of an evaluate/register process
+        from peft import PeftModel
 
     from packtrain.model.attention import HF_NAMES, register_attention_backends
 

@@ -37,7 +37,10 @@ layer's forward, so the recompute re-runs the casts; FSDP2's fully_shard comes a
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import logging
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from packtrain.errors import ConfigError
@@ -52,6 +55,24 @@ MIN_CAPABILITY = (8, 9)
 PIP_EXTRA = "pip install 'packtrain[fp8]'   (torchao==0.18.0)"
 ALIGN = 16
 """torch._scaled_mm needs both matmul dimensions to be multiples of 16."""
+
+
+@contextlib.contextmanager
+def quiet_torchao_import() -> Iterator[None]:
+    """Import torchao (directly, or through peft, which imports it when installed) without its CPU-build noise.
+
+    On a machine without CUDA kernels torchao 0.18 logs "Failed to load …/_C_mxfp8…so" twice and torch warns that
+    its KernelPreference enum no longer needs registering: harmless, but three scary stderr lines in every LoRA
+    run. Those two loggers are raised to ERROR for the import only; nothing else is silenced."""
+    loggers = [logging.getLogger(name) for name in ("torchao", "torch.utils._pytree")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, levels, strict=True):
+            lg.setLevel(level)
 
 
 def check_fp8_support(device: torch.device | str) -> None:
@@ -122,7 +143,8 @@ def apply_fp8(model: Any, fp8_cfg: Fp8Options) -> list[str]:
          'model.layers.0.self_attn.o_proj', 'model.layers.1.self_attn.q_proj', ..., 'model.layers.1.self_attn.o_proj']
     """
     try:
-        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+        with quiet_torchao_import():
+            from torchao.float8 import Float8LinearConfig, convert_to_float8_training
     except ImportError as e:
         raise ConfigError(f"train.precision=fp8 needs torchao's float8 training ({e}): {PIP_EXTRA}; "
                           "or use train.precision=bf16") from None
