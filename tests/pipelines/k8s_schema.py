@@ -25,8 +25,8 @@ _QUANTITY_KEYS = ("limits", "requests")
 
 
 def _model_class(name: str):
-    import kubernetes.client.models as core
     import kubeflow.training.models as kubeflow
+    import kubernetes.client.models as core
 
     for module in (kubeflow, core):
         cls = getattr(module, name, None)
