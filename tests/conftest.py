@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+from pathlib import Path
 
 import pytest
 
@@ -39,6 +41,59 @@ def _isolated_mlflow(monkeypatch, tmp_path):
                 mlflow.end_run()
     except Exception:
         pass
+
+
+def _session_dir(tmp_path_factory) -> Path:
+    """The base temp dir of the whole session: the same for every xdist worker and for the controller."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+_STARTED: list = []
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory):
+    """One real `mlflow server` (sqlite backend, proxied artifacts, free local port; tests/mlflow_server.py) for
+    the whole session, shared by every xdist worker: the first test that needs it starts it under a file lock,
+    the others reuse it, and the session's end stops it (pytest_sessionfinish below). One start instead of one
+    per module saves ~6-10 s of CPU each (MLflow import, a fresh sqlite schema, a uvicorn worker).
+
+    Modules keep apart by names: each uses its own experiment (tracking.experiment) and registered model
+    names, so no test sees another module's runs; only tests/pipelines/test_run_server.py keeps the defaults
+    ("packtrain", "packtrain-lm"). Returns an object with `.uri` ("http://127.0.0.1:PORT") and `.root`.
+    """
+    import fcntl
+    import types
+
+    from mlflow_server import Server, free_port
+
+    shared = _session_dir(tmp_path_factory)
+    root = shared / "mlflow_server"
+    root.mkdir(exist_ok=True)
+    with open(shared / "mlflow_server.lock", "a+") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        record = root / "record.json"
+        if not record.exists():
+            srv = Server(root, free_port())
+            srv.start()
+            _STARTED.append(srv)   # alive until this worker exits (no "still running" warning from its Popen)
+            record.write_text(json.dumps({"uri": srv.uri, "pid": srv.proc.pid}))
+        rec = json.loads(record.read_text())
+    return types.SimpleNamespace(uri=rec["uri"], root=root)
+
+
+def pytest_sessionfinish(session):
+    """Stop the shared `mlflow_server` once the whole session is done: in the xdist controller (after every
+    worker) or in a run without xdist; never in a worker, whose peer may still use it."""
+    if hasattr(session.config, "workerinput"):
+        return
+    base = getattr(getattr(session.config, "_tmp_path_factory", None), "_basetemp", None)   # None: no tmp dir made
+    record = Path(base) / "mlflow_server" / "record.json" if base is not None else None
+    if record is not None and record.exists():
+        from mlflow_server import stop_group
+
+        stop_group(json.loads(record.read_text())["pid"])
 
 
 # Under pytest-xdist (`make test` runs `-n 2 --dist loadfile`) the slowest files start first, so the two workers

@@ -1,4 +1,4 @@
-"""`packtrain run` against a real `mlflow server` (started here on a free port), in a fresh git checkout with
+"""`packtrain run` against a real `mlflow server` (the session's `mlflow_server`), in a fresh git checkout with
 the documented default workdir `data/` — issue 21's run ids (3), complete cached runs after switching stores
 (4), the MLflow hint (6) and the files the flows leave behind (7).
 
@@ -14,7 +14,6 @@ import re
 import shlex
 import shutil
 import subprocess
-import sys
 import urllib.request
 from pathlib import Path
 
@@ -25,19 +24,14 @@ from pipeline_helpers import REPO, as_args, run_cli, tiny_settings
 from packtrain import STAGES
 from packtrain.tracking.refs import RunRefError, resolve_run_ref, stage_run_of
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "stages"))
-from test_tracking_server import Server, _free_port  # noqa: E402  (the `mlflow server` fixture class)
-
 pytestmark = pytest.mark.slow
 CHECKOUT_FILES = (".gitignore", ".dvc/config", ".dvc/.gitignore", ".dvcignore", "dvc.yaml", "params.yaml")
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    s = Server(tmp_path_factory.mktemp("mlflow-server"), _free_port())
-    s.start()
-    yield s
-    s.stop()
+def server(mlflow_server):
+    """The session's server; this module alone uses the default experiment and model name there."""
+    return mlflow_server
 
 
 @pytest.fixture(scope="module")

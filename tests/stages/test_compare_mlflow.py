@@ -1,6 +1,6 @@
-"""`packtrain compare` against a real `mlflow server` (sqlite backend, free local port, started here) on two
-pipeline runs that differ in one parameter (train.lr): the runs are named by 8-character prefixes, walked to
-their train stage runs, and the report shows both runs' loss, tokens/s, MFU, utilization and memory curves,
+"""`packtrain compare` against a real `mlflow server` (the session's `mlflow_server`, experiment "compare-mlflow")
+on two pipeline runs that differ in one parameter (train.lr): the runs are named by 8-character prefixes, walked
+to their train stage runs, and the report shows both runs' loss, tokens/s, MFU, utilization and memory curves,
 the one differing param under its stage, and the gate verdict of `packtrain.gate.gate` on the same runs.
 `--experiment` lists pipeline runs only (stage runs with --stage-runs).
 
@@ -18,7 +18,6 @@ from pathlib import Path
 
 import pytest
 from mlflow import MlflowClient
-from test_tracking_server import Server, _free_port  # the `mlflow server` of tests/stages (process group)
 
 from packtrain.cli import main
 from packtrain.config import load_run_config
@@ -29,7 +28,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore:telemetry thr
 
 TINY = ["model.hidden_size=32", "model.intermediate_size=64", "model.num_heads=2", "train.rows=2",
         "train.max_steps=12", "train.warmup_steps=2", "train.threads=1", "telemetry.interval_s=0.05",
-        "tracking.system_metrics=false", "tracking.flush_interval_s=0"]
+        "tracking.system_metrics=false", "tracking.flush_interval_s=0", "tracking.experiment=compare-mlflow"]
+EXP = "compare-mlflow"   # this module's experiment on the shared server: no other module's runs in it
 LRS = ("3e-3", "1e-3")   # the one parameter the two pipeline runs differ in
 CURVES = {"loss": "loss", "tokens/s": "real_tokens_per_s", "MFU": "useful_mfu",
           "utilization": "system.utilization_pct", "memory": "system.memory_used_gib"}
@@ -40,15 +40,7 @@ def _sets(*items: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    srv = Server(tmp_path_factory.mktemp("mlflow_server"), _free_port())
-    srv.start()
-    yield srv
-    srv.stop()
-
-
-@pytest.fixture(scope="module")
-def pipelines(server, tmp_path_factory):
+def pipelines(mlflow_server, tmp_path_factory):
     """Two pipeline runs (train.lr 3e-3 vs 1e-3) on the server: {"uri", "pipeline": [ids], "train": [ids]}."""
     from packtrain.train.synthetic import make_synthetic_inputs
 
@@ -56,7 +48,7 @@ def pipelines(server, tmp_path_factory):
     make_synthetic_inputs(root, n_docs=120, vocab_size=128, budget=64, seed=1)
     parents, trains = [], []
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("MLFLOW_TRACKING_URI", server.uri)
+        mp.setenv("MLFLOW_TRACKING_URI", mlflow_server.uri)
         for i, lr in enumerate(LRS):
             sets = [*TINY, f"workdir={root / 'work'}", f"train.lr={lr}"]
             parent = start_pipeline_run(load_run_config("tiny-cpu", sets))
@@ -67,13 +59,13 @@ def pipelines(server, tmp_path_factory):
                 end_pipeline_run(parent)
             parents.append(parent)
         _close_clients()
-    client = MlflowClient(server.uri)
-    exp = client.get_experiment_by_name("packtrain").experiment_id
+    client = MlflowClient(mlflow_server.uri)
+    exp = client.get_experiment_by_name(EXP).experiment_id
     for p in parents:
         kids = client.search_runs([exp], f"tags.mlflow.parentRunId = '{p}'")
         assert [k.info.run_name for k in kids] == ["train"]
         trains.append(kids[0].info.run_id)
-    return {"uri": server.uri, "pipeline": parents, "train": trains, "client": client}
+    return {"uri": mlflow_server.uri, "pipeline": parents, "train": trains, "client": client}
 
 
 def test_compare_pipeline_runs_curves_params_gate(pipelines, tmp_path, capsys):
@@ -141,7 +133,7 @@ def test_compare_model_alias_is_its_pipeline(pipelines, tmp_path):
 
 @pytest.mark.parametrize("extra,kind", [([], "pipeline"), (["--stage-runs"], "train")])
 def test_compare_experiment_lists_pipeline_runs(pipelines, tmp_path, extra, kind):
-    argv = ["compare", "--experiment", "packtrain", *extra, "--no-log",
+    argv = ["compare", "--experiment", EXP, *extra, "--no-log",
             *_sets(f"tracking.tracking_uri={pipelines['uri']}"), "--out", str(tmp_path)]
     assert main(argv) == 0
     saved = json.loads((tmp_path / "compare.json").read_text())
@@ -151,7 +143,7 @@ def test_compare_experiment_lists_pipeline_runs(pipelines, tmp_path, extra, kind
 
 
 def test_compare_filter_on_pipeline_params(pipelines, tmp_path, capsys):
-    argv = ["compare", "--experiment", "packtrain", "--filter", "params.`train.lr` = '0.001'", "--no-log",
+    argv = ["compare", "--experiment", EXP, "--filter", "params.`train.lr` = '0.001'", "--no-log",
             *_sets(f"tracking.tracking_uri={pipelines['uri']}"), "--out", str(tmp_path)]
     assert main(argv) == 0
     saved = json.loads((tmp_path / "compare.json").read_text())
@@ -161,8 +153,8 @@ def test_compare_filter_on_pipeline_params(pipelines, tmp_path, capsys):
 
 @pytest.mark.parametrize("extra,needle", [
     (["--experiment", "nope"], "no such experiment"),
-    (["--experiment", "packtrain", "--filter", "this is not a filter"], "--filter"),
-    (["--experiment", "packtrain", "--filter", "params.`train.lr` = '9'"], "no pipeline runs"),
+    (["--experiment", EXP, "--filter", "this is not a filter"], "--filter"),
+    (["--experiment", EXP, "--filter", "params.`train.lr` = '9'"], "no pipeline runs"),
     (["0123456789abcdef0123456789abcdef"], "not found"),
     (["fedcba98"], "no run id in the MLflow store starts with it"),
     (["abc"], "too short"),

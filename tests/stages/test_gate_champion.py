@@ -1,10 +1,10 @@
-"""`packtrain gate --baseline packtrain-lm@champion` on the CPU, default rules, against a real `mlflow server`
-(sqlite backend, free local port, started here): three pipeline run trees made by the real stage CLIs
-(ingest → tokenize once, then pack → train → evaluate → register under a pipeline run each, as `packtrain run`
-nests them, train in its own process; bench/gate_noise.py's `run_tree`, which measured the `--trees` session
-of bench/baselines/noise-cpu.json the default CPU rules come from):
+"""`packtrain gate --baseline NAME@champion` on the CPU, default rules, against a real `mlflow server` (the
+session's `mlflow_server`; this module's own experiment and model name): three pipeline run trees made by the
+real stage CLIs (ingest → tokenize once, then pack → train → evaluate → register under a pipeline run each, as
+`packtrain run` nests them, train in its own process; bench/gate_noise.py's `run_tree`, which measured the
+`--trees` session of bench/baselines/noise-cpu.json the default CPU rules come from):
 
-    a   tiny corpus, tiny-cpu, budget 512, 12 steps          → packtrain-lm v1, champion
+    a   tiny corpus, tiny-cpu, budget 512, 12 steps          → gate-champion-lm v1, champion
     b   the same again (an unchanged rerun)                   → v2, challenger (same loss to the last bit)
     c   pack.strategy=sequential (fill 96.5% → 81.2%: slower on purpose), 36 steps (a better loss), with
         register.gate on as a scheduled run has it           → beats v1's loss, fails the gate: v3 challenger
@@ -22,7 +22,6 @@ from pathlib import Path
 
 import pytest
 from mlflow import MlflowClient
-from test_tracking_server import Server, _free_port  # the `mlflow server` of tests/stages (process group)
 
 from packtrain.cli import main
 
@@ -32,19 +31,12 @@ REPO = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("gate_noise", REPO / "bench" / "gate_noise.py")
 gate_noise = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(gate_noise)
-NAME = "packtrain-lm"
+NAME = "gate-champion-lm"
+SEPARATE = ["tracking.experiment=gate-champion", f"register.model_name={NAME}"]   # apart on the shared server
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    srv = Server(tmp_path_factory.mktemp("mlflow_server"), _free_port())
-    srv.start()
-    yield srv
-    srv.stop()
-
-
-@pytest.fixture(scope="module")
-def trees(server, tmp_path_factory):
+def trees(mlflow_server, tmp_path_factory):
     """The data stages once, then trees a, b, c (module doc) by bench/gate_noise.py's run_tree, the same code
     that measured bench/baselines/noise-cpu.json's `--trees` session."""
     from packtrain.tracking.run import _close_clients
@@ -52,15 +44,15 @@ def trees(server, tmp_path_factory):
     root = tmp_path_factory.mktemp("gate_champion")
     t0 = time.perf_counter()
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("MLFLOW_TRACKING_URI", server.uri)
+        mp.setenv("MLFLOW_TRACKING_URI", mlflow_server.uri)
         mp.chdir(root)
-        corpus, tokens, base, data_run = gate_noise.data_tree(root, [])
+        corpus, tokens, base, data_run = gate_noise.data_tree(root, SEPARATE)
         runs = {"a": gate_noise.run_tree(root, "a", base, tokens), "b": gate_noise.run_tree(root, "b", base, tokens),
                 "c": gate_noise.run_tree(root, "c", [*base, "pack.strategy=sequential", "train.max_steps=36",
                                                      "register.gate=true"], tokens)}
         _close_clients()
-    runs.update(uri=server.uri, root=root, corpus=corpus, data_tree=data_run, seconds=time.perf_counter() - t0,
-                client=MlflowClient(server.uri))
+    runs.update(uri=mlflow_server.uri, root=root, corpus=corpus, data_tree=data_run,
+                seconds=time.perf_counter() - t0, client=MlflowClient(mlflow_server.uri))
     print(f"\nthree run trees (+ the data stages) in {runs['seconds']:.0f} s")
     return runs
 
@@ -92,7 +84,7 @@ def test_alias_resolves_to_the_training_run(trees, tmp_path, monkeypatch, capsys
     code, res = _gate(trees, tmp_path, monkeypatch, a["pipeline"][:8])     # the 8 characters `packtrain run` prints
     assert code == 0, capsys.readouterr().out
     assert f"run {train_run[:8]} (train of pipeline {a['pipeline'][:8]})" in res["baseline"]
-    assert "packtrain-lm@champion → version 1" in res["baseline"]
+    assert f"{NAME}@champion → version 1" in res["baseline"]
     assert a["register"]["run_id"] != train_run
     tps = _row(res, "train.throughput.real_tokens_per_s")
     assert tps["baseline"] == tps["candidate"] > 0                     # the same tree on both sides

@@ -5,17 +5,13 @@ One server test only: `mlflow server` takes ~10-20 s to start on a loaded 2-core
 
 from __future__ import annotations
 
-import os
-import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
-from pathlib import Path
 
 import pytest
 from mlflow import MlflowClient
+from mlflow_server import Server, free_port
 
 from packtrain.config import load_run_config
 from packtrain.tracking import end_pipeline_run, stage_run, start_pipeline_run
@@ -34,50 +30,8 @@ with stage_run("validate", cfg, section=cfg.validate_) as run:
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
-    """`mlflow server` in its own process group (it spawns uvicorn workers): stop kills the whole group."""
-
-    def __init__(self, root: Path, port: int):
-        self.root, self.port, self.proc = root, port, None
-        self.uri = f"http://127.0.0.1:{port}"
-
-    def start(self, timeout_s: float = 120.0) -> None:
-        mlflow_bin = Path(sys.executable).with_name("mlflow")
-        env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", "MLFLOW_DISABLE_TELEMETRY": "true"}
-        env.pop("MLFLOW_TRACKING_URI", None)
-        log = open(self.root / "server.log", "a")  # noqa: SIM115 - closed with the process
-        self.proc = subprocess.Popen(
-            [str(mlflow_bin), "server", "--backend-store-uri", f"sqlite:///{self.root / 'server.db'}",
-             "--artifacts-destination", str(self.root / "server-artifacts"), "--host", "127.0.0.1",
-             "--port", str(self.port), "--workers", "1"],
-            stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.root, start_new_session=True)
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"mlflow server exited: {(self.root / 'server.log').read_text()[-2000:]}")
-            try:
-                urllib.request.urlopen(f"{self.uri}/health", timeout=1).read()
-                return
-            except OSError:
-                time.sleep(0.2)
-        self.stop()
-        raise TimeoutError(f"mlflow server not healthy after {timeout_s} s")
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=30)
-        self.proc = None
-
-
 def test_server_down_mid_run_then_back(tmp_path, monkeypatch):
-    server = Server(tmp_path, _free_port())
+    server = Server(tmp_path, free_port())
     server.start()
     try:
         monkeypatch.setenv("MLFLOW_TRACKING_URI", server.uri)
