@@ -17,7 +17,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -230,68 +229,24 @@ def test_kill_at_random_op_then_replay(recorded, tmp_path, capsys, seed, point):
     _assert_drained(buf)
 
 
-class Server:
-    """A real `mlflow server` (sqlite backend, proxied artifacts) in its own process group."""
-
-    def __init__(self, root: Path):
-        import socket
-
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.root, self.proc, self.uri = root, None, f"http://127.0.0.1:{self.port}"
-
-    def __enter__(self) -> Server:
-        import urllib.request
-
-        env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", "MLFLOW_DISABLE_TELEMETRY": "true"}
-        env.pop("MLFLOW_TRACKING_URI", None)
-        self.log = open(self.root / "server.log", "a")  # noqa: SIM115 - closed in __exit__
-        self.proc = subprocess.Popen(
-            [str(Path(sys.executable).with_name("mlflow")), "server", "--backend-store-uri",
-             f"sqlite:///{self.root / 'server.db'}", "--artifacts-destination", str(self.root / "artifacts"),
-             "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1"],
-            stdout=self.log, stderr=subprocess.STDOUT, env=env, cwd=self.root, start_new_session=True)
-        try:   # whatever fails while waiting, the server group is stopped (a with-block would not)
-            deadline = time.monotonic() + 120
-            while time.monotonic() < deadline:
-                assert self.proc.poll() is None, (self.root / "server.log").read_text()[-2000:]
-                try:
-                    urllib.request.urlopen(f"{self.uri}/health", timeout=1).read()
-                    return self
-                except OSError:
-                    time.sleep(0.2)
-            raise TimeoutError("mlflow server not healthy after 120 s")
-        except BaseException:
-            self.__exit__()
-            raise
-
-    def __exit__(self, *exc) -> None:
-        import signal
-
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=30)
-        self.log.close()
-
-
 @pytest.mark.slow
-def test_kill_then_replay_and_copy_against_a_real_server(recorded, tmp_path, capsys):
-    """The same guarantees through the REST API: SIGKILL mid-replay (seed 5 → op 16, an artifact directory),
-    replay again, then replay a copy of the buffer taken before anything was applied."""
+def test_kill_then_replay_and_copy_against_a_real_server(recorded, mlflow_server, tmp_path, capsys):
+    """The same guarantees through the REST API of the session's real `mlflow server` (experiment "replay" is
+    this module's alone there): SIGKILL mid-replay (seed 5 → op 16, an artifact directory), replay again, then
+    replay a copy of the buffer taken before anything was applied."""
     buf, _ = _case(recorded, tmp_path)
     copy = tmp_path / "copy"
     shutil.copytree(buf, copy)
     total = n_ops(buf)
     k = int(np.random.default_rng(5).integers(1, total + 1))
-    with Server(tmp_path) as server:
-        env = {**os.environ, "PACKTRAIN_FAULT": f"replay.before_record@{k}"}
-        env.pop("MLFLOW_TRACKING_URI", None)
-        proc = subprocess.run([sys.executable, "-m", "packtrain.cli", "mlflow", "replay", "--buffer", str(buf),
-                               "--tracking-uri", server.uri], capture_output=True, text=True, env=env, timeout=300)
-        assert proc.returncode == -9, f"seed 5, k={k}: rc {proc.returncode}\n{proc.stderr[-2000:]}"
-        assert _replay(buf, server.uri, capsys)["applied"] == total - (k - 1)
-        assert _replay(copy, server.uri, capsys)["applied"] == total
-        assert store_state(server.uri) == recorded[2], f"seed 5, k={k}"
+    uri = mlflow_server.uri
+    env = {**os.environ, "PACKTRAIN_FAULT": f"replay.before_record@{k}"}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    proc = subprocess.run([sys.executable, "-m", "packtrain.cli", "mlflow", "replay", "--buffer", str(buf),
+                           "--tracking-uri", uri], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == -9, f"seed 5, k={k}: rc {proc.returncode}\n{proc.stderr[-2000:]}"
+    assert _replay(buf, uri, capsys)["applied"] == total - (k - 1)
+    assert _replay(copy, uri, capsys)["applied"] == total
+    assert store_state(uri) == recorded[2], f"seed 5, k={k}"
     _assert_drained(buf)
     _assert_drained(copy)
