@@ -97,14 +97,19 @@ def pytest_sessionfinish(session):
 
 
 # Under pytest-xdist (`make test` runs `-n 2 --dist loadfile`) the slowest files start first, so the two workers
-# finish together instead of one waiting out a 4-minute DVC chain at the end. Longest first (seconds on 2 workers,
-# 2026-12-01: warm_start ~125, dvc ~110, local_pipeline ~105, run_server ~50, airflow ~45), except that
-# local_pipeline leads: it runs the session's `tiny_pipeline`, which run_server and airflow wait for (file lock);
-# queued behind local_pipeline / warm_start + dvc, they find it done.
-_SLOW_FIRST = ("test_local_pipeline.py", "test_warm_start_run.py", "test_dvc.py", "test_run_server.py",
-               "test_airflow_dag.py", "test_train_stage.py", "test_train_deepspeed.py", "test_secrets_full_run.py",
-               "test_wheel_ir.py", "test_compare_mlflow.py", "test_train_faults.py", "test_tracking_server.py",
-               "test_replay_idempotent.py", "test_publish_stages.py")
+# finish together instead of one waiting out a long file at the end: longest first (wall seconds of each file in a
+# whole `-n 2` run on the 2-core machine, 2026-12-01 12:05: warm_start_run 173, local_pipeline 150, sft_lora 117,
+# dvc 105, wheel_ir 69, secrets_full_run 58, gate_champion 51, run_server 46, airflow 43, train_stage 40,
+# train_faults 39, fsdp2_train 28, ...; the ~1,500 other tests ~100 s together), except that local_pipeline leads:
+# it runs the session's `tiny_pipeline`, which run_server and airflow wait for (file lock). Replaying that run's
+# per-test times through xdist's loadfile scheduler: this order ends the workers at 591/590 s, the previous one at
+# 604/576 s.
+_SLOW_FIRST = ("test_local_pipeline.py", "test_warm_start_run.py", "test_sft_lora.py", "test_dvc.py",
+               "test_wheel_ir.py", "test_secrets_full_run.py", "test_gate_champion.py", "test_run_server.py",
+               "test_airflow_dag.py", "test_train_stage.py", "test_train_faults.py", "test_fsdp2_train.py",
+               "test_publish_stages.py", "test_compare_mlflow.py", "test_replay_idempotent.py",
+               "test_tracking_server.py", "test_component_runtime.py", "test_train_deepspeed.py",
+               "test_kfp_compile.py", "test_secrets_outage.py", "test_lora_train.py", "test_family_isolation.py")
 
 
 def pytest_collection_modifyitems(config, items):
