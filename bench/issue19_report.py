@@ -2,6 +2,7 @@
 
     python bench/issue19_report.py bench/results/long_context_1b_32k.json bench/results/fp8_bench_3b.json \
         bench/results/fsdp2_bench_1b.json            # prints a GPU_RESULTS/README section to paste
+    ... --fp8-log bench/results/issue19_fp8.log      # an fp8 row cut by a timeout: from its progress lines
 
 Each record says which bench wrote it ("bench": long_context | fp8 | fsdp2); any subset, any order. Numbers are
 read, never recomputed: tok/s and MFU are the train meter's steady-state medians, peaks the steady-state
@@ -11,8 +12,57 @@ read, never recomputed: tok/s and MFU are the train meter's steady-state medians
 from __future__ import annotations
 
 import json
+import re
+import statistics
 import sys
 from pathlib import Path
+
+PROGRESS = re.compile(r"\|\s*(\d+)/\d+ \[[^\]]*loss=([\d.]+), tok_s=([\d,]+)\]")
+
+
+def progress_runs(log: str | Path) -> list[dict[int, tuple[float, float]]]:
+    """Per run in a bench log, {step: (loss, tok/s)} from train()'s progress lines (tqdm, `loss=…, tok_s=…`).
+
+    The bar sets step n's numbers while its counter still shows n − 1, then counts to n, then shows step n + 1's
+    numbers at n: so the FIRST line showing counter n ≥ 1 carries step n's. A counter going back starts a new run.
+    tok_s is that step's rate (real tokens / step time), the quantity whose median the meter reports."""
+    runs: list[dict[int, tuple[float, float]]] = []
+    last = None
+    for line in Path(log).read_text(encoding="utf-8", errors="replace").splitlines():
+        m = PROGRESS.search(line)
+        if not m:
+            continue
+        n = int(m[1])
+        if not runs or (last is not None and n < last):
+            runs.append({})
+        last = n
+        if n >= 1 and n not in runs[-1]:
+            runs[-1][n] = (float(m[2]), float(m[3].replace(",", "")))
+    return runs
+
+
+def cut_row(rec: dict, log: str | Path, name: str) -> dict | None:
+    """The row of `name` (the run after bf16 in the log) rebuilt from progress lines when the JSON lacks it: median
+    tok/s over its steps after the warm-up, the mean of its last 10 losses, and the same numbers of the bf16 run
+    over the same steps (its JSON curve, its logged rates), so the ratio compares like with like."""
+    runs = progress_runs(log)
+    if len(runs) < 2 or not rec.get("bf16", {}).get("loss_curve"):
+        return None
+    row, base = runs[1], runs[0]
+    w, last = rec["settings"]["warmup"], max(runs[1])
+    steps = [k for k in sorted(row) if k > w]
+    curve = rec["bf16"]["loss_curve"]
+    tail = [k for k in steps if k > last - 10]
+    tok = statistics.median(row[k][1] for k in steps)
+    base_tok = statistics.median(base[k][1] for k in steps if k in base)
+    ours, theirs = sum(row[k][0] for k in tail) / len(tail), sum(curve[k - 1] for k in tail) / len(tail)
+    diffs = {k: abs(row[k][0] - curve[k - 1]) for k in row}
+    worst = max(diffs, key=diffs.get)
+    return {"name": name, "last_step": last, "steps": f"{steps[0]}–{steps[-1]}", "real_tokens_per_s": tok,
+            "bf16_same_steps": base_tok, "tok_s_ratio": tok / base_tok, "tail_steps": f"{tail[0]}–{tail[-1]}",
+            "loss_tail": ours, "bf16_loss_tail": theirs, "loss_tail_rel_diff": abs(ours - theirs) / theirs,
+            "loss_max_abs_diff": diffs[worst], "loss_max_abs_diff_step": worst,
+            "loss_max_rel_diff": diffs[worst] / curve[worst - 1]}
 
 
 def _f(x, fmt: str = ",.0f", none: str = "–") -> str:
@@ -55,20 +105,35 @@ def long_context(rec: dict) -> list[str]:
 def fp8(rec: dict) -> list[str]:
     s, c = rec["settings"], rec.get("comparison", {})
     lines = [f"### FP8 vs bf16 at 3B (`{Path(rec.get('_path', '')).name}`)", "", f"    {rec['command']}", "",
-             f"Llama-3.2-3B shape ({s.get('params')}), {s['rows']} × {s['budget']} tokens a step, {s['steps']} "
+             f"{s.get('params')}, {s['rows']} × {s['budget']} tokens a step, {s['steps']} "
              f"steps each, same seed and packs, compile {rec.get('bf16', {}).get('compile')}; fp8 = torchao float8 "
              f"{s['fp8_recipe']} on the decoder "
              f"linears.", "",
-             "| precision | real tok/s | useful MFU | peak alloc GiB | planner GiB | loss, mean of last 10 |",
+             "| precision | real tok/s | useful MFU | peak alloc GiB | planner GiB | loss, mean of its last 10 steps |",
              "|---|---:|---:|---:|---:|---:|"]
+    cut = cut_row(rec, rec["_fp8_log"], "fp8") if rec.get("_fp8_log") and "fp8" not in rec else None
     for key in ("bf16", "fp8", "fp8_tensorwise", "fp8_rowwise"):
         r = rec.get(key)
+        if key == "fp8" and r is None and cut:
+            lines.append(f"| fp8, **cut at step {cut['last_step']}** by the part's timeout (from the log's progress "
+                         f"lines, steps {cut['steps']}) | {_f(cut['real_tokens_per_s'])} | – | – | – | "
+                         f"{_f(cut['loss_tail'], '.4f')} (steps {cut['tail_steps']}) |")
+            continue
         if r is None:
             continue
         lines.append(_failed(key, r) or (
             f"| {key} | {_f(r.get('real_tokens_per_s'))} | {_f(r.get('useful_mfu'), '.3f')} | "
             f"{_f(r.get('steady_peak_alloc_gib'), '.1f')} | {_f(r.get('planner_peak_alloc_gib'), '.1f')} | "
             f"{_f(r.get('loss_tail10'), '.4f')} |"))
+    if cut:
+        lines += ["", f"fp8 / bf16 real tok/s over steps {cut['steps']}: {_f(cut['tok_s_ratio'], '.3f')}× "
+                      f"({_f(cut['real_tokens_per_s'])} / {_f(cut['bf16_same_steps'])}; goal ≥ 1.25: "
+                      f"{'met' if cut['tok_s_ratio'] >= 1.25 else 'NOT met'}); loss, mean of steps {cut['tail_steps']}: "
+                      f"fp8 {cut['loss_tail']:.4f} vs bf16 {cut['bf16_loss_tail']:.4f}, "
+                      f"{cut['loss_tail_rel_diff']:.2%} apart (goal ≤ 1%, at step {cut['last_step']} instead of "
+                      f"200); max |Δloss| over the curve {cut['loss_max_abs_diff']:.4f} at step "
+                      f"{cut['loss_max_abs_diff_step']} ({cut['loss_max_rel_diff']:.1%} of bf16's loss there).", ""]
+        return lines
     lines += ["", f"{rec.get('headline_row', 'fp8')} / bf16 real tok/s: {_f(c.get('tok_s_ratio'), '.3f')}× (goal ≥ 1.25); loss difference "
                   f"(last-10 means): {_f(c.get('loss_tail_rel_diff'), '.3%')} (goal ≤ 1%); max |Δloss| over the "
                   f"curve {_f(c.get('loss_max_abs_diff'), '.4f')} at step {c.get('loss_max_abs_diff_step')}. "
@@ -82,8 +147,9 @@ def fsdp2(rec: dict) -> list[str]:
              f"    {rec['command']}", "",
              f"recipe {s['recipe']}, {s['rows']} × {s['budget']} tokens a step, {s['steps']} steps each, same seed "
              f"and packs, compile {s['compile']}.", "",
-             "| engine | real tok/s | vs torch | useful MFU | peak alloc GiB | max \\|Δloss\\| vs torch | max relative |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
+             "| engine | real tok/s | vs torch | useful MFU | peak alloc GiB | planner GiB | max \\|Δloss\\| vs torch "
+             "| max relative |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for key in ("torch", "fsdp2", "fsdp2_reshard", "torch_repeat"):
         r, c = rec.get(key), cmp.get(key, {})
         if r is None:
@@ -91,7 +157,8 @@ def fsdp2(rec: dict) -> list[str]:
         lines.append(_failed(key, r) or (
             f"| {key} | {_f(r.get('real_tokens_per_s'))} | {_f(c.get('tok_s_ratio'), '.3f')} | "
             f"{_f(r.get('useful_mfu'), '.3f')} | {_f(r.get('steady_peak_alloc_gib'), '.1f')} | "
-            f"{_f(c.get('loss_max_abs_diff'), '.2e')} | {_f(c.get('loss_step_rel_diff_max'), '.2e')} |"))
+            f"{_f(r.get('planner_peak_alloc_gib'), '.1f')} | {_f(c.get('loss_max_abs_diff'), '.2e')} | "
+            f"{_f(c.get('loss_step_rel_diff_max'), '.2e')} |"))
     lines += ["", f"Goals (≤ 5% slower, loss within 1% at every step): {rec.get('goal_met')}; the torch run "
                   f"repeated: {rec.get('repeat_spread')}.", ""]
     return lines
@@ -100,11 +167,11 @@ def fsdp2(rec: dict) -> list[str]:
 RENDER = {"long_context": long_context, "fp8": fp8, "fsdp2": fsdp2}
 
 
-def render(paths: list[str]) -> str:
+def render(paths: list[str], fp8_log: str | None = None) -> str:
     out = ["## Issue 19 on one H200: long context, FP8, FSDP2", ""]
     for p in paths:
         rec = json.loads(Path(p).read_text())
-        rec["_path"] = p
+        rec["_path"], rec["_fp8_log"] = p, fp8_log
         if rec.get("bench") not in RENDER:
             raise SystemExit(f"{p}: 'bench' is {rec.get('bench')!r}, not one of {', '.join(RENDER)}")
         out += RENDER[rec["bench"]](rec)
@@ -115,4 +182,10 @@ def render(paths: list[str]) -> str:
 
 
 if __name__ == "__main__":
-    print(render(sys.argv[1:]))
+    args = sys.argv[1:]
+    log = None
+    if "--fp8-log" in args:
+        i = args.index("--fp8-log")
+        log = args[i + 1]
+        del args[i: i + 2]
+    print(render(args, log))
