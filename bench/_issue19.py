@@ -23,6 +23,7 @@ import gc
 import json
 import os
 import platform
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -168,8 +169,9 @@ def observe_train(steady_from: int = 0, skip_save: bool = True):
 
     obs: dict = {"fp8_linears": None, "module": None, "setup_peak_alloc_gib": None, "step_peak_alloc_gib": 0.0,
                  "step_peak_reserved_gib": 0.0, "steady_peak_alloc_gib": 0.0, "steady_peak_reserved_gib": 0.0,
-                 "sum_s": [], "sum_s2": [], "result": None}
+                 "sum_s": [], "sum_s2": [], "result": None, "progress": [], "warmup": steady_from}
     inner_step, inner_train, inner_save = loop.run_step, loop.train, TrainSession.save_model
+    inner_record = TrainSession.record
     cuda = torch.cuda.is_available()
 
     def run_step(m, window, *a, **kw):
@@ -202,13 +204,21 @@ def observe_train(steady_from: int = 0, skip_save: bool = True):
         obs["result"] = inner_train(*a, **kw)
         return obs["result"]
 
-    loop.run_step, loop.train = run_step, train
+    def record(self, step, window, n_labels, loss, *a, **kw):   # each step as it is logged (a cut run keeps them)
+        m = inner_record(self, step, window, n_labels, loss, *a, **kw)
+        obs["progress"].append({"step": step, "loss": loss, "real_tokens_per_s": m.get("real_tokens_per_s"),
+                                "useful_mfu": m.get("useful_mfu")})
+        return m
+
+    loop.run_step, loop.train, TrainSession.record = run_step, train, record
+    _LIVE["obs"] = obs
     if skip_save:
         TrainSession.save_model = lambda self: None
     try:
         yield obs
     finally:
         loop.run_step, loop.train, TrainSession.save_model = inner_step, inner_train, inner_save
+        TrainSession.record = inner_record
 
 
 def causal_fraction(cfg, vocab: int, sum_s: list[int], sum_s2: list[int]) -> float:
@@ -319,27 +329,68 @@ def compare_curves(base: dict, other: dict, tail: int = 10) -> dict:
     return out
 
 
+class Cut(BaseException):
+    """SIGTERM (what `timeout` sends) arrived during a variant: record what it did and stop."""
+
+
+_LIVE: dict = {}
+"""The observation of the run in progress (observe_train), for a row cut by SIGTERM."""
+
+
+def cut_row(obs: dict | None) -> dict:
+    """A variant stopped by SIGTERM: the steps it logged — their loss curve, the median per-step tok/s and useful
+    MFU after the warm-up (the meter's statistic over fewer steps), the last step reached."""
+    prog = (obs or {}).get("progress", [])
+    steady = [p for p in prog if p["step"] > (obs or {}).get("warmup", 0)]
+
+    def median(key: str) -> float | None:
+        vals = [p[key] for p in steady if p[key] is not None]
+        return statistics.median(vals) if vals else None
+
+    last = prog[-1]["step"] if prog else 0
+    curve = [p["loss"] for p in prog]
+    return {"error": f"cut by SIGTERM (the part's timeout) after step {last}", "cut": True, "cut_at_step": last,
+            "real_tokens_per_s": median("real_tokens_per_s"), "useful_mfu": median("useful_mfu"),
+            "loss_curve": curve, "loss_tail10": loss_tail_mean(curve), "measured_steps": len(steady)}
+
+
 def run_variants(record: dict, out: Path, names: list[str], run) -> dict:
     """record[name] = run(name) for each name in turn; a failure (an OOM, a refusal) becomes failure_row(e) and
     the next variant still runs on freed memory. The record is rewritten after every variant, so a timeout of a
-    later one keeps what was measured. Prints one JSON line per variant (without the curves)."""
+    later one keeps what was measured; SIGTERM (`timeout`'s signal) during a variant records it as cut_row (the
+    steps it logged) and skips the rest, so the caller still compares and writes. Prints one JSON line per
+    variant (without the curves)."""
+    import signal
     import traceback
 
     from packtrain.errors import ConfigError
 
-    for name in names:
-        free_device()
-        t0 = time.perf_counter()
-        try:
-            row = run(name)
-        except Exception as e:  # noqa: BLE001
-            if not isinstance(e, ConfigError):   # a refusal says all in its message
-                traceback.print_exc()
-            row = {**failure_row(e), "refused": isinstance(e, ConfigError)}
-        free_device()   # after the except block: the failed frames are gone, their tensors collectable
-        row["variant_wall_s"] = time.perf_counter() - t0
-        record[name] = row
-        print(json.dumps({name: {k: v for k, v in row.items() if k not in ("loss_curve", "step_times_s")}},
-                         default=str), flush=True)
-        write_record(out, record)
+    def on_term(signum, frame):
+        raise Cut()
+
+    previous = signal.signal(signal.SIGTERM, on_term)
+    try:
+        for name in names:
+            free_device()
+            t0 = time.perf_counter()
+            _LIVE.clear()
+            try:
+                row = run(name)
+            except Cut:
+                row = cut_row(_LIVE.get("obs"))
+                record["cut"] = f"{name} cut by SIGTERM after step {row['cut_at_step']}; later variants not run"
+            except Exception as e:  # noqa: BLE001
+                if not isinstance(e, ConfigError):   # a refusal says all in its message
+                    traceback.print_exc()
+                row = {**failure_row(e), "refused": isinstance(e, ConfigError)}
+            free_device()   # after the except block: the failed frames are gone, their tensors collectable
+            row["variant_wall_s"] = time.perf_counter() - t0
+            record[name] = row
+            print(json.dumps({name: {k: v for k, v in row.items() if k not in ("loss_curve", "step_times_s")}},
+                             default=str), flush=True)
+            write_record(out, record)
+            if "cut" in record:
+                break
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     return record

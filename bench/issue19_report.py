@@ -70,7 +70,9 @@ def _f(x, fmt: str = ",.0f", none: str = "–") -> str:
 
 
 def _failed(name: str, r: dict) -> str | None:
-    if "error" not in r:
+    """The table line of a failed row (OOM, refusal, error); None for a good one or one cut by a timeout (its
+    logged steps are numbers: the caller names it with _name)."""
+    if "error" not in r or r.get("cut"):
         return None
     what = "out of memory" if r.get("oom") else ("refused" if r.get("refused") else "error")
     return f"| {name} | {what}: {r['error'][:90]} (peak {_f(r.get('peak_alloc_gib_at_failure'), '.1f')} GiB) |"
@@ -94,7 +96,7 @@ def long_context(rec: dict) -> list[str]:
         if r is None:
             continue
         lines.append(_failed(name, r) or (
-            f"| {name} | {_f(r.get('real_tokens_per_s'))} | {_f(r.get('useful_mfu'), '.3f')} | "
+            f"| {_name(name, r)} | {_f(r.get('real_tokens_per_s'))} | {_f(r.get('useful_mfu'), '.3f')} | "
             f"{_f(r.get('useful_mfu_causal'), '.3f')} | {_f(r.get('steady_peak_alloc_gib') or r.get('peak_alloc_gib'), '.1f')} | "
             f"{_f(r.get('planner_peak_alloc_gib'), '.1f')} | {_f(r.get('planner_error'), '+.1%')} |"))
     lines += ["", f"Goals (useful MFU ≥ 50%, planner ±10%): {rec.get('goal_met')}; speed-up over transformers: "
@@ -122,7 +124,7 @@ def fp8(rec: dict) -> list[str]:
         if r is None:
             continue
         lines.append(_failed(key, r) or (
-            f"| {key} | {_f(r.get('real_tokens_per_s'))} | {_f(r.get('useful_mfu'), '.3f')} | "
+            f"| {_name(key, r)} | {_f(r.get('real_tokens_per_s'))} | {_f(r.get('useful_mfu'), '.3f')} | "
             f"{_f(r.get('steady_peak_alloc_gib'), '.1f')} | {_f(r.get('planner_peak_alloc_gib'), '.1f')} | "
             f"{_f(r.get('loss_tail10'), '.4f')} |"))
     if cut:
@@ -155,13 +157,17 @@ def fsdp2(rec: dict) -> list[str]:
         if r is None:
             continue
         lines.append(_failed(key, r) or (
-            f"| {key} | {_f(r.get('real_tokens_per_s'))} | {_f(c.get('tok_s_ratio'), '.3f')} | "
+            f"| {_name(key, r)} | {_f(r.get('real_tokens_per_s'))} | {_f(c.get('tok_s_ratio'), '.3f')} | "
             f"{_f(r.get('useful_mfu'), '.3f')} | {_f(r.get('steady_peak_alloc_gib'), '.1f')} | "
             f"{_f(r.get('planner_peak_alloc_gib'), '.1f')} | {_f(c.get('loss_max_abs_diff'), '.2e')} | "
             f"{_f(c.get('loss_step_rel_diff_max'), '.2e')} |"))
     lines += ["", f"Goals (≤ 5% slower, loss within 1% at every step): {rec.get('goal_met')}; the torch run "
                   f"repeated: {rec.get('repeat_spread')}.", ""]
     return lines
+
+
+def _name(name: str, r: dict) -> str:
+    return f"{name}, **cut at step {r['cut_at_step']}** by the timeout" if r.get("cut") else name
 
 
 RENDER = {"long_context": long_context, "fp8": fp8, "fsdp2": fsdp2}

@@ -209,7 +209,8 @@ def compare(record: dict) -> dict:
     if ours.get("real_tokens_per_s"):
         err = ours.get("planner_error")
         out["goal_met"] = {"useful_mfu": (ours.get("useful_mfu") or 0) >= GOALS["useful_mfu_min"],
-                           "planner": err is not None and abs(err) <= GOALS["planner_error_max"]}
+                           "planner": err is not None and abs(err) <= GOALS["planner_error_max"],
+                           "complete": not ours.get("cut")}
     return out
 
 
@@ -220,7 +221,7 @@ def print_table(record: dict, out: Path) -> None:
         r = record.get(name)
         if r is None:
             continue
-        if "error" in r:
+        if "error" in r and not r.get("cut"):
             print(f"{name:<20} {'OOM' if r.get('oom') else 'ERROR'}: {r['error'][:110]}")
             continue
         peak = r.get("steady_peak_alloc_gib") or r.get("peak_alloc_gib")
