@@ -219,11 +219,28 @@ def test_scratch_llama_rope_theta_and_scaling():
     assert torch.allclose(rotary_state(dyn)[0], default)   # dynamic changes θ only past max_position_embeddings
 
 
-def test_rope_settings_count_as_explicit_only_when_written():
-    assert "rope_theta" not in load_run_config("tiny-cpu").model.model_fields_set
+def test_rope_settings_are_explicit_only_when_not_null():
+    assert load_run_config("tiny-cpu").model.rope_theta is None
     cfg = load_run_config("tiny-cpu", ["model.rope_theta=500000", "model.rope_scaling.type=yarn",
                                        "model.rope_scaling.factor=4"])
-    assert "rope_theta" in cfg.model.model_fields_set and cfg.model.rope_scaling.factor == 4.0
+    assert cfg.model.rope_theta == 500000.0 and cfg.model.rope_scaling.factor == 4.0
+
+
+def test_a_config_read_back_in_another_process_keeps_the_checkpoint_theta(tmp_path):
+    """--gpus N ranks, KFP/Airflow pods and run.yaml read the config written out in full: the checkpoint's θ
+    (here Llama-3's 500,000) must survive that round trip (it once became the default 10,000)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from packtrain.config import ModelConfig, RunConfig
+
+    d = tmp_path / "llama3"
+    LlamaForCausalLM(LlamaConfig(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                 num_attention_heads=4, rope_theta=500000.0)).save_pretrained(d)
+    cfg = load_run_config("tiny-cpu", [f"model.init_from={d}"])
+    again = RunConfig.model_validate(cfg.to_dict())      # what a rank / pod reads
+    assert again.model.rope_theta is None
+    m = build_model(ModelConfig.model_validate(again.model.model_dump()), V)
+    assert m.config.rope_parameters["rope_theta"] == 500000.0
 
 
 @pytest.mark.parametrize("family", ["qwen3", "mistral"])
@@ -232,7 +249,7 @@ def test_checkpoint_rope_kept_unless_set_and_overridden_when_set(tmp_path, capfd
 
     d = build_tiny_family_dir(tmp_path / family, family, vocab_size=V)
     theta = json.loads((d / "config.json").read_text()).get("rope_parameters", {}).get("rope_theta", 10000.0)
-    themed = build_model(ModelConfig(init_from=str(d), rope_theta=123.0).model_copy(), V)   # copy keeps fields_set
+    themed = build_model(ModelConfig(init_from=str(d), rope_theta=123.0), V)
     capfd.readouterr()
     plain = build_model(ModelConfig.model_validate({"init_from": str(d)}), V)
     assert "rope_parameters" not in capfd.readouterr().err

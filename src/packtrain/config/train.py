@@ -107,9 +107,10 @@ class ModelConfig(StrictModel):
     num_kv_heads: PositiveInt | None = None
     """Grouped-query attention; None → num_heads."""
     max_position_embeddings: Int = Field(4096, ge=16)
-    rope_theta: PositiveFloat = 10000.0
-    """RoPE base frequency θ (scratch models; with init_from a checkpoint, only when set explicitly: then it
-    replaces the checkpoint's — docs/long-context.md)."""
+    rope_theta: PositiveFloat | None = None
+    """RoPE base frequency θ. None: 10,000 for a scratch model, the checkpoint's own θ with init_from; a number
+    replaces a checkpoint's θ (said on stderr — docs/long-context.md). None, not a default number, so a config
+    written out in full and read back (--gpus N ranks, pipeline pods, run.yaml) never overrides a checkpoint."""
     rope_scaling: RopeScaling | None = None
     """Stretch RoPE to a longer context (linear, dynamic NTK, YaRN, Llama-3 style); None: the family's own
     (a checkpoint's config is kept). packtrain.model.build applies it to scratch and checkpoint models alike."""

@@ -15,9 +15,10 @@ it with `ROPE_INIT_FUNCTIONS[rope_type]`. packtrain's `RopeScaling.type` names a
      low_freq_factor: 1, high_freq_factor: 4}   "high_freq_factor": 4, "original_max_position_embeddings": 8192}
 
 `original_max_position_embeddings` None → the checkpoint's own value when it has one, else the model's
-max_position_embeddings. Scratch models always take both settings. A checkpoint (`model.init_from=<dir>`) keeps
-its own rotary settings unless the recipe sets them: `rope_theta` only when it is in the config's
-`model_fields_set` (written in the recipe or by --set), `rope_scaling` whenever it is not None. Each change is said
+max_position_embeddings. Scratch models always take both settings (rope_theta None → 10,000). A checkpoint
+(`model.init_from=<dir>`) keeps its own rotary settings unless the recipe sets them: `rope_theta` when it is not
+None, `rope_scaling` when it is not None. (Not "when the field was set": a config is written out in full and read
+back whenever it crosses a process — --gpus ranks, pipeline pods — and every field is "set" after that.) Each change is said
 on stderr. Families whose rope_parameters are per layer type (Gemma3: a local θ for sliding layers) get the
 change on their full-attention layers only: a sliding layer never sees more than its window.
 """
@@ -30,6 +31,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from packtrain.config import ModelConfig
 
+DEFAULT_THETA = 10000.0
+"""θ of a scratch model when model.rope_theta is None (Llama-2's; Llama-3 recipes set 500,000)."""
 SCALING_KEYS = ("factor", "original_max_position_embeddings", "low_freq_factor", "high_freq_factor",
                 "attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim", "truncate",
                 "short_factor", "long_factor")
@@ -61,7 +64,7 @@ def rope_parameters(model_cfg: ModelConfig) -> dict:
     >>> rope_parameters(ModelConfig(rope_theta=500000.0))
     {'rope_type': 'default', 'rope_theta': 500000.0}
     """
-    return {"rope_type": "default", "rope_theta": float(model_cfg.rope_theta),
+    return {"rope_type": "default", "rope_theta": float(model_cfg.rope_theta or DEFAULT_THETA),
             **scaling_parameters(model_cfg, model_cfg.max_position_embeddings)}
 
 
@@ -72,7 +75,7 @@ def _is_nested(rp: dict) -> bool:
 
 def _override_entry(entry: dict, model_cfg: ModelConfig, max_positions: int, set_theta: bool) -> dict:
     new = dict(entry)
-    if set_theta:
+    if set_theta and model_cfg.rope_theta is not None:
         new["rope_theta"] = float(model_cfg.rope_theta)
     if model_cfg.rope_scaling is not None:
         original = entry.get("original_max_position_embeddings")
@@ -87,9 +90,9 @@ def override_rope(hf_cfg: Any, model_cfg: ModelConfig, where: str = "model.init_
     """Apply the recipe's explicit rope settings to a checkpoint's transformers config in place; returns one
     line per change (also printed on stderr). Nothing explicit → nothing changes.
 
-    rope_theta counts as explicit only when it is in `model_cfg.model_fields_set`; rope_scaling when not None.
+    rope_theta and rope_scaling count as explicit when they are not None.
     """
-    set_theta = "rope_theta" in model_cfg.model_fields_set
+    set_theta = model_cfg.rope_theta is not None
     if not set_theta and model_cfg.rope_scaling is None:
         return []
     rp = getattr(hf_cfg, "rope_parameters", None)
