@@ -200,8 +200,9 @@ class Fp8Options(StrictModel):
     """FP8 matmuls (train.precision=fp8) through torchao's float8 training (packtrain.train.fp8)."""
 
     recipe: Literal["tensorwise", "rowwise"] = "tensorwise"
-    """Scaling granularity of the float8 casts: tensorwise (one scale per tensor; fastest on Hopper: 1.28× bf16
-    measured at 3B) or rowwise (one scale per row; more robust to outliers, 1.07× measured)."""
+    """Scaling granularity of the float8 casts: tensorwise (one scale per tensor; the faster on Hopper: 1.126× bf16
+    at 3B in bench/results/fp8_bench_3b.json) or rowwise (one scale per row; more robust to outliers, slower —
+    docs/fp8.md)."""
 
 
 class FsdpOptions(StrictModel):

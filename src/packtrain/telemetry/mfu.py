@@ -214,7 +214,7 @@ def time_weighted_peak(flops: float, fp8_flops: float, peak_fp8: float, peak_bf1
     """The one peak P under which flops / t / P = ideal time / t when `fp8_flops` of the `flops` run at
     `peak_fp8` and the rest at `peak_bf16`: P = F / (F₈/P₈ + (F − F₈)/P₁₆) — a harmonic, time-weighted mean.
 
-    3B Llama (docs/fp8.md), 8×2048 full rows, dense: F = 3.216e14, F₈ = 6·2.819e9·16384 = 2.771e14 (86.1%) on an
+    3B Llama with a 32,768-token vocabulary (docs/fp8.md's variant), 8×2048 full rows, dense: F = 3.216e14, F₈ = 6·2.819e9·16384 = 2.771e14 (86.1%) on an
     H200 (1978.9 / 989.4 TFLOP/s) → 1,738 TFLOP/s. No FP8 FLOPs → peak_bf16; all FP8 → peak_fp8.
 
     >>> round(time_weighted_peak(3.0, 2.0, 2.0, 1.0), 3)   # 2 FLOPs at 2/s + 1 at 1/s: ideal 2 s
