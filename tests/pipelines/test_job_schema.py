@@ -41,7 +41,7 @@ def test_trainjob_matches_the_api(nodes):
     _, job = _jobs("fsdp2", nodes, "trainjob")
     assert pydantic_errors(job, TrainerV1alpha1TrainJob) == []
     secret_keys = {e["name"] for e in job["spec"]["trainer"]["env"] if "valueFrom" in e}
-    assert "MLFLOW_TRACKING_URI" in secret_keys
+    assert {"MLFLOW_TRACKING_URI", "AWS_ACCESS_KEY_ID", "MLFLOW_S3_ENDPOINT_URL"} <= secret_keys   # artifacts too
 
 
 def test_the_validators_reject_broken_jobs():

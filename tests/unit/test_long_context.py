@@ -92,6 +92,26 @@ def test_a_store_without_the_key_restarts_and_a_bad_value_is_named(packs, tmp_pa
         PackedLoader(split, rows=1)
 
 
+def test_a_continue_store_with_an_odd_chunk_start_is_refused_when_opened(packs, tmp_path):
+    import shutil
+
+    from packtrain.errors import InputDataError
+    from packtrain.packing.store import file_crc32
+
+    split = tmp_path / "odd"
+    shutil.copytree(packs["continue"], split)
+    segs = np.load(split / "segments.npy")
+    i = int(np.flatnonzero(segs[:, 1] > 0)[0])   # a continuation chunk of the 41-token document
+    start = int(segs[i, 1]) + 1
+    segs[i, 1] = start
+    np.save(split / "segments.npy", segs)
+    meta = json.loads((split / "meta.json").read_text())
+    meta["checksums"]["segments.npy"] = file_crc32(split / "segments.npy")   # a consistent but wrong store
+    (split / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(InputDataError, match=rf"segments.npy: segment {i} starts at token {start} .* multiple of the budget"):
+        PackedLoader(split, rows=1)
+
+
 def test_a_boundary_sdpa_would_merge_is_refused():
     # segment 2 starts at position 3 right after a segment ending at position 2: transformers' packed-row
     # detection (position ids not stepping by +1) would see one document
@@ -224,6 +244,20 @@ def test_rope_settings_are_explicit_only_when_not_null():
     cfg = load_run_config("tiny-cpu", ["model.rope_theta=500000", "model.rope_scaling.type=yarn",
                                        "model.rope_scaling.factor=4"])
     assert cfg.model.rope_theta == 500000.0 and cfg.model.rope_scaling.factor == 4.0
+
+
+@pytest.mark.parametrize("sets, fragment", [
+    (["model.rope_scaling.type=linear", "model.rope_scaling.original_max_position_embeddings=8192"],
+     "read by type yarn or llama3 only, not 'linear'"),
+    (["model.rope_scaling.type=yarn", "model.rope_scaling.low_freq_factor=2"], "read by type llama3 only"),
+    (["model.rope_scaling.type=llama3", "model.rope_scaling.low_freq_factor=4", "model.rope_scaling.high_freq_factor=2"],
+     "must be greater than low_freq_factor"),
+])
+def test_rope_scaling_fields_the_type_ignores_are_refused(sets, fragment):
+    from packtrain.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=fragment):
+        load_run_config("tiny-cpu", sets)
 
 
 def test_a_config_read_back_in_another_process_keeps_the_checkpoint_theta(tmp_path):

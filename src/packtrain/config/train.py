@@ -78,6 +78,20 @@ class RopeScaling(StrictModel):
     high_freq_factor: PositiveFloat = 4.0
     """llama3 only."""
 
+    @model_validator(mode="after")
+    def _fields_of_the_type(self):
+        # a field the chosen type does not read would be accepted and silently ignored: refuse it, named
+        if self.original_max_position_embeddings is not None and self.type not in ("yarn", "llama3"):
+            raise ValueError(f"original_max_position_embeddings ({self.original_max_position_embeddings}) is read "
+                             f"by type yarn or llama3 only, not {self.type!r}: drop it or change the type")
+        if (self.low_freq_factor, self.high_freq_factor) != (1.0, 4.0) and self.type != "llama3":
+            raise ValueError(f"low_freq_factor/high_freq_factor ({self.low_freq_factor}, {self.high_freq_factor}) "
+                             f"are read by type llama3 only, not {self.type!r}: drop them or set type llama3")
+        if self.high_freq_factor <= self.low_freq_factor:
+            raise ValueError(f"high_freq_factor ({self.high_freq_factor}) must be greater than low_freq_factor "
+                             f"({self.low_freq_factor})")
+        return self
+
 
 class ModelConfig(StrictModel):
     """The model: random init from the sizes below (a Llama-style model), or a checkpoint of any supported

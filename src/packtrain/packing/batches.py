@@ -260,6 +260,15 @@ class PackedLoader:
             raise ConfigError(f"PackedLoader chunk_positions={self.chunk_positions!r}: allowed "
                               f"{', '.join(CHUNK_POSITIONS)}")
         self._seg_starts = self.store.segments[:, 1] if self.chunk_positions == "continue" else None
+        if self._seg_starts is not None:
+            odd = np.flatnonzero(self._seg_starts % self.budget)
+            if len(odd):   # checked once here, not mid-training in build_batch
+                i = int(odd[0])
+                raise InputDataError(
+                    f"{self.store.root / 'segments.npy'}: segment {i} starts at token {int(self._seg_starts[i])} "
+                    f"of its document, not a multiple of the budget {self.budget}: with chunk_positions=continue "
+                    "its position ids could merge it with its neighbour under sdpa/eager (the pack stage writes "
+                    "chunk starts at multiples of the budget; re-run `packtrain pack`)")
 
     def __len__(self) -> int:
         n, per_step = self.store.n_packs, self.rows * self.world_size

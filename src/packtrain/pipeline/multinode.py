@@ -123,7 +123,8 @@ def pytorchjob(spec: JobSpec) -> dict:
 
 
 MLFLOW_SECRET_KEYS = ("MLFLOW_TRACKING_URI", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD",
-                      "MLFLOW_TRACKING_TOKEN")
+                      "MLFLOW_TRACKING_TOKEN", "MLFLOW_S3_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
+                      "AWS_SESSION_TOKEN", "AWS_DEFAULT_REGION")
 """The keys a TrainJob reads from the MLflow secret, each optional (a TrainJob's trainer takes `env` only, no
 `envFrom`; the PyTorchJob mounts the whole secret with envFrom)."""
 
