@@ -85,12 +85,12 @@ def precision_of(engine: str, precision: str) -> Precision:
     should be an upper bound; bench/fp8_bench.py records planner vs measured)."""
     if precision == "fp32":
         return Precision("fp32", 4, 4, False)
+    if engine == "fsdp2":   # MixedPrecisionPolicy: the layers compute in gathered bf16 params, no autocast
+        return Precision(f"{precision} (FSDP2, bf16 params gathered + fp32 shards)", 2, 2, False)   # fp8 too
     if precision == "fp8":
         return Precision("fp8 linears + bf16 autocast (fp32 params)", 4, 2, True)
     if engine == "deepspeed":
         return Precision(f"{precision} (DeepSpeed, {precision} params + fp32 master)", 2, 2, False)
-    if engine == "fsdp2":   # MixedPrecisionPolicy: the layers compute in gathered bf16 params, no autocast
-        return Precision(f"{precision} (FSDP2, bf16 params gathered + fp32 shards)", 2, 2, False)
     return Precision(f"{precision} autocast (fp32 params)", 4, 2, True)
 
 
