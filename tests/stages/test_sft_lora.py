@@ -23,7 +23,8 @@ from pipeline_helpers import as_args, run_cli  # noqa: E402
 pytestmark = pytest.mark.slow
 
 LEAN = ["validate.min_rows=50", "tokenize.train_chars=200000", "tokenize.workers=1", "train.max_steps=4",
-        "train.warmup_steps=1", "evaluate.max_batches=1", "tracking.system_metrics=false"]
+        "train.warmup_steps=1", "evaluate.max_batches=1", "tracking.system_metrics=false",
+        "evaluate.sample_tokens=4"]   # 3 samples × 32 greedy tokens were ~1-2 s of each of the two evaluates
 
 
 def _run_id(stdout: str) -> str:
