@@ -6,8 +6,7 @@
 
 Model: the Llama-3.2-3B shape, random init — hidden 3072, 28 layers, 24 heads, 8 KV heads (GQA), intermediate
 8192, vocabulary 128,256, tied embeddings, RoPE θ 5e5: 3.21B parameters (2.82B outside the embedding), the "3B
-shape" of DESIGN.md's FP8 probe (bf16 30,074 tok/s → tensorwise FP8 38,452, 1.28×, at 8 × 2048, pure-bf16
-weights; `--vocab 32768` gives the 2.92B variant whose bf16 LM head is 4× smaller). Settings from
+shape" of DESIGN.md's FP8 probe (`--vocab 32768` gives the 2.92B variant whose bf16 LM head is 4× smaller). Settings from
 recipes/1b-h200.yaml (bf16 autocast over fp32 master weights, varlen attention, per-layer torch.compile, Liger
 fused loss, fused AdamW, lr 3e-4, no activation checkpointing) with the shape above; 8 packs × 2048 tokens a step (16,384 tokens, ~0.5 s at bf16), 200 optimizer steps per precision.
 
