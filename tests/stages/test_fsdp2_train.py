@@ -116,3 +116,15 @@ def test_two_ranks_match_one_process_and_resume_exactly(data, reference, tmp_pat
     resumed = _train(data, b, "train.engine=fsdp2", "train.rows=2", flags=("--gpus", "2", "--resume"))
     assert resumed["start_step"] == 3 and resumed["loss_curve"] == res["loss_curve"]
     assert (b / "model" / "model.safetensors").read_bytes() == (a / "model" / "model.safetensors").read_bytes()
+
+
+def test_an_fsdp2_resume_of_another_engines_checkpoint_names_that_engine(tmp_path):
+    from packtrain.train.fsdp2_engine import _writer_of
+
+    (tmp_path / "ds" / "deepspeed").mkdir(parents=True)
+    (tmp_path / "torch").mkdir()
+    (tmp_path / "torch" / "model.safetensors").write_bytes(b"")
+    (tmp_path / "lora").mkdir()
+    (tmp_path / "lora" / "adapter.safetensors").write_bytes(b"")
+    assert [_writer_of(tmp_path / d) for d in ("ds", "torch", "lora")] == [
+        "train.engine=deepspeed", "train.engine=torch", "train.engine=torch with train.adapter.type=lora"]

@@ -8,6 +8,8 @@
         optimizer.pt        optimizer.state_dict() (tensors only: torch.load(weights_only=True))
         rng.pt              torch CPU + CUDA RNG states
         deepspeed/...       engine.save_checkpoint output instead of the two files above (engine: deepspeed)
+        dcp/...             torch.distributed.checkpoint of the sharded model + optimizer, one file per rank,
+                            instead of model.safetensors + optimizer.pt (engine: fsdp2)
         state.json          step, scheduler, scaler, loader (PackedLoader.state_dict), python/numpy RNG, progress
         manifest.json       written last: {"format", "version", "step", "files": {relpath: {"bytes", "sha256"}}}
       step_000020/ ...
