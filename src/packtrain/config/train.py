@@ -303,12 +303,9 @@ class TrainConfig(StrictModel):
 
     @model_validator(mode="after")
     def _adapter_engine(self):
-        if self.adapter.type != "none" and self.engine == "deepspeed":
-            raise ValueError("train.adapter.type=lora runs on train.engine=torch only (a frozen base needs no "
-                             "ZeRO partitioning of optimizer states): set train.engine=torch")
-        if self.engine == "fsdp2" and self.adapter.type != "none":
-            raise ValueError("train.adapter.type=lora runs on train.engine=torch only (not fsdp2: a frozen base "
-                             "needs no sharded optimizer states): set train.engine=torch")
+        if self.adapter.type != "none" and self.engine != "torch":
+            raise ValueError(f"train.adapter.type=lora runs on train.engine=torch only (not {self.engine}: a frozen "
+                             "base needs no sharded optimizer states): set train.engine=torch")
         if self.engine == "fsdp2" and self.precision == "fp16":
             raise ValueError("train.precision=fp16 with train.engine=fsdp2: fp16 needs a sharded loss scaler, which "
                              "packtrain does not run; use train.precision=bf16")
