@@ -43,8 +43,6 @@ pool enabled for the call (`workers` threads; TOKENIZERS_PARALLELISM is off else
 
 from __future__ import annotations
 
-import contextlib
-import os
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -56,11 +54,21 @@ from packtrain.config import TokenizeConfig
 from packtrain.data.chat import encode_row, record_batches, row_problem
 from packtrain.data.ingest import length_summary
 from packtrain.data.token_store import SPLIT_EVAL, SPLIT_TRAIN, TokenStoreWriter
-from packtrain.data.tokenizer_files import copy_tokenizer, tokenizer_hash
+from packtrain.data.tokenizer_files import tokenizer_hash
+from packtrain.data.tokenizer_setup import (  # noqa: F401 - re-exported: tokenize is where callers import them
+    EOS_TOKEN,
+    PAD_TOKEN,
+    PROBE,
+    _document_ids,
+    _ship_tokenizer,
+    check_tokenizer_dir,
+    load_tokenizer,
+    special_tokens_rule,
+    tokenizer_threads,
+    train_tokenizer,
+)
 from packtrain.data.validate import resolve_documents
 from packtrain.errors import ConfigError, InputDataError
-
-EOS_TOKEN, PAD_TOKEN = "<|endoftext|>", "<|pad|>"
 
 
 @dataclass
@@ -128,89 +136,6 @@ def split_eval(doc_ids: np.ndarray, eval_fraction: float) -> np.ndarray:
         if not (split == SPLIT_TRAIN).any():
             split[int(np.argmax(u))] = SPLIT_TRAIN
     return split
-
-
-@contextlib.contextmanager
-def tokenizer_threads(workers: int):
-    """Enable tokenizers' Rayon parallelism (`workers` threads) for the duration of the block."""
-    from packtrain.paths import patched_env
-
-    rayon = os.environ.get("RAYON_NUM_THREADS", str(workers))  # read once, when the pool starts
-    with patched_env(TOKENIZERS_PARALLELISM="true" if workers > 1 else "false", RAYON_NUM_THREADS=rayon):
-        yield
-
-
-def train_tokenizer(texts: list[str], vocab_size: int, out_dir: Path):
-    """Train a byte-level BPE on `texts` and save it (AutoTokenizer-loadable) to `out_dir`."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, min_frequency=2, special_tokens=[EOS_TOKEN, PAD_TOKEN],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tok.train_from_iterator(texts, trainer=trainer)
-    hf = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=EOS_TOKEN, eos_token=EOS_TOKEN,
-                                 pad_token=PAD_TOKEN, clean_up_tokenization_spaces=False)
-    hf.save_pretrained(str(out_dir))
-    return hf
-
-
-def check_tokenizer_dir(path: str | Path) -> Path:
-    p = Path(path)
-    if not p.is_dir():
-        raise ConfigError(f"tokenize.tokenizer_dir: {p} is not a directory (expected a saved tokenizer)")
-    return p
-
-
-def load_tokenizer(path: str | Path, field_name: str = "tokenize.tokenizer_dir"):
-    """A local AutoTokenizer directory (never a hub id); must be a fast (tokenizers-backed) tokenizer."""
-    from transformers import AutoTokenizer
-
-    p = check_tokenizer_dir(path)
-    try:
-        tok = AutoTokenizer.from_pretrained(str(p), local_files_only=True)
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise ConfigError(f"{field_name}: cannot load a tokenizer from {p}: {str(e)[:400]}") from None
-    if getattr(tok, "backend_tokenizer", None) is None:
-        raise ConfigError(f"{field_name}: {p} holds a slow tokenizer; a fast (tokenizer.json) one is needed")
-    return tok
-
-
-PROBE = "Hello world"
-
-
-def special_tokens_rule(hf, probe: str = PROBE) -> tuple[list[int], list[int]]:
-    """(prefix, suffix): the ids the tokenizer's own rules put before and after a text's ids, read from
-    `hf(probe)` vs `hf(probe, add_special_tokens=False)`.
-
-    Llama/Mistral/Gemma/Phi-3 tokenizers → ([bos_id], []); Qwen2 → ([], []); a trained BPE → ([], []).
-    """
-    full = list(hf(probe)["input_ids"])
-    plain = list(hf(probe, add_special_tokens=False)["input_ids"])
-    if not plain:   # e.g. a word-level tokenizer loaded as a BPE class: every document would be empty
-        raise ConfigError(f"tokenizer {getattr(hf, 'name_or_path', '')} ({type(hf).__name__}) encodes {probe!r} "
-                          "to no ids: it does not load as the tokenizer it was saved as (check tokenizer_class "
-                          "in its tokenizer_config.json)")
-    n = len(plain)
-    for i in range(len(full) - n + 1):
-        if full[i:i + n] == plain:
-            return full[:i], full[i + n:]
-    raise ConfigError(f"tokenizer {getattr(hf, 'name_or_path', '')}: its special-token rule is not a fixed "
-                      f"prefix/suffix around the text (with specials {full[:12]}, without {plain[:12]}); "
-                      "packtrain cannot reproduce it per document")
-
-
-def _document_ids(prefix: list[int], suffix: list[int], eos: int | None, append_eos: bool):
-    """ids of one document from its text's ids: prefix + ids + suffix, + EOS unless the suffix ends with it."""
-    tail = list(suffix)
-    if append_eos and eos is not None and not (tail and tail[-1] == eos):
-        tail.append(eos)
-    if prefix:
-        return lambda ids: prefix + ids + tail
-    return lambda ids: ids + tail
 
 
 ENCODE_CHARS = 4 << 20
@@ -423,16 +348,3 @@ def tokenize_documents(docs: str | Path, out_dir: str | Path, cfg: TokenizeConfi
         output=str(out_dir), tokenizer_hash=tok_hash, tokenizer_from=tokenizer_from, special_prefix=prefix,
         special_suffix=suffix, loss_mask=records, loss_tokens=loss_tokens if records else None,
         chat_template=chat)
-
-
-def _ship_tokenizer(hf, src: Path, tok_dir: Path, field_name: str) -> None:
-    """The loaded tokenizer's files, byte for byte, into the store (so store and model hash the same); a
-    tokenizer that needs a file packtrain does not know is saved by transformers instead."""
-    import shutil
-
-    copy_tokenizer(src, tok_dir)
-    try:
-        load_tokenizer(tok_dir, field_name)
-    except ConfigError:
-        shutil.rmtree(tok_dir, ignore_errors=True)
-        hf.save_pretrained(str(tok_dir))
