@@ -32,6 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _issue19 as common  # noqa: E402
+import _issue19_tables as tables  # noqa: E402
 import numpy as np  # noqa: E402
 
 SHAPE_3B = {"hidden_size": 3072, "intermediate_size": 8192, "num_layers": 28, "num_heads": 24, "num_kv_heads": 8,
@@ -136,36 +137,23 @@ def main(argv=None) -> dict:
     refused = [record[n]["error"] for n in args.names if record.get(n, {}).get("refused")]
     if refused:
         record["skipped"] = f"fp8 refused on this machine: {refused[0]}"
-    record["wall_s"] = time.perf_counter() - t_start
-    common.write_record(out, record)
-    print_table(record, out)
-    return record
+    return tables.finish_record(record, out, t_start, print_table)
 
 
 def print_table(record: dict, out: Path) -> None:
-    print(f"\n{'precision':<10} {'real tok/s':>10} {'useful MFU':>10} {'peak GiB':>8} {'plan GiB':>8} {'loss first':>10} "
-          f"{'loss tail10':>11} {'compiles':>8}")
-    for name in ROWS:
-        r = record.get(name)
-        if r is None:
-            continue
-        if "error" in r and not r.get("cut"):
-            tag = "REFUSED" if r.get("refused") else ("OOM" if r.get("oom") else "ERROR")
-            print(f"{name:<10} {tag}: {r['error'][:110]}")
-            continue
-        peak = r.get("steady_peak_alloc_gib")
-        print(f"{name:<10} {r['real_tokens_per_s'] or 0:>10,.0f} {r.get('useful_mfu') or 0:>10.3f} "
-              f"{'-' if peak is None else f'{peak:.1f}':>8} {_gib(r.get('planner_peak_alloc_gib')):>8} "
-              f"{r.get('first_loss') or 0:>10.3f} "
-              f"{common.loss_tail_mean(r['loss_curve']) or 0:>11.4f} {r.get('compiles')!s:>8}")
+    def cells(name: str, r: dict) -> str:
+        return (f"{r['real_tokens_per_s'] or 0:>10,.0f} {r.get('useful_mfu') or 0:>10.3f} "
+                f"{tables.dash(r.get('steady_peak_alloc_gib')):>8} {tables.dash(r.get('planner_peak_alloc_gib')):>8} "
+                f"{r.get('first_loss') or 0:>10.3f} "
+                f"{common.loss_tail_mean(r['loss_curve']) or 0:>11.4f} {r.get('compiles')!s:>8}")
+
+    tables.print_rows(record, ROWS, f"{'precision':<10} {'real tok/s':>10} {'useful MFU':>10} {'peak GiB':>8} "
+                      f"{'plan GiB':>8} {'loss first':>10} {'loss tail10':>11} {'compiles':>8}", 10, cells,
+                      show_refused=True)
     c = record.get("comparison", {})
     print(f"fp8/bf16 tok/s {c.get('tok_s_ratio', '-')}, loss tail rel diff {c.get('loss_tail_rel_diff', '-')}, "
           f"max |Δloss| {c.get('loss_max_abs_diff', '-')}; goals {record.get('goal_met', record.get('skipped'))}; "
           f"JSON {out}")
-
-
-def _gib(x: float | None) -> str:
-    return "-" if x is None else f"{x:.1f}"
 
 
 if __name__ == "__main__":

@@ -35,6 +35,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _issue19 as common  # noqa: E402
+import _issue19_tables as tables  # noqa: E402
 import numpy as np  # noqa: E402
 
 ROWS = {"torch": ["train.engine=torch"], "fsdp2": ["train.engine=fsdp2"], "torch_repeat": ["train.engine=torch"],
@@ -107,10 +108,7 @@ def main(argv=None) -> dict:
 
         common.run_variants(record, out, args.names, run)
     record.update(compare(record))
-    record["wall_s"] = time.perf_counter() - t_start
-    common.write_record(out, record)
-    print_table(record, out)
-    return record
+    return tables.finish_record(record, out, t_start, print_table)
 
 
 def compare(record: dict) -> dict:
@@ -139,27 +137,18 @@ def compare(record: dict) -> dict:
 
 
 def print_table(record: dict, out: Path) -> None:
-    print(f"\n{'row':<14} {'real tok/s':>10} {'vs torch':>8} {'useful MFU':>10} {'peak GiB':>8} {'plan GiB':>8} {'compiles':>8} "
-          f"{'max|Δloss|':>10} {'tail rel':>9}")
     cmp = record.get("comparison", {})
-    for name in ROWS:
-        r = record.get(name)
-        if r is None:
-            continue
-        if "error" in r and not r.get("cut"):
-            print(f"{name:<14} {'OOM' if r.get('oom') else 'ERROR'}: {r['error'][:110]}")
-            continue
+
+    def cells(name: str, r: dict) -> str:
         c = cmp.get(name, {})
-        peak, ratio = r.get("steady_peak_alloc_gib"), c.get("tok_s_ratio")
-        d, t = c.get("loss_max_abs_diff"), c.get("loss_tail_rel_diff")
-        print(f"{name:<14} {r['real_tokens_per_s'] or 0:>10,.0f} {'-' if ratio is None else f'{ratio:.3f}':>8} "
-              f"{r.get('useful_mfu') or 0:>10.3f} {'-' if peak is None else f'{peak:.1f}':>8} "
-              f"{_gib(r.get('planner_peak_alloc_gib')):>8} {r.get('compiles')!s:>8} {'-' if d is None else f'{d:.2e}':>10} {'-' if t is None else f'{t:.2e}':>9}")
+        return (f"{r['real_tokens_per_s'] or 0:>10,.0f} {tables.dash(c.get('tok_s_ratio'), '.3f'):>8} "
+                f"{r.get('useful_mfu') or 0:>10.3f} {tables.dash(r.get('steady_peak_alloc_gib')):>8} "
+                f"{tables.dash(r.get('planner_peak_alloc_gib')):>8} {r.get('compiles')!s:>8} "
+                f"{tables.dash(c.get('loss_max_abs_diff'), '.2e'):>10} {tables.dash(c.get('loss_tail_rel_diff'), '.2e'):>9}")
+
+    tables.print_rows(record, ROWS, f"{'row':<14} {'real tok/s':>10} {'vs torch':>8} {'useful MFU':>10} "
+                      f"{'peak GiB':>8} {'plan GiB':>8} {'compiles':>8} {'max|Δloss|':>10} {'tail rel':>9}", 14, cells)
     print(f"goals {record.get('goal_met')}; repeat spread {record.get('repeat_spread')}; JSON {out}")
-
-
-def _gib(x: float | None) -> str:
-    return "-" if x is None else f"{x:.1f}"
 
 
 if __name__ == "__main__":

@@ -78,6 +78,12 @@ def _failed(name: str, r: dict) -> str | None:
     return f"| {name} | {what}: {r['error'][:90]} (peak {_f(r.get('peak_alloc_gib_at_failure'), '.1f')} GiB) |"
 
 
+def _row(name: str, r: dict, cells: list[str]) -> str:
+    """A markdown table line: the failure of a failed row (_failed), else the name (cut: _name says so) and
+    `cells`: _row("bf16", {"real_tokens_per_s": 26252.4}, ["26,252"]) → "| bf16 | 26,252 |"."""
+    return _failed(name, r) or "| " + " | ".join([_name(name, r), *cells]) + " |"
+
+
 def long_context(rec: dict) -> list[str]:
     s, d = rec["settings"], rec["data"]
     lines = [f"### 1B at a {s['budget']:,}-token budget, long-tailed documents (`{Path(rec.get('_path', '')).name}`)",
@@ -95,10 +101,10 @@ def long_context(rec: dict) -> list[str]:
         r = rec.get(key)
         if r is None:
             continue
-        lines.append(_failed(name, r) or (
-            f"| {_name(name, r)} | {_f(r.get('real_tokens_per_s'))} | {_f(r.get('useful_mfu'), '.3f')} | "
-            f"{_f(r.get('useful_mfu_causal'), '.3f')} | {_f(r.get('steady_peak_alloc_gib') or r.get('peak_alloc_gib'), '.1f')} | "
-            f"{_f(r.get('planner_peak_alloc_gib'), '.1f')} | {_f(r.get('planner_error'), '+.1%')} |"))
+        lines.append(_row(name, r, [_f(r.get("real_tokens_per_s")), _f(r.get("useful_mfu"), ".3f"),
+                                    _f(r.get("useful_mfu_causal"), ".3f"),
+                                    _f(r.get("steady_peak_alloc_gib") or r.get("peak_alloc_gib"), ".1f"),
+                                    _f(r.get("planner_peak_alloc_gib"), ".1f"), _f(r.get("planner_error"), "+.1%")]))
     lines += ["", f"Goals (useful MFU ≥ 50%, planner ±10%): {rec.get('goal_met')}; speed-up over transformers: "
                   f"{_f(rec.get('speedup_vs_transformers'), '.2f')}×.", ""]
     return lines
@@ -123,10 +129,9 @@ def fp8(rec: dict) -> list[str]:
             continue
         if r is None:
             continue
-        lines.append(_failed(key, r) or (
-            f"| {_name(key, r)} | {_f(r.get('real_tokens_per_s'))} | {_f(r.get('useful_mfu'), '.3f')} | "
-            f"{_f(r.get('steady_peak_alloc_gib'), '.1f')} | {_f(r.get('planner_peak_alloc_gib'), '.1f')} | "
-            f"{_f(r.get('loss_tail10'), '.4f')} |"))
+        lines.append(_row(key, r, [_f(r.get("real_tokens_per_s")), _f(r.get("useful_mfu"), ".3f"),
+                                   _f(r.get("steady_peak_alloc_gib"), ".1f"), _f(r.get("planner_peak_alloc_gib"), ".1f"),
+                                   _f(r.get("loss_tail10"), ".4f")]))
     if cut:
         lines += ["", f"fp8 / bf16 real tok/s over steps {cut['steps']}: {_f(cut['tok_s_ratio'], '.3f')}× "
                       f"({_f(cut['real_tokens_per_s'])} / {_f(cut['bf16_same_steps'])}; goal ≥ 1.25: "
@@ -156,11 +161,10 @@ def fsdp2(rec: dict) -> list[str]:
         r, c = rec.get(key), cmp.get(key, {})
         if r is None:
             continue
-        lines.append(_failed(key, r) or (
-            f"| {_name(key, r)} | {_f(r.get('real_tokens_per_s'))} | {_f(c.get('tok_s_ratio'), '.3f')} | "
-            f"{_f(r.get('useful_mfu'), '.3f')} | {_f(r.get('steady_peak_alloc_gib'), '.1f')} | "
-            f"{_f(r.get('planner_peak_alloc_gib'), '.1f')} | {_f(c.get('loss_max_abs_diff'), '.2e')} | "
-            f"{_f(c.get('loss_step_rel_diff_max'), '.2e')} |"))
+        lines.append(_row(key, r, [_f(r.get("real_tokens_per_s")), _f(c.get("tok_s_ratio"), ".3f"),
+                                   _f(r.get("useful_mfu"), ".3f"), _f(r.get("steady_peak_alloc_gib"), ".1f"),
+                                   _f(r.get("planner_peak_alloc_gib"), ".1f"), _f(c.get("loss_max_abs_diff"), ".2e"),
+                                   _f(c.get("loss_step_rel_diff_max"), ".2e")]))
     lines += ["", f"Goals (≤ 5% slower, loss within 1% at every step): {rec.get('goal_met')}; the torch run "
                   f"repeated: {rec.get('repeat_spread')}.", ""]
     return lines

@@ -42,6 +42,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _issue19 as common  # noqa: E402
+import _issue19_tables as tables  # noqa: E402
 import numpy as np  # noqa: E402
 
 GOALS = {"useful_mfu_min": 0.50, "planner_error_max": 0.10}
@@ -194,10 +195,7 @@ def main(argv=None) -> dict:
             else run_packtrain(common.load_recipe(args.recipe_used, overrides + VARIANTS[name]), tokens_dir,
                                packs_dir, tmp / name, args, vocab)))
     record.update(compare(record))
-    record["wall_s"] = time.perf_counter() - t_start
-    common.write_record(out, record)
-    print_table(record, out)
-    return record
+    return tables.finish_record(record, out, t_start, print_table)
 
 
 def compare(record: dict) -> dict:
@@ -215,21 +213,15 @@ def compare(record: dict) -> dict:
 
 
 def print_table(record: dict, out: Path) -> None:
-    print(f"\n{'variant':<20} {'real tok/s':>10} {'useful MFU':>10} {'causal MFU':>10} {'peak GiB':>8} "
-          f"{'planner GiB':>11} {'err':>6} {'loss':>7}")
-    for name in VARIANTS:
-        r = record.get(name)
-        if r is None:
-            continue
-        if "error" in r and not r.get("cut"):
-            print(f"{name:<20} {'OOM' if r.get('oom') else 'ERROR'}: {r['error'][:110]}")
-            continue
+    def cells(name: str, r: dict) -> str:
         peak = r.get("steady_peak_alloc_gib") or r.get("peak_alloc_gib")
-        pl, err, cm = r.get("planner_peak_alloc_gib"), r.get("planner_error"), r.get("useful_mfu_causal")
-        print(f"{name:<20} {r['real_tokens_per_s'] or 0:>10,.0f} {r.get('useful_mfu') or 0:>10.3f} "
-              f"{'-' if cm is None else f'{cm:.3f}':>10} {'-' if peak is None else f'{peak:.1f}':>8} "
-              f"{'-' if pl is None else f'{pl:.1f}':>11} {'-' if err is None else f'{err:+.1%}':>6} "
-              f"{r.get('final_loss') or 0:>7.3f}")
+        return (f"{r['real_tokens_per_s'] or 0:>10,.0f} {r.get('useful_mfu') or 0:>10.3f} "
+                f"{tables.dash(r.get('useful_mfu_causal'), '.3f'):>10} {tables.dash(peak):>8} "
+                f"{tables.dash(r.get('planner_peak_alloc_gib')):>11} {tables.dash(r.get('planner_error'), '+.1%'):>6} "
+                f"{r.get('final_loss') or 0:>7.3f}")
+
+    tables.print_rows(record, VARIANTS, f"{'variant':<20} {'real tok/s':>10} {'useful MFU':>10} {'causal MFU':>10} "
+                      f"{'peak GiB':>8} {'planner GiB':>11} {'err':>6} {'loss':>7}", 20, cells)
     d = record["data"]
     print(f"budget {record['settings']['budget']}, docs p50 {d['p50']:.0f} p90 {d['p90']:.0f} max {d['max']}, "
           f"Σs²/Σs {d['sum_sq_over_sum']:.0f}; speed-up {record.get('speedup_vs_transformers', '-')}; "
