@@ -33,17 +33,18 @@ Useful FLOPs of LoRA (no weight gradients for the frozen base), per real token a
 Activation checkpointing recomputes the decoder's forward (+2·N and 4·L·w·Σ s² more): that is work, not useful
 work, so it is reported separately as `mfu_with_recompute`. Peak for MFU: 790 TFLOP/s bf16 (measured on the
 H200, DESIGN.md). A failing variant (an OOM) is recorded with its error and does not lose the other.
+
+Where it lives: this file runs the variants and writes the JSON; _lora_baseline.py is the transformers+peft
+variant, _lora_packtrain.py packtrain's, _lora_shape.py the shapes and the parameter/FLOP counts above.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import gc
 import json
 import os
 import platform
-import statistics
 import sys
 import tempfile
 import time
@@ -55,47 +56,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np  # noqa: E402
+from _lora_baseline import run_transformers_peft  # noqa: E402
+from _lora_packtrain import run_packtrain  # noqa: E402
+from _lora_shape import LORA_TARGETS, SHAPES, adapter_params, peaks_gib  # noqa: E402
 
-SHAPES = {
-    "llama3-8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
-                      num_key_value_heads=8, vocab_size=128_256, rope_theta=500_000.0, tie_word_embeddings=False,
-                      max_position_embeddings=8192),
-    # --smoke: the same structure (GQA, untied head), small enough for a CPU in seconds
-    "smoke": dict(hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, vocab_size=512, rope_theta=500_000.0, tie_word_embeddings=False,
-                  max_position_embeddings=1024),
-}
-LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 ANCHOR = {"variant": "transformers+peft", "real_tok_per_s": 5894, "peak_gib": 43.3,
           "source": "issue 17 (H200, r=16 all linear, gradient checkpointing, packed rows 8×2048, bf16)"}
 GOAL = {"speedup_vs_baseline": 1.5, "peak_gib_max": 40.0, "planner_error_max": 0.10}
-
-
-# ------------------------------------------------------------------------------------------ shape & flops
-def nonembedding_params(spec: dict) -> int:
-    """Decoder parameters (attention, MLP, norms) + the final norm; Llama-3-8B → 6,979,588,096."""
-    h, i, L = spec["hidden_size"], spec["intermediate_size"], spec["num_hidden_layers"]
-    kv = h // spec["num_attention_heads"] * spec["num_key_value_heads"]
-    return L * (2 * h * h + 2 * h * kv + 3 * h * i + 2 * h) + h
-
-
-def adapter_params(spec: dict, r: int) -> int:
-    """LoRA A (r × in) + B (out × r) on the seven linears of every layer; Llama-3-8B at r=16 → 41,943,040."""
-    h, i, L = spec["hidden_size"], spec["intermediate_size"], spec["num_hidden_layers"]
-    kv = h // spec["num_attention_heads"] * spec["num_key_value_heads"]
-    per_layer = (h + h) + (h + kv) + (h + kv) + (h + h) + 2 * (h + i) + (i + h)
-    return L * r * per_layer
-
-
-def flops_per_real_token(spec: dict, r: int, seq_lens: list[int]) -> tuple[float, float]:
-    """(useful, with_recompute) FLOPs per real token of LoRA training over documents of `seq_lens`."""
-    h, L, V = spec["hidden_size"], spec["num_hidden_layers"], spec["vocab_size"]
-    n, na = nonembedding_params(spec), adapter_params(spec, r)
-    real = sum(seq_lens)
-    sq = sum(s * s for s in seq_lens)
-    attn_fwd = 4.0 * L * h * sq / real          # w = heads·head_dim = h for Llama
-    useful = 4.0 * n + 4.0 * h * V + 6.0 * na + 3 * attn_fwd
-    return useful, useful + 2.0 * n + attn_fwd  # recompute: the decoder's forward once more
 
 
 # ------------------------------------------------------------------------------------------------- data
@@ -107,198 +74,6 @@ def make_documents(n_docs: int, budget: int, vocab: int, seed: int) -> list[np.n
     lens = np.clip(np.exp(rng.normal(np.log(min(300, budget // 4)), 1.0, n_docs)).astype(np.int64), 16, budget)
     return markov_documents(lens, vocab, rng, eos_id=1)
 
-
-def packed_rows(docs: list[np.ndarray], rows: int, budget: int, n_steps: int) -> list[dict]:
-    """The baseline's batches: BFD packs (packtrain.packing.plan) as (rows, budget) rows, position_ids restart."""
-    from hf_baselines import batches_packed_rows
-
-    from packtrain.packing.plan import pack_lengths
-
-    plan = pack_lengths(np.array([len(d) for d in docs]), budget, strategy="bfd")
-    packs = [[seg[0] for seg in pack] for pack in plan.to_lists()]
-    packs = [packs[i] for i in np.random.default_rng(0).permutation(len(packs))]
-    if len(packs) < rows * n_steps:
-        raise SystemExit(f"only {len(packs)} packs for {rows} rows × {n_steps} steps: raise the document count")
-    return batches_packed_rows(docs, packs, rows, budget, n_steps)
-
-
-# -------------------------------------------------------------------------------------------- baseline
-def run_transformers_peft(spec: dict, docs, args, device) -> dict:
-    """The issue's anchor path: transformers + peft on packed rows, gradient checkpointing, bf16 weights."""
-    import torch
-    from hf_baselines import hf_config
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
-
-    n_steps = args.warmup + args.steps
-    batches = packed_rows(docs, args.rows, args.budget, n_steps)
-    torch.manual_seed(args.seed)
-    cfg = hf_config(spec, spec["vocab_size"], "sdpa", spec["max_position_embeddings"])
-    with torch.device(device):
-        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
-    model.config.use_cache = False
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    lcfg = LoraConfig(r=args.r, lora_alpha=args.alpha, lora_dropout=args.dropout, target_modules=LORA_TARGETS,
-                      task_type="CAUSAL_LM")
-    model = get_peft_model(model, lcfg)
-    trainable = [p for p in model.parameters() if p.requires_grad]
-    n_trainable = sum(p.numel() for p in trainable)
-    opt = torch.optim.AdamW(trainable, lr=args.lr, fused=device.type == "cuda")
-    model.train()
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats()
-    losses, times = [], []
-    for b in batches:
-        t0 = time.perf_counter()
-        kw = {k: b[k].to(device, non_blocking=True) for k in ("input_ids", "labels", "position_ids")}
-        with torch.autocast(device.type, dtype=torch.bfloat16):
-            loss = model(**kw, use_cache=False).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        losses.append(float(loss.detach()))   # syncs: the step is done
-        sync()
-        times.append(time.perf_counter() - t0)
-    steady = list(zip(batches, times, strict=True))[args.warmup:]
-    rates = [b["real"] / dt for b, dt in steady]
-    seq_lens = [s for b, _ in steady for s in b["seq_lens"]]
-    useful, hw = flops_per_real_token(spec, args.r, seq_lens)
-    tok_s = statistics.median(rates)
-    alloc, reserved = _peaks(device)
-    del model, opt, trainable
-    return {"real_tok_per_s": tok_s, "step_time_p50_s": statistics.median(dt for _, dt in steady),
-            "useful_mfu": tok_s * useful / (args.peak_tflops * 1e12),
-            "mfu_with_recompute": tok_s * hw / (args.peak_tflops * 1e12),
-            "peak_alloc_gib": alloc, "peak_reserved_gib": reserved,
-            "first_loss": losses[0], "last_loss": losses[-1], "loss_curve": losses,
-            "trainable_params": n_trainable, "fill": sum(b["real"] for b, _ in steady) / sum(b["slot"] for b, _ in steady),
-            "attention": "sdpa (packed rows, position_ids)", "activation_checkpointing": "gradient_checkpointing",
-            "compile": False, "loss": "transformers (full logits)"}
-
-
-# ------------------------------------------------------------------------------------------- packtrain
-def packtrain_overrides(spec: dict, args, device) -> list[str]:
-    """The recipe overrides of packtrain's run: the 8B shape, LoRA, the memory techniques."""
-    ov = [f"model.hidden_size={spec['hidden_size']}", f"model.intermediate_size={spec['intermediate_size']}",
-          f"model.num_layers={spec['num_hidden_layers']}", f"model.num_heads={spec['num_attention_heads']}",
-          f"model.num_kv_heads={spec['num_key_value_heads']}", f"model.rope_theta={spec['rope_theta']}",
-          f"model.tie_word_embeddings={str(spec['tie_word_embeddings']).lower()}",
-          f"model.max_position_embeddings={spec['max_position_embeddings']}",
-          f"pack.budget={args.budget}", f"train.rows={args.rows}", f"train.attention={args.attention}",
-          f"train.loss={args.loss}", "train.precision=bf16", f"train.compile={str(not args.no_compile).lower()}",
-          f"train.activation_checkpointing={args.ac}", f"train.device={device.type}", f"train.lr={args.lr}",
-          "train.adapter.type=lora", f"train.adapter.r={args.r}", f"train.adapter.alpha={args.alpha}",
-          f"train.adapter.dropout={args.dropout}",
-          f"telemetry.peak_tflops={args.peak_tflops}", "telemetry.interval_s=0.2"]
-    return ov + list(args.packtrain_set)
-
-
-def run_packtrain(spec: dict, docs, args, device) -> dict:
-    """packtrain's own path end to end: token store → pack_dataset → train() with train.adapter (smoke_run)."""
-    import torch
-
-    from packtrain.config import load_run_config
-    from packtrain.data.token_store import write_token_store
-    from packtrain.packing.dataset import pack_dataset
-    from packtrain.packing.store import PackStore
-    from packtrain.train.smoke import smoke_run
-    from packtrain.train.synthetic import write_tokenizer
-
-    vocab = spec["vocab_size"]
-    # by path: on the GPU machine packtrain runs from src/ (PYTHONPATH), where packtrain.recipes is not a package
-    recipe = Path(__file__).resolve().parents[1] / "recipes" / "350m-h200.yaml"
-    cfg = load_run_config(recipe, packtrain_overrides(spec, args, device))
-    predicted = _planner_peak(cfg, args, vocab, device)
-    with tempfile.TemporaryDirectory(prefix="lora-bench-") as tmp:
-        tmp = Path(tmp)
-        write_tokenizer(tmp / "tok", vocab)
-        n = len(docs)
-        write_token_store(tmp / "tokenize", docs, np.arange(n), np.zeros(n, np.uint8),
-                          {"vocab_size": vocab, "eos_id": 1, "pad_id": 0}, tokenizer_dir=tmp / "tok")
-        stats = pack_dataset(tmp / "tokenize", tmp / "pack", cfg.pack)
-        seq_lens = _pack_seq_lens(PackStore.open(tmp / "pack" / "train", verify=False))
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats()
-        with _step_peaks(device) as peaks:
-            r = smoke_run(cfg, tmp / "tokenize", tmp / "pack", tmp / "out", cfg.train.attention,
-                          args.steps + args.warmup, compile=not args.no_compile, warmup_steps=args.warmup)
-    print(json.dumps({"packtrain_smoke_run": r}), flush=True)
-    useful, hw = flops_per_real_token(spec, args.r, seq_lens)
-    tok_s = r["real_tokens_per_s"]
-    row = {"real_tok_per_s": tok_s, "step_time_p50_s": r["step_time_p50_s"],
-           "useful_mfu": tok_s * useful / (args.peak_tflops * 1e12) if tok_s else None,
-           "mfu_with_recompute": tok_s * hw / (args.peak_tflops * 1e12) if tok_s else None,
-           # the training steps' peak (like the baseline's: reset after the model is built); the run's own
-           # (incl. building the model) is the meter's
-           "peak_alloc_gib": peaks["alloc"], "peak_reserved_gib": peaks["reserved"],
-           "setup_peak_alloc_gib": peaks["setup_alloc"], "run_peak_alloc_gib": r.get("peak_alloc_gib"),
-           "first_loss": r["first_loss"], "last_loss": r["final_loss"], "fill": stats.train.fill,
-           "rows": r["rows"], "budget": r["budget"], "recompiles": r["recompiles"], "compiles": r["compiles"],
-           "nvml_util": r.get("nvml_util") if r.get("system_kind") == "nvml" else None,
-           "meter_useful_mfu": r.get("useful_mfu"), "setup_s": r.get("setup_s"), "wall_s": r.get("wall_s"),
-           "attention": r["attention"], "activation_checkpointing": args.ac, "compile": r["compile"],
-           "loss": args.loss, "overrides": packtrain_overrides(spec, args, device), **predicted}
-    if predicted.get("planner_peak_alloc_gib") and row["peak_alloc_gib"]:
-        row["planner_error"] = predicted["planner_peak_alloc_gib"] / row["peak_alloc_gib"] - 1
-    return row
-
-
-@contextlib.contextmanager
-def _step_peaks(device):
-    """Peak memory over the training steps only: `packtrain.train.loop.run_step` wrapped to reset the CUDA peak
-    before the first step (after the model, adapter, compile wrappers and optimizer are built) and to read it
-    after every step. Yields {"alloc", "reserved", "setup_alloc"} in GiB, filled as the run goes."""
-    import torch
-
-    from packtrain.train import loop
-
-    peaks = {"alloc": 0.0, "reserved": 0.0, "setup_alloc": 0.0}
-    inner = loop.run_step
-
-    def run_step(*a, **kw):
-        cuda = device.type == "cuda"
-        if cuda and not peaks["setup_alloc"]:
-            peaks["setup_alloc"] = torch.cuda.max_memory_allocated() / 2**30
-            torch.cuda.reset_peak_memory_stats()
-        out = inner(*a, **kw)
-        if cuda:
-            peaks["alloc"] = max(peaks["alloc"], torch.cuda.max_memory_allocated() / 2**30)
-            peaks["reserved"] = max(peaks["reserved"], torch.cuda.max_memory_reserved() / 2**30)
-        return out
-
-    loop.run_step = run_step
-    try:
-        yield peaks
-    finally:
-        loop.run_step = inner
-
-
-def _planner_peak(cfg, args, vocab: int, device) -> dict:
-    """The memory planner's predicted peak for the run's shape (planner.choose_shape + plan_shape)."""
-    try:
-        from packtrain.planner.micro_batch import choose_shape, plan_shape
-
-        shape = choose_shape(cfg.model, cfg.train, args.budget, cfg.plan, vocab, device=device)
-        plan = plan_shape(cfg.model, cfg.train, shape, cfg.plan, vocab, device=device)
-        return {"planner_rows": shape.rows, "planner_peak_alloc_gib": plan.peak_allocated_gib,
-                "planner_peak_gib": plan.peak_gib, "planner_peak_phase": plan.peak_phase,
-                "planner_components_gib": {k: v / 2**30 for k, v in plan.components.items() if v}}
-    except Exception as e:  # noqa: BLE001 - a planner failure is recorded, the run still measures
-        return {"planner_error_message": f"{type(e).__name__}: {e}"}
-
-
-def _pack_seq_lens(store) -> list[int]:
-    """Every document segment length of a pack store (for Σ s² / Σ s of the useful-FLOPs count)."""
-    return [int(n) for n in store.segments[:, 2]]
-
-
-def _peaks(device) -> tuple[float, float]:
-    import torch
-
-    if device.type != "cuda":
-        return 0.0, 0.0
-    return torch.cuda.max_memory_allocated() / 2**30, torch.cuda.max_memory_reserved() / 2**30
 
 
 # ------------------------------------------------------------------------------------------------- main
@@ -383,7 +158,7 @@ def main(argv=None) -> list[dict]:
             row = {**base, **res}
         except Exception as e:  # noqa: BLE001 - one variant failing (an OOM) must not lose the other
             traceback.print_exc()
-            alloc, reserved = _peaks(device)
+            alloc, reserved = peaks_gib(device)
             row = {**base, "error": f"{type(e).__name__}: {str(e)[:600]}",
                    "oom": isinstance(e, torch.OutOfMemoryError) or "out of memory" in str(e).lower()
                    or type(e).__name__ == "TrainOutOfMemory",
