@@ -63,3 +63,17 @@ def test_cross_field_rule():
     with pytest.raises(ConfigError) as e:
         load_run_config("tiny-cpu", ["model.hidden_size=65"])
     assert "divisible" in str(e.value)
+
+
+def test_options_of_an_unused_engine_or_precision_are_warned_about():
+    import warnings
+
+    from packtrain.config.train import UnusedSettingWarning
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        load_run_config("tiny-cpu", ["train.fsdp.reduce_dtype=bf16", "train.fp8.recipe=rowwise"])
+        load_run_config("tiny-cpu", ["train.engine=deepspeed", "train.deepspeed.zero_stage=3"])   # used: quiet
+    lines = sorted(str(w.message) for w in seen if w.category is UnusedSettingWarning)
+    assert lines == ["train.fp8 is set but ignored: train.precision is not fp8 (train.precision=fp32, train.engine=torch)",
+                     "train.fsdp is set but ignored: train.engine is not fsdp2 (train.precision=fp32, train.engine=torch)"]

@@ -318,3 +318,22 @@ class TrainConfig(StrictModel):
                              "module to its own bf16/fp16 and does not drive torchao's float8 linears): set "
                              "train.engine=torch, or train.precision=bf16 with DeepSpeed")
         return self
+
+    @model_validator(mode="after")
+    def _unused_options(self):
+        # options of an engine/precision the run does not use would be accepted and silently ignored: say so
+        unused = []
+        if self.precision != "fp8" and self.fp8 != Fp8Options():
+            unused.append("train.fp8 is set but ignored: train.precision is not fp8")
+        if self.engine != "fsdp2" and self.fsdp != FsdpOptions():
+            unused.append("train.fsdp is set but ignored: train.engine is not fsdp2")
+        if self.engine != "deepspeed" and self.deepspeed != DeepSpeedOptions():
+            unused.append("train.deepspeed is set but ignored: train.engine is not deepspeed")
+        for line in unused:
+            warnings.warn(f"{line} (train.precision={self.precision}, train.engine={self.engine})",
+                          UnusedSettingWarning, stacklevel=2)
+        return self
+
+
+class UnusedSettingWarning(UserWarning):
+    """A config option group that the chosen engine/precision does not read was changed from its defaults."""
