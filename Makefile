@@ -23,27 +23,37 @@ repro: $(STAMP)
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml $(CONSTRAINTS)
+# Installs go through uv (a PyPI package, bootstrapped once into .packtrain/uv): it resolves and installs the ~240
+# pinned packages in parallel from one cache (.packtrain/uv-cache), so torch and every package the two venvs share
+# are downloaded once; bytecode is compiled at install time (imports are ~2x slower without it on this machine).
+# /opt/wheels, where a machine has it, holds the CPU torch wheel (pip.conf's find-links; uv does not read pip.conf).
+UV          := .packtrain/uv/bin/uv
+UV_CACHE    := $(CURDIR)/.packtrain/uv-cache
+UV_PIP       = UV_CACHE_DIR=$(UV_CACHE) $(UV) pip install -q --compile-bytecode $(if $(wildcard /opt/wheels),--find-links /opt/wheels)
+
+$(UV):
+	@test -x .packtrain/uv/bin/python || $(PYTHON) -m venv .packtrain/uv
+	.packtrain/uv/bin/python -m pip install -q "uv>=0.9"
+
+$(STAMP): pyproject.toml $(CONSTRAINTS) | $(UV)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q "$(TORCH_SPEC)"
-	$(PY) -m pip install -q -c $(CONSTRAINTS) -e '.[dev,deepspeed,fp8]'
+	$(UV_PIP) --python $(PY) -c $(CONSTRAINTS) "$(TORCH_SPEC)" -e '.[dev,deepspeed,fp8]'
 	@touch $(STAMP)
 
 setup-airflow: $(AF_STAMP)
 
-# constraints-airflow.txt: the Airflow venv's resolved set, installed as it is (pip would otherwise backtrack for
-# minutes over fastapi/cadwyn). Its third-party part can build while .venv builds (`make -j3`, as .ci/run does);
-# the editable install of packtrain waits for .venv's, so the two never write src/*.egg-info at once.
+# constraints-airflow.txt: the Airflow venv's resolved set, installed as it is (a resolver would otherwise backtrack
+# over fastapi/cadwyn). Its third-party part builds while .venv builds (`make -j3`, as .ci/run does); the editable
+# install of packtrain waits for .venv's, so the two never write src/*.egg-info at once.
 AF_DEPS := $(AF_VENV)/.deps-installed
 
-$(AF_DEPS): constraints-airflow.txt
+$(AF_DEPS): constraints-airflow.txt | $(UV)
 	@test -x $(AF_VENV)/bin/python || $(PYTHON) -m venv $(AF_VENV)
-	$(AF_VENV)/bin/python -m pip install -q "$(TORCH_SPEC)"
-	$(AF_VENV)/bin/python -m pip install -q -r constraints-airflow.txt
+	$(UV_PIP) --python $(AF_VENV)/bin/python "$(TORCH_SPEC)" -r constraints-airflow.txt
 	@touch $(AF_DEPS)
 
 $(AF_STAMP): pyproject.toml $(AF_DEPS) $(STAMP)
-	$(AF_VENV)/bin/python -m pip install -q --no-deps -e .
+	$(UV_PIP) --python $(AF_VENV)/bin/python --no-deps -e .
 	@touch $(AF_STAMP)
 
 run: $(STAMP)
