@@ -2,7 +2,7 @@
 the same logits as alone, and the token-mean loss is the same packed, padded or accumulated.
 
 transformers isolates packed documents only with position_ids restarting per document, no attention_mask and
-use_cache=False (DESIGN.md field notes); these tests pin that down for every backend we run on CPU.
+use_cache=False (docs/design.md); these tests pin that down for every backend we run on CPU.
 """
 
 from __future__ import annotations

@@ -88,7 +88,7 @@ def test_peak_table(name, precision, tflops):
 
 
 def test_peak_override_wins_and_is_validated():
-    # the H200 measured ~790 TFLOP/s bf16 dense (DESIGN.md): the config override replaces the datasheet 989.4
+    # the H200 measured ~790 TFLOP/s bf16 dense (docs/design.md): the config override replaces the datasheet 989.4
     assert mfu.peak_flops("NVIDIA H200", "bf16", override_tflops=790.0) == 790e12
     with pytest.raises(ValueError, match="precision"):
         mfu.peak_flops("NVIDIA H200", "int4")

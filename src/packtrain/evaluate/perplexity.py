@@ -10,7 +10,7 @@ packed by the pack stage into `<packs>/eval`. One epoch over it, nothing dropped
                                    labels       - a a a - b - c c - -   `-` = -100 (doc start, padding)
     forward: packtrain.model.attention.model_inputs(batch, backend): sdpa/eager as (rows, budget) rows with
              restarting position_ids and no mask (transformers builds the block-diagonal mask), flex with a
-             document BlockMask, varlen over cu_seqlens; always use_cache=False (DESIGN.md)
+             document BlockMask, varlen over cu_seqlens; always use_cache=False (docs/design.md)
     labels also -100 where the token store's loss_mask is 0 when the model was trained with train.loss_on ≠ all
              (read from the model directory, `loading.model_loss_on`): eval scores the tokens training did
     loss_sum += Σ CE(logits[t], labels[t+1]) over labels[t+1] ≠ -100         (fp64 accumulator)

@@ -21,7 +21,7 @@ new document wherever consecutive ids do not step by +1, which packtrain.packing
 every segment boundary (tests/unit/test_long_context.py, tests/gpu/test_long_context_gpu.py). Families with sliding windows or soft-caps (packtrain.model.families): sdpa/eager
 get them from transformers' own masks and eager attention; flex applies a layer's window and soft-cap as a
 score_mod; varlen passes window_size=(W-1, 0); what a backend cannot compute is refused at setup (families.py)
-and raises in the kernel. Measured on the H200 (DESIGN.md): varlen fwd+bwd over 16k packed tokens 0.91 ms
+and raises in the kernel. Measured on the H200 (docs/design.md): varlen fwd+bwd over 16k packed tokens 0.91 ms
 vs. SDPA flash on plain causal rows 0.82 ms; flex 0.90 ms. `auto` = varlen on CUDA (bf16/fp16) if torch has it,
 else flex on CUDA, else sdpa (the only sensible choice on CPU).
 

@@ -12,7 +12,7 @@
 Memory per GPU for N params, mixed-precision Adam (16 B/param of model state, ZeRO paper), W GPUs:
 stage 0: 16N; stage 1: 4N + 12N/W; stage 2: 2N + 14N/W; stage 3: 16N/W; optimizer offload moves the 12N of
 fp32 master + Adam moments to CPU; parameter offload (stage 3) moves the parameters too. Measured on the H200:
-350M ZeRO-3 + both offloads, 13.3 GiB peak, 0.55 s/step at 4×2048 tokens (DESIGN.md).
+350M ZeRO-3 + both offloads, 13.3 GiB peak, 0.55 s/step at 4×2048 tokens (docs/design.md).
 
 Training passes a client torch AdamW to `deepspeed.initialize` instead of declaring an optimizer in the JSON:
 a JSON optimizer makes DeepSpeed JIT-build FusedAdam/CPU-Adam (~95 s on CPU; FusedAdam's build failed on the
