@@ -40,8 +40,14 @@ def op_id(op: dict) -> str:
 def read_ops(text: str, source: str = "") -> tuple[list[dict], list[str]]:
     """(ops, bad lines) of a buffer file's text. A torn last line (the writer was killed mid-write) and
     any line that is not a JSON object are returned as bad lines, never raised."""
+    numbered, bad = read_numbered_ops(text, source)
+    return [op for _, op in numbered], bad
+
+
+def read_numbered_ops(text: str, source: str = "") -> tuple[list[tuple[int, dict]], list[str]]:
+    """`read_ops` with each op's line number (1-based) in the file, for messages that name the line."""
     ops, bad = [], []
-    for line in text.splitlines():
+    for n, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
         try:
@@ -53,7 +59,7 @@ def read_ops(text: str, source: str = "") -> tuple[list[dict], list[str]]:
             bad.append(line)
             continue
         op["id"] = op_id(op)
-        ops.append(op)
+        ops.append((n, op))
     if bad:
         log.warning("%s: %d unreadable line(s) (a write cut short by a crash?) moved to %s", source or "buffer",
                     len(bad), REJECTED)
