@@ -146,6 +146,22 @@ def test_a_line_pointing_outside_the_buffer_is_refused_and_touches_nothing(recor
     assert tree(victim) == before
 
 
+@pytest.mark.parametrize("name", ["applied.log", "rejected.jsonl", "run_ids.json"])
+def test_a_ledger_file_linked_out_of_the_buffer_stops_the_replay(recorded, tmp_path, capsys, name):
+    """A replay appends to applied.log and rejected.jsonl and rewrites run_ids.json: one that is a symbolic
+    link out of the buffer would write into the file it points at. Refused before anything is sent."""
+    victim = _victim(tmp_path)
+    before = tree(victim)
+    buf, _, uri = _case(recorded, tmp_path, lambda op, buf: None)
+    (buf / name).symlink_to(victim / "x")
+    assert cli_main(["mlflow", "replay", "--buffer", str(buf), "--tracking-uri", uri]) == 3
+    err = capsys.readouterr().err
+    assert f"buffer file {name} (a symbolic link)" in err and str(victim / "x") in err, err
+    assert tree(victim) == before
+    c = MlflowClient(uri)
+    assert c.get_experiment_by_name(EXPERIMENT) is None   # nothing was sent
+
+
 def test_the_buffers_own_copy_still_replays_and_is_dropped(recorded, tmp_path, capsys):
     """The untouched buffer: its copy (inside artifacts/) is uploaded, then only artifacts/<op id>/ goes."""
     buf, _, uri = _case(recorded, tmp_path, lambda op, buf: None)

@@ -25,6 +25,7 @@ log = logging.getLogger(__name__)
 APPLIED = "applied.log"
 REJECTED = "rejected.jsonl"
 RUN_IDS = "run_ids.json"
+RUN_IDS_LOCK = "run_ids.lock"
 _ID = re.compile(r"^[0-9a-f]{32}$")
 
 
@@ -139,7 +140,7 @@ def write_id(buffer_dir: Path, pending: str, real: str) -> None:
     """Record pending → real under a lock; tmp + fsync + rename, so a crash leaves the old or the new map."""
     buffer_dir = Path(buffer_dir)
     buffer_dir.mkdir(parents=True, exist_ok=True)
-    with open(buffer_dir / "run_ids.lock", "a") as lk:
+    with open(buffer_dir / RUN_IDS_LOCK, "a") as lk:
         fcntl.flock(lk, fcntl.LOCK_EX)
         ids = read_ids(buffer_dir)
         if ids.get(pending) == real:

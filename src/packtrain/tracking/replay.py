@@ -31,10 +31,19 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from packtrain.secrets import MASK, has_userinfo, redact_text, strip_userinfo
 from packtrain.paths import PathOutsideError
+from packtrain.secrets import MASK, has_userinfo, redact_text, strip_userinfo
 from packtrain.tracking.apply import buffered_file, drop_copy
-from packtrain.tracking.ledger import REJECTED, AppliedLog, read_numbered_ops, read_ops, reject
+from packtrain.tracking.ledger import (
+    APPLIED,
+    REJECTED,
+    RUN_IDS,
+    RUN_IDS_LOCK,
+    AppliedLog,
+    read_numbered_ops,
+    read_ops,
+    reject,
+)
 from packtrain.tracking.transport import is_transient, short_http
 
 log = logging.getLogger(__name__)
@@ -166,6 +175,20 @@ def _buffer_files(buffer_dir: Path) -> list[Path]:
     return sorted(p for p in Path(buffer_dir).glob("*.jsonl") if p.name != REJECTED)
 
 
+def _check_own_files(buffer_dir: Path) -> None:
+    """The files a replay appends to, rewrites or deletes (applied.log, rejected.jsonl, run_ids.json, the
+    *.jsonl files) must not be symbolic links leading out of the buffer (an append through one would write
+    into the file it points at): PathOutsideError (exit 3) before anything is read or sent."""
+    from packtrain.paths import confined_path
+
+    names = [APPLIED, REJECTED, RUN_IDS, RUN_IDS_LOCK] + [p.name for p in Path(buffer_dir).glob("*.jsonl")]
+    for name in names:
+        path = Path(buffer_dir) / name
+        if path.is_symlink():
+            confined_path(path, buffer_dir, f"buffer file {name} (a symbolic link)",
+                          f"a file inside {Path(buffer_dir).resolve()}; nothing was replayed")
+
+
 def recorded_uris(buffer_dir: str | Path) -> dict[str, int]:
     """{redacted URI: ops not applied yet} over every buffer file (read without taking the locks)."""
     applied = AppliedLog(Path(buffer_dir))
@@ -193,6 +216,8 @@ def replay_dir(buffer_dir: str | Path, tracking_uri: str | None = None, client=N
     from packtrain.tracking.buffer import BufferedClient
 
     buffer_dir = Path(buffer_dir)
+    if client is None:
+        _check_own_files(buffer_dir)
     ledger = AppliedLog(buffer_dir)
     clients: dict[str, BufferedClient] = {}
     grand = ReplayResult()
