@@ -31,7 +31,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from packtrain.paths import PathOutsideError
+from packtrain.paths import PathOutsideError, check_links_inside, confined_path
 from packtrain.tracking.ledger import write_id
 from packtrain.tracking.transport import Blocked
 
@@ -54,8 +54,6 @@ def buffered_file(buffer_dir: Path, op: dict) -> Path | None:
                                                          <buffer_dir>/artifacts/<uuid>/<name>
         "path": "/anywhere" without either               never written into a buffer: confined all the same
     """
-    from packtrain.paths import check_links_inside
-
     root = Path(buffer_dir)
     if op.get("buffered_path"):
         path = _in_artifacts(root, op["buffered_path"], "buffered_path")
@@ -74,8 +72,6 @@ def buffered_file(buffer_dir: Path, op: dict) -> Path | None:
 
 
 def _in_artifacts(root: Path, path: str | Path, what: str) -> Path:
-    from packtrain.paths import confined_path
-
     art = Path(os.path.realpath(root)) / ARTIFACTS
     allowed = f"a path inside {art}"
     real = confined_path(path, root, what, allowed)

@@ -31,7 +31,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from packtrain.paths import PathOutsideError
+from packtrain.paths import PathOutsideError, confined_path
 from packtrain.secrets import MASK, has_userinfo, redact_text, strip_userinfo
 from packtrain.tracking.apply import buffered_file, drop_copy
 from packtrain.tracking.ledger import (
@@ -104,8 +104,7 @@ def replay_file(bc, fh, name: str, only_uri: str | None = None) -> ReplayResult:
         refusal = _path_refusal(bc.buffer_dir, op, Path(bc.buffer_dir) / name, line_no)
         if refusal is not None:   # never applied, never retried (it cannot get better): kept in rejected.jsonl
             res.rejected += 1
-            res.refused.append(refusal)
-            log.error("%s", refusal)
+            res.refused.append(refusal)   # said by the caller (the CLI prints it; a live client logs it)
             reject(bc.buffer_dir, op, refusal)
             bc.applied.record(op["id"])
             continue
@@ -179,8 +178,6 @@ def _check_own_files(buffer_dir: Path) -> None:
     """The files a replay appends to, rewrites or deletes (applied.log, rejected.jsonl, run_ids.json, the
     *.jsonl files) must not be symbolic links leading out of the buffer (an append through one would write
     into the file it points at): PathOutsideError (exit 3) before anything is read or sent."""
-    from packtrain.paths import confined_path
-
     names = [APPLIED, REJECTED, RUN_IDS, RUN_IDS_LOCK] + [p.name for p in Path(buffer_dir).glob("*.jsonl")]
     for name in names:
         path = Path(buffer_dir) / name
