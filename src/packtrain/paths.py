@@ -15,6 +15,10 @@
 
 Adapters (CLI, KFP components, dvc.yaml, Airflow) pass explicit paths; these are only the defaults.
 
+Paths read from files (a buffer line's `buffered_path`, a cache entry's output) are confined with
+`confined_path` / `check_links_inside`: resolved (`..` and every symlink) and refused (PathOutsideError, exit 3)
+unless they lie inside the directory that holds them.
+
 Publishing (every stage writes its outputs into a staging directory and swaps it in as one unit; files are
 written by temp file + rename) lives in packtrain.publish; its names are re-exported here.
 """
@@ -27,6 +31,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from packtrain.errors import InputDataError
 from packtrain.publish import (  # noqa: F401  (re-exported: `from packtrain.paths import write_json` etc.)
     FAULT_ENV,
     STAGING_TAG,
@@ -84,6 +89,44 @@ class RunPaths:
     @property
     def mlflow_db(self) -> Path:
         return self.workdir / "mlflow.db"
+
+
+class PathOutsideError(InputDataError):
+    """A path read from a file leads outside the directory it must stay in (exit 3)."""
+
+
+def confined_path(path: str | Path, root: str | Path, what: str, allowed: str | None = None) -> Path:
+    """`path` (relative to `root`, or absolute) fully resolved — `..` and every symlink on the way — when
+    it lies strictly inside `root` (resolved the same way); else PathOutsideError naming `what`, the path
+    as written, where it leads and what is allowed (`allowed` words a narrower rule the caller adds). The
+    path itself need not exist.
+
+    >>> # confined_path("artifacts/3f2a/model", "/buf", "buffered_path")      → /buf/artifacts/3f2a/model
+    >>> # confined_path("../victim/x", "/buf", "buffered_path")
+    >>> #   PathOutsideError: buffered_path '../victim/x' leads to /victim/x, outside /buf (allowed: a path
+    >>> #   inside /buf, after resolving '..' and symbolic links)
+    """
+    real_root = Path(os.path.realpath(root))
+    raw = Path(path)
+    real = Path(os.path.realpath(raw if raw.is_absolute() else Path(root) / raw))
+    if real_root not in real.parents:
+        allowed = allowed or f"a path inside {real_root}"
+        raise PathOutsideError(f"{what} {str(path)!r} leads to {real}, outside {real_root} (allowed: {allowed}, "
+                               f"after resolving '..' and symbolic links)")
+    return real
+
+
+def check_links_inside(tree: str | Path, root: str | Path, what: str, allowed: str | None = None) -> None:
+    """Every symbolic link under the directory `tree` (not followed while walking) must lead inside `root`;
+    else PathOutsideError naming the link. A file `tree` has nothing to check. Cost: one lstat per entry."""
+    tree = Path(tree)
+    if not tree.is_dir():
+        return
+    for dirpath, dirnames, filenames in os.walk(tree):
+        for name in dirnames + filenames:
+            entry = Path(dirpath) / name
+            if entry.is_symlink():
+                confined_path(entry, root, f"{what}: symbolic link", allowed)
 
 
 def run_paths(workdir: str | Path) -> RunPaths:

@@ -112,6 +112,26 @@ def test_restore_copies_histories_params_tags_datasets_artifacts(store, tmp_path
     bc.close()
 
 
+def test_restore_never_opens_a_sqlite_file_that_is_not_an_mlflow_store(store, tmp_path):
+    """The origin's URI is read from a cache entry: one naming a user's own sqlite file (not an MLflow store)
+    is not opened by MLflow (which would create its tables in it); the file stays byte-identical."""
+    import sqlite3
+
+    app = tmp_path / "app.db"
+    con = sqlite3.connect(app)
+    con.execute("CREATE TABLE users (name TEXT)")
+    con.execute("INSERT INTO users VALUES ('alice')")
+    con.commit()
+    con.close()
+    before = app.read_bytes()
+    bc = BufferedClient(store["uri"], tmp_path / "buffer")
+    new = bc.create_run("copies", "train", {})
+    res = restore_run(bc, new, {"run_id": "0" * 32, "tracking_uri": f"sqlite:///{app}"})
+    bc.close()
+    assert not res["copied"] and "is not an MLflow database" in res["reason"], res
+    assert app.read_bytes() == before
+
+
 def test_mlflow_hint_per_store_kind():
     rid = "3f2a9c0e1b7d4c5a8e6f0a1b2c3d4e5f"
     assert mlflow_hint("http://alice:s3cret@127.0.0.1:5000/", "1", rid) == \

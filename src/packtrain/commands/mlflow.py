@@ -15,10 +15,12 @@ Ops are recorded under the redacted URI (`https://user:***@host`): their credent
 Prints first, on stderr, one human line per store the ops were recorded for, e.g.
 `buffered ops were recorded for https://user:***@mlflow.example:5000 (12 ops)`, then on stdout one JSON line
 {"buffer", "recorded_uris": {uri: ops}, "target", "applied", "left", "rejected", "files", "skipped_locked",
-"needs_credentials", "registered"} (URIs redacted; "registered": the model versions that deferred
-registrations produced). Exit 0 when nothing is left, 1 when ops remain (store still unreachable, a file
-held by a running process, or credentials missing: the message names the redacted URI), 5 when --buffer
-does not exist.
+"needs_credentials", "registered", "refused"} (URIs redacted; "registered": the model versions that deferred
+registrations produced; "refused": one message per buffer line whose file path leads outside the buffer's
+artifacts/ — buffer file, line, path, what is allowed — which is not applied, uploads nothing and deletes
+nothing, and is kept in rejected.jsonl). Exit 0 when nothing is left, 1 when ops remain (store still
+unreachable, a file held by a running process, or credentials missing: the message names the redacted URI),
+3 when a line was refused (whatever else is left), 5 when --buffer does not exist.
 """
 
 from __future__ import annotations
@@ -86,7 +88,7 @@ def replay(cfg, args) -> int:
     buf = Path(args.buffer) if args.buffer else buffer_dir_for(cfg)
     target = redact_uri(args.tracking_uri)
     empty: dict[str, Any] = {"buffer": str(buf), "recorded_uris": {}, "target": target, "applied": 0, "left": 0, "rejected": 0,
-             "files": 0, "skipped_locked": [], "needs_credentials": [], "registered": []}
+             "files": 0, "skipped_locked": [], "needs_credentials": [], "registered": [], "refused": []}
     if not buf.is_dir():
         if args.buffer:
             raise MissingDataError(f"--buffer {args.buffer}: no such directory (a buffer directory holds the "
@@ -100,13 +102,16 @@ def replay(cfg, args) -> int:
     res = replay_dir(buf, tracking_uri=args.tracking_uri)
     print(json.dumps({**empty, "recorded_uris": recorded, "applied": res.applied, "left": res.left,
                       "rejected": res.rejected, "files": res.files, "skipped_locked": res.skipped_locked,
-                      "needs_credentials": res.needs_credentials, "registered": res.registered}))
+                      "needs_credentials": res.needs_credentials, "registered": res.registered,
+                      "refused": res.refused}))
     for r in res.registered:
         print(f"registered {r['model_name']} v{r['version']} → {r['decision']} ({r['reason']})", file=sys.stderr)
     for uri in res.needs_credentials:
         print(f"error: ops recorded for {uri} were not replayed: the buffer does not keep its credentials. "
               f"Pass --tracking-uri with them, or set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD "
               f"(or MLFLOW_TRACKING_TOKEN)", file=sys.stderr)
+    for msg in res.refused:
+        print(f"error: {msg}", file=sys.stderr)
     if res.left or res.skipped_locked:
         reasons = []
         if res.skipped_locked:
@@ -115,5 +120,6 @@ def replay(cfg, args) -> int:
             reasons.append(f"credentials missing for {', '.join(res.needs_credentials)}")
         print(f"error: {res.left} buffered op(s) not replayed"
               + (f"; {'; '.join(reasons)}" if reasons else " (is the tracking store reachable?)"), file=sys.stderr)
-        return 1
-    return 0
+    if res.refused:
+        return 3   # a buffer line pointing outside the buffer: bad input data (packtrain.errors), first
+    return 1 if res.left or res.skipped_locked else 0

@@ -112,6 +112,11 @@ class ModelConfig(StrictModel):
     by the tokenizer the model ships (same tokenizer_hash) and its ids fit the vocabulary; vocab — only that
     the ids fit (a checkpoint without its real tokenizer, e.g. random-weight benchmarks on synthetic tokens).
     Scratch models take the store's tokenizer and are not checked."""
+    allow_pickle: bool = False
+    """Whether a registry model (init_from models:/… or champion) that exists only as a pickle (a pytorch-flavor
+    version logged without its safetensors copy) may be loaded with mlflow.pytorch.load_model. Unpickling runs
+    any code the file names, so the default false refuses it (exit 3, naming this setting); models packtrain
+    registers carry safetensors and never need it (packtrain.model.logged_model)."""
     pretrained_dir: PathStr | None = None
     """Deprecated alias of init_from=<dir> (moved into init_from when the config loads)."""
     hidden_size: Int = Field(64, ge=8)

@@ -6,8 +6,13 @@ Flavor (RegisterConfig.flavor, measured with mlflow 3.17.2 + transformers 5.24, 
   (`flavor_config.build_flavor_config_from_local_checkpoint` calls `.__name__` on the pipeline class, which
   transformers 5 stores as a string: AttributeError), so we always pass the loaded components.
 - pytorch (fallback): `mlflow.pytorch.log_model(serialization_format="pickle")` (mlflow's default "pt2"
-  needs an input example to trace) with the tokenizer files as `extra_files`.
+  needs an input example to trace) with, as `extra_files`, the model's save_pretrained files (config.json,
+  model.safetensors) and the tokenizer files: a directory packtrain loads without unpickling.
 `auto` tries transformers and falls back to pytorch on any exception, recording the reason.
+
+Loading (`load_registered`, `load_champion`) reads only safetensors and tokenizer files
+(packtrain.model.logged_model); a pickle-only model (a pytorch-flavor version logged without the
+safetensors copy) is refused unless `allow_pickle` (the run's `model.allow_pickle`) is true.
 
 `pip_requirements` are always explicit: MLflow's inference takes ~7.5 s and pins `torch==2.13.0+cpu`.
 """
@@ -66,17 +71,25 @@ def log_model(model, tokenizer, model_dir: Path, flavor: str, pip_requirements: 
             if flavor == "transformers":
                 raise
             note = f"transformers flavor failed ({type(e).__name__}: {str(e)[:300]}); pytorch flavor used"
-    extra = [str(model_dir / f) for f in TOKENIZER_FILES if (model_dir / f).is_file()]
-    info = mlflow.pytorch.log_model(model, name=ARTIFACT_NAME, pip_requirements=pip_requirements,
-                                    extra_files=extra, serialization_format="pickle", **where)
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="packtrain-hf-") as hf:
+        # the safetensors copy every loader reads (packtrain.model.logged_model); the pickle is MLflow's own
+        model.save_pretrained(hf, safe_serialization=True)
+        extra = [str(p) for p in sorted(Path(hf).iterdir()) if p.is_file()]
+        extra += [str(model_dir / f) for f in TOKENIZER_FILES if (model_dir / f).is_file()]
+        info = mlflow.pytorch.log_model(model, name=ARTIFACT_NAME, pip_requirements=pip_requirements,
+                                        extra_files=extra, serialization_format="pickle", **where)
     return info, "pytorch", note or "pytorch flavor requested", time.perf_counter() - t0
 
 
-def load_registered(model_uri: str, tracking_uri: str | None = None):
-    """(model, tokenizer) of a logged/registered model, e.g. 'models:/packtrain-lm@champion', either flavor."""
+def load_registered(model_uri: str, tracking_uri: str | None = None, allow_pickle: bool = False):
+    """(model, tokenizer) of a logged/registered model, e.g. 'models:/packtrain-lm@champion', either flavor,
+    from its safetensors files. A pickle-only model raises PickleRefused naming model.allow_pickle unless
+    `allow_pickle` (packtrain.model.logged_model)."""
     import mlflow
-    from mlflow.models import Model
 
+    from packtrain.model.logged_model import hf_files, load_hf, load_pickled
     from packtrain.tracking.run import set_fluent_tracking_uri
 
     # MLflow 3.17 resolves `models:/name@alias` through the *global* registry URI whatever download_artifacts
@@ -91,17 +104,16 @@ def load_registered(model_uri: str, tracking_uri: str | None = None):
     finally:
         if tracking_uri:
             set_fluent_tracking_uri(before)
-    flavors = Model.load(str(local)).flavors
-    if "transformers" in flavors:
-        comps = mlflow.transformers.load_model(str(local), return_type="components")
-        return comps["model"].eval(), comps["tokenizer"]
+    files = hf_files(local, model_uri)
+    if not files.pickle_only:
+        return load_hf(files)
     from transformers import AutoTokenizer
 
-    model = mlflow.pytorch.load_model(str(local))
+    model = load_pickled(local, model_uri, allow_pickle)
     return model.eval(), AutoTokenizer.from_pretrained(str(local / "extra_files"))
 
 
-def load_champion(name: str, tracking_uri: str | None = None):
+def load_champion(name: str, tracking_uri: str | None = None, allow_pickle: bool = False):
     """(model, tokenizer) of `models:/<name>@champion`.
 
     >>> model, tok = load_champion("packtrain-lm", "sqlite:///data/mlflow.db")   # doctest: +SKIP
@@ -112,7 +124,7 @@ def load_champion(name: str, tracking_uri: str | None = None):
     from packtrain.errors import MissingDataError
 
     try:
-        return load_registered(f"models:/{name}@champion", tracking_uri)
+        return load_registered(f"models:/{name}@champion", tracking_uri, allow_pickle)
     except MlflowException as e:
         from packtrain.secrets import redact_text, redact_uri
 

@@ -18,8 +18,10 @@ built in a staging directory and published by one rename (packtrain.paths.publis
 leaves nothing half-written, and a directory holding packtrain_source.json is complete and reused (registered
 versions are immutable). What the registry holds is the MLflow model the register stage logged
 (packtrain.evaluate.registry): with the transformers flavor the HF directory is its `model/` (MLmodel
-`model_binary`) and the tokenizer `components/tokenizer/`; with the pytorch fallback the pickled model is
-loaded and saved with save_pretrained, and the tokenizer comes from `extra_files/`.
+`model_binary`) and the tokenizer `components/tokenizer/`; with the pytorch fallback the save_pretrained copy
+and the tokenizer in `extra_files/`. Nothing is unpickled: a pytorch-flavor version that holds only the pickle
+is refused (exit 3) unless `model.allow_pickle: true`, which loads it with mlflow.pytorch.load_model and saves
+it with save_pretrained (packtrain.model.logged_model).
 
 Errors (nothing is written but the cache): a name, version or alias the registry does not have → exit 5
 naming what it has; an unreachable store → exit 5 naming the cached versions to start from instead.
@@ -150,7 +152,8 @@ def resolve_init(cfg: RunConfig, model_cfg: ModelConfig | None = None, announce:
     version = str(mv.version)
     dst = cache_dir(cfg.workdir, name, version)
     cached = (dst / SOURCE_FILE).is_file()
-    path = download_version(uri, name, version, dst, run_id=mv.run_id, source=mv.source)
+    path = download_version(uri, name, version, dst, run_id=mv.run_id, source=mv.source,
+                            allow_pickle=model_cfg.allow_pickle)
     if announce:
         _say(f"model.init_from={value} → models:/{name}/{version} "
              f"({'cached' if cached else 'downloaded'} in {path})")
@@ -219,8 +222,9 @@ def _unreachable(value: str, shown: str, name: str, workdir: str | Path, err: Ex
 
 
 def download_version(tracking_uri: str, name: str, version: str, dst: Path, run_id: str | None = None,
-                     source: str | None = None) -> Path:
-    """`models:/<name>/<version>` as a save_pretrained directory at `dst` (module doc); reused when complete."""
+                     source: str | None = None, allow_pickle: bool = False) -> Path:
+    """`models:/<name>/<version>` as a save_pretrained directory at `dst` (module doc); reused when complete.
+    `allow_pickle`: model.allow_pickle (a pickle-only version is refused without it)."""
     if (dst / SOURCE_FILE).is_file():
         return dst
     import fcntl
@@ -232,18 +236,18 @@ def download_version(tracking_uri: str, name: str, version: str, dst: Path, run_
         fcntl.flock(lock, fcntl.LOCK_EX)
         if (dst / SOURCE_FILE).is_file():
             return dst
-        return _download_version(tracking_uri, name, version, dst, run_id, source)
+        return _download_version(tracking_uri, name, version, dst, run_id, source, allow_pickle)
 
 
 def _download_version(tracking_uri: str, name: str, version: str, dst: Path, run_id: str | None,
-                      source: str | None) -> Path:
+                      source: str | None, allow_pickle: bool) -> Path:
     from packtrain.paths import publish_dir, staging_dir
 
     tmp = staging_dir(dst)
     try:
         raw = tmp / "_mlflow"
         local = _download(tracking_uri, f"models:/{name}/{version}", raw)
-        flavor = _unpack(local, tmp, f"models:/{name}/{version}")
+        flavor = _unpack(local, tmp, f"models:/{name}/{version}", allow_pickle)
         shutil.rmtree(raw)
         if not (tmp / "config.json").is_file():
             raise InputDataError(f"models:/{name}/{version}: the logged model has no config.json (not a "
@@ -286,35 +290,36 @@ def _move_files(src: Path, dst: Path) -> None:
         shutil.move(str(f), str(dst / f.name))
 
 
-def _unpack(local: Path, out: Path, what: str) -> str:
-    """The HF directory of a downloaded MLflow model, moved into `out`; returns the flavor."""
-    from mlflow.models import Model
-
+def _unpack(local: Path, out: Path, what: str, allow_pickle: bool = False) -> str:
+    """The HF directory of a downloaded MLflow model, moved into `out`; returns the flavor. Only safetensors
+    and tokenizer files are read; a pickle-only model needs `allow_pickle` (packtrain.model.logged_model)."""
     from packtrain.data.tokenizer_files import TOKENIZER_FILES
+    from packtrain.model.logged_model import hf_files, load_pickled
 
-    flavors = Model.load(str(local)).flavors
-    if "transformers" in flavors:
-        conf = flavors["transformers"]
-        _move_files(local / conf.get("model_binary", "model"), out)
-        for comp in conf.get("components") or []:
+    files = hf_files(local, what)
+    if files.flavor == "transformers":
+        from mlflow.models import Model
+
+        assert files.model_dir is not None
+        _move_files(files.model_dir, out)
+        for comp in Model.load(str(local)).flavors["transformers"].get("components") or []:
             if (local / "components" / comp).is_dir():
                 _move_files(local / "components" / comp, out)
-        return "transformers"
-    if "pytorch" in flavors:
-        import mlflow
-
-        model = mlflow.pytorch.load_model(str(local), map_location="cpu")
-        if not hasattr(model, "save_pretrained"):
-            raise InputDataError(f"{what}: the pytorch-flavor model is a {type(model).__name__}, not a "
-                                 "transformers model packtrain can continue")
-        model.save_pretrained(str(out), safe_serialization=True)
-        extra = local / "extra_files"
-        for name in TOKENIZER_FILES:
-            if (extra / name).is_file():
-                shutil.copyfile(extra / name, out / name)
-        return "pytorch"
-    raise InputDataError(f"{what}: the logged model has flavors {sorted(flavors)}; packtrain continues models "
-                         "logged with the transformers or pytorch flavor (its register stage)")
+        return files.flavor
+    if not files.pickle_only:   # pytorch flavor: extra_files/ is the save_pretrained copy + tokenizer
+        assert files.model_dir is not None
+        _move_files(files.model_dir, out)
+        return files.flavor
+    model = load_pickled(local, what, allow_pickle)
+    if not hasattr(model, "save_pretrained"):
+        raise InputDataError(f"{what}: the pytorch-flavor model is a {type(model).__name__}, not a "
+                             "transformers model packtrain can continue")
+    model.save_pretrained(str(out), safe_serialization=True)
+    extra = local / "extra_files"
+    for name in TOKENIZER_FILES:
+        if (extra / name).is_file():
+            shutil.copyfile(extra / name, out / name)
+    return files.flavor
 
 
 def cache_identity(cfg: RunConfig, stage: str) -> dict | None:

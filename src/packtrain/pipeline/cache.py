@@ -13,7 +13,9 @@ every stage on what actually determines its output:
     <workdir>/cache/<stage>/<key>/out/      the stage's output directory, as the runner wrote it
     <workdir>/cache/<stage>/<key>/entry.json  {"stage", "key", "stats", "created", "parts"}
 
-A hit hard-links (or copies, across file systems) `out/` into the new output directory and returns the
+An entry is data read from disk: it must resolve inside the cache and hold no symbolic link leading out of
+it (PathOutsideError, exit 3, otherwise). A hit hard-links (or copies, across file systems) `out/` into the
+new output directory and returns the
 stored stats; a miss runs the stage and stores its output (temp dir + rename, so a crash never leaves a
 half entry). Hashing costs ~0.2 s per 100 MB of inputs. Delete <workdir>/cache (or `--no-cache`) to
 force a rerun. On a cluster KFP's own cache applies instead (docs/pipeline.md, "Caching").
@@ -96,18 +98,35 @@ class StageCache:
         return self.root / stage_spec(stage).name / key   # a stage of the table (KeyError naming them otherwise)
 
     def lookup(self, stage: str, key: str) -> CacheHit | None:
+        """The entry of (stage, key), None when there is none (or its entry.json does not parse). An entry
+        that leads outside the cache (the entry or its out/ a symbolic link out of `root`, or a link inside
+        out/ leading out of the entry: `store` never writes one) raises PathOutsideError (exit 3) naming it,
+        so a restore never copies a file from elsewhere into a stage's output."""
         entry = self._entry(stage, key)
         meta = entry / "entry.json"
         if not (meta.is_file() and (entry / "out").is_dir()):
             return None
+        self._check_confined(entry)
         try:
             data = json.loads(meta.read_text(encoding="utf-8"))
         except (OSError, json.JSONDecodeError):
             return None
         return CacheHit(stats=data.get("stats", {}), key=key, entry_dir=entry)
 
+    def _check_confined(self, entry: Path) -> None:
+        from packtrain.paths import PathOutsideError, check_links_inside, confined_path
+
+        try:
+            real = confined_path(entry, self.root, "stage cache entry")
+            out = confined_path(entry / "out", real, "stage cache output")
+            check_links_inside(out, real, "stage cache output")
+        except PathOutsideError as e:
+            raise PathOutsideError(f"{e}; nothing was restored: delete {entry} (or run with --no-cache)") from None
+
     def restore(self, hit: CacheHit, out_dir: str | Path) -> None:
-        """Materialize a cached output at `out_dir` (hard links; copies across file systems)."""
+        """Materialize a cached output at `out_dir` (hard links; copies across file systems). The entry is
+        checked again (see `lookup`) right before copying."""
+        self._check_confined(hit.entry_dir)
         # built next to out_dir, then swapped in as one unit (packtrain.paths.publish_dir)
         with staged_output(out_dir, what=f"{hit.entry_dir.parent.name} cache restore") as tmp:
             shutil.copytree(hit.entry_dir / "out", tmp, dirs_exist_ok=True, copy_function=_link_or_copy)

@@ -15,7 +15,10 @@ Each kind, and why applying it twice leaves one copy (checked against a real sql
                     carry tag packtrain.register_op=<op id> and are looked up before being created
 
 Buffered files (artifacts, a model to register) are referenced as `buffered_path`, relative to the buffer
-directory, so a copied or moved buffer replays its own copies.
+directory, so a copied or moved buffer replays its own copies. A buffer file is data, not instructions:
+every path it names is resolved (`..` and symbolic links) and must lie inside `<buffer>/artifacts/`
+(`buffered_file`); a line naming anything else is refused (packtrain.tracking.replay), nothing is uploaded
+for it and nothing outside the buffer is deleted.
 """
 
 from __future__ import annotations
@@ -24,40 +27,85 @@ import contextlib
 import importlib
 import json
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
+from packtrain.paths import PathOutsideError, check_links_inside, confined_path
 from packtrain.tracking.ledger import write_id
 from packtrain.tracking.transport import Blocked
 
 log = logging.getLogger(__name__)
 PENDING = "pending-"
 PENDING_TAG = "packtrain.pending_id"
+ARTIFACTS = "artifacts"   # <buffer>/artifacts/<op id>/<name>: the buffer's copies of the files ops carry
 # op kinds implemented outside the tracking room (imported when first replayed)
 HANDLERS = {"register_model": "packtrain.evaluate.register:apply_registration"}
 
 
-def op_file(buffer_dir: Path, op: dict) -> Path | None:
-    """The local file/dir an op carries: its copy inside the buffer, else the path it was recorded with."""
+def buffered_file(buffer_dir: Path, op: dict) -> Path | None:
+    """The buffer's own copy of the file/dir an op read from a buffer file carries, resolved and confined:
+    every path a buffer line names must lead (after `..` and symbolic links) inside `<buffer_dir>/artifacts/`,
+    and a buffered directory holds no link leading out of the buffer; anything else raises
+    PathOutsideError (exit 3) and the op is refused. None for an op without a file.
+
+        "buffered_path": "artifacts/<op id>/<name>"      relative to the buffer (a moved buffer finds its copy)
+        "path": "<buffer>/artifacts/<uuid>/<name>", "buffered": true    older layout; when the buffer moved,
+                                                         <buffer_dir>/artifacts/<uuid>/<name>
+        "path": "/anywhere" without either               never written into a buffer: confined all the same
+    """
+    root = Path(buffer_dir)
     if op.get("buffered_path"):
-        return Path(buffer_dir) / op["buffered_path"]
-    if op.get("path"):
-        path = Path(op["path"])
-        if not path.exists() and op.get("buffered"):  # old layout: <buffer>/artifacts/<uuid>/<name>, moved
-            moved = Path(buffer_dir) / "artifacts" / path.parent.name / path.name
-            return moved if moved.exists() else path
-        return path
-    return None
+        path = _in_artifacts(root, op["buffered_path"], "buffered_path")
+    elif op.get("path"):
+        try:
+            path = _in_artifacts(root, op["path"], "path")
+        except PathOutsideError:
+            moved = Path(ARTIFACTS) / Path(op["path"]).parent.name / Path(op["path"]).name
+            if not (op.get("buffered") and (root / moved).exists()):
+                raise
+            path = _in_artifacts(root, moved, "path (moved buffer)")
+    else:
+        return None
+    check_links_inside(path, Path(os.path.realpath(root)) / ARTIFACTS, "buffered copy")
+    return path
+
+
+def _in_artifacts(root: Path, path: str | Path, what: str) -> Path:
+    art = Path(os.path.realpath(root)) / ARTIFACTS
+    allowed = f"a path inside {art}"
+    real = confined_path(path, root, what, allowed)
+    if art not in real.parents:
+        raise PathOutsideError(f"{what} {str(path)!r} leads to {real}, not inside the buffer's {ARTIFACTS}/ "
+                               f"(allowed: {allowed}, after resolving '..' and symbolic links)")
+    return real
+
+
+def op_file(buffer_dir: Path, op: dict) -> Path | None:
+    """The local file/dir an op carries: the buffer's confined copy (`buffered_file`) for an op that went
+    through a buffer, else (a live op of this process) the path it was called with."""
+    if op.get("buffered_path") or op.get("buffered"):
+        return buffered_file(buffer_dir, op)
+    return Path(op["path"]) if op.get("path") else None
 
 
 def drop_copy(buffer_dir: Path, op: dict) -> None:
-    """Delete the buffer's own copy of an op's file once the op is recorded as applied."""
+    """Delete the buffer's own copy of an op's file once the op is recorded as applied: only ever the one
+    folder `<buffer_dir>/artifacts/<id>/` its confined copy lies in; nothing for a refused path."""
     import shutil
 
-    if op.get("buffered_path") or op.get("buffered"):
-        path = op_file(buffer_dir, op)
-        if path is not None and Path(buffer_dir) in path.parents:
-            shutil.rmtree(path.parent, ignore_errors=True)
+    if not (op.get("buffered_path") or op.get("buffered")):
+        return
+    try:
+        path = buffered_file(buffer_dir, op)
+    except PathOutsideError:
+        return
+    if path is None:
+        return
+    art = Path(os.path.realpath(buffer_dir)) / ARTIFACTS
+    rel = path.relative_to(art)
+    if len(rel.parts) >= 2:   # artifacts/<id>/<name>: the op's own folder; a bare artifacts/<name> stays
+        shutil.rmtree(art / rel.parts[0], ignore_errors=True)
 
 
 def experiment_id(bc, name: str) -> str:

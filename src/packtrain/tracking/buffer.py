@@ -217,6 +217,8 @@ class BufferedClient:
     def _replay_backlog(self) -> None:
         if self._backlog and self._fh is not None:
             res = replay_file(self, self._fh, self._own_path.name if self._own_path else "", self.shown_uri)
+            for msg in res.refused:
+                log.error("%s", msg)
             self._backlog = res.left
             if res.left:
                 raise Blocked(f"{res.left} buffered ops still pending")
@@ -225,6 +227,8 @@ class BufferedClient:
         if not self._scanned_orphans:
             self._scanned_orphans = True
             res = replay_dir(self.buffer_dir, client=self)
+            for msg in res.refused:
+                log.error("%s", msg)
             if res.applied:
                 log.warning("replayed %d buffered MLflow ops from %d file(s) in %s", res.applied, res.files,
                             self.buffer_dir)

@@ -25,6 +25,7 @@ log = logging.getLogger(__name__)
 APPLIED = "applied.log"
 REJECTED = "rejected.jsonl"
 RUN_IDS = "run_ids.json"
+RUN_IDS_LOCK = "run_ids.lock"
 _ID = re.compile(r"^[0-9a-f]{32}$")
 
 
@@ -40,8 +41,14 @@ def op_id(op: dict) -> str:
 def read_ops(text: str, source: str = "") -> tuple[list[dict], list[str]]:
     """(ops, bad lines) of a buffer file's text. A torn last line (the writer was killed mid-write) and
     any line that is not a JSON object are returned as bad lines, never raised."""
+    numbered, bad = read_numbered_ops(text, source)
+    return [op for _, op in numbered], bad
+
+
+def read_numbered_ops(text: str, source: str = "") -> tuple[list[tuple[int, dict]], list[str]]:
+    """`read_ops` with each op's line number (1-based) in the file, for messages that name the line."""
     ops, bad = [], []
-    for line in text.splitlines():
+    for n, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
         try:
@@ -53,7 +60,7 @@ def read_ops(text: str, source: str = "") -> tuple[list[dict], list[str]]:
             bad.append(line)
             continue
         op["id"] = op_id(op)
-        ops.append(op)
+        ops.append((n, op))
     if bad:
         log.warning("%s: %d unreadable line(s) (a write cut short by a crash?) moved to %s", source or "buffer",
                     len(bad), REJECTED)
@@ -133,7 +140,7 @@ def write_id(buffer_dir: Path, pending: str, real: str) -> None:
     """Record pending → real under a lock; tmp + fsync + rename, so a crash leaves the old or the new map."""
     buffer_dir = Path(buffer_dir)
     buffer_dir.mkdir(parents=True, exist_ok=True)
-    with open(buffer_dir / "run_ids.lock", "a") as lk:
+    with open(buffer_dir / RUN_IDS_LOCK, "a") as lk:
         fcntl.flock(lk, fcntl.LOCK_EX)
         ids = read_ids(buffer_dir)
         if ids.get(pending) == real:

@@ -9,7 +9,10 @@ Per op: skip it if its id is in applied.log → apply it → record its id (fsyn
 of its file. A kill between "applied" and "recorded" re-applies one op on the next replay, which the store
 absorbs (packtrain.tracking.apply). The first transient failure in a file (store unreachable, or a run whose
 create_run is in a later file) keeps the rest of that file for the next pass or replay; an op the store
-refuses goes to rejected.jsonl and never blocks the others.
+refuses goes to rejected.jsonl and never blocks the others. So does an op whose file path leads outside the
+buffer's artifacts/ after resolving `..` and symbolic links (packtrain.tracking.apply.buffered_file): it is
+refused before anything is sent, listed in `refused` with the buffer file, line, path and what is allowed,
+and nothing it names is uploaded or deleted.
 
 Credentials: ops record the redacted URI. An op recorded for `https://user:***@host` is sent to
 `https://host` with MLflow's MLFLOW_TRACKING_USERNAME/MLFLOW_TRACKING_PASSWORD (or MLFLOW_TRACKING_TOKEN,
@@ -28,9 +31,19 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from packtrain.paths import PathOutsideError, confined_path
 from packtrain.secrets import MASK, has_userinfo, redact_text, strip_userinfo
-from packtrain.tracking.apply import drop_copy
-from packtrain.tracking.ledger import REJECTED, AppliedLog, read_ops, reject
+from packtrain.tracking.apply import buffered_file, drop_copy
+from packtrain.tracking.ledger import (
+    APPLIED,
+    REJECTED,
+    RUN_IDS,
+    RUN_IDS_LOCK,
+    AppliedLog,
+    read_numbered_ops,
+    read_ops,
+    reject,
+)
 from packtrain.tracking.transport import is_transient, short_http
 
 log = logging.getLogger(__name__)
@@ -46,6 +59,7 @@ class ReplayResult:
     skipped_locked: list[str] = field(default_factory=list)
     needs_credentials: list[str] = field(default_factory=list)   # redacted URIs whose ops wait for them
     registered: list[dict] = field(default_factory=list)         # results of replayed register_model ops
+    refused: list[str] = field(default_factory=list)   # ops whose path leads outside the buffer: one message each
 
     def add(self, other: ReplayResult) -> None:
         self.applied += other.applied
@@ -55,6 +69,7 @@ class ReplayResult:
         self.skipped_locked += other.skipped_locked
         self.needs_credentials += [u for u in other.needs_credentials if u not in self.needs_credentials]
         self.registered += other.registered
+        self.refused += other.refused
 
 
 def _fault(point: str) -> None:
@@ -72,12 +87,12 @@ def replay_file(bc, fh, name: str, only_uri: str | None = None) -> ReplayResult:
     """
     global _applied_in_process
     fh.seek(0)
-    ops, bad = read_ops(fh.read(), name)
+    ops, bad = read_numbered_ops(fh.read(), name)
     for line in bad:
         reject(bc.buffer_dir, None, "unreadable line in a buffer file", raw=line)
     res = ReplayResult()
     blocked = False
-    for op in ops:
+    for line_no, op in ops:
         if only_uri is not None and op.get("uri") != only_uri:
             continue
         if op["id"] in bc.applied:
@@ -85,6 +100,13 @@ def replay_file(bc, fh, name: str, only_uri: str | None = None) -> ReplayResult:
             continue
         if blocked:
             res.left += 1
+            continue
+        refusal = _path_refusal(bc.buffer_dir, op, Path(bc.buffer_dir) / name, line_no)
+        if refusal is not None:   # never applied, never retried (it cannot get better): kept in rejected.jsonl
+            res.rejected += 1
+            res.refused.append(refusal)   # said by the caller (the CLI prints it; a live client logs it)
+            reject(bc.buffer_dir, op, refusal)
+            bc.applied.record(op["id"])
             continue
         try:
             result = bc._apply(op)
@@ -108,6 +130,19 @@ def replay_file(bc, fh, name: str, only_uri: str | None = None) -> ReplayResult:
         _fault("replay.after_record")
         drop_copy(bc.buffer_dir, op)
     return res
+
+
+def _path_refusal(buffer_dir: Path, op: dict, file: Path, line_no: int) -> str | None:
+    """Why the op on line `line_no` of buffer file `file` is refused (a path it names leads outside the
+    buffer's artifacts/: packtrain.tracking.apply.buffered_file), or None."""
+    if not (op.get("path") or op.get("buffered_path")):
+        return None
+    try:
+        buffered_file(buffer_dir, op)
+    except PathOutsideError as e:
+        return (f"{file}:{line_no}: {op.get('op')} op {op['id']} refused: {e}. Nothing was uploaded for this "
+                f"line and nothing outside the buffer was touched; the line is kept in {REJECTED}")
+    return None
 
 
 def target_for(recorded: str) -> str | None:
@@ -139,6 +174,18 @@ def _buffer_files(buffer_dir: Path) -> list[Path]:
     return sorted(p for p in Path(buffer_dir).glob("*.jsonl") if p.name != REJECTED)
 
 
+def _check_own_files(buffer_dir: Path) -> None:
+    """The files a replay appends to, rewrites or deletes (applied.log, rejected.jsonl, run_ids.json, the
+    *.jsonl files) must not be symbolic links leading out of the buffer (an append through one would write
+    into the file it points at): PathOutsideError (exit 3) before anything is read or sent."""
+    names = [APPLIED, REJECTED, RUN_IDS, RUN_IDS_LOCK] + [p.name for p in Path(buffer_dir).glob("*.jsonl")]
+    for name in names:
+        path = Path(buffer_dir) / name
+        if path.is_symlink():
+            confined_path(path, buffer_dir, f"buffer file {name} (a symbolic link)",
+                          f"a file inside {Path(buffer_dir).resolve()}; nothing was replayed")
+
+
 def recorded_uris(buffer_dir: str | Path) -> dict[str, int]:
     """{redacted URI: ops not applied yet} over every buffer file (read without taking the locks)."""
     applied = AppliedLog(Path(buffer_dir))
@@ -166,6 +213,8 @@ def replay_dir(buffer_dir: str | Path, tracking_uri: str | None = None, client=N
     from packtrain.tracking.buffer import BufferedClient
 
     buffer_dir = Path(buffer_dir)
+    if client is None:
+        _check_own_files(buffer_dir)
     ledger = AppliedLog(buffer_dir)
     clients: dict[str, BufferedClient] = {}
     grand = ReplayResult()
@@ -206,6 +255,7 @@ def replay_dir(buffer_dir: str | Path, tracking_uri: str | None = None, client=N
                     res.applied += part.applied
                     res.rejected += part.rejected
                     res.registered += part.registered
+                    res.refused += part.refused
                 res.left = sum(1 for op in ops if op["id"] not in ledger)
                 if res.left == 0:
                     path.unlink(missing_ok=True)
@@ -213,6 +263,7 @@ def replay_dir(buffer_dir: str | Path, tracking_uri: str | None = None, client=N
         grand.applied += total.applied
         grand.rejected += total.rejected
         grand.registered += total.registered
+        grand.refused += total.refused
         grand.files = max(grand.files, total.files) if n_pass else total.files
         grand.left, grand.skipped_locked = total.left, total.skipped_locked
         grand.needs_credentials = total.needs_credentials

@@ -16,7 +16,9 @@ came from.
 
 The origin may live in another store than the new run: it is read with its own client (the redacted URI's
 credentials come from MLFLOW_TRACKING_USERNAME/PASSWORD, as for replays). An origin that cannot be read
-(deleted store, server down, a pending id never replayed) never fails the pipeline: the result says why
+(deleted store, server down, a pending id never replayed, a sqlite file that is not an MLflow store — the
+record is read from the cache entry, and MLflow would create its tables in any sqlite file it is pointed at)
+never fails the pipeline: the result says why
 (`{"copied": False, "reason": ...}`) and packtrain.pipeline.local logs the cached stats instead.
 Writes go through the BufferedClient, so a copy made while the destination store is down is replayed later.
 Cost (tiny pipeline, sqlite): 0.1–0.3 s a stage, 1.2 s for all seven; a server adds one HTTP call per metric
@@ -53,8 +55,13 @@ def origin_client(origin: dict, current: Any):
     cur_uri = getattr(getattr(current, "_tracking_client", None), "tracking_uri", "")
     if not uri or uri == redact_uri(cur_uri):
         return current
-    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).is_file():
-        raise FileNotFoundError(f"origin store {uri} no longer exists")
+    if uri.startswith("sqlite:///"):
+        db = Path(uri[len("sqlite:///"):])
+        if not db.is_file():
+            raise FileNotFoundError(f"origin store {uri} no longer exists")
+        if not _is_mlflow_db(db):   # MLflow would create its tables in whatever sqlite file the record names
+            raise ValueError(f"origin store {uri} (read from the cached stage's record) is not an MLflow "
+                             "database: not opened, nothing written to it")
     # a recorded URI never holds a password (`user:***@host`): connect without the userinfo, MLflow then
     # takes MLFLOW_TRACKING_USERNAME/PASSWORD (or TOKEN) from the environment
     if "***" in uri:
@@ -63,6 +70,22 @@ def origin_client(origin: dict, current: Any):
         parts = urlsplit(uri)
         uri = urlunsplit(parts._replace(netloc=(parts.hostname or "") + (f":{parts.port}" if parts.port else "")))
     return MlflowClient(uri)
+
+
+def _is_mlflow_db(db: Path) -> bool:
+    """Whether the sqlite file `db` already holds an MLflow store (its runs and alembic_version tables);
+    opened read-only, so checking never changes it."""
+    import sqlite3
+
+    try:
+        con = sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro", uri=True)
+        try:
+            names = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        finally:
+            con.close()
+    except sqlite3.Error:
+        return False
+    return {"runs", "alembic_version"} <= names
 
 
 def restore_run(client: Any, run_id: str, origin: dict | None, *, max_artifact_mb: float = 256.0) -> dict:
