@@ -33,7 +33,7 @@ UV_PIP       = UV_CACHE_DIR=$(UV_CACHE) $(UV) pip install -q --compile-bytecode 
 
 $(UV):
 	@test -x .packtrain/uv/bin/python || $(PYTHON) -m venv .packtrain/uv
-	.packtrain/uv/bin/python -m pip install -q "uv>=0.9"
+	.packtrain/uv/bin/python -m pip install -q "uv==0.13.9"
 
 $(STAMP): pyproject.toml $(CONSTRAINTS) | $(UV)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
