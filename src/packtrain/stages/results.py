@@ -151,6 +151,8 @@ class ValidateResult(StageResult):
     input: str                                # the documents table read
     unexpected: dict[str, int]                # expectation → unexpected count
     duplicate_ratio: float | None = None
+    contamination: dict[str, Any] | None = None   # packtrain.data.contamination.check_table (+ "dropped"
+                                              # doc_ids under policy drop); None: check off
 
 
 @dataclass(kw_only=True)
@@ -188,6 +190,8 @@ class TokenizeResult(StageResult):
     loss_mask: bool = False                   # loss_mask.bin written (chat / prompt-completion records)
     loss_tokens: int | None = None            # tokens with mask 1 (None: no mask, every token learned)
     chat_template: str | None = None          # "tokenizer" | "builtin" | None (no chat records)
+    contamination_dropped: list[int] = dataclasses.field(default_factory=list)
+                                              # doc_ids left out (validate.contamination.policy drop)
 
 
 @dataclass(kw_only=True)
