@@ -165,8 +165,9 @@ class CheckpointConfig(StrictModel):
     keep_last: PositiveInt = 2
     """Retention: keep the newest N checkpoints (≥ 1) ..."""
     keep_best: bool = True
-    """... and also the one with the lowest mean training loss over its checkpoint interval. Every other
-    step_N directory is removed after a save; quarantined (corrupt) checkpoints are never removed."""
+    """... and also the one with the lowest mean training loss over its checkpoint interval (with
+    train.eval_every_steps: the lowest held-out eval_loss, kept whatever this says — it is the model exported).
+    Every other step_N directory is removed after a save; quarantined (corrupt) checkpoints are never removed."""
 
 
 class EarlyStoppingConfig(StrictModel):

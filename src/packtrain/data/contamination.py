@@ -18,12 +18,15 @@ How it is fast: a word's id is its str hash (a dict lookup per word cost 8× mor
 becomes one int64 array of ids and its n-grams a vectorised polynomial hash mod 2^64 over n shifted views;
 the eval hashes are sorted once and each batch of 512 training documents is one `np.searchsorted`. A hash
 hit is confirmed by comparing the n word ids themselves, so an n-gram hash collision reports nothing (a false
-report would need 13 word-hash collisions at once). Measured on this 2-core machine (`python -m packtrain.data.contamination --bench`):
-10,000 training documents of 300 words (3.0 M words, 17.6 MB) against 1,000 eval documents of 60 words, n 13:
-1.6 s (≈ 1.9 M words/s; normalising the text is ~70% of it), 100 planted documents found exactly.
+report would need 13 word-hash collisions at once).
+
+Measured on this 2-core machine (`python -m packtrain.data.contamination --bench`): 10,000 training
+documents of 300 words (3.0 M words, 20 MB) against 1,000 eval documents of 60 words, n 13: 1.7 s of CPU
+(≈ 1.8 M words/s; 5.3 s wall while the machine was shared at load 8), the 100 planted documents
+found exactly. ASCII text is normalised with `str.translate` (30× the regex used for other text).
 
 `find_contamination(train_docs, eval_docs, n)` is pure: any iterables of (doc_id, text), ids of any
-hashable type (the validate stage passes doc_ids and ("suite", "file:line") pairs), and returns a
+hashable type (the validate stage passes doc_ids and (suite, eval file, record) triples), and returns a
 `ContaminationReport`. Reading eval files (.txt/.jsonl/.parquet) is `read_eval_documents`.
 """
 
