@@ -3,7 +3,8 @@
 The evaluation is the evaluate stage's own code on the live model: `packtrain.evaluate.perplexity.open_eval_loader`
 over `<packs>/eval` (the tokenize stage's held-out documents, labels masked as train.loss_on) and
 `evaluate_batches` with evaluate.rows / seed / max_batches / precision and the training attention backend,
-under `torch.inference_mode()` with the model in eval mode — no gradient, no optimizer state, no RNG draw
+under `torch.inference_mode()` with the model in eval mode (compiled layers run eagerly: no graph of its own,
+no recompile counted) — no gradient, no optimizer state, no RNG draw
 from the training streams, so training continues bit-identically (tests/stages/test_train_eval.py compares
 loss curves with and without it).
 
@@ -91,6 +92,8 @@ class Evaluator:
     def evaluate(self, s: TrainSession) -> dict[str, Any]:
         """{"eval_loss", "eval_perplexity", "eval_tokens", "eval_s"} of the current weights (rank 0's numbers
         on every rank: each rank evaluates its full replica, rank 0's result is broadcast so all decide alike)."""
+        import torch
+
         from packtrain.evaluate.perplexity import evaluate_batches, open_eval_loader
         from packtrain.train.runtime import broadcast_object
 
@@ -100,8 +103,11 @@ class Evaluator:
         was_training = model.training
         model.eval()
         try:
-            sums = evaluate_batches(model, itertools.islice(iter(loader), n), s.device, cfg.precision, total=n,
-                                    backend=s.parts.backend)
+            # compiled layers (train.compile) run eagerly here: the eval shape and inference mode would otherwise
+            # compile graphs of their own, counted as recompiles of the training graph
+            with torch.compiler.set_stance("force_eager"):
+                sums = evaluate_batches(model, itertools.islice(iter(loader), n), s.device, cfg.precision,
+                                        total=n, backend=s.parts.backend)
         finally:
             model.train(was_training)
         loss = sums["loss_sum"] / max(sums["n_label_tokens"], 1)
