@@ -225,8 +225,11 @@ def table_documents(path: Path, batch_rows: int = 2048) -> Iterator[tuple[int, s
                 yield doc_id, text
 
 
-def check_table(path: Path, cfg: ContaminationConfig) -> dict | None:
-    """The contamination check of a documents table against `cfg.against` (None when `against` is empty):
+def check_table(path: Path, cfg: ContaminationConfig,
+                evals: list[tuple[tuple[str, str, str], str]] | None = None) -> dict | None:
+    """The contamination check of a documents table against `cfg.against` (None when `against` is empty and
+    no `evals` are given). `evals`: eval records already read, [((suite, eval file, record), text)] — how named
+    eval suites (each several files) can be checked without an `against` list. Returns
 
         {"ngram", "policy", "against", "eval_documents", "eval_ngrams", "eval_too_short", "documents" (checked),
          "contaminated" (count), "overlaps": [{"doc_id", "source", "suite", "eval_file", "eval_record",
@@ -235,9 +238,10 @@ def check_table(path: Path, cfg: ContaminationConfig) -> dict | None:
     `suite` is the `against` entry the eval file was found under; `source` the document's file:line."""
     import pyarrow.parquet as pq
 
-    if not cfg.against:
+    if not cfg.against and evals is None:
         return None
-    evals = read_eval_documents(cfg.against, cfg.text_field)
+    if evals is None:
+        evals = read_eval_documents(cfg.against, cfg.text_field)
     report = find_contamination(table_documents(path), evals, cfg.ngram)
     bad = set(report.doc_ids)
     sources: dict[int, str] = {}
