@@ -291,7 +291,8 @@ def test_every_numeric_field_uses_a_shared_type():
 
 _CROSS_FIELD = {"model.hidden_size", "model.num_heads", "model.num_kv_heads", "validate.min_chars",
                 "validate.max_chars", "model.rope_scaling.original_max_position_embeddings",
-                "model.rope_scaling.low_freq_factor", "model.rope_scaling.high_freq_factor"}   # read per rope type
+                "model.rope_scaling.low_freq_factor", "model.rope_scaling.high_freq_factor",   # read per rope type
+                "train.early_stopping.patience", "train.early_stopping.min_delta"}   # need train.eval_every_steps
 
 
 def _bounds(path: str) -> tuple[type, dict]:

@@ -44,6 +44,26 @@ class IngestConfig(StrictModel):
     (also recorded as `skipped_entries` in ingest_stats.json)."""
 
 
+class ContaminationConfig(StrictModel):
+    """Eval-set contamination check of the validate stage (packtrain.data.contamination): a training document
+    that shares a word n-gram with a document of an eval file is contaminated (GPT-3 appendix C; both sides
+    lowercased, punctuation deleted, whitespace collapsed). Off while `against` is empty."""
+
+    ngram: Int = Field(13, ge=1, le=1000)
+    """Words per n-gram (13: GPT-3 and lm-eval's decontamination). Smaller finds shorter shared passages and
+    more chance overlaps."""
+    policy: Literal["fail", "drop", "warn"] = "fail"
+    """fail: validate exits 3 naming every contaminated document (file:line, doc_id) and the eval file it
+    overlaps; drop: validate passes and lists them, and tokenize leaves exactly those documents out of the
+    token store (neither trained on nor in the eval split); warn: listed and logged, trained on."""
+    against: list[PathStr] = []
+    """Eval files (.txt: one record per blank-line-separated block, .jsonl, .parquet) or folders of them, each
+    a suite named by its path. Relative paths are read from the working directory."""
+    text_field: Text = "text"
+    """JSON field (.jsonl) or column (.parquet) of the eval files' text (chat / prompt-completion records are
+    read as ingest reads them)."""
+
+
 class ValidateConfig(StrictModel):
     """Thresholds of the Great Expectations suite for text corpora."""
 
@@ -56,6 +76,8 @@ class ValidateConfig(StrictModel):
     """Duplicate texts / rows must not exceed this."""
     max_offending_ids: NonNegativeInt = 20
     """How many offending doc_ids the report lists per expectation."""
+    contamination: ContaminationConfig = ContaminationConfig()
+    """n-gram overlap of the documents with eval files (the `contamination` expectation; off by default)."""
 
     @model_validator(mode="after")
     def _range(self):

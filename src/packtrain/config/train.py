@@ -170,8 +170,20 @@ class CheckpointConfig(StrictModel):
     keep_last: PositiveInt = 2
     """Retention: keep the newest N checkpoints (≥ 1) ..."""
     keep_best: bool = True
-    """... and also the one with the lowest mean training loss over its checkpoint interval. Every other
-    step_N directory is removed after a save; quarantined (corrupt) checkpoints are never removed."""
+    """... and also the one with the lowest mean training loss over its checkpoint interval (with
+    train.eval_every_steps: the lowest held-out eval_loss, kept whatever this says — it is the model exported).
+    Every other step_N directory is removed after a save; quarantined (corrupt) checkpoints are never removed."""
+
+
+class EarlyStoppingConfig(StrictModel):
+    """Stop training when the held-out loss stops improving (needs train.eval_every_steps > 0)."""
+
+    patience: PositiveInt = 3
+    """Stop after this many evaluations in a row that did not improve on the reference by more than min_delta
+    (the run then lasted at most patience × eval_every_steps steps past its last improvement)."""
+    min_delta: NonNegativeFloat = 0.0
+    """An evaluation improves when eval_loss < reference − min_delta (nats); the reference is the loss of the
+    last evaluation that improved. The exported model is still the lowest eval_loss seen."""
 
 
 class DeepSpeedOptions(StrictModel):
@@ -299,6 +311,14 @@ class TrainConfig(StrictModel):
     adapter: AdapterConfig = AdapterConfig()
     """LoRA adapter over a frozen base (type lora), or none (full fine-tune)."""
     checkpoint: CheckpointConfig = CheckpointConfig()
+    eval_every_steps: NonNegativeInt = 0
+    """Held-out loss on the eval packs every N optimizer steps and at the last step, with the evaluate stage's
+    code and evaluate.rows / max_batches / precision (packtrain.train.evaluation): `eval_loss` in
+    train_log.jsonl and as an MLflow metric at its step; each new lowest eval_loss is checkpointed, and that
+    checkpoint (lowest eval_loss) is what model/ holds at the end. 0: off (no evaluation, the loop unchanged).
+    Each evaluation costs one pass over evaluate.max_batches eval micro-batches."""
+    early_stopping: EarlyStoppingConfig | None = None
+    """Stop before max_steps when eval_loss stops improving (patience, min_delta); None: off."""
     deepspeed: DeepSpeedOptions = DeepSpeedOptions()
     log_every: PositiveInt = 1
     expandable_segments: bool = True
@@ -314,6 +334,17 @@ class TrainConfig(StrictModel):
         if self.engine == "fsdp2" and self.precision == "fp16":
             raise ValueError("train.precision=fp16 with train.engine=fsdp2: fp16 needs a sharded loss scaler, which "
                              "packtrain does not run; use train.precision=bf16")
+        return self
+
+    @model_validator(mode="after")
+    def _eval_during_training(self):
+        if self.early_stopping is not None and self.eval_every_steps == 0:
+            raise ValueError("train.early_stopping needs train.eval_every_steps > 0 (it stops on the held-out loss "
+                             "those evaluations measure): set train.eval_every_steps=N or drop train.early_stopping")
+        if self.eval_every_steps and self.engine != "torch":
+            raise ValueError(f"train.eval_every_steps runs on train.engine=torch (one process or DDP), not "
+                             f"{self.engine}: its parameters are sharded across ranks; set train.eval_every_steps=0 "
+                             "and evaluate the saved model with `packtrain evaluate`")
         return self
 
     @model_validator(mode="after")

@@ -23,6 +23,14 @@ per packtrain.data.chat.CHECKS, each ExpectColumnValuesToBeNull on a column hold
     has_assistant_turn a conversation has at least one assistant turn
     content_not_empty  no empty (whitespace-only) content or completion
 
+With `validate.contamination.against` set (packtrain.data.contamination) one more expectation,
+ExpectColumnValuesToBeNull on `contamination_problem` (per row: the eval record it shares an n-gram with):
+
+    contamination      no document shares a word n-gram (validate.contamination.ngram) with an eval file
+
+It fails the suite — with exit 3, bad input, naming every such document and suite — only under policy fail;
+under drop/warn it is reported (success false, `report.contamination`) but not counted in `failed`.
+
 Every failing expectation lists its rows in `offending_rows`: doc_id, `source` (file:line / file#row) and,
 for these four, the problem (`messages[1].role is "bot", allowed: ...`); the exit-4 message names them too.
 
@@ -48,7 +56,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from packtrain.config import ValidateConfig
-from packtrain.errors import InputDataError, MissingDataError, ValidationFailed
+from packtrain.errors import InputDataError, MissingDataError, PacktrainError, ValidationFailed
 from packtrain.paths import write_json
 
 COLUMNS = {"doc_id": "int64", "text": "str", "source": "str", "n_chars": "int64"}
@@ -95,6 +103,8 @@ class ValidationReport:
     failed: list[str]
     thresholds: dict
     results: list[ExpectationResult]
+    contamination: dict | None = None
+    """packtrain.data.contamination.check_table: every contaminated document (None: check off)."""
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -194,9 +204,10 @@ def record_check_columns(formats: list, records: list) -> dict[str, list]:
     return out
 
 
-def build_suite(cfg: ValidateConfig, records: bool = False) -> list[tuple[str, object]]:
+def build_suite(cfg: ValidateConfig, records: bool = False, contamination: bool = False) -> list[tuple[str, object]]:
     """[(name, GX expectation)] in report order; names are stored in each expectation's meta. `records`: the
-    table holds chat / prompt-completion rows (adds the four record checks)."""
+    table holds chat / prompt-completion rows (adds the four record checks); `contamination`: the frame has a
+    `contamination_problem` column (adds that expectation, last)."""
     import great_expectations.expectations as gxe
 
     from packtrain.data.chat import CHECKS
@@ -217,7 +228,8 @@ def build_suite(cfg: ValidateConfig, records: bool = False) -> list[tuple[str, o
         named("duplicate_ratio", gxe.ExpectColumnProportionOfUniqueValuesToBeBetween(
             column="text", min_value=1.0 - cfg.max_duplicate_ratio)),
         named("row_count", gxe.ExpectTableRowCountToBeBetween(min_value=cfg.min_rows)),
-    ]
+    ] + ([named("contamination", gxe.ExpectColumnValuesToBeNull(column="contamination_problem"))]
+         if contamination else [])
 
 
 def _error_message(info) -> str | None:
@@ -303,11 +315,16 @@ def validate_documents(docs: str | Path, out_dir: str | Path, cfg: ValidateConfi
     path = resolve_documents(docs)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    from packtrain.data.contamination import add_problem_column
+
     df = load_frame(path)
+    contamination = add_problem_column(df, path, cfg.contamination)   # None: check off
 
     import great_expectations as gx
     from great_expectations.checkpoint import UpdateDataDocsAction
     from great_expectations.data_context.types.base import ProgressBarsConfig
+
+    from packtrain.data.contamination import counts_as_failure
 
     ctx = gx.get_context(mode="ephemeral")
     ctx.variables.progress_bars = ProgressBarsConfig(globally=False)
@@ -323,7 +340,8 @@ def validate_documents(docs: str | Path, out_dir: str | Path, cfg: ValidateConfi
                  .add_batch_definition_whole_dataframe("all"))
     suite = ctx.suites.add(gx.ExpectationSuite(name=SUITE_NAME))
     names = []
-    for name, exp in build_suite(cfg, records="record_shape_problem" in df.columns):
+    for name, exp in build_suite(cfg, records="record_shape_problem" in df.columns,
+                                 contamination=contamination is not None):
         suite.add_expectation(exp)
         names.append(name)
     vdef = ctx.validation_definitions.add(gx.ValidationDefinition(name="documents", data=batch_def, suite=suite))
@@ -343,10 +361,10 @@ def validate_documents(docs: str | Path, out_dir: str | Path, cfg: ValidateConfi
         if docs_dir.exists():
             shutil.rmtree(docs_dir)
         tmp_docs.rename(docs_dir)
-    failed = [r.name for r in results if not r.success]
+    failed = [r.name for r in results if not r.success and counts_as_failure(r.name, cfg.contamination)]
     report = ValidationReport(
         success=not failed, documents=len(df), input=str(path), report="", data_docs=None,
-        failed=failed, thresholds=cfg.model_dump(mode="json"), results=results)
+        failed=failed, thresholds=cfg.model_dump(mode="json"), results=results, contamination=contamination)
     report = write_report(report, out_dir, published_dir if published_dir is not None else out_dir)
     if failed and raise_on_failure:
         raise validation_error(report)
@@ -364,8 +382,18 @@ def write_report(report: ValidationReport, out_dir: str | Path, published_dir: s
     return report
 
 
-def validation_error(report: ValidationReport) -> ValidationFailed:
-    bad = [r.summary() for r in report.results if not r.success]
+def validation_error(report: ValidationReport) -> PacktrainError:
+    """ValidationFailed (exit 4) naming the failed expectations; InputDataError (exit 3) when contamination
+    failed under policy fail: the message names each contaminated document and suite first."""
+    bad = [r.summary() for r in report.results if not r.success and r.name in report.failed]
+    where = f"Report: {report.report}" + (f", Data Docs: {report.data_docs}" if report.data_docs else "")
+    if "contamination" in report.failed and report.contamination:
+        from packtrain.data.contamination import contamination_message
+
+        others = [r.summary() for r in report.results if r.name in report.failed and r.name != "contamination"]
+        also = f" Also failed: {'; '.join(others)}." if others else ""
+        return InputDataError(f"{report.input}: {contamination_message(report.contamination)}.{also} {where}")
     return ValidationFailed(
         f"validation of {report.input} failed {len(bad)} of {len(report.results)} expectations: "
-        + "; ".join(bad) + f". Report: {report.report}" + (f", Data Docs: {report.data_docs}" if report.data_docs else ""))
+        + "; ".join(bad) + ". " + where)
+

@@ -151,6 +151,8 @@ class ValidateResult(StageResult):
     input: str                                # the documents table read
     unexpected: dict[str, int]                # expectation → unexpected count
     duplicate_ratio: float | None = None
+    contamination: dict[str, Any] | None = None   # packtrain.data.contamination.check_table (+ "dropped"
+                                              # doc_ids under policy drop); None: check off
 
 
 @dataclass(kw_only=True)
@@ -188,6 +190,8 @@ class TokenizeResult(StageResult):
     loss_mask: bool = False                   # loss_mask.bin written (chat / prompt-completion records)
     loss_tokens: int | None = None            # tokens with mask 1 (None: no mask, every token learned)
     chat_template: str | None = None          # "tokenizer" | "builtin" | None (no chat records)
+    contamination_dropped: list[int] = dataclasses.field(default_factory=list)
+                                              # doc_ids left out (validate.contamination.policy drop)
 
 
 @dataclass(kw_only=True)
@@ -246,6 +250,7 @@ class TrainResult(StageResult):
     init_eval_loss: float | None = None       # held-out loss of the initial weights (warm start), else None
     init: dict[str, Any] | None = None        # the resolved model.init_from, tokenizer check, step-0 eval
     packing_fill: float | None = None         # train fill of the packs trained on (their pack_stats.json)
+    evaluation: dict[str, Any] | None = None  # train.eval_every_steps: curve, best_step, exported_step, early_stopped
 
     @property
     def peak_memory_gib(self) -> float | None:

@@ -12,10 +12,18 @@ packtrain.model.registry_source.resolve_init: a registry source is downloaded on
 and its BOS/EOS rules apply (packtrain.data.tokenize). `tokenize.tokenizer_dir` must then be unset or hold the
 same tokenizer (same tokenizer_hash), else exit 2 naming both. meta.json and stats.json record
 `tokenizer_hash` and `tokenizer_from` (and the lineage its tokenizer_hash); MLflow tags `packtrain.tokenizer_hash`, `packtrain.tokenizer_from`.
+
+Contamination (`validate.contamination.policy: drop`): the documents the validate stage's n-gram check lists
+(packtrain.data.contamination, the same pure check on the same table and eval files) are left out of the store —
+neither trained on nor in the eval split; stats.json `contamination_dropped` lists their doc_ids, and the
+input's md5 (lineage) is still documents.parquet's.
 """
 
 from __future__ import annotations
 
+import contextlib
+import sys
+import tempfile
 from pathlib import Path
 
 from packtrain.config import RunConfig
@@ -41,6 +49,7 @@ def run_tokenize(cfg: RunConfig, docs_dir: str | Path | None = None, out_dir: st
     "documents" (documents.parquet) and "tokenizer" when the tokenizer was loaded from tokenize.tokenizer_dir.
     MLflow tags: `dvc.md5.documents`, `dvc.md5.tokenizer`, `dvc.md5.tokens`.
     """
+    from packtrain.data.contamination import contaminated_ids, write_without
     from packtrain.data.tokenize import check_tokenizer_dir, tokenize_documents
     from packtrain.data.validate import resolve_documents
     from packtrain.tracking import stage_run
@@ -52,20 +61,29 @@ def run_tokenize(cfg: RunConfig, docs_dir: str | Path | None = None, out_dir: st
     md5 = data_md5(docs)
     tok_md5 = data_md5(check_tokenizer_dir(cfg.tokenize.tokenizer_dir)) if cfg.tokenize.tokenizer_dir else None
     tok_cfg, init_from = tokenizer_of_init(cfg)
+    dropped = contaminated_ids(docs, cfg.validate_.contamination)   # [] unless policy drop found some
     with stage_run("tokenize", cfg, section=cfg.tokenize) as run, \
-            staged_output(out, OUTPUTS, "tokenize", required=REQUIRED) as tmp:
+            staged_output(out, OUTPUTS, "tokenize", required=REQUIRED) as tmp, contextlib.ExitStack() as temp:
         run.set_tags({"dvc.md5.documents": md5, "dvc.md5.tokenizer": tok_md5})
         run.log_dataset(docs, "documents", md5, context="input")
         if tok_md5 and cfg.tokenize.tokenizer_dir:
             run.log_dataset(cfg.tokenize.tokenizer_dir, "tokenizer", tok_md5, context="input")
-        stats = tokenize_documents(docs, tmp, tok_cfg, publish=False, tokenizer_from=init_from,
+        src = docs
+        if dropped:   # the table without them, in a temporary directory; documents.parquet itself is only read
+            src = write_without(docs, dropped, Path(temp.enter_context(tempfile.TemporaryDirectory(
+                prefix="packtrain-tokenize-"))) / "documents.parquet")
+            print(f"tokenize: left out {len(dropped)} contaminated document(s) (validate.contamination.policy=drop): "
+                  f"doc_id {', '.join(map(str, dropped[:20]))}" + (" ..." if len(dropped) > 20 else ""),
+                  file=sys.stderr)
+        stats = tokenize_documents(src, tmp, tok_cfg, publish=False, tokenizer_from=init_from,
                                    prompt_budget=cfg.pack.budget)   # a longer prompt could not share a pack with its answer
         run.set_tags({"packtrain.tokenizer_hash": stats.tokenizer_hash, "packtrain.tokenizer_from": init_from})
         _check_store(tmp, stats)
         lineage = make_lineage({"documents": md5, "tokenizer": tok_md5},
                                upstream_lineage(docs.parent / IngestResult.FILE), tokenizer_hash=stats.tokenizer_hash)
         result = from_library(TokenizeResult, stats.to_dict(), lineage, STATS_FILE, output=str(out),
-                              input=str(docs), tokens_md5=data_md5(tmp / "tokens.bin"))
+                              input=str(docs), tokens_md5=data_md5(tmp / "tokens.bin"),
+                              contamination_dropped=dropped)
         result.write(tmp)
         run.log_stats(result.to_dict())
         run.set_tags({"dvc.md5.tokens": result.tokens_md5})

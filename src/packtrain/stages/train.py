@@ -14,6 +14,10 @@
       MLflow  run "train" (rank 0 only): params train.* and model.*, per-step metrics with step= (loss, lr,
               grad_norm, tokens/s, MFU, step time, data wait), the summary as metrics (summary.*, throughput.*,
               memory.*), threshold violations as tags, the files above as artifacts
+      eval    train.eval_every_steps N > 0 (packtrain.train.evaluation): eval_loss / eval_perplexity every N
+              steps (MLflow metrics at the step, train_log.jsonl), train.early_stopping, and model/ = the
+              lowest-eval_loss checkpoint; train_result.json `evaluation` (curve, best_step, exported_step,
+              early_stopped), MLflow best_eval_loss / best_eval_step
 
 Warm start (`model.init_from` not scratch; packtrain.model.registry_source, packtrain.model.warm_start):
       resolves  the init source before any work: a registry source is downloaded once into
@@ -66,6 +70,10 @@ def check_inputs(cfg: RunConfig, packs_dir: Path, tokens_dir: Path) -> tuple[Pat
     if not split.is_dir():
         raise MissingDataError(f"train packs {split} do not exist: run `packtrain pack` first or pass --packs DIR")
     PackStore.open(split, verify=False)
+    if cfg.train.eval_every_steps:   # the held-out split it evaluates on (packtrain.train.evaluation)
+        from packtrain.train.evaluation import build_evaluator
+
+        build_evaluator(cfg.train, cfg.evaluate, packs_dir)
     tok = tokens_dir / "tokenizer"
     if not tok.is_dir():
         raise MissingDataError(f"tokenizer {tok} does not exist: run `packtrain tokenize` first or pass --tokens "
@@ -116,7 +124,7 @@ def run_train(cfg: RunConfig, packs_dir: str | Path, tokens_dir: str | Path, out
     out_dir.mkdir(parents=True, exist_ok=True)
     if not dist_info().is_main:   # only rank 0 talks to MLflow and writes the stage's stats
         train(model_cfg, cfg.train, cfg.pack, cfg.telemetry, packs_dir, tokenizer_dir, out_dir,
-              tracker=None, resume=resume, plan_cfg=cfg.plan, overwrite=overwrite)
+              tracker=None, resume=resume, plan_cfg=cfg.plan, overwrite=overwrite, eval_cfg=cfg.evaluate)
         return None
     from packtrain.tracking import stage_run
 
@@ -129,7 +137,7 @@ def run_train(cfg: RunConfig, packs_dir: str | Path, tokens_dir: str | Path, out
         if step0 is not None:
             run.log_metrics({"init_eval_loss": step0["eval_loss"], "init_perplexity": step0["perplexity"]})
         result = train(model_cfg, cfg.train, cfg.pack, cfg.telemetry, packs_dir, tokenizer_dir, out_dir,
-                       tracker=run, resume=resume, plan_cfg=cfg.plan, overwrite=overwrite)
+                       tracker=run, resume=resume, plan_cfg=cfg.plan, overwrite=overwrite, eval_cfg=cfg.evaluate)
         typed = from_library(TrainResult, result.to_dict(), lineage, TrainResult.FILE,
                              init_eval_loss=step0["eval_loss"] if step0 is not None else None,
                              init={**init.to_dict(), "tokenizer_check": tokenizer_check, "eval": step0},
@@ -137,6 +145,10 @@ def run_train(cfg: RunConfig, packs_dir: str | Path, tokens_dir: str | Path, out
         typed.write(out_dir)
         stats = typed.to_dict()
         run.log_metrics(summary_metrics(stats))
+        if stats.get("evaluation"):
+            ev = stats["evaluation"]
+            run.log_metrics({"best_eval_loss": ev["best_eval_loss"], "best_eval_step": ev["best_step"],
+                             "early_stopped": float(ev["early_stopped"])})
         if result.report is not None:
             run.log_report(result.report)   # summary.* metrics, violation tags, telemetry.json + PNGs
             log_system_series(run, result.report)

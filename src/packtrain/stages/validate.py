@@ -62,7 +62,7 @@ def run_validate(cfg: RunConfig, docs_dir: str | Path | None = None, out_dir: st
             unexpected={r.name: r.unexpected_count for r in report.results if r.unexpected_count is not None},
             duplicate_ratio=dup.observed.get("duplicate_ratio") if dup is not None and isinstance(
                 dup.observed, dict) else None,
-            lineage=lineage)
+            lineage=lineage, contamination=_contamination(report.contamination))
         result.write(tmp)
         run.log_stats({**result.to_dict(), "success": int(report.success)})
         run.set_tags({"validate.success": str(report.success).lower(), "validate.failed": ",".join(report.failed)})
@@ -74,6 +74,22 @@ def run_validate(cfg: RunConfig, docs_dir: str | Path | None = None, out_dir: st
             raise validation_error(report)
     _remove_stale_failure(failed)
     return result
+
+
+def _contamination(found: dict | None) -> dict | None:
+    """The contamination section of validate_stats.json (+ `dropped` under policy drop), said on stderr when
+    documents were found and the policy lets the run go on."""
+    import sys
+
+    from packtrain.data.contamination import log_line
+
+    if found is None:
+        return None
+    if found["policy"] == "drop":
+        found = {**found, "dropped": [o["doc_id"] for o in found["overlaps"]]}
+    if found["overlaps"] and found["policy"] != "fail":
+        print(log_line(found), file=sys.stderr)
+    return found
 
 
 def _remove_stale_failure(failed: Path) -> None:

@@ -29,7 +29,9 @@ Nothing is deleted implicitly:
 - retention is the one explicit policy `train.checkpoint`: after each save keep the newest `keep_last` and,
   with `keep_best`, the one with the lowest mean training loss over its interval (`interval_loss` in the
   manifest); every other `step_N` is removed. Example, every 5 steps, keep_last 2, keep_best, interval
-  losses 5:4.1 10:3.2 15:3.6 20:3.5 → kept 10 (best), 15, 20;
+  losses 5:4.1 10:3.2 15:3.6 20:3.5 → kept 10 (best), 15, 20. With evaluation during training
+  (train.eval_every_steps) a checkpoint of an evaluated step records its held-out `eval_loss`, and the best is
+  the lowest eval_loss among those instead (kept whatever keep_best says: it is the one exported);
 - a fresh `packtrain train` into an output directory that already holds checkpoints refuses (see
   `existing_run`), naming `--resume` and `--overwrite`.
 """
@@ -95,13 +97,16 @@ def set_rng_state(plain: dict, tensors: dict) -> None:
         torch.cuda.set_rng_state_all(tensors["cuda"])
 
 
-def _manifest(root: Path, step: int, loss: float | None = None) -> dict:
+def _manifest(root: Path, step: int, loss: float | None = None, eval_loss: float | None = None) -> dict:
     files = {}
     for p in sorted(root.rglob("*")):
         if p.is_file() and p.name != "manifest.json":
             rel = p.relative_to(root).as_posix()
             files[rel] = {"bytes": p.stat().st_size, "sha256": sha256_file(p)}
-    return {"format": FORMAT, "version": VERSION, "step": step, "interval_loss": loss, "files": files}
+    out = {"format": FORMAT, "version": VERSION, "step": step, "interval_loss": loss, "files": files}
+    if eval_loss is not None:   # only with train.eval_every_steps: manifests stay as they were without it
+        out["eval_loss"] = eval_loss
+    return out
 
 
 def begin_checkpoint(ckpt_root: Path, step: int) -> Path:
@@ -127,7 +132,8 @@ def commit_checkpoint(ckpt_root: Path, tmp: Path, step: int, state: dict, keep_l
     torch.save(tensors, tmp / "rng.pt")
     (tmp / "state.json").write_text(json.dumps({**state, "step": step, "rng": plain}))
     loss = interval_loss(state.get("history"), after_step)
-    (tmp / "manifest.json").write_text(json.dumps(_manifest(tmp, step, loss), indent=1))
+    ev = next((h.get("eval_loss") for h in reversed(state.get("history") or []) if h.get("step") == step), None)
+    (tmp / "manifest.json").write_text(json.dumps(_manifest(tmp, step, loss, ev), indent=1))
     kill_point("checkpoint.manifest")
     final = ckpt_root / step_dir_name(step)
     if final.exists():
@@ -169,12 +175,14 @@ def list_checkpoints(ckpt_root: Path) -> list[tuple[int, Path]]:
 
 def prune_checkpoints(ckpt_root: Path, keep_last: int, keep_best: bool = False) -> list[Path]:
     """Apply the retention policy: keep the newest `keep_last` step_N directories and, with `keep_best`, the
-    one whose manifest has the lowest `interval_loss`; remove the other step_N directories and leftover
-    `.tmp-*`/`.old-*` writes. Quarantined checkpoints are never touched. Returns the removed directories."""
+    one whose manifest has the lowest `eval_loss` (when any has one: evaluation during training), else the lowest
+    `interval_loss`; remove the other step_N directories and leftover `.tmp-*`/`.old-*` writes. Quarantined
+    checkpoints are never touched. Returns the removed directories."""
     ckpts = list_checkpoints(ckpt_root)
     keep = {p for _, p in ckpts[:keep_last]}
     if keep_best:
-        scored = [(loss, -step, p) for step, p in ckpts if (loss := manifest_loss(p)) is not None]
+        scored = [(loss, -step, p) for step, p in ckpts if (loss := manifest_loss(p, "eval_loss")) is not None]
+        scored = scored or [(loss, -step, p) for step, p in ckpts if (loss := manifest_loss(p)) is not None]
         if scored:
             keep.add(min(scored)[2])
     removed = [p for _, p in ckpts if p not in keep]
@@ -185,10 +193,11 @@ def prune_checkpoints(ckpt_root: Path, keep_last: int, keep_best: bool = False) 
     return removed
 
 
-def manifest_loss(path: Path) -> float | None:
-    """`interval_loss` from a checkpoint's manifest (None when absent, unreadable or not finite)."""
+def manifest_loss(path: Path, key: str = "interval_loss") -> float | None:
+    """`interval_loss` (or `key`: eval_loss) from a checkpoint's manifest (None when absent, unreadable or not
+    finite)."""
     try:
-        v = json.loads((path / "manifest.json").read_text()).get("interval_loss")
+        v = json.loads((path / "manifest.json").read_text()).get(key)
     except (OSError, ValueError):
         return None
     return float(v) if isinstance(v, (int, float)) and math.isfinite(v) else None

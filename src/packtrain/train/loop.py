@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     import torch
 
     from packtrain.packing.batches import PackedBatch
+    from packtrain.train.evaluation import Evaluator
     from packtrain.train.parts import ModelParts
     from packtrain.train.runtime import StepInfo
     from packtrain.train.session import TrainSession
@@ -50,6 +51,7 @@ class TrainResult:
     params: dict                    # total / embedding / non_embedding
     model_dir: str | None
     checkpoint: str | None
+    evaluation: dict | None = None  # train.eval_every_steps: curve, best, early stop (packtrain.train.evaluation)
     history: list[dict] = field(default_factory=list, repr=False)
     report: Any = field(default=None, repr=False)   # packtrain.telemetry.report.TelemetryReport (rank 0)
 
@@ -61,7 +63,7 @@ class TrainResult:
 
 
 def train(model_cfg, train_cfg, pack_cfg, telemetry_cfg, packs_dir, tokenizer_dir, out_dir, tracker=None,
-          resume: bool = False, plan_cfg=None, overwrite: bool = False) -> TrainResult:
+          resume: bool = False, plan_cfg=None, overwrite: bool = False, eval_cfg=None) -> TrainResult:
     """Train on `packs_dir/train` and write `out_dir/model` (+ checkpoints, train_log.jsonl).
 
     tokenizer_dir: the tokenize stage's output (its tokenizer/ is copied next to the model).
@@ -70,13 +72,18 @@ def train(model_cfg, train_cfg, pack_cfg, telemetry_cfg, packs_dir, tokenizer_di
     overwrite: start from step 0 even though out_dir/checkpoints holds checkpoints (they are deleted); without
     it (and without resume) such a directory is refused. A non-finite loss, gradient norm or weights stop the
     run with TrainingDiverged (exit 8) before anything of that step is saved.
+    eval_cfg: the evaluate config train.eval_every_steps evaluates with (packtrain.train.evaluation; None →
+    EvalConfig()); with it on, model/ holds the lowest-eval_loss checkpoint and train.early_stopping may end
+    the run before max_steps.
     """
     import torch
     from tqdm import tqdm
 
+    from packtrain.train.evaluation import build_evaluator
     from packtrain.train.session import TrainSession
 
     t_start = time.perf_counter()
+    evaluator = build_evaluator(train_cfg, eval_cfg, Path(packs_dir))   # None: train.eval_every_steps 0
     with TrainSession(model_cfg, train_cfg, pack_cfg, telemetry_cfg, packs_dir, tokenizer_dir, out_dir,
                       tracker, plan_cfg) as s:
         m, ga, world = s.parts, s.data.shape.grad_accum, s.dist.world_size
@@ -91,6 +98,7 @@ def train(model_cfg, train_cfg, pack_cfg, telemetry_cfg, packs_dir, tokenizer_di
         # several GPUs the sums over ranks are host all-reduces (gloo), which do not drain the GPU either.
         deferred = s.device.type == "cuda" and m.step_is_async()
         pending: StepDone | None = None
+        last_step, stopped = start, False
         for step in range(start + 1, train_cfg.max_steps + 1):
             t0 = time.perf_counter()
             window = [next(batches) for _ in range(ga)]                     # ga × (1, rows·budget)
@@ -107,21 +115,31 @@ def train(model_cfg, train_cfg, pack_cfg, telemetry_cfg, packs_dir, tokenizer_di
             if pending is not None:
                 last_end = _finish(s, bar, pending, world, last_end)
             pending = done
-            if not deferred or s.checkpoint_due(step) or step == train_cfg.max_steps:
-                last_end = _finish(s, bar, pending, world, last_end)
+            evaluate = evaluator is not None and evaluator.due(step)
+            if not deferred or s.checkpoint_due(step) or step == train_cfg.max_steps or evaluate:
+                last_end = _finish(s, bar, pending, world, last_end, evaluator if evaluate else None)
                 pending = None
-            if s.checkpoint_due(step):
+            state = evaluator.state(s) if evaluate and evaluator is not None else None
+            if s.checkpoint_due(step) or (state is not None and state.best_step == step):   # a new lowest eval_loss
                 s.save_checkpoint(step)
                 last_end = time.perf_counter()   # saving is not part of the next step's time
+            last_step = step
+            if state is not None and state.stop:
+                stopped = True
+                break
         bar.close()
         train_s = time.perf_counter() - t_loop
         s.end_steady_state()
         last = s.checkpoints.last
-        if last is None or not last.name.endswith(f"{train_cfg.max_steps:06d}"):
-            s.check_finite_weights(train_cfg.max_steps)   # (a checkpoint at the last step checked them already)
+        if last is None or not last.name.endswith(f"{last_step:06d}"):
+            s.check_finite_weights(last_step)   # (a checkpoint at the last step checked them already)
+        exported = evaluator.restore_best(s, last_step) if evaluator is not None else last_step
         t_save = time.perf_counter()
         model_dir = s.save_model()
-        return _result(s, start, train_s, time.perf_counter() - t_save, time.perf_counter() - t_start, model_dir)
+        result = _result(s, start, train_s, time.perf_counter() - t_save, time.perf_counter() - t_start, model_dir)
+        if evaluator is not None:
+            result.evaluation = _evaluation(s, evaluator, exported, stopped)
+        return result
 
 
 def run_step(m: ModelParts, window: list[PackedBatch], label_divisor: float, device: torch.device,
@@ -176,9 +194,12 @@ class StepDone:
         return float(self.loss_sum.item()), (float(g) if g is not None else None)
 
 
-def _finish(s: TrainSession, bar: Any, d: StepDone, world: int, last_end: float) -> float:
+def _finish(s: TrainSession, bar: Any, d: StepDone, world: int, last_end: float,
+            evaluator: Evaluator | None = None) -> float:
     """Read a step's numbers on the host and record them; returns when that happened. The step time is the time
-    between the host seeing consecutive steps complete, which in steady state is the GPU's step time."""
+    between the host seeing consecutive steps complete, which in steady state is the GPU's step time. With an
+    `evaluator` the held-out loss is measured after the step's checks and recorded with it (its time is not
+    the step's, nor the next one's)."""
     loss_sum, norm = d.values()
     now = time.perf_counter()
     step_time = now - last_end
@@ -187,10 +208,28 @@ def _finish(s: TrainSession, bar: Any, d: StepDone, world: int, last_end: float)
     if active(f"train.nan_loss@{d.step}"):   # fault-injection test hook (packtrain.faults)
         loss = float("nan")
     s.check_step_finite(d.step, loss, norm, bool(d.info.skipped))   # before it is logged as a good step
-    m = s.record(d.step, d.window, d.n_labels, loss, d.lr, d.info, step_time, d.data_wait)
+    ev = evaluator.evaluate(s) if evaluator is not None else None
+    m = s.record(d.step, d.window, d.n_labels, loss, d.lr, d.info, step_time, d.data_wait, extra=ev)
+    if ev is not None and evaluator is not None:
+        evaluator.log(s, d.step, ev)
+        now = time.perf_counter()
     bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{m['real_tokens_per_s'] * world:,.0f}")
     bar.update(1)
     return now
+
+
+def _evaluation(s: TrainSession, evaluator: Evaluator, exported: int, stopped: bool) -> dict:
+    """train_result.json `evaluation`: {"every_steps", "curve": [{"step", "eval_loss"}], "best_step",
+    "best_eval_loss", "exported_step" (whose weights model/ holds), "early_stopped", "stopped_at",
+    "early_stopping": {patience, min_delta} | None}."""
+    st = evaluator.state(s)
+    h = s.checkpoints.history
+    es = evaluator.early_stopping
+    return {"every_steps": evaluator.every,
+            "curve": [{"step": x["step"], "eval_loss": x["eval_loss"]} for x in h if "eval_loss" in x],
+            "best_step": st.best_step, "best_eval_loss": st.best_loss, "exported_step": exported,
+            "early_stopped": stopped, "stopped_at": h[-1]["step"] if stopped and h else None,
+            "early_stopping": es.model_dump() if es is not None else None}
 
 
 def _result(s: TrainSession, start: int, train_s: float, save_s: float, total_s: float,

@@ -148,6 +148,7 @@ def save_checkpoint(s: TrainSession, step: int) -> None:
         state = {"scheduler": m.scheduler.state_dict(), "scaler": m.stepper.scaler_state(),
                  "loader": s.data.loader_state(), "history": c.history}
         prev = int(c.last.name.split("_")[1]) if c.last else 0
-        c.last = ckpt.commit_checkpoint(c.root, tmp, step, state, cfg.keep_last, cfg.keep_best, after_step=prev)
+        keep_best = cfg.keep_best or s.cfg.eval_every_steps > 0   # the lowest-eval_loss one is what gets exported
+        c.last = ckpt.commit_checkpoint(c.root, tmp, step, state, cfg.keep_last, keep_best, after_step=prev)
     barrier(s.dist)
     s.timings["checkpoint_s"] += time.perf_counter() - t0

@@ -149,9 +149,10 @@ class TrainSession:
 
     # ------------------------------------------------------------------------------------------ per step
     def record(self, step: int, window: list[PackedBatch], n_labels: float, loss: float, lr: float,
-               info: StepInfo, step_time: float, data_wait: float) -> dict:
+               info: StepInfo, step_time: float, data_wait: float, extra: dict | None = None) -> dict:
         """Meter + history + train_log.jsonl + tracker for optimizer step `step` (1-based).
-        Throughput metrics are per GPU (this rank); token counts in the history are summed over ranks."""
+        Throughput metrics are per GPU (this rank); token counts in the history are summed over ranks.
+        `extra`: more keys of this step's record (the held-out evaluation: eval_loss, ...)."""
         c = self.checkpoints
         real = sum(b.n_real_tokens for b in window)     # this rank's
         slot = sum(b.rows * b.budget for b in window)
@@ -159,6 +160,8 @@ class TrainSession:
         h = {"step": step, "loss": loss, "lr": lr, "grad_norm": info.grad_norm, "skipped": info.skipped,
              "loss_scale": info.loss_scale, "real_tokens": int(self.global_sum(real)),
              "label_tokens": int(n_labels), "slot_tokens": slot * self.dist.world_size, "step_time_s": step_time}
+        if extra:
+            h.update(extra)
         c.history.append(h)
         if self.dist.is_main:
             with open(c.log_path, "a", encoding="utf-8") as f:
