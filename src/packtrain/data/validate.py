@@ -14,17 +14,24 @@ The suite (thresholds from `ValidateConfig`; name → GX expectation):
                                                            i.e. (rows - distinct) / rows ≤ max_duplicate_ratio
     row_count          ExpectTableRowCountToBeBetween      rows ≥ min_rows
 
-Chat / prompt-completion tables (a `record` column, packtrain.data.ingest) get four more expectations, one
-per packtrain.data.chat.CHECKS, each ExpectColumnValuesToBeNull on a column holding the row's first problem
-(None when the row is fine; plain-text rows always None):
+    has_visible_text   ExpectColumnValuesToBeNull       has_visible_text_problem: a non-blank text of only
+                                                           NUL/control, zero-width and U+FFFD characters
+
+Chat / prompt-completion tables (a `record` column, packtrain.data.ingest) get more expectations, one per
+packtrain.data.chat.CHECKS and packtrain.data.record_rules.RULES, each ExpectColumnValuesToBeNull on a column
+holding the row's first problem (None when the row is fine; plain-text rows always None):
 
     record_shape       messages is a list of {role, content} with string content; prompt and completion strings
     roles_allowed      every role is one of system, user, assistant, tool
     has_assistant_turn a conversation has at least one assistant turn
     content_not_empty  no empty (whitespace-only) content or completion
+    role_order         optional system turn, then user/assistant alternating from user to assistant
+                       (validate.role_order: alternating; "any" leaves it out)
+    prompt_fits_budget the prompt's tokens (exact with tokenize.tokenizer_dir, else a lower bound) < pack.budget
+                       (left out when the tokenizer is model.init_from's: tokenize checks it)
 
 Every failing expectation lists its rows in `offending_rows`: doc_id, `source` (file:line / file#row) and,
-for these four, the problem (`messages[1].role is "bot", allowed: ...`); the exit-4 message names them too.
+for these checks, the problem (`messages[1].role is "bot", allowed: ...`); the exit-4 message names them too.
 
 Outputs in `out_dir`: `report.json` (per expectation: success, observed value, element/unexpected counts,
 up to `max_offending_ids` offending doc_ids — for duplicate_ratio the ids of rows repeating an earlier
@@ -48,6 +55,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from packtrain.config import ValidateConfig
+from packtrain.data.record_rules import RowRules
 from packtrain.errors import InputDataError, MissingDataError, ValidationFailed
 from packtrain.paths import write_json
 
@@ -134,29 +142,40 @@ def text_surrogates(texts: list) -> list:
     return out
 
 
-def load_frame(path: Path, batch_rows: int = 2048):
+def load_frame(path: Path, batch_rows: int = 2048, rules: RowRules | None = None):
     """The table as the pandas DataFrame the suite runs on, read batch by batch: string columns as object dtype
     (None for nulls), the text column as `text_surrogates` (so memory is O(documents), not O(text): 400 MB
     of text validated at a 475 MiB peak instead of 2,764 MiB, bench/results/data_memory.json); other columns as pyarrow
-    converts them (an int32 doc_id stays int32, so the type expectation reports it)."""
+    converts them (an int32 doc_id stays int32, so the type expectation reports it). The per-document rules
+    (packtrain.data.record_rules, `rules.checks`) are computed batch by batch on the real texts and records
+    into `<check>_problem` columns; the `record` column itself is dropped."""
     import pandas as pd
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    from packtrain.data.record_rules import check_columns
+
+    rules = rules or RowRules()
     try:
         pf = pq.ParquetFile(path, pre_buffer=False)
         schema = pf.schema_arrow
         strings = {f.name for f in schema if pa.types.is_string(f.type) or pa.types.is_large_string(f.type)}
+        checks = rules.checks(with_records="record" in schema.names) if "text" in schema.names else ()
         parts: dict[str, list] = {name: [] for name in schema.names}
+        problems: dict[str, list] = {f"{c}_problem": [] for c in checks}
         for rb in pf.iter_batches(batch_size=batch_rows):
+            batch = {name: rb.column(name).to_pylist() for name in schema.names if name in strings or name == "text"}
+            if checks:
+                for name, values in check_columns(batch.get("format") or [], batch.get("record") or [],
+                                                  batch["text"], rules, checks).items():
+                    problems[name].extend(values)
             for name in schema.names:
-                col = rb.column(name)
                 if name == "text" and name in strings:
-                    parts[name].extend(text_surrogates(col.to_pylist()))
+                    parts[name].extend(text_surrogates(batch[name]))
                 elif name in strings:
-                    parts[name].extend(col.to_pylist())
+                    parts[name].extend(batch[name])
                 else:
-                    parts[name].append(col)
+                    parts[name].append(rb.column(name))
     except (pa.ArrowException, OSError) as e:
         raise InputDataError(f"{path}: not a readable parquet file ({e})") from None
     cols = {}
@@ -165,53 +184,34 @@ def load_frame(path: Path, batch_rows: int = 2048):
             cols[f.name] = pd.Series(parts[f.name], dtype=object)
         else:
             cols[f.name] = pa.chunked_array(parts[f.name], type=f.type).to_pandas()
-    if "record" in cols:
-        for name, values in record_check_columns(parts.get("format") or [], parts["record"]).items():
-            cols[name] = pd.Series(values, dtype=object)
-        del cols["record"]   # the structure was only needed for the checks
+    cols.pop("record", None)   # the structure was only needed for the checks
+    for name, values in problems.items():
+        cols[name] = pd.Series(values, dtype=object)
     return pd.DataFrame(cols) if cols else pd.DataFrame(index=range(pf.metadata.num_rows))
 
 
-def record_check_columns(formats: list, records: list) -> dict[str, list]:
-    """{"<check>_problem": [first problem of each row or None]} for packtrain.data.chat.CHECKS; a record that
-    is not valid JSON fails record_shape. Rows without a record (plain text) pass every check."""
-    import json
-
-    from packtrain.data.chat import CHECKS, record_checks
-
-    out: dict[str, list] = {f"{c}_problem": [] for c in CHECKS}
-    for i, rec in enumerate(records):
-        fmt = formats[i] if i < len(formats) else None
-        if rec is None or fmt in (None, "text"):
-            found: dict[str, str | None] = dict.fromkeys(CHECKS)
-        else:
-            try:
-                found = record_checks(fmt, json.loads(rec))
-            except (json.JSONDecodeError, TypeError):
-                found = {**dict.fromkeys(CHECKS), "record_shape": "record is not valid JSON"}
-        for c in CHECKS:
-            out[f"{c}_problem"].append(found[c])
-    return out
-
-
-def build_suite(cfg: ValidateConfig, records: bool = False) -> list[tuple[str, object]]:
-    """[(name, GX expectation)] in report order; names are stored in each expectation's meta. `records`: the
-    table holds chat / prompt-completion rows (adds the four record checks)."""
+def build_suite(cfg: ValidateConfig, checks: tuple[str, ...] = ()) -> list[tuple[str, object]]:
+    """[(name, GX expectation)] in report order; names are stored in each expectation's meta. `checks`: the
+    per-document rules computed into `<check>_problem` columns (load_frame): has_visible_text follows
+    text_not_empty, the record checks come first."""
     import great_expectations.expectations as gxe
-
-    from packtrain.data.chat import CHECKS
 
     def named(name, exp):
         exp.meta = {"packtrain_name": name}
         return name, exp
 
-    extra = [named(c, gxe.ExpectColumnValuesToBeNull(column=f"{c}_problem")) for c in CHECKS] if records else []
+    def null(c):
+        return named(c, gxe.ExpectColumnValuesToBeNull(column=f"{c}_problem"))
+
+    extra = [null(c) for c in checks if c != "has_visible_text"]
+    visible = [null("has_visible_text")] if "has_visible_text" in checks else []
     return extra + [
         named("columns_present", gxe.ExpectTableColumnsToMatchSet(column_set=list(COLUMNS), exact_match=False)),
         *(named(f"{c}_type", gxe.ExpectColumnValuesToBeOfType(column=c, type_=t)) for c, t in COLUMNS.items()),
         named("doc_id_unique", gxe.ExpectColumnValuesToBeUnique(column="doc_id")),
         named("text_not_null", gxe.ExpectColumnValuesToNotBeNull(column="text")),
         named("text_not_empty", gxe.ExpectColumnValuesToMatchRegex(column="text", regex=r"\S")),
+        *visible,
         named("length_in_range", gxe.ExpectColumnValuesToBeBetween(
             column="n_chars", min_value=cfg.min_chars, max_value=cfg.max_chars, mostly=cfg.length_mostly)),
         named("duplicate_ratio", gxe.ExpectColumnProportionOfUniqueValuesToBeBetween(
@@ -291,19 +291,21 @@ def _offending_rows(ids: list[int], df, column: str | None) -> list[dict]:
 
 
 def validate_documents(docs: str | Path, out_dir: str | Path, cfg: ValidateConfig,
-                       raise_on_failure: bool = True, published_dir: str | Path | None = None) -> ValidationReport:
+                       raise_on_failure: bool = True, published_dir: str | Path | None = None,
+                       rules: RowRules | None = None) -> ValidationReport:
     """Run the suite on `docs` (a directory with documents.parquet, or the file); write report + Data Docs.
 
     Raises ValidationFailed (after writing both) naming the failed expectations and the report path,
     unless `raise_on_failure` is False (the stage runner logs to MLflow first, then raises). `published_dir`:
     where the stage will publish `out_dir` when it is a staging directory — the paths inside report.json and
-    the message name it (default `out_dir`).
+    the message name it (default `out_dir`). `rules`: what the per-document rules need from the run
+    (packtrain.data.record_rules.RowRules.of(cfg); default: role order checked, prompts not).
     """
     os.environ.setdefault("GX_ANALYTICS_ENABLED", "False")
     path = resolve_documents(docs)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    df = load_frame(path)
+    df = load_frame(path, rules=rules)
 
     import great_expectations as gx
     from great_expectations.checkpoint import UpdateDataDocsAction
@@ -323,7 +325,8 @@ def validate_documents(docs: str | Path, out_dir: str | Path, cfg: ValidateConfi
                  .add_batch_definition_whole_dataframe("all"))
     suite = ctx.suites.add(gx.ExpectationSuite(name=SUITE_NAME))
     names = []
-    for name, exp in build_suite(cfg, records="record_shape_problem" in df.columns):
+    checks = tuple(str(c)[: -len("_problem")] for c in df.columns if str(c).endswith("_problem"))
+    for name, exp in build_suite(cfg, checks):
         suite.add_expectation(exp)
         names.append(name)
     vdef = ctx.validation_definitions.add(gx.ValidationDefinition(name="documents", data=batch_def, suite=suite))
