@@ -226,19 +226,21 @@ def ingest_documents(source: str | Path | None, dst_dir: str | Path, cfg: Ingest
             else:
                 docs = read_parquet(f, cfg.text_field, bar.update, cfg.record_format, cfg.on_bad_record)
             for item in _reading(f, docs, skip):
-                bad = item if isinstance(item, SkippedRecord) else None
-                if bad is None and len(item[0]) > cfg.max_doc_chars:
-                    err = too_long_error(f, item[1], len(item[0]), cfg.max_doc_chars)
+                if isinstance(item, SkippedRecord):
+                    skipped.append(item)
+                    continue
+                text, where, fmt, record = item
+                bad = None
+                if len(text) > cfg.max_doc_chars:
+                    err = too_long_error(f, where, len(text), cfg.max_doc_chars)
                     if not skip:
                         raise err
-                    bad = SkippedRecord(item[1], str(err))
-                if bad is None and skip:
+                    bad = SkippedRecord(where, str(err))
+                elif skip:
                     bad = _refused(item, rules)
                 if bad is not None:
                     skipped.append(bad)
                     continue
-                assert not isinstance(item, SkippedRecord)
-                text, where, fmt, record = item
                 writer.add(text, where, fmt, record)
                 by_format[fmt] = by_format.get(fmt, 0) + 1
                 lengths.append(len(text))

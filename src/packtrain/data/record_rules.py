@@ -223,8 +223,10 @@ class RowRules:
 def row_checks(fmt: str | None, record: object, text: object, rules: RowRules) -> dict[str, str | None]:
     """{check: first problem or None} for every one of ROW_CHECKS; plain-text rows (fmt None/"text") only get
     has_visible_text."""
-    records = fmt not in (None, "text")
-    out: dict[str, str | None] = record_checks(fmt, record) if records else dict.fromkeys(RECORD_CHECKS)
+    out: dict[str, str | None] = dict.fromkeys(RECORD_CHECKS)
+    records = fmt is not None and fmt != "text"
+    if fmt is not None and fmt != "text":
+        out = record_checks(fmt, record)
     out["has_visible_text"] = visible_text_problem(fmt, record, text)
     out["role_order"] = role_order_problem(fmt, record) if records and rules.role_order == "alternating" else None
     out["prompt_fits_budget"] = None
