@@ -8,14 +8,14 @@ The suite (thresholds from `ValidateConfig`; name → GX expectation):
     doc_id_unique      ExpectColumnValuesToBeUnique        doc_id
     text_not_null      ExpectColumnValuesToNotBeNull       text
     text_not_empty     ExpectColumnValuesToMatchRegex      text matches \\S  (whitespace-only = empty)
+    has_visible_text   ExpectColumnValuesToBeNull          has_visible_text_problem is null: no non-blank text (or
+                                                           turn, prompt, completion) of only NUL/control, zero-width
+                                                           and U+FFFD characters (packtrain.data.record_rules)
     length_in_range    ExpectColumnValuesToBeBetween       min_chars ≤ n_chars ≤ max_chars, mostly=length_mostly
     duplicate_ratio    ExpectColumnProportionOfUniqueValuesToBeBetween
                                                            distinct texts / rows ≥ 1 - max_duplicate_ratio,
                                                            i.e. (rows - distinct) / rows ≤ max_duplicate_ratio
     row_count          ExpectTableRowCountToBeBetween      rows ≥ min_rows
-
-    has_visible_text   ExpectColumnValuesToBeNull       has_visible_text_problem: a non-blank text of only
-                                                           NUL/control, zero-width and U+FFFD characters
 
 Chat / prompt-completion tables (a `record` column, packtrain.data.ingest) get more expectations, one per
 packtrain.data.chat.CHECKS and packtrain.data.record_rules.RULES, each ExpectColumnValuesToBeNull on a column
@@ -172,6 +172,8 @@ def load_frame(path: Path, batch_rows: int = 2048, rules: RowRules | None = None
             for name in schema.names:
                 if name == "text" and name in strings:
                     parts[name].extend(text_surrogates(batch[name]))
+                elif name == "record":
+                    continue   # only the checks need the structure (above)
                 elif name in strings:
                     parts[name].extend(batch[name])
                 else:
@@ -180,11 +182,12 @@ def load_frame(path: Path, batch_rows: int = 2048, rules: RowRules | None = None
         raise InputDataError(f"{path}: not a readable parquet file ({e})") from None
     cols = {}
     for f in schema:
+        if f.name == "record":
+            continue
         if f.name in strings:
             cols[f.name] = pd.Series(parts[f.name], dtype=object)
         else:
             cols[f.name] = pa.chunked_array(parts[f.name], type=f.type).to_pandas()
-    cols.pop("record", None)   # the structure was only needed for the checks
     for name, values in problems.items():
         cols[name] = pd.Series(values, dtype=object)
     return pd.DataFrame(cols) if cols else pd.DataFrame(index=range(pf.metadata.num_rows))
