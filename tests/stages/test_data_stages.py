@@ -62,7 +62,7 @@ def test_chain_outputs_md5s_and_mlflow_tags(chain):
     assert ValidateResult.from_dict(val).to_dict() == val   # the written JSON is the typed result
     # summaries name documents, percentiles, the validation result and the md5
     assert f"{ing['documents']:,} documents" in outs["ingest"] and "p99" in outs["ingest"]
-    assert "PASSED 11/11" in outs["validate"] and val_md5 in outs["validate"]
+    assert "PASSED 12/12" in outs["validate"] and val_md5 in outs["validate"]
     assert f"{tok['tokens']:,} tokens" in outs["tokenize"] and "EOS (id 0)" in outs["tokenize"]
 
     import mlflow
@@ -86,7 +86,8 @@ def test_validate_pass_report(chain):
     assert report["success"] and report["failed"] == []
     names = [r["name"] for r in report["results"]]
     assert names == ["columns_present", "doc_id_type", "text_type", "source_type", "n_chars_type", "doc_id_unique",
-                     "text_not_null", "text_not_empty", "length_in_range", "duplicate_ratio", "row_count"]
+                     "text_not_null", "text_not_empty", "has_visible_text", "length_in_range", "duplicate_ratio",
+                     "row_count"]
     n = report["documents"]
     assert next(r for r in report["results"] if r["name"] == "row_count")["observed"] == n
     length = next(r for r in report["results"] if r["name"] == "length_in_range")

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from packtrain.config import IngestConfig
 from packtrain.data.corpus import select_default_corpus
 from packtrain.data.ingest import ingest_documents
+from packtrain.data.record_rules import has_visible
 from packtrain.data.sources import SourceFile, decode_utf8, discover_files, read_txt
 from packtrain.errors import InputDataError
 
@@ -125,7 +126,8 @@ def test_default_corpus_falls_back_to_next_root(tmp_path):
 
 
 blocks = st.lists(st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"),
-                          min_size=1, max_size=20).filter(lambda s: s.strip()), min_size=1, max_size=6)
+                          min_size=1, max_size=20).filter(lambda s: s.strip()), min_size=1, max_size=6
+                  ).filter(lambda ps: any(map(has_visible, ps)))   # a .txt with no visible text is refused
 
 
 @settings(max_examples=60, deadline=None)

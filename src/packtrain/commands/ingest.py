@@ -22,6 +22,9 @@ def summarize(d: dict) -> str:
     if d.get("linked_folders"):
         skipped += " Read linked folder(s) " + ", ".join(f"{x['name']} → {x['target']}"
                                                          for x in d["linked_folders"]) + "."
+    if d.get("records_skipped"):
+        skipped += (f" Skipped {d['records_skipped']:,} bad record(s) (ingest.on_bad_record=skip; each listed "
+                    "with its reason in ingest_stats.json).")
     capped = " Stopped at ingest.max_docs." if d.get("stopped_at_max_docs") else ""
     return (
         f"ingest: {d['documents']:,} documents ({d['bytes_utf8'] / 1e6:.1f} MB of UTF-8 text) from {d['files']:,} "

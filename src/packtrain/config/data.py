@@ -37,6 +37,16 @@ class IngestConfig(StrictModel):
     """Documents longer than this are rejected at ingest (a single 100 MB document is almost always a bug)."""
     max_docs: PositiveInt | None = None
     """Keep only the first N documents in deterministic order (small runs, tests)."""
+    on_bad_record: Literal["fail", "skip"] = "fail"
+    """A document that cannot be used — a .jsonl line that is not valid UTF-8 or JSON, lacks the text field or
+    holds a non-string; a null or over-long parquet value; a .txt file that is empty, shows no visible text,
+    is not UTF-8 or is over-long; a record that validate's per-document rules would refuse (record shape, roles,
+    role order, no visible text, a prompt over the pack budget as far as it can be counted before tokenize,
+    packtrain.data.record_rules) — fails the stage (fail, the default: exit 3 at ingest, exit 4 at validate),
+    or is dropped (skip): every skipped document is listed with its reason in ingest_stats.json
+    (`skipped_records`: source, reason), counted in `records_skipped` (an MLflow metric of the ingest run),
+    and the run continues with the rest. File-level problems (unreadable file, no rows at all, a missing
+    column) always fail."""
     unsupported: Literal["error", "skip"] = "error"
     """Folder sources: files that are not .txt/.jsonl/.parquet (hidden files aside), dangling or looping
     symlinks, links to a folder already read, and special files (FIFOs, sockets, devices) are an error naming
@@ -78,6 +88,12 @@ class ValidateConfig(StrictModel):
     """How many offending doc_ids the report lists per expectation."""
     contamination: ContaminationConfig = ContaminationConfig()
     """n-gram overlap of the documents with eval files (the `contamination` expectation; off by default)."""
+    role_order: Literal["alternating", "any"] = "alternating"
+    """Chat records: alternating → the role_order expectation refuses a conversation whose roles are not an
+    optional leading system turn, then user and assistant alternating, starting with user and ending with
+    assistant (tool turns only after an assistant turn, followed by a tool or assistant turn); the report
+    names the file, line and the offending turn's index and role. any → roles are not ordered (only
+    roles_allowed applies)."""
 
     @model_validator(mode="after")
     def _range(self):

@@ -36,9 +36,11 @@ from pathlib import Path
 from packtrain.config import IngestConfig
 from packtrain.data.chat import file_record_format
 from packtrain.data.corpus import select_default_corpus
+from packtrain.data.record_rules import RowRules
 from packtrain.data.sources import (
     Discovery,
     Doc,
+    SkippedRecord,
     SourceFile,
     discover_files,
     read_jsonl,
@@ -76,6 +78,10 @@ class IngestStats:
     default_corpus: dict | None = None
     records_by_format: dict[str, int] = field(default_factory=dict)
     """Documents per record format ({"text": n, "messages": m, "prompt_completion": k}); {} for plain text."""
+    records_skipped: int = 0
+    """Documents dropped by ingest.on_bad_record=skip (0 with fail)."""
+    skipped_records: list[dict] = field(default_factory=list)
+    """Every one of them: [{"source": "c.jsonl:3", "reason": "..."}], in reading order."""
     input_files: dict[str, Path] = field(default_factory=dict, repr=False)
     """Files read, keyed by their `source` name (for the DVC-style md5 of exactly what was read)."""
     input_exact: bool = field(default=True, repr=False)
@@ -153,7 +159,7 @@ class _DocWriter:
 
 
 def ingest_documents(source: str | Path | None, dst_dir: str | Path, cfg: IngestConfig,
-                     published_dir: str | Path | None = None) -> IngestStats:
+                     published_dir: str | Path | None = None, rules: RowRules | None = None) -> IngestStats:
     """Read `source` (None → the default corpus, `packtrain.data.corpus`) into `dst_dir/documents.parquet`.
 
     Raises InputDataError (file, line/row, field, value, what is allowed) for: a missing/unsupported source,
@@ -163,6 +169,10 @@ def ingest_documents(source: str | Path | None, dst_dir: str | Path, cfg: Ingest
     they are skipped, named on stderr and in the stats). `published_dir`: where the table will be published
     when `dst_dir` is a staging directory (default `dst_dir`); a source file inside it is an error (it would
     read the previous output). 24 MB default corpus: ≈2 s on one core.
+
+    `cfg.on_bad_record == "skip"`: a bad line/row/.txt file, and a document that validate's per-document rules
+    (`rules`, packtrain.data.record_rules; the stage passes RowRules.of(cfg)) or text_not_empty would refuse,
+    is dropped instead, named on stderr and listed in the stats (`skipped_records`).
     """
     from tqdm import tqdm
 
@@ -196,6 +206,9 @@ def ingest_documents(source: str | Path | None, dst_dir: str | Path, cfg: Ingest
     lengths: list[int] = []
     by_type: dict[str, int] = {}
     read: dict[str, Path] = {}
+    skip = cfg.on_bad_record == "skip"
+    rules = rules or RowRules()
+    skipped: list[SkippedRecord] = []
     n_bytes = 0
     stopped = False
     bar = tqdm(total=sum(f.n_bytes for f in files), unit="B", unit_scale=True, desc="ingest",
@@ -205,16 +218,29 @@ def ingest_documents(source: str | Path | None, dst_dir: str | Path, cfg: Ingest
             read[f.name] = f.path
             key = Path(f.name).suffix.lstrip(".") if kind == "default" else f.kind
             by_type[key] = by_type.get(key, 0) + 1
-            docs: Iterator[Doc]
+            docs: Iterator[Doc | SkippedRecord]
             if f.kind == "txt":
                 docs = ((t, w, "text", None) for t, w in read_txt(f, cfg.txt_mode, cfg.max_doc_chars, bar.update))
             elif f.kind == "jsonl":
-                docs = read_jsonl(f, cfg.text_field, bar.update, cfg.record_format)
+                docs = read_jsonl(f, cfg.text_field, bar.update, cfg.record_format, cfg.on_bad_record)
             else:
-                docs = read_parquet(f, cfg.text_field, bar.update, cfg.record_format)
-            for text, where, fmt, record in _reading(f, docs):
+                docs = read_parquet(f, cfg.text_field, bar.update, cfg.record_format, cfg.on_bad_record)
+            for item in _reading(f, docs, skip):
+                if isinstance(item, SkippedRecord):
+                    skipped.append(item)
+                    continue
+                text, where, fmt, record = item
+                bad = None
                 if len(text) > cfg.max_doc_chars:
-                    raise too_long_error(f, where, len(text), cfg.max_doc_chars)
+                    err = too_long_error(f, where, len(text), cfg.max_doc_chars)
+                    if not skip:
+                        raise err
+                    bad = SkippedRecord(where, str(err))
+                elif skip:
+                    bad = _refused(item, rules)
+                if bad is not None:
+                    skipped.append(bad)
+                    continue
                 writer.add(text, where, fmt, record)
                 by_format[fmt] = by_format.get(fmt, 0) + 1
                 lengths.append(len(text))
@@ -225,13 +251,17 @@ def ingest_documents(source: str | Path | None, dst_dir: str | Path, cfg: Ingest
             if stopped:
                 break
         if writer.n == 0:
-            raise InputDataError(f"{label}: no documents found")
+            raise InputDataError(f"{label}: no documents found" + (
+                f" ({len(skipped)} bad record(s) skipped: {_shown(skipped)})" if skipped else ""))
         writer.commit()
     except BaseException:
         writer.abort()
         raise
     finally:
         bar.close()
+    if skipped:
+        print(f"warning: ingest skipped {len(skipped)} bad record(s) (ingest.on_bad_record=skip): "
+              f"{_shown(skipped)}; all listed in ingest_stats.json (skipped_records)", file=sys.stderr)
     return IngestStats(
         documents=writer.n, chars=sum(lengths), bytes_utf8=n_bytes, files=len(read), source=label,
         source_kind=kind, output=str(final), files_by_type=by_type, skipped_files=disc.skipped,
@@ -240,6 +270,7 @@ def ingest_documents(source: str | Path | None, dst_dir: str | Path, cfg: Ingest
         seconds=round(time.perf_counter() - t0, 3),
         default_corpus=default.provenance() if default else None,
         records_by_format=by_format if records else {}, input_files=read,
+        records_skipped=len(skipped), skipped_records=[r.to_dict() for r in skipped],
         input_exact=source is not None and disc.exact)
 
 
@@ -254,8 +285,11 @@ def _warn_skipped(src: Path, disc: Discovery) -> None:
               file=sys.stderr)
 
 
-def _reading(f: SourceFile, docs: Iterator[Doc]) -> Iterator[Doc]:
-    """`docs`, with an OS error while reading `f` (permissions, I/O) turned into an InputDataError naming it."""
+def _reading(f: SourceFile, docs: Iterator[Doc | SkippedRecord], skip: bool = False
+             ) -> Iterator[Doc | SkippedRecord]:
+    """`docs`, with an OS error while reading `f` (permissions, I/O) turned into an InputDataError naming it.
+    `skip`: a .txt file the reader refuses (empty, no visible text, not UTF-8, too long) is one skipped
+    record, named by the file."""
     while True:
         try:
             item = next(docs)
@@ -264,4 +298,28 @@ def _reading(f: SourceFile, docs: Iterator[Doc]) -> Iterator[Doc]:
         except OSError as e:
             raise InputDataError(f"{f.path}: cannot read ({e.strerror or e}); make it readable or remove it from "
                                  "the source") from None
+        except InputDataError as e:
+            if not (skip and f.kind == "txt"):
+                raise
+            yield SkippedRecord(f.name, str(e))
+            return
         yield item
+
+
+def _refused(doc: Doc, rules: RowRules) -> SkippedRecord | None:
+    """The document as a SkippedRecord when validate would refuse it row by row (text_not_empty, the record
+    checks and packtrain.data.record_rules), else None."""
+    import json
+
+    from packtrain.data.record_rules import row_problem
+
+    text, where, fmt, record = doc
+    if not text.strip():
+        return SkippedRecord(where, "text_not_empty: the text is empty (whitespace only)")
+    found = row_problem(fmt, json.loads(record) if record is not None else None, text, rules)
+    return SkippedRecord(where, f"{found[0]}: {found[1]}") if found else None
+
+
+def _shown(skipped: list[SkippedRecord], n: int = 5) -> str:
+    return ", ".join(f"{r.source} ({r.reason})" for r in skipped[:n]) + (
+        f", ... ({len(skipped) - n} more)" if len(skipped) > n else "")

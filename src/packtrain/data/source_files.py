@@ -86,6 +86,9 @@ def discover_files(source: Path, unsupported: Literal["error", "skip"] = "error"
                                  f"({_link_problem(source)}); point --source at an existing file or folder")
         raise InputDataError(f"source {source} does not exist (expected a {ALLOWED} file or a folder of them)")
     if source.is_file():
+        problem = name_problem(source.name, source.parent)
+        if problem is not None:
+            raise InputDataError(f"source {shown_path(source)}: {problem}; {RENAME}")
         kind = SUPPORTED.get(source.suffix.lower())
         if kind is None:
             raise InputDataError(
@@ -94,7 +97,7 @@ def discover_files(source: Path, unsupported: Literal["error", "skip"] = "error"
     if not source.is_dir():
         raise InputDataError(f"source {source} is not a regular file or folder (expected a {ALLOWED} file or a "
                              "folder of them)")
-    disc = _walk(source)
+    disc = _walk(source, unsupported)
     files, bad, entries = disc.files, disc.skipped, disc.bad_entries
     if not files and not bad and not entries:
         raise InputDataError(f"source folder {source} is empty: no {ALLOWED} files found (hidden files are ignored)")
@@ -133,7 +136,36 @@ def _link_problem(path: Path) -> str | None:
     return None
 
 
-def _walk(source: Path) -> Discovery:
+RENAME = "rename it to valid UTF-8 (e.g. `convmv -f latin1 -t utf-8 --notest NAME`) or remove it"
+
+
+def shown_path(path: str | Path) -> str:
+    """A path as text that is always valid UTF-8: undecodable bytes of a file name (which Python keeps as
+    lone surrogates, PEP 383) shown as `\\xe9`.
+
+    >>> shown_path(os.fsdecode(b"in/caf\\xe9.txt"))
+    'in/caf\\\\xe9.txt'
+    """
+    return os.fsencode(path).decode("utf-8", "backslashreplace")
+
+
+def name_problem(name: str, folder: str | Path) -> str | None:
+    """Why the file name `name` (as os.scandir gives it) in `folder` cannot be ingested, or None: a name that
+    is not valid UTF-8 cannot be written to the documents table's `source` column (nor shown without bytes).
+
+    >>> name_problem(os.fsdecode(b"caf\\xe9.txt"), "in")
+    "file name b'caf\\\\xe9.txt' in folder 'in' is not valid UTF-8 (byte 0xe9 at offset 3)"
+    """
+    raw = os.fsencode(name)
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return (f"file name {raw!r} in folder {shown_path(folder)!r} is not valid UTF-8 (byte 0x{raw[e.start]:02x} "
+                f"at offset {e.start})")
+    return None
+
+
+def _walk(source: Path, unsupported: Literal["error", "skip"] = "error") -> Discovery:
     """Depth-first over sorted entries, following links, each real folder once (see discover_files)."""
     disc = Discovery([], [])
     read_as: dict[str, str] = {}   # real path of every folder read (or about to be) → its name in the source
@@ -156,6 +188,12 @@ def _walk(source: Path) -> Discovery:
             if entry.name.startswith("."):
                 continue
             name = prefix + entry.name
+            problem = name_problem(entry.name, folder)
+            if problem is not None:   # refused before anything reads it, or skipped and named (bytes escaped)
+                if unsupported == "error":
+                    raise InputDataError(f"source folder {shown_path(source)}: {problem}; {RENAME}")
+                disc.bad_entries.append(SkippedEntry(shown_path(name), problem))
+                continue
             if entry.is_symlink():
                 _visit_link(entry, name)
             elif entry.is_dir(follow_symlinks=False):

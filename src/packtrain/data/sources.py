@@ -17,17 +17,25 @@ here but reported row by row by `packtrain validate` (packtrain.data.chat.record
 Folders are walked by packtrain.data.source_files.discover_files (re-exported here with SourceFile,
 Discovery, SkippedEntry). Bad input raises `InputDataError` naming the file, line/row, field and value, and
 what is allowed. Rules:
-an empty or whitespace-only file is an error (it is almost always a broken export); an empty string value
-inside a .jsonl/.parquet is accepted here and reported by `packtrain validate`; null is an error.
+an empty or whitespace-only file is an error (it is almost always a broken export), and so is a .txt file
+with no visible text (only NUL/control, zero-width or U+FFFD characters: a binary file or a decoding accident;
+packtrain.data.record_rules.has_visible); an empty string value inside a .jsonl/.parquet is accepted here and
+reported by `packtrain validate`; null is an error.
+
+`on_bad="skip"` (ingest.on_bad_record): a problem of one line / row (not UTF-8, malformed JSON, not an
+object, missing field, non-string, null) yields a `SkippedRecord(source, reason)` instead of raising, and the
+reader goes on with the next line; problems of the whole file still raise.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Literal
 
 from packtrain.data.chat import RecordFormat, detect_record_format, record_of, record_text
+from packtrain.data.record_rules import describe_invisible, has_visible
 from packtrain.data.source_files import (  # noqa: F401 - re-exported: sources is where callers import them
     ALLOWED,
     SUPPORTED,
@@ -43,6 +51,18 @@ BOM = b"\xef\xbb\xbf"
 Progress = Callable[[int], None]
 Doc = tuple[str, str, RecordFormat, str | None]
 """(text, locator, record format, record JSON or None for plain text): what every reader yields."""
+OnBad = Literal["fail", "skip"]
+
+
+@dataclass(frozen=True)
+class SkippedRecord:
+    """A document dropped by ingest.on_bad_record=skip: its locator (`c.jsonl:3`) and why."""
+
+    source: str
+    reason: str
+
+    def to_dict(self) -> dict:
+        return {"source": self.source, "reason": self.reason}
 
 
 def decode_utf8(data: bytes, where: str, base_offset: int = 0) -> str:
@@ -68,6 +88,10 @@ def read_txt(f: SourceFile, mode: Literal["file", "paragraph"], max_chars: int,
         what = "0 bytes" if not data else f"{len(data)} bytes of whitespace only"
         raise InputDataError(f"{f.path}: empty file ({what}); every .txt file must hold at least one document")
     text = decode_utf8(data, str(f.path))
+    if not has_visible(text):
+        raise InputDataError(f"{f.path}: no visible text ({describe_invisible(text)}); every .txt file must hold "
+                             "at least one document a reader can see (is it a binary file, or text decoded with "
+                             "the wrong encoding upstream?)")
     if progress:
         progress(len(data))
     if mode == "file":
@@ -88,10 +112,29 @@ def read_txt(f: SourceFile, mode: Literal["file", "paragraph"], max_chars: int,
 
 
 def read_jsonl(f: SourceFile, field: str, progress: Progress | None = None,
-               record_format: str = "auto") -> Iterator[Doc]:
+               record_format: str = "auto", on_bad: OnBad = "fail") -> Iterator[Doc | SkippedRecord]:
     """One document per non-blank line: a JSON object whose `field` is a string, or a chat record
-    ({"messages": [...]}) or a prompt/completion record (detect_record_format; the file's first record decides
-    for the whole file). Streams line by line."""
+    ({"messages": [...]}) or a prompt/completion record (detect_record_format; the file's first good record
+    decides for the whole file). Streams line by line. A bad line raises, or (on_bad="skip") is yielded as a
+    SkippedRecord."""
+    for item in _jsonl(f, field, progress, record_format):
+        if isinstance(item, _BadLine):
+            if on_bad == "fail":
+                raise item.error
+            yield SkippedRecord(item.source, str(item.error))
+        else:
+            yield item
+
+
+@dataclass(frozen=True)
+class _BadLine:
+    source: str
+    error: InputDataError
+
+
+def _jsonl(f: SourceFile, field: str, progress: Progress | None, record_format: str
+           ) -> Iterator[Doc | _BadLine]:
+    """read_jsonl's lines: a Doc, or a _BadLine naming what is wrong with it."""
     offset = 0
     pending = 0
     n = 0
@@ -103,39 +146,47 @@ def read_jsonl(f: SourceFile, field: str, progress: Progress | None = None,
             if progress and pending >= 1 << 20:
                 progress(pending)
                 pending = 0
-            where = f"{f.path}: line {lineno}"
-            line = decode_utf8(raw, where, base_offset=start)
+            where, loc = f"{f.path}: line {lineno}", f"{f.name}:{lineno}"
+            try:
+                line = decode_utf8(raw, where, base_offset=start)
+            except InputDataError as e:
+                yield _BadLine(loc, e)
+                continue
             if not line.strip():
                 continue
+            n += 1
             try:
                 obj = json.loads(line)
             except json.JSONDecodeError as e:
-                raise InputDataError(
+                yield _BadLine(loc, InputDataError(
                     f"{where}: malformed JSON ({e.msg} at column {e.colno}): {_clip(line)}; "
-                    f"each line must be one JSON object like {{\"{field}\": \"...\"}}") from None
+                    f"each line must be one JSON object like {{\"{field}\": \"...\"}}"))
+                continue
             if not isinstance(obj, dict):
-                raise InputDataError(
+                yield _BadLine(loc, InputDataError(
                     f"{where}: expected a JSON object with a {field!r} field, got a JSON {type(obj).__name__}: "
-                    f"{_clip(line)}")
+                    f"{_clip(line)}"))
+                continue
             if fmt is None:
                 fmt = detect_record_format(obj, field, record_format)
-            n += 1
             if fmt != "text":
                 record = record_of(obj, fmt)
-                yield record_text(fmt, json.loads(record)), f"{f.name}:{lineno}", fmt, record
+                yield record_text(fmt, json.loads(record)), loc, fmt, record
                 continue
             if field not in obj:
                 keys = ", ".join(sorted(obj)[:20]) or "none"
-                raise InputDataError(
+                yield _BadLine(loc, InputDataError(
                     f"{where}: no field {field!r} (fields: {keys}); name the text field with "
                     f"--set ingest.text_field=NAME (chat records need a \"messages\" list, prompt/completion "
-                    "records \"prompt\" and \"completion\")")
+                    "records \"prompt\" and \"completion\")"))
+                continue
             value = obj[field]
             if not isinstance(value, str):
-                raise InputDataError(
+                yield _BadLine(loc, InputDataError(
                     f"{where}: field {field!r} is {_json_type(value)} ({_clip(json.dumps(value))}); "
-                    "expected a string")
-            yield value, f"{f.name}:{lineno}", "text", None
+                    "expected a string"))
+                continue
+            yield value, loc, "text", None
     if progress and pending:
         progress(pending)
     if n == 0:
@@ -143,7 +194,7 @@ def read_jsonl(f: SourceFile, field: str, progress: Progress | None = None,
 
 
 def read_parquet(f: SourceFile, column: str, progress: Progress | None = None,
-                 record_format: str = "auto") -> Iterator[Doc]:
+                 record_format: str = "auto", on_bad: OnBad = "fail") -> Iterator[Doc | SkippedRecord]:
     """One document per row of a string column, or per chat/prompt record (a `messages` list-of-struct
     column, or `prompt` + `completion` columns: detect_record_format on the column names). Streams record
     batches of 4,096 rows."""
@@ -174,11 +225,15 @@ def read_parquet(f: SourceFile, column: str, progress: Progress | None = None,
         for batch in pf.iter_batches(batch_size=4096, columns=[column]):
             col = batch.column(0)
             values = col.to_pylist()
-            if col.null_count:
+            if col.null_count and on_bad == "fail":
                 i = values.index(None)
                 raise InputDataError(f"{f.path}: row {row + i}: column {column!r} is null; expected a string")
             for i, v in enumerate(values):
-                yield v, f"{f.name}#{row + i}", "text", None
+                if v is None:
+                    yield SkippedRecord(f"{f.name}#{row + i}", f"{f.path}: row {row + i}: column {column!r} is "
+                                        "null; expected a string")
+                else:
+                    yield v, f"{f.name}#{row + i}", "text", None
             row += len(values)
     except (pa.ArrowException, UnicodeDecodeError) as e:
         raise InputDataError(f"{f.path}: near row {row}: cannot read column {column!r} ({e})") from None

@@ -8,20 +8,27 @@ The suite (thresholds from `ValidateConfig`; name → GX expectation):
     doc_id_unique      ExpectColumnValuesToBeUnique        doc_id
     text_not_null      ExpectColumnValuesToNotBeNull       text
     text_not_empty     ExpectColumnValuesToMatchRegex      text matches \\S  (whitespace-only = empty)
+    has_visible_text   ExpectColumnValuesToBeNull          has_visible_text_problem is null: no non-blank text (or
+                                                           turn, prompt, completion) of only NUL/control, zero-width
+                                                           and U+FFFD characters (packtrain.data.record_rules)
     length_in_range    ExpectColumnValuesToBeBetween       min_chars ≤ n_chars ≤ max_chars, mostly=length_mostly
     duplicate_ratio    ExpectColumnProportionOfUniqueValuesToBeBetween
                                                            distinct texts / rows ≥ 1 - max_duplicate_ratio,
                                                            i.e. (rows - distinct) / rows ≤ max_duplicate_ratio
     row_count          ExpectTableRowCountToBeBetween      rows ≥ min_rows
 
-Chat / prompt-completion tables (a `record` column, packtrain.data.ingest) get four more expectations, one
-per packtrain.data.chat.CHECKS, each ExpectColumnValuesToBeNull on a column holding the row's first problem
-(None when the row is fine; plain-text rows always None):
+Chat / prompt-completion tables (a `record` column, packtrain.data.ingest) get more expectations, one per
+packtrain.data.chat.CHECKS and packtrain.data.record_rules.RULES, each ExpectColumnValuesToBeNull on a column
+holding the row's first problem (None when the row is fine; plain-text rows always None):
 
     record_shape       messages is a list of {role, content} with string content; prompt and completion strings
     roles_allowed      every role is one of system, user, assistant, tool
     has_assistant_turn a conversation has at least one assistant turn
     content_not_empty  no empty (whitespace-only) content or completion
+    role_order         optional system turn, then user/assistant alternating from user to assistant
+                       (validate.role_order: alternating; "any" leaves it out)
+    prompt_fits_budget the prompt's tokens (exact with tokenize.tokenizer_dir, else a lower bound) < pack.budget
+                       (left out when the tokenizer is model.init_from's: tokenize checks it)
 
 With `validate.contamination.against` set (packtrain.data.contamination) one more expectation,
 ExpectColumnValuesToBeNull on `contamination_problem` (per row: the eval record it shares an n-gram with):
@@ -32,7 +39,7 @@ It fails the suite — with exit 3, bad input, naming every such document and su
 under drop/warn it is reported (success false, `report.contamination`) but not counted in `failed`.
 
 Every failing expectation lists its rows in `offending_rows`: doc_id, `source` (file:line / file#row) and,
-for these four, the problem (`messages[1].role is "bot", allowed: ...`); the exit-4 message names them too.
+for these checks, the problem (`messages[1].role is "bot", allowed: ...`); the exit-4 message names them too.
 
 Outputs in `out_dir`: `report.json` (per expectation: success, observed value, element/unexpected counts,
 up to `max_offending_ids` offending doc_ids — for duplicate_ratio the ids of rows repeating an earlier
@@ -56,6 +63,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from packtrain.config import ValidateConfig
+from packtrain.data.record_rules import RowRules
 from packtrain.errors import InputDataError, MissingDataError, PacktrainError, ValidationFailed
 from packtrain.paths import write_json
 
@@ -144,92 +152,88 @@ def text_surrogates(texts: list) -> list:
     return out
 
 
-def load_frame(path: Path, batch_rows: int = 2048):
+def load_frame(path: Path, batch_rows: int = 2048, rules: RowRules | None = None):
     """The table as the pandas DataFrame the suite runs on, read batch by batch: string columns as object dtype
     (None for nulls), the text column as `text_surrogates` (so memory is O(documents), not O(text): 400 MB
     of text validated at a 475 MiB peak instead of 2,764 MiB, bench/results/data_memory.json); other columns as pyarrow
-    converts them (an int32 doc_id stays int32, so the type expectation reports it)."""
+    converts them (an int32 doc_id stays int32, so the type expectation reports it). The per-document rules
+    (packtrain.data.record_rules, `rules.checks`) are computed batch by batch on the real texts and records
+    into `<check>_problem` columns; the `record` column itself is dropped."""
     import pandas as pd
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    from packtrain.data.record_rules import check_columns
+
+    rules = rules or RowRules()
     try:
         pf = pq.ParquetFile(path, pre_buffer=False)
         schema = pf.schema_arrow
         strings = {f.name for f in schema if pa.types.is_string(f.type) or pa.types.is_large_string(f.type)}
+        checks = rules.checks(with_records="record" in schema.names) if "text" in schema.names else ()
         parts: dict[str, list] = {name: [] for name in schema.names}
+        problems: dict[str, list] = {f"{c}_problem": [] for c in checks}
         for rb in pf.iter_batches(batch_size=batch_rows):
+            batch = {name: rb.column(name).to_pylist() for name in schema.names if name in strings or name == "text"}
+            if checks:
+                for name, values in check_columns(batch.get("format") or [], batch.get("record") or [],
+                                                  batch["text"], rules, checks).items():
+                    problems[name].extend(values)
             for name in schema.names:
-                col = rb.column(name)
                 if name == "text" and name in strings:
-                    parts[name].extend(text_surrogates(col.to_pylist()))
+                    parts[name].extend(text_surrogates(batch[name]))
+                elif name == "record":
+                    continue   # only the checks need the structure (above)
                 elif name in strings:
-                    parts[name].extend(col.to_pylist())
+                    parts[name].extend(batch[name])
                 else:
-                    parts[name].append(col)
+                    parts[name].append(rb.column(name))
     except (pa.ArrowException, OSError) as e:
         raise InputDataError(f"{path}: not a readable parquet file ({e})") from None
     cols = {}
     for f in schema:
+        if f.name == "record":
+            continue
         if f.name in strings:
             cols[f.name] = pd.Series(parts[f.name], dtype=object)
         else:
             cols[f.name] = pa.chunked_array(parts[f.name], type=f.type).to_pandas()
-    if "record" in cols:
-        for name, values in record_check_columns(parts.get("format") or [], parts["record"]).items():
-            cols[name] = pd.Series(values, dtype=object)
-        del cols["record"]   # the structure was only needed for the checks
+    for name, values in problems.items():
+        cols[name] = pd.Series(values, dtype=object)
     return pd.DataFrame(cols) if cols else pd.DataFrame(index=range(pf.metadata.num_rows))
 
 
-def record_check_columns(formats: list, records: list) -> dict[str, list]:
-    """{"<check>_problem": [first problem of each row or None]} for packtrain.data.chat.CHECKS; a record that
-    is not valid JSON fails record_shape. Rows without a record (plain text) pass every check."""
-    import json
-
-    from packtrain.data.chat import CHECKS, record_checks
-
-    out: dict[str, list] = {f"{c}_problem": [] for c in CHECKS}
-    for i, rec in enumerate(records):
-        fmt = formats[i] if i < len(formats) else None
-        if rec is None or fmt in (None, "text"):
-            found: dict[str, str | None] = dict.fromkeys(CHECKS)
-        else:
-            try:
-                found = record_checks(fmt, json.loads(rec))
-            except (json.JSONDecodeError, TypeError):
-                found = {**dict.fromkeys(CHECKS), "record_shape": "record is not valid JSON"}
-        for c in CHECKS:
-            out[f"{c}_problem"].append(found[c])
-    return out
-
-
-def build_suite(cfg: ValidateConfig, records: bool = False, contamination: bool = False) -> list[tuple[str, object]]:
-    """[(name, GX expectation)] in report order; names are stored in each expectation's meta. `records`: the
-    table holds chat / prompt-completion rows (adds the four record checks); `contamination`: the frame has a
-    `contamination_problem` column (adds that expectation, last)."""
+def build_suite(cfg: ValidateConfig, checks: tuple[str, ...] = ()) -> list[tuple[str, object]]:
+    """[(name, GX expectation)] in report order; names are stored in each expectation's meta. `checks`: the
+    per-document rules computed into `<check>_problem` columns (load_frame): has_visible_text follows
+    text_not_empty, the record checks come first; contamination (the column packtrain.data.contamination adds
+    when validate.contamination.against is set) comes last."""
     import great_expectations.expectations as gxe
-
-    from packtrain.data.chat import CHECKS
 
     def named(name, exp):
         exp.meta = {"packtrain_name": name}
         return name, exp
 
-    extra = [named(c, gxe.ExpectColumnValuesToBeNull(column=f"{c}_problem")) for c in CHECKS] if records else []
+    def null(c):
+        return named(c, gxe.ExpectColumnValuesToBeNull(column=f"{c}_problem"))
+
+    extra = [null(c) for c in checks if c not in ("has_visible_text", "contamination")]
+    visible = [null("has_visible_text")] if "has_visible_text" in checks else []
+    last = [null("contamination")] if "contamination" in checks else []
     return extra + [
         named("columns_present", gxe.ExpectTableColumnsToMatchSet(column_set=list(COLUMNS), exact_match=False)),
         *(named(f"{c}_type", gxe.ExpectColumnValuesToBeOfType(column=c, type_=t)) for c, t in COLUMNS.items()),
         named("doc_id_unique", gxe.ExpectColumnValuesToBeUnique(column="doc_id")),
         named("text_not_null", gxe.ExpectColumnValuesToNotBeNull(column="text")),
         named("text_not_empty", gxe.ExpectColumnValuesToMatchRegex(column="text", regex=r"\S")),
+        *visible,
         named("length_in_range", gxe.ExpectColumnValuesToBeBetween(
             column="n_chars", min_value=cfg.min_chars, max_value=cfg.max_chars, mostly=cfg.length_mostly)),
         named("duplicate_ratio", gxe.ExpectColumnProportionOfUniqueValuesToBeBetween(
             column="text", min_value=1.0 - cfg.max_duplicate_ratio)),
         named("row_count", gxe.ExpectTableRowCountToBeBetween(min_value=cfg.min_rows)),
-    ] + ([named("contamination", gxe.ExpectColumnValuesToBeNull(column="contamination_problem"))]
-         if contamination else [])
+        *last,
+    ]
 
 
 def _error_message(info) -> str | None:
@@ -303,13 +307,15 @@ def _offending_rows(ids: list[int], df, column: str | None) -> list[dict]:
 
 
 def validate_documents(docs: str | Path, out_dir: str | Path, cfg: ValidateConfig,
-                       raise_on_failure: bool = True, published_dir: str | Path | None = None) -> ValidationReport:
+                       raise_on_failure: bool = True, published_dir: str | Path | None = None,
+                       rules: RowRules | None = None) -> ValidationReport:
     """Run the suite on `docs` (a directory with documents.parquet, or the file); write report + Data Docs.
 
     Raises ValidationFailed (after writing both) naming the failed expectations and the report path,
     unless `raise_on_failure` is False (the stage runner logs to MLflow first, then raises). `published_dir`:
     where the stage will publish `out_dir` when it is a staging directory — the paths inside report.json and
-    the message name it (default `out_dir`).
+    the message name it (default `out_dir`). `rules`: what the per-document rules need from the run
+    (packtrain.data.record_rules.RowRules.of(cfg); default: role order checked, prompts not).
     """
     os.environ.setdefault("GX_ANALYTICS_ENABLED", "False")
     path = resolve_documents(docs)
@@ -317,7 +323,7 @@ def validate_documents(docs: str | Path, out_dir: str | Path, cfg: ValidateConfi
     out_dir.mkdir(parents=True, exist_ok=True)
     from packtrain.data.contamination import add_problem_column
 
-    df = load_frame(path)
+    df = load_frame(path, rules=rules)
     contamination = add_problem_column(df, path, cfg.contamination)   # None: check off
 
     import great_expectations as gx
@@ -340,8 +346,8 @@ def validate_documents(docs: str | Path, out_dir: str | Path, cfg: ValidateConfi
                  .add_batch_definition_whole_dataframe("all"))
     suite = ctx.suites.add(gx.ExpectationSuite(name=SUITE_NAME))
     names = []
-    for name, exp in build_suite(cfg, records="record_shape_problem" in df.columns,
-                                 contamination=contamination is not None):
+    checks = tuple(str(c)[: -len("_problem")] for c in df.columns if str(c).endswith("_problem"))
+    for name, exp in build_suite(cfg, checks):
         suite.add_expectation(exp)
         names.append(name)
     vdef = ctx.validation_definitions.add(gx.ValidationDefinition(name="documents", data=batch_def, suite=suite))

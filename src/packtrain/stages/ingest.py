@@ -29,13 +29,15 @@ def run_ingest(cfg: RunConfig, out_dir: str | Path | None = None) -> IngestResul
     the stats, tags `dvc.md5.source` / `dvc.md5.documents`, dataset inputs with those digests.
     """
     from packtrain.data.ingest import DOCUMENTS_FILE, ingest_documents
+    from packtrain.data.record_rules import RowRules
     from packtrain.tracking import stage_run
     from packtrain.versioning import data_md5
 
     out = Path(out_dir) if out_dir is not None else RunPaths(Path(cfg.workdir)).stage_dir("ingest")
     source = cfg.ingest.source
     with stage_run("ingest", cfg, section=cfg.ingest) as run, staged_output(out, OUTPUTS, "ingest") as tmp:
-        stats = ingest_documents(source, tmp, cfg.ingest, published_dir=out)
+        stats = ingest_documents(source, tmp, cfg.ingest, published_dir=out,
+                                 rules=RowRules.of(cfg))   # what on_bad_record=skip drops: what validate refuses
         input_md5, md5_of = _input_md5(source, stats)
         staged_docs = tmp / DOCUMENTS_FILE
         result = from_library(IngestResult, stats.to_dict(), make_lineage({"source": input_md5}), STATS_FILE,

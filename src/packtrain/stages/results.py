@@ -133,6 +133,8 @@ class IngestResult(StageResult):
     input_md5_of: str                         # what lineage.input_md5["source"] covers: source | files read
     output_md5: str                           # DVC md5 of documents.parquet (validate/tokenize read it)
     records_by_format: dict[str, int] = dataclasses.field(default_factory=dict)   # chat/prompt sources: docs per format
+    records_skipped: int = 0                  # documents dropped by ingest.on_bad_record=skip
+    skipped_records: list[dict] = dataclasses.field(default_factory=list)   # [{"source", "reason"}] of each
 
 
 @dataclass(kw_only=True)

@@ -125,10 +125,15 @@ class StageSpec:
         return getattr(importlib.import_module("packtrain.stages.results"), self.result)
 
 
+ROW_RULE_FIELDS = ("pack.budget", "tokenize.tokenizer_dir", "tokenize.chat_template", "tokenize.append_eos",
+                   "model.init_from")
+"""What the per-document rules (packtrain.data.record_rules.RowRules.of) read outside the stage's own section."""
+
 STAGES: tuple[StageSpec, ...] = (
     StageSpec(
         name="ingest", inputs=(), output="documents",
-        config=("ingest",),
+        # ingest.on_bad_record=skip drops what validate's per-document rules refuse: those rules' fields too
+        config=("ingest", *ROW_RULE_FIELDS, "validate.role_order"),
         code=("src/packtrain/data", "src/packtrain/stages/ingest.py"),
         help="read a .txt/.jsonl/.parquet source (or the default corpus) into a documents table",
         stats_file="ingest_stats.json", transient=True,
@@ -136,7 +141,7 @@ STAGES: tuple[StageSpec, ...] = (
     ),
     StageSpec(
         name="validate", inputs=("documents",), output="validation",
-        config=("validate",),
+        config=("validate", *ROW_RULE_FIELDS),   # prompt_fits_budget counts prompts against pack.budget
         code=("src/packtrain/data", "src/packtrain/stages/validate.py"),
         help="run the Great Expectations suite on the documents table",
         stats_file="validate_stats.json", cli_flags=("--docs",),
