@@ -44,11 +44,11 @@ def check_attention_settings(cfg: RunConfig) -> dict[str, list[str]]:
     <dir>: family Gemma2 (gemma2) with train.attention=sdpa is refused: ... (allowed for Gemma2: auto, eager,
     flex)".
     """
-    from packtrain.model.families import FAMILIES, allowed_backends, check_attention
+    from packtrain.model.families import allowed_backends, check_attention
     from packtrain.model.source import init_checkpoint_config, init_from_value
 
     family_cfg = init_checkpoint_config(cfg.model)
-    if family_cfg is None or family_cfg.get("model_type") not in FAMILIES:
+    if family_cfg is None:
         return {}   # unknown architectures are refused by the loader, naming the directory
     where = f"model.init_from {init_from_value(cfg.model)}"
     out = {}

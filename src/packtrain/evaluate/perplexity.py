@@ -215,8 +215,9 @@ def evaluate(model_dir: str | Path, eval_split_dir: str | Path, cfg: EvalConfig,
     if sums["n_label_tokens"] == 0:
         raise MissingDataError(f"eval packs {eval_split_dir}: no label tokens in {sums['n_batches']} batches")
     loss = sums["loss_sum"] / sums["n_label_tokens"]
-    if backend not in ("sdpa", "eager"):   # flex/varlen need packed-batch kwargs; generation is plain causal
-        model.set_attn_implementation("sdpa")
+    if backend not in ("sdpa", "eager"):   # flex/varlen need packed-batch kwargs; generation is plain causal:
+        # sdpa, or eager for a family refused on sdpa (Gemma2) — the family's first of AUTO_ORDER["cpu"]
+        model.set_attn_implementation(pick_attention("auto", "cpu", "fp32", model.config, training=False))
     samples = generate_samples(model, tokenizer, cfg.prompts, cfg.sample_tokens, dev)
     return EvalResult(
         eval_loss=loss, perplexity=math.exp(min(loss, 700.0)),

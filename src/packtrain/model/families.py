@@ -209,7 +209,8 @@ def pick_attention(name: str, device: Any, precision: str, cfg: Any | None, trai
 
 def checkpoint_config(path: Any) -> dict | None:
     """config.json of a save_pretrained directory as a dict (no transformers import), or None when `path` is
-    None or holds none readable (the stage that loads it names the problem)."""
+    None, holds none readable, or names no supported family (the loader then names the problem, as before any
+    backend is picked)."""
     import json
     from pathlib import Path
 
@@ -219,4 +220,4 @@ def checkpoint_config(path: Any) -> dict | None:
         cfg = json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    return cfg if isinstance(cfg, dict) else None
+    return cfg if isinstance(cfg, dict) and cfg.get("model_type") in FAMILIES else None

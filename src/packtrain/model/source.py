@@ -73,7 +73,8 @@ def resolve_init_source(model_cfg: ModelConfig, run_cfg: RunConfig | None = None
 def init_checkpoint_config(model_cfg: ModelConfig) -> dict | None:
     """config.json (a dict) of a local `model.init_from` directory, the family the stages pick attention for
     (packtrain.model.families.pick_attention); None for scratch (a Llama-style model), a registry source (its
-    download is read once resolved) or a directory without a readable config.json (the loader names that)."""
+    download is read once resolved), a directory without a readable config.json or of an unsupported
+    model_type (the loader names those)."""
     from packtrain.model.families import checkpoint_config
 
     value = init_from_value(model_cfg)
