@@ -196,7 +196,8 @@ def evaluate(model_dir: str | Path, eval_split_dir: str | Path, cfg: EvalConfig,
     from packtrain.model.families import pick_attention
 
     dev = resolve_device(device or cfg.device)
-    resolve_attention(cfg.attention, dev, cfg.precision, training=False, key="evaluate.attention")   # runs here?
+    # an explicit backend must run on this device: refused before any file is read
+    resolve_attention(cfg.attention, dev, cfg.precision, training=False, key="evaluate.attention")
     eval_split_dir = Path(eval_split_dir)
     loss_on = loss_on or model_loss_on(model_dir)
     loader = open_eval_loader(eval_split_dir, cfg.rows, cfg.seed, loss_on)

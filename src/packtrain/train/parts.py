@@ -137,7 +137,8 @@ def build_model_parts(model_cfg: ModelConfig, train_cfg: TrainConfig, data: Data
     from packtrain.train.loss import packed_causal_lm
 
     # auto → the fastest backend the family allows here (Gemma2's soft-cap: flex on CUDA, eager on the CPU)
-    backend = pick_attention(train_cfg.attention, device, train_cfg.precision, init_checkpoint_config(model_cfg))
+    backend = pick_attention(train_cfg.attention, device, train_cfg.precision, init_checkpoint_config(model_cfg),
+                             where=f"model.init_from {model_cfg.init_from}")
     if train_cfg.precision == "fp8":   # before building anything: a clear refusal on CPU / pre-Ada GPUs
         from packtrain.train.fp8 import check_fp8_support
 
