@@ -73,6 +73,8 @@ def test_family_train_refusals_leave_inputs_untouched(data, tmp_path, capsys):
     assert "family Gemma2 (gemma2) with train.attention=sdpa is refused: attention logit soft-capping (2) " \
            "cannot run on sdpa" in capsys.readouterr().err
     assert main(_args(data, tmp_path / "b", f"model.init_from={gemma2}", "train.attention=varlen")) == 2
+    assert "with train.attention=varlen is refused: attention logit soft-capping" in capsys.readouterr().err
+    assert main(_args(data, tmp_path / "b", "train.attention=varlen")) == 2   # any family: not on this device
     assert "train.attention: 'varlen' is not available on cpu" in capsys.readouterr().err
     assert main(_args(data, tmp_path / "c", f"model.init_from={tmp_path / 'missing'}")) == 5
     assert "no such directory" in capsys.readouterr().err

@@ -100,7 +100,8 @@ def list_recipes() -> list[Path]:
 
 
 def load_run_config(recipe: str | Path = "tiny-cpu", overrides: list[str] | None = None) -> RunConfig:
-    """Load `recipes/<recipe>.yaml` (or a path), apply dotted overrides, validate.
+    """Load `recipes/<recipe>.yaml` (or a path), apply dotted overrides, validate, and run the whole-run checks
+    (packtrain.config.preflight: each stage's attention backend against the init model's family).
 
     >>> load_run_config("tiny-cpu", ["pack.budget=512"]).pack.budget
     512
@@ -116,7 +117,11 @@ def load_run_config(recipe: str | Path = "tiny-cpu", overrides: list[str] | None
         data = apply_overrides(data, overrides)
     data.setdefault("name", path.stem)
     try:
-        return RunConfig.model_validate(data)
+        cfg = RunConfig.model_validate(data)
     except ValidationError as e:
         # each line names the --set that set the value, or the recipe file
         raise ConfigError(format_validation_error(e, RunConfig, f"recipe {path.name}", overrides)) from None
+    from packtrain.config.preflight import check_attention_settings
+
+    check_attention_settings(cfg)   # attention backend × the init model's family, for every stage, before any
+    return cfg

@@ -24,8 +24,10 @@ class EvalConfig(StrictModel):
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
     """Autocast dtype of the forward; the loss itself is always accumulated in fp64."""
     attention: Literal["auto", "sdpa", "eager", "flex", "varlen"] = "auto"
-    """Isolated attention backend (packtrain.model.attention); auto → varlen (CUDA, bf16/fp16), else flex on
-    CUDA, else sdpa. Generation samples always use sdpa."""
+    """Isolated attention backend (packtrain.model.attention) of the evaluate stage and of the warm start's
+    step-0 loss; auto → varlen (CUDA, bf16/fp16), else flex on CUDA, else sdpa, else eager: the first the
+    model's family allows (Gemma2 on the CPU: eager). Generation samples use sdpa (eager where the family
+    refuses sdpa)."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """auto → cuda when available, else cpu."""
     seed: Seed = 0

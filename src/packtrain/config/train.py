@@ -269,7 +269,9 @@ class TrainConfig(StrictModel):
     alike; the KFP train task requests N accelerators; the planner divides ZeRO states and the global batch
     by N. `--gpus N` on `packtrain train`/`run` sets it."""
     attention: Literal["auto", "sdpa", "flex", "varlen", "eager"] = "auto"
-    """Isolated attention backend for packed batches; auto → fastest available (sdpa on CPU)."""
+    """Isolated attention backend for packed batches; auto → the fastest that runs on the device and that the
+    model's family allows (sdpa on the CPU; eager for Gemma2, whose soft-cap sdpa drops). A backend the
+    model.init_from family refuses is an error at config load (packtrain.config.preflight)."""
     precision: Literal["fp32", "bf16", "fp16", "fp8"] = "fp32"
     """fp8: the decoder's linear layers run FP8 matmuls (torchao float8 training, train.fp8), everything else
     bf16 autocast; needs a GPU with FP8 tensor cores (compute capability ≥ 8.9) and is refused elsewhere."""

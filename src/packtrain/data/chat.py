@@ -9,14 +9,11 @@ Record kinds (the documents table's `format` column, packtrain.data.ingest):
                                                                          mask 0 on the prompt, 1 on the completion
 
 Chat template, first match (`tokenize.chat_template: auto`):
-1. the tokenizer's own `chat_template` (a real model's): rendered with `apply_chat_template`. When the
-   template marks assistant text with `{% generation %}`, transformers' `return_assistant_tokens_mask` gives
-   the mask; otherwise the assistant spans are found by rendering prefixes: for the k-th assistant turn,
-   render(messages[:k], add_generation_prompt=True) must be a prefix of render(messages[:k+1]), which must be
-   a prefix of the whole conversation; the characters between the two are that turn (content + end-of-turn
-   markup), and every token whose first character lies in a span gets mask 1 (token offsets). A template
-   that is not prefix-stable (e.g. it drops earlier reasoning) is an error naming the record: set
-   `tokenize.chat_template: builtin`.
+1. the tokenizer's own `chat_template` (a real model's), packtrain.data.chat_template: exactly each assistant
+   turn's content and its end-of-turn marker are learned, located in the rendered text (never the template's
+   headers, a default system prompt it injects, or the newline between turns); `{% generation %}` templates
+   use transformers' `return_assistant_tokens_mask`. A template that cannot render the record or whose spans
+   cannot be placed is an error naming the turn: set `tokenize.chat_template: builtin`.
 2. the built-in ChatML-like template (`tokenize.chat_template: builtin`, or a tokenizer without one):
 
        <|im_start|>system\\nYou are terse.<|im_end|>\\n<|im_start|>user\\nHi<|im_end|>\\n<|im_start|>assistant\\nHello<|im_end|>\\n
@@ -34,7 +31,8 @@ Chat template, first match (`tokenize.chat_template: auto`):
        "\\n"                           0
 
 The tokenizer's special prefix (BOS) has mask 0; the appended EOS has mask 1 when the record ends with an
-assistant turn / a completion (the model learns where a conversation ends), else 0.
+assistant turn / a completion (the model learns where a conversation ends), else 0. A template that already
+ends the rendering with the tokenizer's EOS (Mistral, Zephyr, Phi-3) gets no second one.
 """
 
 from __future__ import annotations
@@ -65,6 +63,7 @@ class Rendered:
 
     ids: list[int]
     mask: list[int]
+    closed: bool = False   # the rendering already ends with the tokenizer's EOS: none is appended
 
 
 CHECKS = ("record_shape", "roles_allowed", "has_assistant_turn", "content_not_empty")
@@ -183,32 +182,14 @@ def render_prompt_completion(record: dict, encode: Encode) -> Rendered:
 
 
 def render_with_template(messages: Sequence[dict], hf) -> Rendered:
-    """The tokenizer's own chat template (module doc): its ids and the assistant mask."""
-    msgs = [{"role": m["role"], "content": m["content"]} for m in messages]
-    template = hf.chat_template if isinstance(hf.chat_template, str) else ""
-    if "{% generation %}" in template or "{%- generation %}" in template:
-        out = hf.apply_chat_template(msgs, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
-        ids = list(out["input_ids"])
-        return Rendered(ids, [int(bool(x)) for x in out["assistant_masks"]])
-    full = hf.apply_chat_template(msgs, tokenize=False)
-    spans = []
-    for k, m in enumerate(msgs):
-        if m["role"] != "assistant":
-            continue
-        before = hf.apply_chat_template(msgs[:k], tokenize=False, add_generation_prompt=True) if k else ""
-        upto = hf.apply_chat_template(msgs[: k + 1], tokenize=False)
-        if not (upto.startswith(before) and full.startswith(upto) and m["content"] in upto[len(before):]):
-            raise RecordError(
-                f"the tokenizer's chat template is not prefix-stable at turn {k} (rendering the conversation up "
-                "to that turn is not a prefix of the whole), so the assistant tokens cannot be located; set "
-                "tokenize.chat_template=builtin")
-        spans.append((len(before), len(upto)))
-    enc = hf.backend_tokenizer.encode(full, add_special_tokens=False)
-    starts = np.array([s for s, _ in enc.offsets], dtype=np.int64)
-    mask = np.zeros(len(enc.ids), dtype=np.uint8)
-    for a, b in spans:
-        mask[(starts >= a) & (starts < b)] = 1
-    return Rendered(list(enc.ids), mask.tolist())
+    """The tokenizer's own chat template (packtrain.data.chat_template): its ids and the assistant mask."""
+    from packtrain.data.chat_template import TemplateRenderError, render_own_template
+
+    try:
+        r = render_own_template(messages, hf)
+    except TemplateRenderError as e:
+        raise RecordError(str(e)) from None
+    return Rendered(r.ids, r.mask, r.closed)
 
 
 def has_own_template(hf) -> bool:
@@ -319,7 +300,8 @@ def record_batches(pf, batch_docs: int):
 def encode_row(hf, fmt, rec, text, wrap, prefix: list[int], own_template: bool):
     """(ids, mask) of one row: a text row through the usual prefix/EOS rule with mask 1; a record rendered by
     packtrain.data.chat, the tokenizer's prefix (BOS) mask 0 — left out for its own template, which writes
-    its BOS itself — and the appended EOS learned when the record ends with an assistant turn / completion.
+    its BOS itself — and the appended EOS learned when the record ends with an assistant turn / completion
+    (none appended when the template's rendering already ends with EOS).
     A record that does not render gives ([], [problem]) for row_problem to report."""
     if fmt in (None, "text") or rec is None:
         ids = wrap(list(hf.backend_tokenizer.encode(text or "", add_special_tokens=False).ids))
@@ -330,6 +312,8 @@ def encode_row(hf, fmt, rec, text, wrap, prefix: list[int], own_template: bool):
     except (RecordError, json.JSONDecodeError, TypeError, KeyError) as e:
         return [], [str(e)]
     tail = wrap(r.ids)[len(prefix) + len(r.ids):]   # wrap: prefix + ids + suffix (+ EOS)
+    if r.closed and tail and tail[-1] == hf.eos_token_id:
+        tail = tail[:-1]                             # the template wrote the EOS itself: never a second one
     head = [] if own_template else list(prefix)
     learned_end = int(ends_with_learned_turn(fmt, record))
     return head + r.ids + tail, [0] * len(head) + r.mask + [learned_end] * len(tail)

@@ -91,34 +91,46 @@ def model_loss_on(model_dir: str | Path) -> str:
         return "all"
 
 
-def load_model_dir(model_dir: str | Path, device="cpu", attention: str = "sdpa"):
+def read_model_config(model_dir: str | Path):
+    """The transformers config of a save_pretrained directory (an adapter directory: its base's), which decides
+    the family; InputDataError naming the directory when it cannot be read."""
+    from transformers import AutoConfig
+
+    from packtrain.model.adapter import adapter_base_dir, read_adapter_meta
+
+    model_dir = check_model_dir(model_dir)
+    meta = read_adapter_meta(model_dir)
+    config_dir = adapter_base_dir(model_dir, meta) if meta is not None else model_dir
+    try:
+        return AutoConfig.from_pretrained(str(config_dir))
+    except (OSError, ValueError, KeyError) as e:
+        raise InputDataError(f"model directory {model_dir} cannot be loaded: {e}") from None
+
+
+def load_model_dir(model_dir: str | Path, device="cpu", attention: str = "auto"):
     """(model in eval mode on `device`, tokenizer) from a save_pretrained directory (or an adapter directory:
     base + adapter, merged).
 
     attention: a packtrain backend (sdpa | eager | flex | varlen, packtrain.model.attention), all of which
-    isolate packed documents given `model_inputs(batch, backend)`.
+    isolate packed documents given `model_inputs(batch, backend)`; auto (registration, export) → the first one
+    the model's family allows on `device` (packtrain.model.families.pick_attention: Gemma2 → eager on the CPU).
     """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from packtrain.model.adapter import load_adapter_model, read_adapter_meta
     from packtrain.model.attention import HF_NAMES, register_attention_backends
+    from packtrain.model.families import check_attention, pick_attention
 
     register_attention_backends()
-
     model_dir = check_model_dir(model_dir)
-    from transformers import AutoConfig
-
-    from packtrain.model.adapter import adapter_base_dir, load_adapter_model, read_adapter_meta
-    from packtrain.model.families import check_attention
-
     meta = read_adapter_meta(model_dir)
-    config_dir = adapter_base_dir(model_dir, meta) if meta is not None else model_dir
-    try:
-        hf_cfg = AutoConfig.from_pretrained(str(config_dir))
-    except (OSError, ValueError, KeyError) as e:
-        raise InputDataError(f"model directory {model_dir} cannot be loaded: {e}") from None
+    hf_cfg = read_model_config(model_dir)
+    where = f"model directory {model_dir}"
+    if attention == "auto":
+        attention = pick_attention("auto", device, "fp32", hf_cfg, training=False, where=where)
     # refuse a family × backend pair that cannot isolate documents (or honour the family's attention) by name
-    check_attention(hf_cfg, attention, training=False, where=f"model directory {model_dir}", key="evaluate.attention")
+    check_attention(hf_cfg, attention, training=False, where=where, key="evaluate.attention")
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
         # fp32 master weights; `precision` autocasts the forward (bf16 weights would bias the loss).

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from packtrain.config import EvalConfig
-from packtrain.errors import ConfigError, MissingDataError, PacktrainError
+from packtrain.errors import MissingDataError, PacktrainError
 
 IGNORE_INDEX = -100
 _DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
@@ -190,15 +190,14 @@ def evaluate(model_dir: str | Path, eval_split_dir: str | Path, cfg: EvalConfig,
     """
     import torch
 
-    from packtrain.evaluate.loading import load_model_dir, model_loss_on, resolve_device
+    from packtrain.evaluate.loading import load_model_dir, model_loss_on, read_model_config, resolve_device
     from packtrain.evaluate.samples import generate_samples
     from packtrain.model.attention import resolve_attention
+    from packtrain.model.families import pick_attention
 
     dev = resolve_device(device or cfg.device)
-    try:
-        backend = resolve_attention(cfg.attention, dev, cfg.precision, training=False)
-    except ConfigError as e:   # the train room's message names train.attention
-        raise ConfigError(str(e).replace("train.attention", "evaluate.attention")) from None
+    # an explicit backend must run on this device: refused before any file is read
+    resolve_attention(cfg.attention, dev, cfg.precision, training=False, key="evaluate.attention")
     eval_split_dir = Path(eval_split_dir)
     loss_on = loss_on or model_loss_on(model_dir)
     loader = open_eval_loader(eval_split_dir, cfg.rows, cfg.seed, loss_on)
@@ -206,6 +205,9 @@ def evaluate(model_dir: str | Path, eval_split_dir: str | Path, cfg: EvalConfig,
     if n_epoch == 0:
         raise MissingDataError(f"eval packs {eval_split_dir} hold no documents (is tokenize.eval_fraction 0?)")
     n = n_epoch if cfg.max_batches is None else min(n_epoch, cfg.max_batches)
+    # evaluate.attention for the model's family: auto → a backend it allows (Gemma2 on the CPU: eager)
+    backend = pick_attention(cfg.attention, dev, cfg.precision, read_model_config(model_dir), training=False,
+                             key="evaluate.attention", where=f"model directory {model_dir}")
     model, tokenizer = load_model_dir(model_dir, dev, backend)
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
@@ -214,8 +216,9 @@ def evaluate(model_dir: str | Path, eval_split_dir: str | Path, cfg: EvalConfig,
     if sums["n_label_tokens"] == 0:
         raise MissingDataError(f"eval packs {eval_split_dir}: no label tokens in {sums['n_batches']} batches")
     loss = sums["loss_sum"] / sums["n_label_tokens"]
-    if backend not in ("sdpa", "eager"):   # flex/varlen need packed-batch kwargs; generation is plain causal
-        model.set_attn_implementation("sdpa")
+    if backend not in ("sdpa", "eager"):   # flex/varlen need packed-batch kwargs; generation is plain causal:
+        # sdpa, or eager for a family refused on sdpa (Gemma2) — the family's first of AUTO_ORDER["cpu"]
+        model.set_attn_implementation(pick_attention("auto", "cpu", "fp32", model.config, training=False))
     samples = generate_samples(model, tokenizer, cfg.prompts, cfg.sample_tokens, dev)
     return EvalResult(
         eval_loss=loss, perplexity=math.exp(min(loss, 700.0)),

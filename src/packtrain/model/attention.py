@@ -82,8 +82,10 @@ def available_backends(device: Any, precision: str = "bf16", training: bool = Tr
     return out
 
 
-def resolve_attention(name: str, device: Any, precision: str = "bf16", training: bool = True) -> str:
-    """`auto` → the fastest isolated backend on the device; an explicit name is checked.
+def resolve_attention(name: str, device: Any, precision: str = "bf16", training: bool = True,
+                      key: str = "train.attention") -> str:
+    """`auto` → the fastest isolated backend on the device; an explicit name is checked (`key`: the setting named
+    in errors). Knows nothing of the model: packtrain.model.families.pick_attention also honours the family.
 
     >>> resolve_attention("auto", "cpu", "fp32")
     'sdpa'
@@ -96,11 +98,11 @@ def resolve_attention(name: str, device: Any, precision: str = "bf16", training:
             if pick in avail:
                 return pick
     if name not in BACKENDS:
-        raise ConfigError(f"train.attention: {name!r} is not a backend (allowed: auto, {', '.join(BACKENDS)})")
+        raise ConfigError(f"{key}: {name!r} is not a backend (allowed: auto, {', '.join(BACKENDS)})")
     if name not in avail:
         why = ("needs CUDA, bf16/fp16/fp8 precision and torch ≥ 2.9 (torch.nn.attention.varlen)" if name == "varlen"
                else "needs CUDA for training (torch has no FlexAttention backward on CPU) and torch ≥ 2.5")
-        raise ConfigError(f"train.attention: {name!r} is not available on {device} with precision {precision}: "
+        raise ConfigError(f"{key}: {name!r} is not available on {device} with precision {precision}: "
                           f"{why}; available here: {', '.join(avail)}")
     return name
 

@@ -153,5 +153,71 @@ def check_attention(cfg: Any, backend: str, training: bool = True, where: str = 
     if why:
         fam = FAMILIES[sem.family]
         key = key or ("train.attention" if training else "evaluate.attention")
-        raise ConfigError(f"{where}: family {fam.name} ({fam.model_type}) with {key}={backend} is refused: {why}")
+        ok = [b for b in ("sdpa", "eager", "flex", "varlen") if refusal(sem, b, training) is None]
+        raise ConfigError(f"{where}: family {fam.name} ({fam.model_type}) with {key}={backend} is refused: {why} "
+                          f"(allowed for {fam.name}: auto, {', '.join(ok)})")
     return sem
+
+
+AUTO_ORDER = {"cuda": ("varlen", "flex", "sdpa", "eager"), "cpu": ("sdpa", "eager")}
+"""What `auto` tries, fastest first (packtrain.model.attention measures them); the first that runs on the device
+and that the family allows wins. eager runs everywhere and honours every family, so `auto` always has an answer:
+Gemma2 (soft-cap) → flex on CUDA, eager on the CPU; a checkpoint with attention_dropout > 0 trains on sdpa."""
+
+
+def allowed_backends(cfg: Any, training: bool = True) -> list[str]:
+    """The backends that run this family's attention isolated and faithful, whatever the device (availability
+    on a device is packtrain.model.attention.available_backends).
+
+    >>> allowed_backends({"model_type": "gemma2", "num_hidden_layers": 2, "attn_logit_softcapping": 50.0})
+    ['eager', 'flex']
+    """
+    from packtrain.model.attention import BACKENDS
+
+    sem = attention_semantics(cfg)
+    return [b for b in BACKENDS if refusal(sem, b, training) is None]
+
+
+def pick_attention(name: str, device: Any, precision: str, cfg: Any | None, training: bool = True,
+                   key: str | None = None, where: str = "model.init_from") -> str:
+    """The backend a stage runs for the model whose transformers config is `cfg` (object or config.json dict;
+    None: a scratch Llama-style model, where every backend is faithful).
+
+    `auto` → the first of AUTO_ORDER[device] that runs here and that the family allows; an explicit name must
+    run here (attention.resolve_attention) and be allowed (check_attention), else a ConfigError naming `key`
+    (default train.attention when training, else evaluate.attention), the family and the allowed values.
+
+    >>> pick_attention("auto", "cpu", "fp32", {"model_type": "gemma2", "num_hidden_layers": 2,
+    ...                                         "attn_logit_softcapping": 50.0}, training=False)
+    'eager'
+    """
+    from packtrain.model.attention import _device_type, available_backends, resolve_attention
+
+    key = key or ("train.attention" if training else "evaluate.attention")
+    if cfg is not None and name == "auto":
+        family_of(cfg, where)
+        sem = attention_semantics(cfg)
+        avail = available_backends(device, precision, training)
+        for backend in AUTO_ORDER.get(_device_type(device), AUTO_ORDER["cpu"]):
+            if backend in avail and refusal(sem, backend, training) is None:
+                return backend
+    backend = resolve_attention(name, device, precision, training, key=key)
+    if cfg is not None:
+        check_attention(cfg, backend, training, where, key)
+    return backend
+
+
+def checkpoint_config(path: Any) -> dict | None:
+    """config.json of a save_pretrained directory as a dict (no transformers import), or None when `path` is
+    None, holds none readable, or names no supported family (the loader then names the problem, as before any
+    backend is picked)."""
+    import json
+    from pathlib import Path
+
+    if path is None:
+        return None
+    try:
+        cfg = json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return cfg if isinstance(cfg, dict) and cfg.get("model_type") in FAMILIES else None

@@ -68,3 +68,16 @@ def resolve_init_source(model_cfg: ModelConfig, run_cfg: RunConfig | None = None
     if not (path / "config.json").is_file():
         raise MissingDataError(f"model.init_from {path}: no config.json (a save_pretrained directory is needed)")
     return path
+
+
+def init_checkpoint_config(model_cfg: ModelConfig) -> dict | None:
+    """config.json (a dict) of a local `model.init_from` directory, the family the stages pick attention for
+    (packtrain.model.families.pick_attention); None for scratch (a Llama-style model), a registry source (its
+    download is read once resolved), a directory without a readable config.json or of an unsupported
+    model_type (the loader names those)."""
+    from packtrain.model.families import checkpoint_config
+
+    value = init_from_value(model_cfg)
+    if value == "scratch" or is_registry_source(value):
+        return None
+    return checkpoint_config(Path(value).expanduser())

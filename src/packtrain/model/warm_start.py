@@ -110,19 +110,18 @@ def initial_eval(init_dir: str | Path, eval_split_dir: str | Path, eval_cfg: Eva
     from packtrain.data.tokenizer_files import has_tokenizer
     from packtrain.evaluate.loading import load_model_dir, resolve_device
     from packtrain.evaluate.perplexity import evaluate_batches, open_eval_loader
-    from packtrain.model.attention import HF_NAMES, register_attention_backends, resolve_attention
+    from packtrain.model.attention import HF_NAMES, register_attention_backends
     from packtrain.model.build import read_checkpoint_config
-    from packtrain.model.families import check_attention
+    from packtrain.model.families import check_attention, checkpoint_config, pick_attention
 
     eval_split_dir = Path(eval_split_dir)
     if not eval_split_dir.is_dir():
         return None
     t0 = time.perf_counter()
     dev = resolve_device(eval_cfg.device)
-    try:
-        backend = resolve_attention(eval_cfg.attention, dev, eval_cfg.precision, training=False)
-    except ConfigError as e:
-        raise ConfigError(str(e).replace("train.attention", "evaluate.attention")) from None
+    # evaluate.attention for the init model's family: auto → a backend it allows (Gemma2 on the CPU: eager)
+    backend = pick_attention(eval_cfg.attention, dev, eval_cfg.precision, checkpoint_config(init_dir),
+                             training=False, key="evaluate.attention", where=f"model.init_from {init_dir}")
     loader = open_eval_loader(eval_split_dir, eval_cfg.rows, eval_cfg.seed)
     n_epoch = len(loader)
     if n_epoch == 0:

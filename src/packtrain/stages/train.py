@@ -54,12 +54,10 @@ def check_inputs(cfg: RunConfig, packs_dir: Path, tokens_dir: Path) -> tuple[Pat
     """Fail before any work (and before an MLflow run opens) when an upstream output is missing or the
     attention backend (or train.precision=fp8) cannot run here; returns the tokenizer directory and the resolved
     backend."""
-    import torch
-
     from packtrain.model.attention import resolve_attention
     from packtrain.packing.store import PackStore
 
-    device = "cuda" if cfg.train.device != "cpu" and torch.cuda.is_available() else "cpu"
+    device = train_device(cfg)
     if cfg.train.precision == "fp8":   # FP8 tensor cores (compute capability ≥ 8.9) + torchao, or a clear refusal
         from packtrain.train.fp8 import check_fp8_support
 
@@ -79,6 +77,25 @@ def check_inputs(cfg: RunConfig, packs_dir: Path, tokens_dir: Path) -> tuple[Pat
         raise MissingDataError(f"tokenizer {tok} does not exist: run `packtrain tokenize` first or pass --tokens "
                                "DIR (the tokenize stage's output directory)")
     return tok, backend
+
+
+def family_backend(cfg: RunConfig, init_path: Path | None, backend: str) -> str:
+    """train.attention for the init checkpoint's family (packtrain.model.families.pick_attention): `backend` (the
+    device's pick) for a scratch model, else auto → the first backend the family allows on the device."""
+    from packtrain.model.families import checkpoint_config, pick_attention
+
+    family_cfg = checkpoint_config(init_path)
+    if family_cfg is None:
+        return backend
+    return pick_attention(cfg.train.attention, train_device(cfg), cfg.train.precision, family_cfg, training=True,
+                          where=f"model.init_from {init_path}")
+
+
+def train_device(cfg: RunConfig) -> str:
+    """'cuda' unless train.device is cpu or no GPU is visible (as the training loop picks it)."""
+    import torch
+
+    return "cuda" if cfg.train.device != "cpu" and torch.cuda.is_available() else "cpu"
 
 
 def summary_metrics(d: dict) -> dict[str, float]:
@@ -119,6 +136,7 @@ def run_train(cfg: RunConfig, packs_dir: str | Path, tokens_dir: str | Path, out
     if needs_launch(cfg.train.gpus):   # train.gpus ranks through torchrun, each back here; rank 0's stats
         return launch_ranks(cfg, packs_dir, tokens_dir, out_dir, resume=resume, overwrite=overwrite)
     init = resolve_init(cfg)                             # registry → <workdir>/models/<name>/v<version>/
+    backend = family_backend(cfg, init.path, backend)    # auto → a backend the init model's family allows
     tokenizer_check = check_store_matches_model(tokens_dir, init, backend, cfg.model.tokenizer_check)
     model_cfg = init.model_config(cfg.model)             # init_from = the resolved directory (or scratch)
     out_dir.mkdir(parents=True, exist_ok=True)

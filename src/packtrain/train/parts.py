@@ -129,13 +129,16 @@ def build_model_parts(model_cfg: ModelConfig, train_cfg: TrainConfig, data: Data
     import torch
 
     from packtrain.model.adapter import apply_adapter
-    from packtrain.model.attention import resolve_attention
     from packtrain.model.build import build_model, count_params
+    from packtrain.model.families import pick_attention
+    from packtrain.model.source import init_checkpoint_config
     from packtrain.telemetry.mfu import model_flop_dims
     from packtrain.train import techniques as tq
     from packtrain.train.loss import packed_causal_lm
 
-    backend = resolve_attention(train_cfg.attention, device, train_cfg.precision)
+    # auto → the fastest backend the family allows here (Gemma2's soft-cap: flex on CUDA, eager on the CPU)
+    backend = pick_attention(train_cfg.attention, device, train_cfg.precision, init_checkpoint_config(model_cfg),
+                             where=f"model.init_from {model_cfg.init_from}")
     if train_cfg.precision == "fp8":   # before building anything: a clear refusal on CPU / pre-Ada GPUs
         from packtrain.train.fp8 import check_fp8_support
 
