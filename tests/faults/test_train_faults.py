@@ -95,6 +95,49 @@ def test_overwrite_is_the_explicit_way_to_start_again(data, straight, tmp_path, 
     assert _losses(out) == _losses(straight) and _weights_equal(out, straight)
 
 
+def _quarantine(out: Path, *steps: str) -> dict[str, str]:
+    """Move checkpoints of `out` to quarantine/ as a failed `--resume` does; returns quarantine/'s digest."""
+    from packtrain.train.checkpoint import quarantine_checkpoint
+
+    for step in steps:
+        quarantine_checkpoint(out / "checkpoints" / step, "state.json fails its sha256 checksum")
+    return _digest(out / "checkpoints" / "quarantine")
+
+
+def test_refusal_counts_only_the_runs_own_checkpoints_and_says_quarantined_ones_are_kept(data, straight, tmp_path,
+                                                                                         capsys):
+    out = _copy(straight, tmp_path)
+    shutil.copytree(out / "checkpoints" / "step_000015", out / "checkpoints" / "step_000010")
+    _quarantine(out, "step_000010")
+    before = _digest(out)
+    assert main(_args(data, out)) == 2
+    err = capsys.readouterr().err
+    q = out / "checkpoints" / "quarantine"
+    assert "already holds 2 checkpoint(s) (step_000020, step_000015) from an earlier run" in err
+    assert f"the 1 quarantined checkpoint(s) in {q} are kept either way" in err
+    assert _digest(out) == before
+
+
+def test_overwrite_keeps_quarantined_checkpoints_byte_identical(data, straight, tmp_path, capsys):
+    out = _copy(straight, tmp_path)
+    kept = _quarantine(out, "step_000015")
+    assert main(_args(data, out, "--overwrite", sets=("train.max_steps=5",))) == 0
+    err = capsys.readouterr().err
+    q = out / "checkpoints" / "quarantine"
+    assert f"--overwrite: removing 1 checkpoint(s) under {out / 'checkpoints'}; the 1 quarantined checkpoint(s) " \
+           f"in {q} are kept" in err
+    assert _digest(q) == kept                                  # the reason file and every byte of the checkpoint
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["quarantine", "step_000005"]
+
+
+def test_quarantined_checkpoints_alone_do_not_refuse_a_fresh_run(data, straight, tmp_path):
+    out = _copy(straight, tmp_path)
+    kept = _quarantine(out, "step_000015", "step_000020")
+    assert main(_args(data, out, sets=("train.max_steps=5",))) == 0
+    assert _digest(out / "checkpoints" / "quarantine") == kept
+    assert json.loads((out / "train_result.json").read_text())["steps"] == 5
+
+
 # ------------------------------------------------------------------------------------- broken checkpoint files
 @pytest.mark.parametrize("damage", ["truncate", "delete"])
 @pytest.mark.parametrize("name", CKPT_FILES)
