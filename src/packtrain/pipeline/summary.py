@@ -12,7 +12,9 @@
 
 Each line reads declared keys of the stages' typed results (packtrain.stages.results: one key per number,
 never a guess among aliases), and the lines come in the order of the stage table (packtrain.stages.table):
-a stage without a line (tokenize: its numbers join the data line) prints nothing.
+a stage without a line (tokenize: its numbers join the data line) prints nothing. An MFU whose peak estimate is
+unreliable (packtrain.telemetry.mfu.peak_note) says why: `MFU 97.20% (unreliable: peak measured under contention:
+matmul probes 0.05-0.09 TFLOP/s disagree by 80%)`.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ FIELDS: dict[str, tuple[str, str]] = {
     "utilization": ("train", "system.utilization_mean"),
     "utilization_kind": ("train", "system.kind"),
     "mfu": ("train", "throughput.useful_mfu"),
+    "mfu_note": ("train", "throughput.peak_note"),   # why the peak MFU is against is unreliable (None: it is not)
     "peak_gpu_gib": ("train", "memory.peak_alloc_gib"),
     "peak_cpu_gib": ("train", "memory.cpu_peak_rss_gib"),
     "init": ("train", "init"),                        # the resolved model.init_from (warm start)
@@ -148,7 +151,7 @@ def _train(s: dict) -> list[str]:
         kind = "GPU" if s.get("utilization_kind") == "nvml" else "CPU"
         parts.append(f"{kind} util {float(s['utilization']):.0%}")
     if s.get("mfu") is not None:
-        parts.append(f"MFU {float(s['mfu']):.2%}")
+        parts.append(f"MFU {float(s['mfu']):.2%}" + (f" (unreliable: {s['mfu_note']})" if s.get("mfu_note") else ""))
     gpu_mem = s.get("peak_gpu_gib")
     if gpu_mem:  # 0.0 on CPU
         parts.append(f"peak GPU mem {_fmt(gpu_mem, '.2f')} GiB")

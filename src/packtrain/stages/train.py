@@ -157,7 +157,9 @@ def _run_train(cfg: RunConfig, packs_dir: Path, tokens_dir: Path, out_dir: Path,
         run.set_tags({"packtrain.train.attention": stats["setup"]["attention"],
                       "packtrain.train.engine": stats["setup"]["engine"],
                       "packtrain.train.world_size": stats["setup"]["world_size"],
-                      "packtrain.train.resumed_from": stats["setup"]["resumed_from"]})
+                      "packtrain.train.resumed_from": stats["setup"]["resumed_from"],
+                      "packtrain.train.peak_source": stats["throughput"].get("peak_source"),
+                      "packtrain.train.peak_note": stats["throughput"].get("peak_note")})   # MFU caveat, if any
         for name in ("train_result.json", "train_log.jsonl", "deepspeed_config.json", "init_eval.json"):
             run.log_artifact(out_dir / name)
     return typed
