@@ -13,8 +13,8 @@
 Each line reads declared keys of the stages' typed results (packtrain.stages.results: one key per number,
 never a guess among aliases), and the lines come in the order of the stage table (packtrain.stages.table):
 a stage without a line (tokenize: its numbers join the data line) prints nothing. An MFU whose peak estimate is
-unreliable (packtrain.telemetry.mfu.peak_note) says why: `MFU 97.20% (unreliable: peak measured under contention:
-matmul probes 0.05-0.09 TFLOP/s disagree by 80%)`.
+unreliable (packtrain.telemetry.mfu.peak_note) says why on the line after the train line:
+`             MFU unreliable: peak measured under contention: load 5.0 on 2 cores while probing`.
 """
 
 from __future__ import annotations
@@ -151,7 +151,7 @@ def _train(s: dict) -> list[str]:
         kind = "GPU" if s.get("utilization_kind") == "nvml" else "CPU"
         parts.append(f"{kind} util {float(s['utilization']):.0%}")
     if s.get("mfu") is not None:
-        parts.append(f"MFU {float(s['mfu']):.2%}" + (f" (unreliable: {s['mfu_note']})" if s.get("mfu_note") else ""))
+        parts.append(f"MFU {float(s['mfu']):.2%}")
     gpu_mem = s.get("peak_gpu_gib")
     if gpu_mem:  # 0.0 on CPU
         parts.append(f"peak GPU mem {_fmt(gpu_mem, '.2f')} GiB")
@@ -159,6 +159,8 @@ def _train(s: dict) -> list[str]:
         parts.append(f"peak RSS {_fmt(s['peak_cpu_gib'], '.2f')} GiB")
     if parts:
         lines.append("  train      " + " · ".join(parts))
+    if s.get("mfu") is not None and s.get("mfu_note"):   # its own line: the numbers line reads the same either way
+        lines.append(f"             MFU unreliable: {s['mfu_note']}")
     return lines
 
 
