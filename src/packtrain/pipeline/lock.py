@@ -1,7 +1,7 @@
 """Two locks, one mechanism: a workdir is written by one packtrain run at a time, and so is an output directory.
 
-    <workdir>/.packtrain.lock             {"pid": 4242, "host": "node-3", "command": "run", "started": "2026-12-01T05:02:11"}
-    <parent>/.<name>.packtrain-lock       the same record, for the output directory <parent>/<name> (--out)
+    <workdir>/.packtrain.lock        {"pid": 4242, "host": "node-3", "command": "run", "started": "2026-12-01T05:02"}
+    <parent>/.<name>.packtrain-lock  the same record, for the output directory <parent>/<name> (--out)
 
 `workdir_lock(workdir, command)` takes an exclusive `fcntl.flock` on the first file for the duration of the
 command. A second `packtrain run` in the same workdir stops at once with `WorkdirBusy` (exit 7) naming the

@@ -11,8 +11,9 @@ Per step::
 MFU is never reported above 1: a step whose useful FLOP rate exceeds its peak proves the peak estimate low (a
 CPU peak measured while other processes held the cores), so the peak is raised to that rate — `peak_scale`, the
 factor, is the largest useful_flops / step_time_s / peak seen so far (`fastest`, when above 1) and every MFU is
-divided by it: per step by the factor up to that step, in the summary by the final one. Example: peak 1e12, steps of 0.9e12 and
-1.2e12 useful FLOP/s → per-step useful MFU 0.9, 1.0; summary peak_scale 1.2, useful MFU median(0.75, 1.0) = 0.875.
+divided by it: per step by the factor up to that step, in the summary by the final one. Example: peak 1e12,
+steps of 0.9e12 and 1.2e12 useful FLOP/s → per-step useful MFU 0.9, 1.0; summary peak_scale 1.2, useful MFU
+median(0.75, 1.0) = 0.875.
 Dense MFU is divided by the same factor but may stay above 1: it counts every slot and the whole budget² score
 matrix, work a document-skipping kernel (varlen, flex) never runs.
 

@@ -11,8 +11,9 @@ run would stay RUNNING in MLflow forever. Every stage run therefore records its 
     packtrain.owner.boot     6f1c…              /proc/sys/kernel/random/boot_id
     packtrain.owner.pidns    pid:[4026531836]   the pid namespace: containers can share a host name
 
-and each new stage run first ends the RUNNING stage runs of its experiment whose owner is provably gone
-(`end_orphaned_runs`): same host, boot and pid namespace as this process, and no process with that pid and
+and each new stage run, once created, ends the RUNNING stage runs of its experiment whose owner is provably gone
+(`end_orphaned_runs`; after the create, so a store that is down costs no extra timeout: the client buffers and
+the search is skipped): same host, boot and pid namespace as this process, and no process with that pid and
 start time. Such a run becomes KILLED (end time: when it was noticed) with the tag
 
     packtrain.end_reason     "its process (pid 4242 on node-3) is gone: killed (SIGKILL, OOM) or crashed
