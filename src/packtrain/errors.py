@@ -2,7 +2,7 @@
 
 Every stage raises `PacktrainError` (or a subclass) for bad input; the CLI prints the message and exits with
 `exit_code`. Exit codes: 2 bad config/usage, 3 bad input data, 4 validation failed, 5 missing data,
-1 regression (gate) / generic failure, 7 the workdir is in use by another run (retry later),
+1 regression (gate) / generic failure, 7 the workdir or output directory is in use by another run (retry later),
 8 training diverged (non-finite loss, gradient norm or weights; the last good checkpoint is kept).
 """
 
@@ -48,6 +48,11 @@ class WorkdirBusy(PacktrainError):
     """Another packtrain process holds the workdir lock; the message names its pid, host, command and start."""
 
     exit_code = 7
+
+
+class OutputBusy(WorkdirBusy):
+    """Another packtrain process holds the lock of this output directory (`--out`); the message names its pid, host,
+    command and start. Exit 7, like a busy workdir."""
 
 
 class TrainingDiverged(PacktrainError):

@@ -207,28 +207,36 @@ def staged_output(dst: str | Path, outputs: Sequence[str] | None = None, what: s
     `outputs`: the names the stage writes; a `dst` holding anything else is refused up front (ConfigError)
     because publishing replaces the whole directory. `required` (default: all `outputs`) must exist in tmp
     when the block ends, else nothing is published. The staging directory never outlives the block. An OS
-    error while publishing (disk full, I/O) becomes a PacktrainError (exit 1) saying `dst` is unchanged.
+    error while publishing (disk full, I/O) becomes a PacktrainError (exit 1) saying `dst` is unchanged. The
+    block holds `dst`'s output lock (packtrain.pipeline.lock.output_lock): a second run building the same
+    output directory meanwhile, from any workdir, stops at once with OutputBusy (exit 7) naming this one.
     """
+    from packtrain.pipeline.lock import output_lock
+
     dst = output_target(dst)
     check_replaceable(dst, outputs, what)
-    try:
-        tmp = staging_dir(dst)
-    except OSError as e:
-        raise PacktrainError(f"{what}: cannot create a staging directory next to {dst} ({e.strerror or e}): "
-                             "outputs are built beside the output directory, so its parent must be writable") from e
-    try:
-        yield tmp
-        need = list(outputs or ()) if required is None else list(required)
-        missing = [n for n in need if not os.path.lexists(tmp / n)]
-        if missing:
-            raise PacktrainError(f"{what}: {', '.join(missing)} not written; nothing was published to {dst}")
+    with contextlib.ExitStack() as held:
+        try:   # another run building the same output: OutputBusy (exit 7) naming it
+            held.enter_context(output_lock(dst, what))
+            tmp = staging_dir(dst)
+        except OSError as e:
+            raise PacktrainError(f"{what}: cannot create a staging directory next to {dst} ({e.strerror or e}): "
+                                 "outputs are built beside the output directory, so its parent must be "
+                                 "writable") from e
         try:
-            publish_dir(tmp, dst, outputs, what)
-        except OSError as e:   # raised only before the commit (see publish_dir): dst is untouched
-            raise PacktrainError(f"{what}: publishing {dst} failed ({e}); it is as it was before this run") from e
-    finally:
-        if os.path.lexists(tmp):
-            shutil.rmtree(tmp, ignore_errors=True)
+            yield tmp
+            need = list(outputs or ()) if required is None else list(required)
+            missing = [n for n in need if not os.path.lexists(tmp / n)]
+            if missing:
+                raise PacktrainError(f"{what}: {', '.join(missing)} not written; nothing was published to {dst}")
+            try:
+                publish_dir(tmp, dst, outputs, what)
+            except OSError as e:   # raised only before the commit (see publish_dir): dst is untouched
+                raise PacktrainError(f"{what}: publishing {dst} failed ({e}); it is as it was before this "
+                                     "run") from e
+        finally:
+            if os.path.lexists(tmp):
+                shutil.rmtree(tmp, ignore_errors=True)
 
 
 def replace_dir(tmp: Path, root: Path) -> None:

@@ -17,6 +17,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -93,6 +94,81 @@ def test_overwrite_is_the_explicit_way_to_start_again(data, straight, tmp_path, 
     assert "--overwrite: removing 2 checkpoint(s)" in capsys.readouterr().err
     assert not (out / "checkpoints" / "step_000015" / "marker").exists()
     assert _losses(out) == _losses(straight) and _weights_equal(out, straight)
+
+
+def _quarantine(out: Path, *steps: str) -> dict[str, str]:
+    """Move checkpoints of `out` to quarantine/ as a failed `--resume` does; returns quarantine/'s digest."""
+    from packtrain.train.checkpoint import quarantine_checkpoint
+
+    for step in steps:
+        quarantine_checkpoint(out / "checkpoints" / step, "state.json fails its sha256 checksum")
+    return _digest(out / "checkpoints" / "quarantine")
+
+
+def test_refusal_counts_only_the_runs_own_checkpoints_and_says_quarantined_ones_are_kept(data, straight, tmp_path,
+                                                                                         capsys):
+    out = _copy(straight, tmp_path)
+    shutil.copytree(out / "checkpoints" / "step_000015", out / "checkpoints" / "step_000010")
+    _quarantine(out, "step_000010")
+    before = _digest(out)
+    assert main(_args(data, out)) == 2
+    err = capsys.readouterr().err
+    q = out / "checkpoints" / "quarantine"
+    assert "already holds 2 checkpoint(s) (step_000020, step_000015) from an earlier run" in err
+    assert f"the 1 quarantined checkpoint(s) in {q} are kept either way" in err
+    assert _digest(out) == before
+
+
+def test_overwrite_keeps_quarantined_checkpoints_byte_identical(data, straight, tmp_path, capsys):
+    out = _copy(straight, tmp_path)
+    kept = _quarantine(out, "step_000015")
+    assert main(_args(data, out, "--overwrite", sets=("train.max_steps=5",))) == 0
+    q = out / "checkpoints" / "quarantine"
+    assert _digest(q) == kept                                  # the reason file and every byte of the checkpoint
+    err = capsys.readouterr().err
+    assert f"--overwrite: removing 1 checkpoint(s) under {out / 'checkpoints'}; the 1 quarantined checkpoint(s) " \
+           f"in {q} are kept" in err
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["quarantine", "step_000005"]
+
+
+def test_quarantined_checkpoints_alone_do_not_refuse_a_fresh_run(data, straight, tmp_path):
+    out = _copy(straight, tmp_path)
+    kept = _quarantine(out, "step_000015", "step_000020")
+    assert main(_args(data, out, sets=("train.max_steps=5",))) == 0
+    assert _digest(out / "checkpoints" / "quarantine") == kept
+    assert json.loads((out / "train_result.json").read_text())["steps"] == 5
+
+
+# ------------------------------------------------------------------------------------- one --out, two runs
+def _steps_logged(out: Path) -> list[int]:
+    log = out / "train_log.jsonl"
+    lines = log.read_text().splitlines() if log.exists() else []
+    return [json.loads(x)["step"] for x in lines if x.endswith("}")]
+
+
+def test_two_trains_into_one_out_the_second_stops_naming_the_first(data, tmp_path, capsys):
+    """Both started from their own workdir; only --out is shared. The second is refused (exit 7) before it writes
+    anything, naming the first, which keeps training undisturbed."""
+    out = tmp_path / "shared" / "train"
+    first = subprocess.Popen(PACKTRAIN + _args(data, out, sets=("train.max_steps=100000", f"workdir={tmp_path / 'w1'}",
+                                                               "train.checkpoint.every_steps=0")),
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 300
+        while not _steps_logged(out) and first.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _steps_logged(out), "the first run did not start training"
+        assert main(_args(data, out, sets=(f"workdir={tmp_path / 'w2'}",))) == 7
+        err = capsys.readouterr().err
+        assert f"output directory {out.resolve()} is in use by pid {first.pid}" in err and "`packtrain train`" in err
+        assert first.poll() is None                              # still training
+        time.sleep(0.5)
+        steps = _steps_logged(out)
+        assert steps == list(range(1, len(steps) + 1))           # one run's log: 1, 2, 3, ... never interleaved
+        assert not (out / "model").exists()
+    finally:
+        first.kill()
+        first.wait()
 
 
 # ------------------------------------------------------------------------------------- broken checkpoint files

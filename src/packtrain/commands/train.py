@@ -1,7 +1,9 @@
 """`packtrain train [--packs DIR] [--tokens DIR] [--out DIR] [--resume | --overwrite] [--gpus N]`.
 
 An --out that already holds checkpoints is refused (exit 2) unless --resume (continue from the newest one that
-verifies; broken ones are moved to <out>/checkpoints/quarantine/) or --overwrite (delete them, start at 0).
+verifies; broken ones are moved to <out>/checkpoints/quarantine/) or --overwrite (delete them, start at 0;
+quarantine/ is kept as it is, and quarantined checkpoints alone are no reason to refuse). An --out that another
+run is writing, from any workdir, is refused at once (exit 7, naming that run).
 A loss, gradient norm or weights that become non-finite stop the run with exit 8, keeping the last good
 checkpoint and saving no model.
 
@@ -50,8 +52,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--resume", action="store_true",
                         help="continue from the newest valid checkpoint in <out>/checkpoints")
     parser.add_argument("--overwrite", action="store_true",
-                        help="start from step 0 even though <out>/checkpoints holds checkpoints (deletes them); "
-                             "without --resume or --overwrite such a directory is refused")
+                        help="start from step 0 even though <out>/checkpoints holds checkpoints (deletes them, "
+                             "keeps checkpoints/quarantine/); without --resume or --overwrite such a directory is "
+                             "refused")
     add_gpus_argument(parser)
 
 

@@ -12,7 +12,9 @@
 
 Each line reads declared keys of the stages' typed results (packtrain.stages.results: one key per number,
 never a guess among aliases), and the lines come in the order of the stage table (packtrain.stages.table):
-a stage without a line (tokenize: its numbers join the data line) prints nothing.
+a stage without a line (tokenize: its numbers join the data line) prints nothing. An MFU whose peak estimate is
+unreliable (packtrain.telemetry.mfu.peak_note) says why on the line after the train line:
+`             MFU unreliable: peak measured under contention: load 5.0 on 2 cores while probing`.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ FIELDS: dict[str, tuple[str, str]] = {
     "utilization": ("train", "system.utilization_mean"),
     "utilization_kind": ("train", "system.kind"),
     "mfu": ("train", "throughput.useful_mfu"),
+    "mfu_note": ("train", "throughput.peak_note"),   # why the peak MFU is against is unreliable (None: it is not)
     "peak_gpu_gib": ("train", "memory.peak_alloc_gib"),
     "peak_cpu_gib": ("train", "memory.cpu_peak_rss_gib"),
     "init": ("train", "init"),                        # the resolved model.init_from (warm start)
@@ -156,6 +159,8 @@ def _train(s: dict) -> list[str]:
         parts.append(f"peak RSS {_fmt(s['peak_cpu_gib'], '.2f')} GiB")
     if parts:
         lines.append("  train      " + " · ".join(parts))
+    if s.get("mfu") is not None and s.get("mfu_note"):   # its own line: the numbers line reads the same either way
+        lines.append(f"             MFU unreliable: {s['mfu_note']}")
     return lines
 
 

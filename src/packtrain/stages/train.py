@@ -8,9 +8,11 @@
               out_dir/train_log.jsonl     one line per optimizer step
               out_dir/checkpoints/        resumable checkpoints (train.checkpoint: every_steps, keep_last,
                                           keep_best); quarantine/ holds ones that failed verification
-      refuses  a fresh run (no resume) into an out_dir holding checkpoints unless overwrite (exit 2)
               out_dir/deepspeed_config.json   (engine: deepspeed)
               out_dir/telemetry.json (+ system.png, throughput.png)   packtrain.telemetry.report
+      refuses  a fresh run (no resume) into an out_dir holding checkpoints unless overwrite (exit 2; quarantined
+              checkpoints do not count and are kept either way); a run into an out_dir that another run is
+              writing (exit 7, naming it: packtrain.pipeline.lock.output_lock)
       MLflow  run "train" (rank 0 only): params train.* and model.*, per-step metrics with step= (loss, lr,
               grad_norm, tokens/s, MFU, step time, data wait), the summary as metrics (summary.*, throughput.*,
               memory.*), threshold violations as tags, the files above as artifacts
@@ -35,6 +37,7 @@ Warm start (`model.init_from` not scratch; packtrain.model.registry_source, pack
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 from packtrain.config import RunConfig, flatten
@@ -110,25 +113,36 @@ def summary_metrics(d: dict) -> dict[str, float]:
 
 def refuse_existing_run(out_dir: Path, resume: bool, overwrite: bool) -> None:
     """A fresh run into an output dir with checkpoints is refused before any work (and before an MLflow run
-    opens): the checkpoints are someone's training run. --resume continues it, --overwrite deletes it."""
-    from packtrain.train.checkpoint import existing_run
+    opens): the checkpoints are someone's training run. --resume continues it, --overwrite deletes it.
+    Quarantined checkpoints do not count (they are kept either way)."""
+    from packtrain.train.checkpoint import existing_run, existing_run_message
 
     found = existing_run(out_dir / "checkpoints")
     if found and not (resume or overwrite):
-        raise ConfigError(f"{out_dir / 'checkpoints'} already holds {len(found)} checkpoint(s) "
-                          f"({', '.join(p.name for p in found[:6])}) from an earlier run: pass --resume to continue "
-                          "it, or --overwrite to delete them and start from step 0 (or train into another --out)")
+        raise ConfigError(existing_run_message(out_dir / "checkpoints", found))
 
 
 def run_train(cfg: RunConfig, packs_dir: str | Path, tokens_dir: str | Path, out_dir: str | Path,
               resume: bool = False, overwrite: bool = False) -> TrainResult | None:
-    """Train (module doc); the TrainResult on rank 0, None on the other ranks (only rank 0 writes stats)."""
+    """Train (module doc); the TrainResult on rank 0, None on the other ranks (only rank 0 writes stats).
+
+    The whole run holds the lock of `out_dir` (packtrain.pipeline.lock.output_lock): a second run into the same
+    output directory, from any workdir, stops at once with OutputBusy (exit 7) naming this one. The ranks of a
+    distributed launch do not lock again (the launching process, or the cluster's job, is the one run)."""
+    from packtrain.pipeline.lock import output_lock
+    from packtrain.train.launch import is_rank
+
+    with contextlib.nullcontext() if is_rank() else output_lock(out_dir, "train"):
+        return _run_train(cfg, Path(packs_dir), Path(tokens_dir), Path(out_dir), resume, overwrite)
+
+
+def _run_train(cfg: RunConfig, packs_dir: Path, tokens_dir: Path, out_dir: Path, resume: bool,
+               overwrite: bool) -> TrainResult | None:
     from packtrain.model.registry_source import resolve_init
     from packtrain.model.warm_start import check_store_matches_model
     from packtrain.train.loop import train
     from packtrain.train.runtime import dist_info
 
-    packs_dir, tokens_dir, out_dir = Path(packs_dir), Path(tokens_dir), Path(out_dir)
     tokenizer_dir, backend = check_inputs(cfg, packs_dir, tokens_dir)
     refuse_existing_run(out_dir, resume, overwrite)
     from packtrain.train.launch import launch_ranks, needs_launch
@@ -173,7 +187,9 @@ def run_train(cfg: RunConfig, packs_dir: str | Path, tokens_dir: str | Path, out
         run.set_tags({"packtrain.train.attention": stats["setup"]["attention"],
                       "packtrain.train.engine": stats["setup"]["engine"],
                       "packtrain.train.world_size": stats["setup"]["world_size"],
-                      "packtrain.train.resumed_from": stats["setup"]["resumed_from"]})
+                      "packtrain.train.resumed_from": stats["setup"]["resumed_from"],
+                      "packtrain.train.peak_source": stats["throughput"].get("peak_source"),
+                      "packtrain.train.peak_note": stats["throughput"].get("peak_note")})   # MFU caveat, if any
         for name in ("train_result.json", "train_log.jsonl", "deepspeed_config.json", "init_eval.json"):
             run.log_artifact(out_dir / name)
     return typed

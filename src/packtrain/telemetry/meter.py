@@ -8,6 +8,15 @@ Per step::
     padding           = 1 − real_tokens / slot_tokens      data_wait_frac    = data_wait_s / step_time_s
     useful_mfu        = useful_flops / step_time_s / peak  dense_mfu         = dense_flops / step_time_s / peak
 
+MFU is never reported above 1: a step whose useful FLOP rate exceeds its peak proves the peak estimate low (a
+CPU peak measured while other processes held the cores), so the peak is raised to that rate — `peak_scale`, the
+factor, is the largest useful_flops / step_time_s / peak seen so far (`fastest`, when above 1) and every MFU is
+divided by it: per step by the factor up to that step, in the summary by the final one. Example: peak 1e12,
+steps of 0.9e12 and 1.2e12 useful FLOP/s → per-step useful MFU 0.9, 1.0; summary peak_scale 1.2, useful MFU
+median(0.75, 1.0) = 0.875.
+Dense MFU is divided by the same factor but may stay above 1: it counts every slot and the whole budget² score
+matrix, work a document-skipping kernel (varlen, flex) never runs.
+
 The summary drops the first `warmup_steps` records (compile, allocator growth, cuDNN autotune) and reports
 medians, so one slow checkpoint save does not move it. Example: 2 warmup steps of 1.0 s and 4 steps of
 0.10, 0.12, 0.10, 0.11 s at 4,000 real tokens → step_time_p50_s 0.105, real_tokens_per_s (median of 40,000, 33,333, 40,000, 36,364) 38,182.
@@ -38,6 +47,9 @@ class ThroughputMeter:
             raise ValueError(f"warmup_steps must be ≥ 0, got {warmup_steps}")
         self.warmup_steps = warmup_steps
         self.records: list[dict] = []
+        self.fastest = 0.0                            # the largest useful MFU against the peaks given (may be > 1)
+        self._floor = 1.0                             # a later, faster probe of the peak: raise_peak
+        self._raw: list[tuple[float, float]] = []     # per record: (useful, dense) MFU against the peaks given
 
     def record(self, step: int, step_time_s: float, data_wait_s: float, real_tokens: int, slot_tokens: int,
                useful_flops: float, dense_flops: float, peak_flops: float,
@@ -50,6 +62,10 @@ class ThroughputMeter:
         if not 0 <= real_tokens <= slot_tokens:
             raise ValueError(f"need 0 ≤ real_tokens ({real_tokens}) ≤ slot_tokens ({slot_tokens})")
         wait = min(max(float(data_wait_s), 0.0), step_time_s)
+        raw_u = useful_flops / step_time_s / peak_flops if peak_flops > 0 else 0.0
+        raw_d = dense_flops / step_time_s / dense_peak if dense_peak > 0 else 0.0
+        self._raw.append((raw_u, raw_d))
+        self.fastest = max(self.fastest, raw_u)
         m = {
             "step_time_s": float(step_time_s),
             "data_wait_frac": wait / step_time_s,
@@ -57,12 +73,23 @@ class ThroughputMeter:
             "slot_tokens_per_s": slot_tokens / step_time_s,
             "padding": 1.0 - real_tokens / slot_tokens if slot_tokens else 0.0,
             "useful_tflops": useful_flops / step_time_s / 1e12,
-            "useful_mfu": useful_flops / step_time_s / peak_flops if peak_flops > 0 else 0.0,
-            "dense_mfu": dense_flops / step_time_s / dense_peak if dense_peak > 0 else 0.0,
+            "useful_mfu": raw_u / self.peak_scale,
+            "dense_mfu": raw_d / self.peak_scale,
         }
         self.records.append({"step": int(step), "data_wait_s": wait, "real_tokens": int(real_tokens),
                              "slot_tokens": int(slot_tokens), **m})
         return m
+
+    @property
+    def peak_scale(self) -> float:
+        """The peak the MFU is against, over the peak the steps were recorded with: ≥ 1, the fastest step's rate
+        or a later probe's (`raise_peak`) when either exceeds it."""
+        return max(1.0, self._floor, self.fastest)
+
+    def raise_peak(self, factor: float) -> None:
+        """A later, faster probe of the peak (packtrain.telemetry.mfu.PeakEstimate.reprobe): the summary's MFU is
+        against `factor` × the peak the steps were recorded with (or the fastest step's rate, if faster)."""
+        self._floor = max(self._floor, float(factor))
 
     @property
     def steady(self) -> list[dict]:
@@ -74,8 +101,8 @@ class ThroughputMeter:
 
         steps, steady_steps, steady_state (False when every step was warmup), step_time_p50_s/_p90_s/_p99_s,
         step_time_mean_s, real_tokens_per_s / slot_tokens_per_s / useful_mfu / dense_mfu / useful_tflops
-        (medians), data_wait_frac = Σ wait / Σ step time, padding = 1 − Σ real / Σ slot, real_tokens,
-        slot_tokens (totals over all steps).
+        (medians; MFU against the peak × peak_scale), data_wait_frac = Σ wait / Σ step time, padding =
+        1 − Σ real / Σ slot, real_tokens, slot_tokens (totals over all steps), peak_scale.
         """
         if not self.records:
             return {}
@@ -94,6 +121,10 @@ class ThroughputMeter:
             "real_tokens": sum(r["real_tokens"] for r in self.records),
             "slot_tokens": sum(r["slot_tokens"] for r in self.records),
         }
-        for key in ("real_tokens_per_s", "slot_tokens_per_s", "useful_mfu", "dense_mfu", "useful_tflops"):
+        for key in ("real_tokens_per_s", "slot_tokens_per_s", "useful_tflops"):
             out[key] = statistics.median(r[key] for r in st)
+        raw = self._raw[self.warmup_steps:] if len(self.records) > self.warmup_steps else self._raw
+        out["useful_mfu"] = statistics.median(u for u, _ in raw) / self.peak_scale
+        out["dense_mfu"] = statistics.median(d for _, d in raw) / self.peak_scale
+        out["peak_scale"] = self.peak_scale
         return out

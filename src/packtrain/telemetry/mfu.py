@@ -35,15 +35,29 @@ ideal = F_fp8/P_fp8 + (F − F_fp8)/P_bf16, i.e. F / step_time / `time_weighted_
 MFU = FLOPs / step_time / peak. `peak_flops` reads the datasheet table below (dense, no sparsity), or
 `telemetry.peak_tflops` from the config (e.g. a measured 790 TFLOP/s bf16 on an H200), or for a CPU / an
 unknown device measures a matmul once per process.
+
+A measured peak is only as good as the moment it was measured: on a shared machine a probe that runs while other
+processes hold the cores reads low, and the training steps that run later, when the cores are freer, then
+"exceed" it (a CPU run reported MFU 102.79%). So (`estimate_peak`, `PeakEstimate`, `peak_note`):
+- the probe is best-of-5 matmuls, taken before training and again after the last step (the estimate is the
+  fastest of all); probes that disagree by more than 25%, or a load average above one runnable thread per core
+  while probing, mark the estimate unreliable;
+- MFU can never be reported above 100%: the peak is at least the fastest useful FLOP rate any step achieved
+  (packtrain.telemetry.meter raises it, `peak_scale` > 1, and says so), whatever its source;
+- the train summary carries `peak_tflops`, `peak_source`, `peak_reliable` and, when unreliable, `peak_note`
+  (the `packtrain run` summary prints it next to the MFU).
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import os
 import re
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
 
 log = logging.getLogger(__name__)
 
@@ -161,31 +175,92 @@ def lookup_peak_tflops(device_name: str, precision: str) -> float | None:
     return None
 
 
-def peak_flops(device_name: str, precision: str = "bf16", override_tflops: float | None = None) -> float:
-    """Peak dense FLOP/s used as the MFU denominator.
+PROBE_SPREAD = 0.25
+"""Matmul probes whose fastest is more than 25% above their slowest were measured under contention."""
 
-    Order: `override_tflops` (config `telemetry.peak_tflops`) → the table → a matmul measured once per
-    process on the CPU ('cpu' or any name not in the table when no CUDA device is present) or on the current
-    CUDA device. Measured numbers are an achieved-matmul ceiling, not a datasheet peak, and are logged once.
-    """
+
+@dataclass(frozen=True)
+class PeakEstimate:
+    """The MFU denominator and where it came from."""
+
+    flops: float                                    # peak FLOP/s (measured: the fastest probe)
+    source: Literal["config", "datasheet", "measured"]
+    probes: tuple[float, ...] = ()                  # measured: FLOP/s of every matmul probe, in order
+    load_per_core: float | None = None              # measured: 1-minute load average / CPU count at the first probe
+    device: str = ""                                # measured: where the probes ran ("cpu" | "cuda")
+    precision: str = ""                             # measured: at which precision
+
+    def reprobe(self) -> PeakEstimate:
+        """The estimate after another round of probes (measured only; the peak is the fastest probe of all)."""
+        if self.source != "measured":
+            return self
+        probes = (*self.probes, *probe_matmul_flops(self.device, self.precision))
+        return PeakEstimate(max(probes), "measured", probes, self.load_per_core, self.device, self.precision)
+
+
+def estimate_peak(device_name: str, precision: str = "bf16", override_tflops: float | None = None) -> PeakEstimate:
+    """`peak_flops` with its provenance: `telemetry.peak_tflops` ("config") → the table ("datasheet") → matmul
+    probes on the CPU or the current CUDA device ("measured", cached per process and thread count)."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision {precision!r} is not one of {PRECISIONS}")
     if override_tflops is not None:
         if override_tflops <= 0:
             raise ValueError(f"override_tflops must be > 0, got {override_tflops}")
-        return float(override_tflops) * 1e12
+        return PeakEstimate(float(override_tflops) * 1e12, "config")
     if device_name.lower() != "cpu":
         tflops = lookup_peak_tflops(device_name, precision)
         if tflops is not None:
-            return tflops * 1e12
+            return PeakEstimate(tflops * 1e12, "datasheet")
+    import torch
+
     where = "cpu" if device_name.lower() == "cpu" or not _cuda_available() else "cuda"
-    measured = measure_matmul_flops(where, precision)
-    if (device_name, precision) in _logged:
-        return measured
-    _logged.add((device_name, precision))
-    log.warning("no datasheet peak for %r (%s): using a measured matmul, %.3g TFLOP/s; "
-                "set telemetry.peak_tflops to override", device_name, precision, measured / 1e12)
-    return measured
+    probes, load = _cached_probes(where, precision, torch.get_num_threads())
+    est = PeakEstimate(max(probes), "measured", probes, load, where, precision)
+    if (device_name, precision) not in _logged:
+        _logged.add((device_name, precision))
+        log.warning("no datasheet peak for %r (%s): using a measured matmul, %.3g TFLOP/s; "
+                    "set telemetry.peak_tflops to override", device_name, precision, est.flops / 1e12)
+    return est
+
+
+def peak_flops(device_name: str, precision: str = "bf16", override_tflops: float | None = None) -> float:
+    """Peak dense FLOP/s used as the MFU denominator (`estimate_peak(...).flops`).
+
+    Order: `override_tflops` (config `telemetry.peak_tflops`) → the table → a matmul measured once per
+    process on the CPU ('cpu' or any name not in the table when no CUDA device is present) or on the current
+    CUDA device. Measured numbers are an achieved-matmul ceiling, not a datasheet peak, and are logged once.
+    """
+    return estimate_peak(device_name, precision, override_tflops).flops
+
+
+def peak_note(est: PeakEstimate, fastest: float = 0.0, cpus: int | None = None) -> str | None:
+    """Why MFU against `est` is not to be trusted, or None. `fastest`: the fastest step's useful FLOP rate over
+    `est.flops` (packtrain.telemetry.meter.ThroughputMeter.fastest); above 1 the estimate is proven low.
+
+    >>> peak_note(PeakEstimate(1e11, "measured", (1e11, 0.99e11), 0.5))   # agreeing probes, idle machine
+    >>> peak_note(PeakEstimate(1e11, "measured", (0.6e11, 1e11), 0.5))
+    'peak measured under contention: matmul probes 0.06-0.1 TFLOP/s disagree by 67%'
+    >>> peak_note(PeakEstimate(1e11, "measured", (1e11, 1e11), 2.5), cpus=2)
+    'peak measured under contention: load 5.0 on 2 cores while probing'
+    >>> peak_note(PeakEstimate(1e11, "measured", (1e11,), 0.5), fastest=1.0279)[:75]
+    'peak measured under contention: a training step ran 1.03x faster than the m'
+    """
+    tf = est.flops / 1e12
+    if fastest > 1.0:
+        why = {"measured": "peak measured under contention: ", "config": "telemetry.peak_tflops too low: ",
+               "datasheet": "datasheet peak too low for this device: "}[est.source]
+        return (f"{why}a training step ran {fastest:.3g}x faster than the {est.source} peak ({tf:.3g} TFLOP/s); "
+                "MFU is against that step's rate")
+    if est.source != "measured":
+        return None
+    lo, hi = (min(est.probes), max(est.probes)) if est.probes else (est.flops, est.flops)
+    if lo > 0 and hi / lo - 1 > PROBE_SPREAD:
+        return (f"peak measured under contention: matmul probes {lo / 1e12:.3g}-{hi / 1e12:.3g} TFLOP/s disagree "
+                f"by {hi / lo - 1:.0%}")
+    if est.load_per_core is not None and est.load_per_core > 1.0:
+        n = cpus or os.cpu_count() or 1
+        return f"peak measured under contention: load {est.load_per_core * n:.1f} on {n} cores while probing"
+    return None
 
 
 def fp8_peak_flops(device_name: str, override_tflops: float | None = None) -> float:
@@ -247,8 +322,19 @@ def _cuda_available() -> bool:
 
 
 @functools.lru_cache(maxsize=8)
-def measure_matmul_flops(device: str = "cpu", precision: str = "fp32", n: int = 1024, repeats: int = 3) -> float:
-    """Best-of-`repeats` FLOP/s of an n×n×n matmul (2·n³ FLOPs), cached per process.
+def _cached_probes(device: str, precision: str, threads: int) -> tuple[tuple[float, ...], float | None]:
+    """The probes of the first estimate in this process for (device, precision, torch thread count), and the
+    load average per core just before them."""
+    try:
+        load: float | None = os.getloadavg()[0] / (os.cpu_count() or 1)
+    except OSError:
+        load = None
+    return probe_matmul_flops(device, precision), load
+
+
+def probe_matmul_flops(device: str = "cpu", precision: str = "fp32", n: int = 1024, repeats: int = 5
+                       ) -> tuple[float, ...]:
+    """FLOP/s of each of `repeats` n×n×n matmuls (2·n³ FLOPs each) after one warm-up, not cached.
 
     About 0.05 s per repeat for n=1024 fp32 on one modern CPU core. fp8 is measured as bf16.
     """
@@ -262,13 +348,19 @@ def measure_matmul_flops(device: str = "cpu", precision: str = "fp32", n: int = 
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     a @ b  # warm-up (allocations, kernel selection)
     sync()
-    best = float("inf")
+    out = []
     for _ in range(repeats):
         t0 = time.perf_counter()
         a @ b
         sync()
-        best = min(best, time.perf_counter() - t0)
-    return 2.0 * n**3 / max(best, 1e-9)
+        out.append(2.0 * n**3 / max(time.perf_counter() - t0, 1e-9))
+    return tuple(out)
+
+
+@functools.lru_cache(maxsize=8)
+def measure_matmul_flops(device: str = "cpu", precision: str = "fp32", n: int = 1024, repeats: int = 3) -> float:
+    """Best-of-`repeats` FLOP/s of an n×n×n matmul (2·n³ FLOPs), cached per process."""
+    return max(probe_matmul_flops(device, precision, n, repeats))
 
 
 def mfu(flops: float, step_time_s: float, peak: float) -> float:

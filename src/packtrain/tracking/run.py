@@ -350,19 +350,23 @@ def stage_run(stage: str, cfg: RunConfig, section: Any = None, tags: Mapping[str
     Params: the stage's own config section, flattened (`pack.budget`, ...). Tags: `base_tags` (stage,
     recipe, git sha, host, GPU, KFP/Airflow run ids) + `tags`. The run is also the active fluent run, so
     `mlflow.<flavor>.log_model` inside the block attaches to it. A failing stage ends its run FAILED
-    (KILLED on Ctrl-C) and re-raises.
+    (KILLED on Ctrl-C) and re-raises. The run records its process as owner tags, and opening it marks KILLED
+    the runs of the experiment a killed process left RUNNING (packtrain.tracking.owner).
     """
     if not cfg.tracking.enabled or not is_rank_zero():
         yield StageRun(None, None, stage)
         return
     import mlflow
 
+    from packtrain.tracking.owner import end_orphaned_runs, owner_tags
+
     client = get_client(cfg)
-    run_tags = base_tags("stage", cfg.name, stage)
+    run_tags = {**base_tags("stage", cfg.name, stage), **owner_tags()}
     parent = os.environ.get(PARENT_ENV)
     if parent:
         run_tags["mlflow.parentRunId"] = client.resolve(parent) or parent
     run_id = client.create_run(cfg.tracking.experiment, stage, run_tags)
+    end_orphaned_runs(client, cfg.tracking.experiment, stage)   # runs a killed process left RUNNING → KILLED
     _stage_runs[stage] = (client, run_id)
     handle = StageRun(client, run_id, stage, cfg.tracking.flush_interval_s)
     fluent = monitor = None

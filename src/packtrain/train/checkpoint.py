@@ -33,7 +33,8 @@ Nothing is deleted implicitly:
   (train.eval_every_steps) a checkpoint of an evaluated step records its held-out `eval_loss`, and the best is
   the lowest eval_loss among those instead (kept whatever keep_best says: it is the one exported);
 - a fresh `packtrain train` into an output directory that already holds checkpoints refuses (see
-  `existing_run`), naming `--resume` and `--overwrite`.
+  `existing_run`), naming `--resume` and `--overwrite`; `--overwrite` removes them (`remove_run`) and keeps
+  `quarantine/` as it is, and quarantined checkpoints alone never make a run refuse.
 """
 
 from __future__ import annotations
@@ -284,15 +285,39 @@ def recover_complete_writes(ckpt_root: Path) -> list[Path]:
 
 
 def existing_run(ckpt_root: Path) -> list[Path]:
-    """Everything a fresh (non-resume) run would clobber: step_N checkpoints, complete `.tmp-step_N` writes
-    and quarantined ones."""
+    """Everything a fresh (non-resume) run would clobber: step_N checkpoints and complete `.tmp-step_N` writes.
+    Quarantined checkpoints are not in it: they are kept whatever a run does (`--overwrite` included)."""
     found = [p for _, p in list_checkpoints(ckpt_root)]
     if ckpt_root.is_dir():
         found += [p for p in sorted(ckpt_root.glob(".tmp-step_*")) if verify_checkpoint(p) is None]
-    q = ckpt_root / QUARANTINE
-    if q.is_dir():
-        found += sorted(p for p in q.iterdir() if p.is_dir())
     return found
+
+
+def quarantined(ckpt_root: Path) -> list[Path]:
+    """The checkpoints under `<ckpt_root>/quarantine/` (each next to its `.reason.txt`)."""
+    q = ckpt_root / QUARANTINE
+    return sorted(p for p in q.iterdir() if p.is_dir()) if q.is_dir() else []
+
+
+def existing_run_message(ckpt_root: Path, found: list[Path]) -> str:
+    """Why a fresh run into `ckpt_root` holding `found` (existing_run) is refused, and what to pass instead."""
+    steps = ", ".join(p.name for p in found[:6]) + (" ..." if len(found) > 6 else "")
+    msg = (f"{ckpt_root} already holds {len(found)} checkpoint(s) ({steps}) from an earlier run: pass --resume to "
+           "continue it, or --overwrite to delete them and start from step 0 (or train into another --out)")
+    q = quarantined(ckpt_root)
+    if q:
+        msg += f"; the {len(q)} quarantined checkpoint(s) in {ckpt_root / QUARANTINE} are kept either way"
+    return msg
+
+
+def remove_run(ckpt_root: Path) -> list[Path]:
+    """`--overwrite`: delete the earlier run's step_N checkpoints and its `.tmp-*`/`.old-*` writes; returns the
+    step_N directories removed. `quarantine/` (and anything else that is not a checkpoint) stays byte-identical."""
+    removed = [p for _, p in list_checkpoints(ckpt_root)]
+    leftovers = [*ckpt_root.glob(".tmp-*"), *ckpt_root.glob(".old-*")] if ckpt_root.is_dir() else []
+    for p in removed + leftovers:
+        shutil.rmtree(p)
+    return removed
 
 
 def read_state(path: Path) -> dict:

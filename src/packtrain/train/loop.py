@@ -42,7 +42,8 @@ class TrainResult:
     compiles: int | None            # torch.compile frames compiled (None: compile off)
     recompiles: int | None          # of which recompiles (guard failures): 0 with a fixed budget
     timings: dict                   # setup_s, train_s, checkpoint_s, save_s, total_s
-    throughput: dict                # ThroughputMeter.summary(): tokens/s, MFU, step-time percentiles
+    throughput: dict                # Telemetry.summary(): tokens/s, MFU, step-time percentiles, the peak MFU is
+                                    # against (peak_tflops, peak_source, peak_reliable, peak_note)
     memory: dict                    # cuda_memory_stats(): peak alloc/reserved GiB, fragmentation
     system: dict                    # SystemSampler.summary() over the steady state: utilization
     violations: list[str]           # telemetry thresholds (utilization, fragmentation, padding) not met
@@ -247,7 +248,7 @@ def _result(s: TrainSession, start: int, train_s: float, save_s: float, total_s:
         compiles=counter.compiles if counter else None,
         recompiles=counter.recompiles if counter else None,
         timings={**s.timings, "train_s": train_s, "save_s": save_s, "total_s": total_s},
-        throughput=s.telemetry.meter.summary(), memory=memory, system=system,
+        throughput=s.telemetry.summary(), memory=memory, system=system,
         violations=list(report.violations) if report else [],
         telemetry_files=[str(f) for f in report.files] if report else [],
         setup={"attention": m.backend, "precision": cfg.precision, "engine": cfg.engine,

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from packtrain.model.build import ParamCount
     from packtrain.packing.batches import PackedBatch, PackedLoader
     from packtrain.telemetry.meter import ThroughputMeter
+    from packtrain.telemetry.mfu import PeakEstimate
     from packtrain.telemetry.sampler import SystemSampler
     from packtrain.train.deepspeed_engine import DeepSpeedStepper
     from packtrain.train.fsdp2_engine import Fsdp2Stepper
@@ -213,6 +214,7 @@ class Telemetry:
     adapter_params: int = 0            # LoRA: trainable adapter parameters (0: full fine-tune)
     fp8_params: int = 0                # fp8: parameters of the FP8 linears (0: no FP8)
     peak_fp8: float = 0.0              # fp8: the FP8 peak FLOP/s their matmuls are counted against
+    estimate: PeakEstimate | None = None   # where `peak` came from (its probes when measured)
 
     def window_flops(self, window: list[PackedBatch]) -> tuple[float, float]:
         """(useful, dense) FLOPs of one optimizer step's micro-batches, from the built model's own shape.
@@ -265,17 +267,41 @@ class Telemetry:
         if self.sampler is not None:
             self.sampler.stop()
 
+    def reprobe(self) -> None:
+        """After the last step a measured peak is probed again (the cores are as free as this run leaves them):
+        the estimate becomes the fastest probe of both rounds, and the meter's summary MFU is against it."""
+        if self.estimate is None or self.estimate.source != "measured":
+            return
+        self.estimate = self.estimate.reprobe()
+        self.meter.raise_peak(self.estimate.flops / self.peak)
+
+    def summary(self) -> dict:
+        """ThroughputMeter.summary() + the peak its MFU is against: peak_tflops (peak × peak_scale), peak_source,
+        peak_reliable and, when unreliable, peak_note (packtrain.telemetry.mfu.peak_note)."""
+        from packtrain.telemetry.mfu import PeakEstimate, peak_note
+
+        out = self.meter.summary()
+        if not out:
+            return out
+        est = self.estimate or PeakEstimate(self.peak, "config")
+        note = peak_note(est, self.meter.fastest * self.peak / est.flops)   # fastest step vs the final estimate
+        out.update(peak_tflops=self.peak * self.meter.peak_scale / 1e12, peak_source=est.source,
+                   peak_reliable=note is None)
+        if note:
+            out["peak_note"] = note
+        return out
+
 
 def build_telemetry(cfg: TelemetryConfig, precision: str, parts: ModelParts, dist: DistInfo,
                     device: torch.device) -> Telemetry:
     from packtrain.telemetry.meter import ThroughputMeter
-    from packtrain.telemetry.mfu import device_name, fp8_peak_flops, peak_flops
+    from packtrain.telemetry.mfu import device_name, estimate_peak, fp8_peak_flops
     from packtrain.telemetry.sampler import SystemSampler
 
     meter = ThroughputMeter(cfg.warmup_steps)
     fp8 = precision == "fp8" and device.type == "cuda" and bool(parts.fp8_params)
     prec = ("bf16" if precision == "fp8" else precision) if device.type == "cuda" else "fp32"   # fp8: rest is bf16
-    peak = peak_flops(device_name(device), prec, cfg.peak_tflops)
+    estimate = estimate_peak(device_name(device), prec, cfg.peak_tflops)   # before training: the cores are freest
     peak_fp8 = fp8_peak_flops(device_name(device), cfg.peak_tflops) if fp8 else 0.0
     sampler = None
     if dist.is_main:
@@ -285,5 +311,6 @@ def build_telemetry(cfg: TelemetryConfig, precision: str, parts: ModelParts, dis
         except ImportError as e:   # neither nvidia-ml-py nor psutil installed: train without sampling
             warnings.warn(f"system sampling off: {e}", RuntimeWarning, stacklevel=2)
     adapter = (parts.params.trainable or 0) if parts.adapted is not None else 0
-    return Telemetry(cfg, meter, peak, parts.flop_dims, parts.params.non_embedding, sampler, adapter_params=adapter,
-                     fp8_params=parts.fp8_params if fp8 else 0, peak_fp8=peak_fp8)
+    return Telemetry(cfg, meter, estimate.flops, parts.flop_dims, parts.params.non_embedding, sampler,
+                     adapter_params=adapter, fp8_params=parts.fp8_params if fp8 else 0, peak_fp8=peak_fp8,
+                     estimate=estimate)

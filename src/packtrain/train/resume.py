@@ -11,7 +11,6 @@ Rank 0 decides and touches the files; every rank gets the decision (or the same 
 from __future__ import annotations
 
 import json
-import shutil
 import sys
 import time
 import warnings
@@ -52,7 +51,8 @@ def restore(s: TrainSession, resume: bool, overwrite: bool = False) -> int:
     - resume: the newest checkpoint that verifies (broken newer ones are quarantined and named); no
       checkpoint at all → step 0;
     - fresh (no resume) into a directory that holds checkpoints: refused (ConfigError, exit 2) unless
-      `overwrite`, which removes them and train_log.jsonl, saying so.
+      `overwrite`, which removes them (not quarantine/: it stays byte-identical) and keeps train_log.jsonl as
+      train_log.before-resume-0.jsonl, saying so; quarantined checkpoints alone are no reason to refuse.
     """
     c = s.checkpoints
     if resume:
@@ -61,13 +61,12 @@ def restore(s: TrainSession, resume: bool, overwrite: bool = False) -> int:
     def decide() -> None:
         found = ckpt.existing_run(c.root)
         if found and not overwrite:
-            steps = ", ".join(p.name for p in found[:6]) + (" ..." if len(found) > 6 else "")
-            raise ConfigError(f"{c.root} already holds {len(found)} checkpoint(s) ({steps}) from an "
-                              "earlier run: pass --resume to continue it, or --overwrite to delete them and start "
-                              "from step 0 (or train into another --out)")
+            raise ConfigError(ckpt.existing_run_message(c.root, found))
         if found:
-            print(f"--overwrite: removing {len(found)} checkpoint(s) under {c.root}", file=sys.stderr)
-            shutil.rmtree(c.root, ignore_errors=True)
+            q = ckpt.quarantined(c.root)
+            kept = f"; the {len(q)} quarantined checkpoint(s) in {c.root / ckpt.QUARANTINE} are kept" if q else ""
+            print(f"--overwrite: removing {len(found)} checkpoint(s) under {c.root}{kept}", file=sys.stderr)
+            ckpt.remove_run(c.root)
         keep_old_log(c.log_path, 0)   # a log without checkpoints (killed before the first save) is kept, renamed
 
     on_main(s.dist, c.root, decide)

@@ -130,9 +130,11 @@ class TrainSession:
         self._undo.close()
 
     def end_steady_state(self) -> None:
-        """Training steps are over: stop sampling so saving the model does not count as idle GPU time."""
+        """Training steps are over: stop sampling so saving the model does not count as idle GPU time; probe a
+        measured peak once more, now that this run's steps no longer hold the cores."""
         self.data.close()
         self.telemetry.stop()
+        self.telemetry.reprobe()
 
     # ------------------------------------------------------------------------------------------ start, save
     def restore(self, resume: bool, overwrite: bool = False) -> int:
@@ -271,7 +273,7 @@ class TrainSession:
         from packtrain.telemetry.report import build_report
 
         plots = bool(getattr(self.tracker, "enabled", False))   # PNGs are for the MLflow run
+        peak = {k: v for k, v in t.summary().items() if k.startswith("peak_")}   # the peak the MFU is against
         report = build_report(self.out_dir, t.cfg, meter=t.meter, sampler=t.sampler, memory=memory,
-                              extra={"peak_tflops": t.peak / 1e12}, since_t=t.steady_since, plots=plots,
-                              until_t=t.steady_until)
+                              extra=peak, since_t=t.steady_since, plots=plots, until_t=t.steady_until)
         return report, memory, system
