@@ -1,19 +1,12 @@
-"""Shared parts of issue 19's GPU evidence scripts (long_context_bench.py, fp8_bench.py, fsdp2_bench.py).
+"""packtrain's own `train()` observed from outside, and variants run in turn (long-context, fp8, fsdp2 suites).
 
-    environment(peak_tflops)          the machine: packtrain.train.smoke.cuda_environment() + host, torchao, liger
-    load_recipe(name, overrides)      a recipes/<name>.yaml by path (the GPU box runs from src/, no install)
-    markov_docs(lengths, vocab, seed) documents whose loss falls (packtrain.train.synthetic's Markov chain)
-    write_inputs(tmp, docs, ...)      token store + tokenizer + packs through the pack stage's library
-    run_packtrain(cfg, inputs, ...)   packtrain's own `train()` (smoke_run) + what smoke_run does not return:
-                                      the loss curve, the steps' peak memory (after setup), Σs and Σs² per step
+    run_packtrain(cfg, inputs, ...)   packtrain's `train()` (smoke_run) + what smoke_run does not return: the loss
+                                      curve, the steps' peak memory (after setup), Σs and Σs² per step, the
+                                      planner's prediction for the same shape and its error
     planner_prediction(cfg, ...)      the memory planner's peak for the run's shape (the call `packtrain plan` makes)
-    run_variants(record, out, names, run)  record[name] = run(name) in turn; an OOM or a refusal is recorded
-                                      (failure_row) and the next one runs on freed memory
-    compare_curves(base, other)       tok/s ratio, loss curves' max |Δ|, last-10 means and their relative difference
-    write_record(path, record)        the JSON (temp file + rename: a timeout never leaves half a file)
-
-Every record has {"bench", "command", "machine", "settings", ..., "goals", "goal_met"}. Nothing here imports
-mlflow or kfp (the GPU machine does not have them).
+    run_variants(record, write, names, run)  record.rows gets {"variant": name, **run(name)} in turn; an OOM or a
+                                      refusal is recorded (failure_row) and the next one runs on freed memory;
+                                      SIGTERM cuts a row to the steps it logged (cut_row)
 """
 
 from __future__ import annotations
@@ -21,65 +14,12 @@ from __future__ import annotations
 import contextlib
 import gc
 import json
-import os
-import platform
 import statistics
-import sys
 import time
 from pathlib import Path
 
-os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
-
-import numpy as np  # noqa: E402
-
-GIB = 1 << 30
-TINY_MODEL = ["model.hidden_size=64", "model.intermediate_size=176", "model.num_layers=2", "model.num_heads=4",
-              "model.num_kv_heads=2"]
-"""--tiny: the same structure (GQA) small enough for 2 CPU cores in seconds."""
-TINY_TRAIN = ["train.device=cpu", "train.attention=sdpa", "train.loss=chunked", "train.compile=false"]
-
-
-# ------------------------------------------------------------------------------------------ record & machine
-def command_line(argv: list[str] | None) -> str:
-    """The exact command, as the JSON records it: `python bench/x.py --flag ...`."""
-    return "python " + " ".join([sys.argv[0], *(argv if argv is not None else sys.argv[1:])])
-
-
-def environment(peak_tflops: float) -> dict:
-    """cuda_environment() (torch, CUDA, GPU name and memory, transformers, deepspeed) + host, python, torchao and
-    liger-kernel versions (None when missing) and the bf16 peak the MFU is counted against."""
-    from packtrain.train.smoke import cuda_environment
-
-    info = {**cuda_environment(), "host": platform.node(), "python": platform.python_version(),
-            "peak_tflops_bf16": peak_tflops}
-    for mod, key in (("torchao", "torchao"), ("liger_kernel", "liger_kernel")):
-        try:
-            from importlib.metadata import version
-
-            __import__(mod)
-            info[key] = version(mod.replace("_", "-"))
-        except Exception:  # noqa: BLE001 - absent or broken: recorded as None
-            info[key] = None
-    return info
-
-
-def write_record(path: str | Path, record: dict) -> Path:
-    """Write `record` as indented JSON atomically (temp file + rename)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(record, indent=2, default=str) + "\n")
-    os.replace(tmp, path)
-    return path
-
-
-def load_recipe(name: str, overrides: list[str]):
-    """recipes/<name>.yaml by path (PYTHONPATH=src on the GPU machine: no installed recipes package)."""
-    from packtrain.config import load_run_config
-
-    return load_run_config(ROOT / "recipes" / f"{name}.yaml", overrides)
+from bench.harness import GIB, Record, write_record
+from bench.workload import loss_tail_mean
 
 
 def free_device() -> None:
@@ -104,54 +44,6 @@ def failure_row(e: BaseException) -> dict:
     return {"error": f"{type(e).__name__}: {str(e)[:800]}", "oom": oom, "peak_alloc_gib_at_failure": peak}
 
 
-# ------------------------------------------------------------------------------------------------------ data
-def markov_docs(lengths: np.ndarray, vocab: int, seed: int) -> list[np.ndarray]:
-    """Documents of `lengths` tokens from packtrain.train.synthetic's sparse Markov chain (EOS = 1 at the end),
-    so the loss falls from ln V toward ≈ ln 4 and two runs' loss curves can be compared."""
-    from packtrain.train.synthetic import markov_documents
-
-    return markov_documents(np.asarray(lengths, np.int64), vocab, np.random.default_rng(seed), eos_id=1)
-
-
-def lengths_for_tokens(draw, tokens: int) -> np.ndarray:
-    """Concatenate batches of `draw(n)` until they hold ≥ `tokens` tokens; int64 lengths."""
-    out, total = [], 0
-    while total < tokens:
-        d = draw(4096)
-        out.append(d)
-        total += int(d.sum())
-    lens = np.concatenate(out)
-    return lens[: int(np.searchsorted(np.cumsum(lens), tokens)) + 1]
-
-
-def length_summary(lengths: np.ndarray) -> dict:
-    """Quantiles, the long tail (share of tokens in documents ≥ 8k / ≥ 16k) and Σs²/Σs (the mean attention span
-    a token pays for: attention FLOPs per token ∝ it)."""
-    s = np.asarray(lengths, np.float64)
-    q = np.percentile(s, [50, 90, 99]).tolist()
-    return {"n_docs": int(len(s)), "tokens": int(s.sum()), "p50": q[0], "p90": q[1], "p99": q[2],
-            "max": int(s.max()), "mean": float(s.mean()),
-            "token_share_ge_8k": float(s[s >= 8192].sum() / s.sum()),
-            "token_share_ge_16k": float(s[s >= 16384].sum() / s.sum()),
-            "sum_sq_over_sum": float((s * s).sum() / s.sum())}
-
-
-def write_inputs(root: Path, docs: list[np.ndarray], vocab: int, pack_cfg) -> tuple[Path, Path, dict]:
-    """root/tokenize (token store + word-level tokenizer, all documents train) and root/pack (the pack stage's
-    library with `pack_cfg`); returns (tokens_dir, packs_dir, pack stats dict)."""
-    from packtrain.data.token_store import write_token_store
-    from packtrain.packing.dataset import pack_dataset
-    from packtrain.train.synthetic import write_tokenizer
-
-    write_tokenizer(root / "tok", vocab)
-    n = len(docs)
-    write_token_store(root / "tokenize", docs, np.arange(n), np.zeros(n, np.uint8),
-                      {"vocab_size": vocab, "eos_id": 1, "pad_id": 0}, tokenizer_dir=root / "tok")
-    stats = pack_dataset(root / "tokenize", root / "pack", pack_cfg)
-    return root / "tokenize", root / "pack", stats.to_dict()
-
-
-# ------------------------------------------------------------------------------------------- packtrain runs
 @contextlib.contextmanager
 def observe_train(steady_from: int = 0, skip_save: bool = True):
     """What smoke_run does not return, observed by wrapping packtrain.train.loop's run_step and train (restored
@@ -294,41 +186,6 @@ def planner_prediction(cfg, budget: int, vocab: int, device: str) -> dict:
         return {"planner_failure": f"{type(e).__name__}: {e}"}
 
 
-def loss_tail_mean(curve: list[float], n: int = 10) -> float | None:
-    """Mean of the last `n` losses (one step's loss is noisy; the issue's 'loss after ≥ 200 steps')."""
-    tail = [x for x in curve[-n:] if x is not None]
-    return sum(tail) / len(tail) if tail else None
-
-
-def timed(fn, *a, **kw) -> tuple[object, float]:
-    """(fn(*a, **kw), wall seconds)."""
-    t0 = time.perf_counter()
-    out = fn(*a, **kw)
-    return out, time.perf_counter() - t0
-
-
-def compare_curves(base: dict, other: dict, tail: int = 10) -> dict:
-    """Two runs on the same data and seed: tok/s ratio (other / base), the loss curves' max |difference| (and its
-    step; relative to base's loss: loss_step_rel_diff_max), the mean of the last `tail` losses of each and their relative difference |other − base| / base."""
-    out: dict = {}
-    if base.get("real_tokens_per_s") and other.get("real_tokens_per_s"):
-        out["tok_s_ratio"] = other["real_tokens_per_s"] / base["real_tokens_per_s"]
-    a, b = base.get("loss_curve") or [], other.get("loss_curve") or []
-    n = min(len(a), len(b))
-    if n:
-        diffs = [abs(x - y) for x, y in zip(a[:n], b[:n], strict=True)]
-        i = max(range(n), key=diffs.__getitem__)
-        ta, tb = loss_tail_mean(a[:n], tail), loss_tail_mean(b[:n], tail)
-        out.update({"steps_compared": n, "loss_max_abs_diff": diffs[i], "loss_max_abs_diff_step": i + 1,
-                    "loss_first_abs_diff": diffs[0],
-                    "loss_step_rel_diff_max": max(d / abs(x) for d, x in zip(diffs, a[:n], strict=True) if x), f"loss_tail{tail}_base": ta, f"loss_tail{tail}_other": tb,
-                    "loss_tail_rel_diff": abs(tb - ta) / abs(ta) if ta else None})
-    for k in ("steady_peak_alloc_gib", "step_peak_alloc_gib", "peak_alloc_gib"):
-        if base.get(k) and other.get(k):
-            out[f"{k}_ratio"] = other[k] / base[k]
-    return out
-
-
 class Cut(BaseException):
     """SIGTERM (what `timeout` sends) arrived during a variant: record what it did and stop."""
 
@@ -354,8 +211,14 @@ def cut_row(obs: dict | None) -> dict:
             "loss_curve": curve, "loss_tail10": loss_tail_mean(curve), "measured_steps": len(steady)}
 
 
-def run_variants(record: dict, out: Path, names: list[str], run) -> dict:
-    """record[name] = run(name) for each name in turn; a failure (an OOM, a refusal) becomes failure_row(e) and
+def by_variant(record: Record) -> dict[str, dict]:
+    """{variant name: row} of a record's rows."""
+    return {r["variant"]: r for r in record.rows}
+
+
+def run_variants(record: Record, out: Path, names: list[str], run) -> Record:
+    """record.rows += {"variant": name, **run(name)} for each name in turn; a failure (an OOM, a refusal) becomes
+    failure_row(e) and
     the next variant still runs on freed memory. The record is rewritten after every variant, so a timeout of a
     later one keeps what was measured; SIGTERM (`timeout`'s signal) during a variant records it as cut_row (the
     steps it logged) and skips the rest, so the caller still compares and writes. Prints one JSON line per
@@ -378,18 +241,18 @@ def run_variants(record: dict, out: Path, names: list[str], run) -> dict:
                 row = run(name)
             except Cut:
                 row = cut_row(_LIVE.get("obs"))
-                record["cut"] = f"{name} cut by SIGTERM after step {row['cut_at_step']}; later variants not run"
+                record.extra["cut"] = f"{name} cut by SIGTERM after step {row['cut_at_step']}; later variants not run"
             except Exception as e:  # noqa: BLE001
                 if not isinstance(e, ConfigError):   # a refusal says all in its message
                     traceback.print_exc()
                 row = {**failure_row(e), "refused": isinstance(e, ConfigError)}
             free_device()   # after the except block: the failed frames are gone, their tensors collectable
             row["variant_wall_s"] = time.perf_counter() - t0
-            record[name] = row
+            record.rows.append({"variant": name, **row})
             print(json.dumps({name: {k: v for k, v in row.items() if k not in ("loss_curve", "step_times_s")}},
                              default=str), flush=True)
             write_record(out, record)
-            if "cut" in record:
+            if "cut" in record.extra:
                 break
     finally:
         signal.signal(signal.SIGTERM, previous)

@@ -1,4 +1,5 @@
-"""The baselines of `bench/gpu_bench.py`: what users do today with transformers, on the same documents.
+"""What users do today with transformers, on the same documents: the baselines of the gpu-throughput,
+long-context and lora suites.
 
     pad        every document padded to the budget, one per row         batches_padded("pad", ...)
     dynamic    `rows` random documents padded to the longest of them    batches_padded("dynamic", ...)
@@ -6,7 +7,7 @@
     concat     documents concatenated and cut into rows, NOT isolated    batches_concat(...)
     hf_packed  BFD packs as rows, SDPA + position_ids, no mask          batches_packed_rows(...)
 
-`run_hf_variant` trains a transformers model (LlamaForCausalLM, or the family of the bench's --model, e.g.
+`run_hf_variant` trains a transformers model (LlamaForCausalLM, or the family of the suite's --model, e.g.
 Qwen2ForCausalLM) on prebuilt CPU batches (bf16 autocast, fused AdamW)
 and returns (seconds, NVML utilization, last loss); `isolation_error` is the logit check every row reports.
 """
@@ -102,7 +103,7 @@ def batches_packed_rows(docs, packs, rows, budget, n_steps):
 
 # ------------------------------------------------------------------------------------------- training
 def hf_config(spec, vocab, attn, max_pos):
-    """The transformers config of a bench model: `spec` holds config kwargs (gpu_bench.SIZES), its optional
+    """The transformers config of a bench model: `spec` holds config kwargs (gpu_throughput.SIZES), its optional
     model_type picks the family (default llama); tied embeddings unless the spec says otherwise."""
     from transformers import AutoConfig
 
