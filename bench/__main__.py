@@ -58,6 +58,8 @@ def run_suite(name: str, argv: list[str]) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if "--smoke" in argv:   # a check, not a measurement: one thread each, no spinning on a shared machine
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__)
         return 0

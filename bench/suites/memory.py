@@ -1,6 +1,7 @@
 """Memory headline on the GPU: peak memory and tokens/s of the same recipe and token budget, technique by technique.
 
-    python bench/memory_headline.py bench/results/memory_headline_350m.json [--recipe 350m-h200] [--steps 16]
+    python -m bench memory --out bench/results/memory_headline_350m.json [--recipe 350m-h200] [--steps 16]
+    python -m bench memory --smoke --out /tmp/mem     # CPU: tiny model, the rows without DeepSpeed, sdpa
 
 Rows (each a fresh process through `packtrain.train.loop.train`, synthetic lognormal packed data):
   baseline      fp32, no activation checkpointing, standard loss, sdpa (varlen needs bf16/fp16), no compile
@@ -10,19 +11,20 @@ Rows (each a fresh process through `packtrain.train.loop.train`, synthetic logno
   +zero3-offload  + DeepSpeed ZeRO-3 with optimizer and parameter CPU offload (compile off)
   optimized     packtrain's memory-optimized setting: bf16 + varlen + compile + every-2nd-layer checkpointing
                 + fused loss (no offload: on one GPU it costs more time than it saves memory)
-Prints a table with the change vs. baseline; the seed's target: ≥ 60% less peak memory at ≥ baseline tok/s.
+Prints a table with the change vs. baseline; the target: ≥ 60% less peak memory at ≥ baseline tok/s.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+from bench.harness import Record, machine_info
+
+SUMMARY = "memory headline: peak memory and tok/s of one recipe and budget, technique by technique"
+DEVICE = "gpu"
+GOALS = {"peak_vs_baseline_max": -0.60, "tok_s_vs_baseline_min": 1.0}
 
 ROWS = [
     ("baseline", "sdpa", ["train.precision=fp32", "train.activation_checkpointing=none", "train.loss=standard"],
@@ -41,55 +43,59 @@ ROWS = [
 ]
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("out")
+def add_arguments(p) -> None:
     p.add_argument("--recipe", default="350m-h200")
     p.add_argument("--steps", type=int, default=16)
     p.add_argument("--docs", type=int, default=6000)
     p.add_argument("--only", default="", help="comma-separated row names")
     p.add_argument("--timeout", type=int, default=300)
-    a = p.parse_args(argv)
 
-    from train_gpu_smoke import _child
 
+def run(a, out: Path) -> Record:
+    from bench.suites.train_smoke import SMOKE_MODEL, _child, _run_one
     from packtrain.config import load_run_config
     from packtrain.train.synthetic import make_synthetic_inputs
 
-    cfg = load_run_config(a.recipe)
+    smoke = SMOKE_MODEL if a.smoke else []
+    if a.smoke:
+        a.steps, a.docs = 2, 200
+    cfg = load_run_config(a.recipe, smoke)
     work = Path(tempfile.mkdtemp(prefix="packtrain-memhead-"))
     make_synthetic_inputs(work, n_docs=a.docs, vocab_size=cfg.tokenize.vocab_size, budget=cfg.pack.budget)
     only = {x for x in a.only.split(",") if x}
-    command = "python bench/memory_headline.py " + " ".join(argv or sys.argv[1:])
     rows = []
     for name, attn, overrides, extra in ROWS:
-        if only and name not in only:
+        if (only and name not in only) or (a.smoke and extra.get("engine") == "deepspeed"):
             continue
+        if a.smoke:   # the CPU: sdpa, fp32 or bf16 autocast, no compile
+            attn, extra = "sdpa", {**extra, "compile": False}
+            overrides = [*smoke, *(o for o in overrides if not o.startswith("train.loss=fused"))]
         spec = {"kind": "run", "recipe": a.recipe, "overrides": overrides, "data": str(work),
                 "out": str(work / f"run-{name}"), "attention": attn, "steps": a.steps, **extra}
-        r = _child(spec, a.timeout)
+        r = _run_one(spec) if a.smoke else _child(spec, a.timeout)
         r = {"row": name, **{k: r.get(k) for k in ("attention", "precision", "engine", "zero_stage", "offload",
                                                    "compile", "real_tokens_per_s", "peak_alloc_gib",
                                                    "peak_reserved_gib", "fragmentation", "useful_mfu",
                                                    "final_loss", "error", "stderr_tail")},
-             "overrides": overrides, "command": command}
+             "overrides": overrides}
+        if not r.get("error"):
+            r.pop("error")
         rows.append(r)
         print(json.dumps({k: v for k, v in r.items() if k != "stderr_tail"}), flush=True)
-        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.out).write_text(json.dumps(rows, indent=2) + "\n")
     base = next((r for r in rows if r["row"] == "baseline" and not r.get("error")), None)
     print(f"\n{'row':<16} {'tok/s':>10} {'peak alloc GiB':>14} {'vs baseline':>12} {'tok/s vs base':>13}")
     for r in rows:
         if r.get("error"):
             print(f"{r['row']:<16} ERROR {str(r['error'])[:80]}")
             continue
-        dm = (r["peak_alloc_gib"] / base["peak_alloc_gib"] - 1) if base else float("nan")
-        dt = (r["real_tokens_per_s"] / base["real_tokens_per_s"]) if base else float("nan")
+        dm = (r["peak_alloc_gib"] / base["peak_alloc_gib"] - 1) if base and base["peak_alloc_gib"] else None
+        dt = (r["real_tokens_per_s"] / base["real_tokens_per_s"]) if base else None
         r["peak_vs_baseline"], r["tok_s_vs_baseline"] = dm, dt
-        print(f"{r['row']:<16} {r['real_tokens_per_s']:>10,.0f} {r['peak_alloc_gib']:>14.2f} {dm:>+12.1%} {dt:>12.2f}x")
-    Path(a.out).write_text(json.dumps(rows, indent=2) + "\n")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+        print(f"{r['row']:<16} {r['real_tokens_per_s']:>10,.0f} {r['peak_alloc_gib']:>14.2f} "
+              f"{'-' if dm is None else f'{dm:+.1%}':>12} {'-' if dt is None else f'{dt:.2f}x':>12}")
+    met = [r for r in rows if r.get("peak_vs_baseline") is not None and r["row"] != "baseline"
+           and r["peak_vs_baseline"] <= GOALS["peak_vs_baseline_max"]
+           and r["tok_s_vs_baseline"] >= GOALS["tok_s_vs_baseline_min"]]
+    return Record(suite="memory", study="memory headline, technique by technique", command=a.command,
+                  machine=machine_info(), rows=rows, goals=GOALS, goal_met={"some_row_meets_both": bool(met)},
+                  settings={"recipe": a.recipe, "steps": a.steps, "docs": a.docs, "only": sorted(only)})

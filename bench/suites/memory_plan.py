@@ -1,7 +1,8 @@
 """Calibrate the memory planner on a GPU: predicted vs measured `torch.cuda.max_memory_allocated`.
 
-    python bench/memory_calibration.py bench/results/memory_plan_calibration.json [--only NAME,...]
-                                       [--steps 3] [--max-seconds 220] [--child-timeout 150]
+    python -m bench memory-plan --out bench/results/memory_plan_calibration.json [--only NAME,...]
+                                [--steps 3] [--max-seconds 220] [--child-timeout 150] [--dry-run]
+    python -m bench memory-plan --smoke --out /tmp/mp    # CPU: every prediction + one tiny row measured eagerly
 
 For each configuration (125M / 350M / 1B Llama, vocab 32768, bf16 autocast over fp32 params, AdamW fused,
 grad clip 1.0, transformers SDPA on packed rows with restarting position_ids, HF loss via labels):
@@ -23,18 +24,21 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))   # runs from a checkout, no install
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+from bench.harness import GIB, Record, machine_info
+
+SUMMARY = "memory planner calibration: predicted vs measured max_memory_allocated, 9 configurations"
+DEVICE = "gpu"
+REPO = Path(__file__).resolve().parents[2]
+GOALS = {"max_abs_error": 0.10}
 
 VOCAB = 32768
 SIZES = {   # hidden, intermediate, layers, heads
+    "tiny": (64, 176, 2, 4),   # --smoke
     "125m": (768, 2048, 12, 12),
     "350m": (1024, 2816, 24, 16),
     "1b": (2048, 5632, 16, 16),
@@ -51,7 +55,7 @@ CONFIGS = [
     ("350m-zero2-4x2048", "350m", "deepspeed", 2, False, "none", 4, 2048),
     ("1b-zero3-offload-4x2048", "1b", "deepspeed", 3, True, "full", 4, 2048),
 ]
-GIB = 1 << 30
+SMOKE_CONFIG = ("tiny-none-2x128", "tiny", "torch", None, False, "none", 2, 128)
 
 
 def configs_for(name: str, size: str, engine: str, zero, offload: bool, ckpt: str, rows: int, budget: int):
@@ -123,33 +127,39 @@ def enable_checkpointing(model) -> None:
 
 
 def measure_torch(row, steps: int) -> dict:
-    """Plain torch: fp32 params, bf16 autocast, fused AdamW; peak over `steps` steps after setup."""
+    """Plain torch: fp32 params, bf16 autocast, fused AdamW; peak over `steps` steps after setup (on the CPU,
+    --smoke: the same steps, no peak)."""
     import torch
 
     name, size, _, _, _, ckpt, rows, budget = row
-    dev = torch.device("cuda")
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    cuda = dev.type == "cuda"
     model = llama(size, budget, dev).train()
     if ckpt != "none":
         enable_checkpointing(model)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=cuda)
     batches = [packed_batch(rows, budget, s, dev) for s in range(steps)]
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
     try:
         for ids, pos, labels in batches:
-            with torch.autocast("cuda", dtype=torch.bfloat16):
+            with torch.autocast(dev.type, dtype=torch.bfloat16):
                 loss = model(input_ids=ids, position_ids=pos, labels=labels, use_cache=False).loss
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
             opt.zero_grad(set_to_none=True)
+        if not cuda:
+            return {"measured_gib": None, "reserved_gib": None, "loss": float(loss)}
         torch.cuda.synchronize()
         return {"measured_gib": torch.cuda.max_memory_allocated() / GIB,
                 "reserved_gib": torch.cuda.max_memory_reserved() / GIB, "loss": float(loss)}
     finally:
         del model, opt, batches
         gc.collect()
-        torch.cuda.empty_cache()
+        if cuda:
+            torch.cuda.empty_cache()
 
 
 def measure_deepspeed(row, steps: int) -> dict:
@@ -199,9 +209,9 @@ def base_record(row) -> dict:
 
 def run_child(row, steps: int, timeout: float) -> dict:
     """A DeepSpeed row in its own process (DeepSpeed's global state, a fresh allocator, a crash-proof parent)."""
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", json.dumps(row), "--steps", str(steps)]
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    cmd = [sys.executable, "-m", "bench.suites.memory_plan", "--child", json.dumps(row), "--steps", str(steps)]
+    try:   # from the repository root, where `bench` is
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO)
     except subprocess.TimeoutExpired:
         return {"status": "timeout", "message": f"no result within {timeout:.0f} s"}
     for line in reversed(proc.stdout.splitlines()):
@@ -211,44 +221,54 @@ def run_child(row, steps: int, timeout: float) -> dict:
     return {"status": "oom" if "OutOfMemory" in proc.stderr else "error", "message": " | ".join(tail)[-600:]}
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("out", nargs="?", help="JSON path for the rows")
+def child_main(argv: list[str] | None = None) -> int:
+    """One DeepSpeed row in this process; prints one JSON line."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--child", required=True)
+    ap.add_argument("--steps", type=int, default=3)
+    a = ap.parse_args(argv)
+    print(json.dumps(measure_deepspeed(tuple(json.loads(a.child)), a.steps)), flush=True)
+    return 0
+
+
+def add_arguments(ap) -> None:
     ap.add_argument("--only", help="comma-separated config names")
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--max-seconds", type=float, default=220.0, help="skip the remaining rows after this")
     ap.add_argument("--child-timeout", type=float, default=150.0)
     ap.add_argument("--dry-run", action="store_true", help="predictions only (no GPU needed)")
-    ap.add_argument("--child", help=argparse.SUPPRESS)
-    args = ap.parse_args(argv)
 
-    if args.child:   # one DeepSpeed row; prints one JSON line
-        print(json.dumps(measure_deepspeed(tuple(json.loads(args.child)), args.steps)), flush=True)
-        return 0
-    if not args.out:
-        ap.error("the output JSON path is required")
-    from packtrain.paths import write_json
 
-    if args.dry_run:
+def _record(args, doc: dict) -> Record:
+    ok = [r for r in doc["rows"] if r.get("status") == "ok" and "error" in r]
+    return Record(suite="memory-plan", study="memory planner vs max_memory_allocated", command=args.command,
+                  machine=machine_info(), rows=doc["rows"], goals=GOALS,
+                  goal_met={"within_10pct": all(abs(r["error"]) <= GOALS["max_abs_error"] for r in ok)} if ok else {},
+                  settings={"steps": args.steps, "only": args.only, "dry_run": args.dry_run},
+                  extra={k: v for k, v in doc.items() if k != "rows"})
+
+
+def run(args, out: Path) -> Record:
+    if args.dry_run or args.smoke:
         rows = [{**base_record(r), **predict(r, 141.0)} for r in CONFIGS if not args.only or r[0] in args.only]
-        write_json(Path(args.out), {"device": "planned for 141 GiB (dry run)", "rows": rows})
         for r in rows:
             print(f"{r['config']:<26} predicted {r['predicted_gib']:.2f} GiB at {r['plan_phase']}")
-        return 0
+        if args.smoke:   # the measuring path once, eagerly on the CPU (no peak there)
+            rows.append({**base_record(SMOKE_CONFIG), **predict(SMOKE_CONFIG, 141.0), "status": "ok",
+                         **measure_torch(SMOKE_CONFIG, 1)})
+        return _record(args, {"device": "planned for 141 GiB (dry run)", "rows": rows})
     import torch
 
     if not torch.cuda.is_available():
-        print("error: needs a CUDA device (or --dry-run)", file=sys.stderr)
-        return 2
+        raise SystemExit("error: needs a CUDA device (or --dry-run, --smoke)")
     props = torch.cuda.get_device_properties(0)
     device_gib = props.total_memory / GIB
-    try:
-        import importlib.util
+    import importlib.util
 
-        has_ds = importlib.util.find_spec("deepspeed") is not None
-    except Exception:  # noqa: BLE001
-        has_ds = False
+    has_ds = importlib.util.find_spec("deepspeed") is not None
     import transformers
+
+    from packtrain.paths import write_json
 
     wanted = set(args.only.split(",")) if args.only else None
     doc = {"device": props.name, "device_memory_gib": round(device_gib, 2), "torch": torch.__version__,
@@ -286,17 +306,17 @@ def main(argv: list[str] | None = None) -> int:
             rec["within_10pct"] = abs(rec["error"]) <= 0.10
             rec["measured_gib"], rec["predicted_gib"] = round(rec["measured_gib"], 3), round(rec["predicted_gib"], 3)
         doc["rows"].append(rec)
-        write_json(Path(args.out), doc)
+        write_json(args.record_path.with_suffix(".partial.json"), doc)
         print(f"{rec['config']:<26} {rec.get('status'):<8} predicted {rec.get('predicted_gib')} GiB  measured "
               f"{rec.get('measured_gib')} GiB  error {rec.get('error')}  ({rec['seconds']} s)", flush=True)
     ok = [r for r in doc["rows"] if r.get("status") == "ok"]
     doc["summary"] = {"measured": len(ok), "within_10pct": sum(bool(r.get("within_10pct")) for r in ok),
                       "max_abs_error": max((abs(r["error"]) for r in ok if "error" in r), default=None),
                       "seconds": round(time.time() - start, 1)}
-    write_json(Path(args.out), doc)
+    args.record_path.with_suffix(".partial.json").unlink(missing_ok=True)
     print(json.dumps(doc["summary"]))
-    return 0
+    return _record(args, doc)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(child_main())
