@@ -1,7 +1,8 @@
 """Data-parallel scaling on one node: `packtrain train --gpus N` against the same run on one GPU.
 
-    python bench/scaling.py bench/results/scaling_1b_h200x2.json [--gpus 2] [--configs zero2,zero3,ddp,fsdp2]
+    python -m bench scaling --out bench/results/scaling_1b_h200x2.json [--gpus 2] [--configs zero2,zero3,ddp,fsdp2]
         [--recipe 1b-h200] [--steps 24] [--rows 8] [--global-accum 4] [--docs 6000] [--timeout 300]
+    python -m bench scaling --smoke --out /tmp/sc    # CPU: ddp config, tiny model, the 1-"GPU" run only
 
 For each config (zero2 / zero3: `train.engine=deepspeed`, compile off; ddp: `train.engine=torch`; fsdp2:
 `train.engine=fsdp2`; ddp and fsdp2 with the recipe's compile), two runs of the recipe through the real CLI — one GPU with grad_accum = G, N GPUs with G / N each —
@@ -15,12 +16,12 @@ planner's prediction for 1 and N GPUs, NVML utilization per GPU, loss curves) an
   scaling_efficiency = mean per-GPU real tokens/s at N GPUs / real tokens/s at 1 GPU   (target ≥ 0.90)
   loss_max_rel_diff  = max over steps |loss_N − loss_1| / loss_1                      (bf16: ≤ 1e-2)
   memory: measured vs predicted peak per GPU at 1 and N GPUs, and the fall between them.
-Exit 1 when a run failed. Needs CUDA and ≥ N GPUs, deepspeed for the zero configs, mlflow(-skinny).
+goal_met says whether every run finished and met the targets. Needs CUDA and ≥ N GPUs, deepspeed for the
+zero configs, mlflow(-skinny).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -29,11 +30,14 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO / "src") not in sys.path:
-    sys.path.insert(0, str(REPO / "src"))
+from bench.harness import GIB, Record, machine_info
 
-GIB = 1024**3
+SUMMARY = "data-parallel scaling on one node: packtrain train --gpus N vs one GPU, same global batch"
+DEVICE = "gpu"
+SMOKE = ["model.hidden_size=64", "model.intermediate_size=176", "model.num_layers=2", "model.num_heads=4",
+         "model.num_kv_heads=2", "train.device=cpu", "train.precision=fp32", "train.attention=sdpa",
+         "train.loss=chunked", "train.compile=false", "pack.budget=256", "tokenize.vocab_size=512"]
+"""--smoke: the recipe at a tiny size on the CPU."""
 EFFICIENCY_TARGET = 0.90
 LOSS_REL_TOL = 1e-2
 CONFIGS = {
@@ -80,7 +84,7 @@ def run_bounded(cmd: list[str], env: dict, timeout: float) -> tuple[int | None, 
 def run_one(name: str, gpus: int, a, data: Path, work: Path) -> dict:
     ga = a.global_accum // gpus
     out, buf = work / f"{name}-{gpus}gpu", work / f"{name}-{gpus}gpu-mlbuf"
-    overrides = CONFIGS[name] + [
+    overrides = CONFIGS[name] + a.smoke_overrides + [
         f"train.rows={a.rows}", f"train.grad_accum={ga}", f"train.max_steps={a.steps}",
         f"telemetry.warmup_steps={a.warmup}", "train.checkpoint.every_steps=0", f"workdir={work}",
         f"tracking.buffer_dir={buf}", "tracking.retry_after_s=3600"]
@@ -132,9 +136,7 @@ def compare(one: dict, many: dict) -> dict:
             "memory_ok": abs(mn / pn - 1) <= 0.10 and abs(m1 / p1 - 1) <= 0.10}
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("out", help="JSON path for the results")
+def add_arguments(p) -> None:
     p.add_argument("--recipe", default="1b-h200")
     p.add_argument("--gpus", type=int, default=2)
     p.add_argument("--configs", default="zero2,zero3")
@@ -144,12 +146,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--global-accum", type=int, default=4, help="micro-batches per optimizer step over all GPUs")
     p.add_argument("--docs", type=int, default=6000)
     p.add_argument("--timeout", type=int, default=300, help="seconds per run")
-    a = p.parse_args(argv)
+
+
+def run(a, out: Path) -> Record:
+    a.smoke_overrides = SMOKE if a.smoke else []
+    if a.smoke:
+        a.configs, a.gpus, a.steps, a.warmup, a.rows, a.global_accum, a.docs = "ddp", 1, 2, 1, 2, 2, 200
     names = [c for c in a.configs.split(",") if c]
     bad = [c for c in names if c not in CONFIGS]
     if bad or a.global_accum % a.gpus:
-        p.error(f"--configs {bad} not in {sorted(CONFIGS)}" if bad else
-                f"--global-accum {a.global_accum} must be a multiple of --gpus {a.gpus}")
+        raise SystemExit(f"--configs {bad} not in {sorted(CONFIGS)}" if bad else
+                         f"--global-accum {a.global_accum} must be a multiple of --gpus {a.gpus}")
 
     import torch
 
@@ -157,51 +164,58 @@ def main(argv: list[str] | None = None) -> int:
     from packtrain.train.smoke import cuda_environment
     from packtrain.train.synthetic import make_synthetic_inputs
 
-    if torch.cuda.device_count() < a.gpus:
-        print(f"error: {torch.cuda.device_count()} CUDA devices < --gpus {a.gpus}", file=sys.stderr)
-        return 2
-    cfg = load_run_config(a.recipe)
+    if not a.smoke and torch.cuda.device_count() < a.gpus:
+        raise SystemExit(f"error: {torch.cuda.device_count()} CUDA devices < --gpus {a.gpus}")
+    cfg = load_run_config(a.recipe, a.smoke_overrides)
     a.vocab_size = cfg.tokenize.vocab_size
     work = Path(tempfile.mkdtemp(prefix="packtrain-scaling-"))
     print(f"synthetic data → {work}", file=sys.stderr, flush=True)
     make_synthetic_inputs(work / "data", n_docs=a.docs, vocab_size=a.vocab_size, budget=cfg.pack.budget)
-    report: dict = {"recipe": a.recipe, "gpus": a.gpus, "environment": cuda_environment(),
-                    "command": "python bench/scaling.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-                    "global_batch_tokens": a.rows * cfg.pack.budget * a.global_accum, "configs": {}}
+    record = Record(suite="scaling", study=f"data-parallel scaling, 1 vs {a.gpus} GPUs", command=a.command,
+                    machine=machine_info(), goals={"scaling_efficiency_min": EFFICIENCY_TARGET,
+                                                   "loss_max_rel_diff": LOSS_REL_TOL, "memory_error_max": 0.10},
+                    settings={"recipe": a.recipe, "gpus": a.gpus, "configs": names, "steps": a.steps,
+                              "warmup": a.warmup, "rows": a.rows, "global_accum": a.global_accum, "docs": a.docs},
+                    extra={"recipe": a.recipe, "gpus": a.gpus, "environment": cuda_environment(),
+                           "global_batch_tokens": a.rows * cfg.pack.budget * a.global_accum, "configs": {}})
     failed = False
     for name in names:
         entry: dict = {}
-        for g in (1, a.gpus):
+        for g in sorted({1, a.gpus}):
             print(f"→ {name} on {g} GPU", file=sys.stderr, flush=True)
             row = run_one(name, g, a, work / "data", work)
             if g == 1 and "error" not in row:
                 row["real_tokens_per_s"] = row["real_tokens_per_s_per_gpu"]
             entry["1gpu" if g == 1 else f"{g}gpu"] = row
+            record.rows.append({"config_gpus": f"{name}-{g}gpu", **{k: v for k, v in row.items()
+                                                                    if k not in ("loss_curve", "stderr_tail")}})
             failed |= "error" in row
             print(json.dumps({k: v for k, v in row.items() if k not in ("loss_curve", "overrides", "command")}),
                   file=sys.stderr, flush=True)
         one, many = entry.get("1gpu", {}), entry.get(f"{a.gpus}gpu", {})
         if "error" not in one and "error" not in many and one and many:
             entry["comparison"] = compare(one, many)
-        report["configs"][name] = entry
-        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.out).write_text(json.dumps(report, indent=2) + "\n")   # partial results survive a crash
-    print(f"| config | tok/s 1 GPU | tok/s/GPU at {a.gpus} | efficiency | peak GiB 1→{a.gpus} (planned) "
+        record.extra["configs"][name] = entry
+    cmps = [e["comparison"] for e in record.extra["configs"].values() if "comparison" in e]
+    record.goal_met = {"runs": not failed, "efficiency": bool(cmps) and all(c["efficiency_ok"] for c in cmps),
+                       "loss": bool(cmps) and all(c["loss_ok"] for c in cmps),
+                       "memory": bool(cmps) and all(c["memory_ok"] for c in cmps)}
+    print_table(record.extra, a.gpus)
+    return record
+
+
+def print_table(report: dict, gpus: int) -> None:
+    print(f"| config | tok/s 1 GPU | tok/s/GPU at {gpus} | efficiency | peak GiB 1→{gpus} (planned) "
           "| max loss rel diff |")
     print("|---|---|---|---|---|---|")
     for name, e in report["configs"].items():
         c = e.get("comparison")
         if not c:
-            print(f"| {name} | failed: {e.get('1gpu', {}).get('error')} / {e.get(f'{a.gpus}gpu', {}).get('error')} |")
+            print(f"| {name} | failed: {e.get('1gpu', {}).get('error')} / {e.get(f'{gpus}gpu', {}).get('error')} |")
             continue
         eff, rel = c["scaling_efficiency"], c["loss_max_rel_diff"]
-        print(f"| {name} | {e['1gpu']['real_tokens_per_s']:,.0f} | {e[f'{a.gpus}gpu']['real_tokens_per_s_per_gpu']:,.0f}"
+        print(f"| {name} | {e['1gpu']['real_tokens_per_s']:,.0f} | {e[f'{gpus}gpu']['real_tokens_per_s_per_gpu']:,.0f}"
               f" | {'n/a' if eff is None else f'{eff:.3f}'}"
               f" | {c['memory_measured_gib'][0]:.1f}→{c['memory_measured_gib'][1]:.1f}"
               f" ({c['memory_predicted_gib'][0]:.1f}→{c['memory_predicted_gib'][1]:.1f})"
               f" | {'n/a' if rel is None else f'{rel:.2e}'} |")
-    return 1 if failed else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
