@@ -1,28 +1,30 @@
 """Peak memory and time of the data stages (ingest, validate, tokenize) as the corpus grows.
 
-    python bench/data_memory.py bench/results/data_memory.json [--mb 100,200,400] [--vocab 4096]
+    python -m bench data-memory --out bench/results/data_memory.json [--mb 100,200,400] [--vocab 4096]
+    python -m bench data-memory --smoke --out /tmp/dm      # one corpus of 0.05 M characters, vocab 300
 
 For each size: a synthetic JSONL corpus (random words from a 20,000-word vocabulary, lognormal document
 lengths, median ≈ 4,300 characters) is written once, then `packtrain ingest`, `validate` and `tokenize` run
 as separate processes through the CLI; each process's peak RSS (psutil, every 50 ms, the process and its
 children) and wall time are recorded. A stage that streams has a flat peak; one that holds the corpus grows
-with it. CPU only; prints a Markdown table.
+with it (goal: the largest corpus's peak within 1.5× the smallest's). CPU only; prints a Markdown table.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import platform
 import random
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
+from bench.harness import Record, machine_info, peak_rss_mib
+
+SUMMARY = "peak RSS and time of ingest / validate / tokenize as the corpus grows (streaming: a flat peak)"
+DEVICE = "cpu"
 STAGES = ("ingest", "validate", "tokenize")
+GOALS = {"peak_growth_max": 1.5}
 
 
 def write_corpus(path: Path, n_chars: int, seed: int = 0) -> int:
@@ -39,61 +41,40 @@ def write_corpus(path: Path, n_chars: int, seed: int = 0) -> int:
     return docs
 
 
-def peak_rss_run(cmd: list[str], env: dict) -> tuple[int, float, float]:
-    """(exit code, peak RSS in MiB over the process tree, seconds)."""
-    import psutil
-
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    ps, peak = psutil.Process(proc.pid), 0
-    while proc.poll() is None:
-        try:
-            rss = ps.memory_info().rss + sum(c.memory_info().rss for c in ps.children(recursive=True))
-            peak = max(peak, rss)
-        except psutil.Error:
-            pass
-        time.sleep(0.05)
-    err = proc.stderr.read() if proc.stderr else ""
-    if proc.returncode:
-        print(err[-2000:], file=sys.stderr)
-    return proc.returncode, peak / 2**20, time.perf_counter() - t0
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("out")
+def add_arguments(p) -> None:
     p.add_argument("--mb", default="100,200,400", help="corpus sizes in millions of characters")
     p.add_argument("--vocab", type=int, default=4096)
-    a = p.parse_args(argv)
+
+
+def run(a, out: Path) -> Record:
+    if a.smoke:
+        a.mb, a.vocab = "0.05", 300
     packtrain = [sys.executable, "-m", "packtrain.cli"]
     env = {**os.environ, "TQDM_DISABLE": "1", "DVC_NO_ANALYTICS": "1", "MLFLOW_DISABLE_TELEMETRY": "true"}
     rows = []
     with tempfile.TemporaryDirectory(prefix="packtrain-datamem-") as tmp:
-        for mb in [int(x) for x in a.mb.split(",") if x]:
+        for mb in [float(x) for x in a.mb.split(",") if x]:
             root = Path(tmp) / f"c{mb}"
             root.mkdir()
-            docs = write_corpus(root / "corpus.jsonl", mb * 1_000_000)
+            docs = write_corpus(root / "corpus.jsonl", int(mb * 1_000_000))
             common = ["--set", f"workdir={root / 'w'}", "--set", "tracking.enabled=false",
                       "--set", f"tokenize.vocab_size={a.vocab}"]
-            row = {"corpus_mchars": mb, "documents": docs}
+            if a.smoke:
+                common += ["--set", "validate.min_rows=10", "--set", "tokenize.train_chars=60000"]
+            row = {"corpus_mchars": int(mb) if mb == int(mb) else mb, "documents": docs}
             for stage in STAGES:
                 extra = ["--source", str(root / "corpus.jsonl")] if stage == "ingest" else []
-                rc, peak, secs = peak_rss_run([*packtrain, stage, *extra, *common], env)
+                rc, peak, secs = peak_rss_mib([*packtrain, stage, *extra, *common], env)
                 row[stage] = {"exit": rc, "peak_rss_mib": round(peak), "seconds": round(secs, 1)}
                 print(f"{mb} M chars · {stage}: peak {peak:,.0f} MiB, {secs:.1f} s (exit {rc})", file=sys.stderr)
             rows.append(row)
-    report = {"command": "python bench/data_memory.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-              "machine": f"{platform.node()} · {os.cpu_count()} CPUs · {platform.platform()}",
-              "python": platform.python_version(), "rows": rows}
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps(report, indent=2) + "\n")
     print("| corpus (M chars) | documents | " + " | ".join(f"{s} peak MiB / s" for s in STAGES) + " |")
     print("|---:|---:|" + "---:|" * len(STAGES))
     for r in rows:
         print(f"| {r['corpus_mchars']} | {r['documents']:,} | "
               + " | ".join(f"{r[s]['peak_rss_mib']:,} / {r[s]['seconds']}" for s in STAGES) + " |")
-    return 0 if all(r[s]["exit"] == 0 for r in rows for s in STAGES) else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    ok = all(r[s]["exit"] == 0 for r in rows for s in STAGES)
+    flat = all(rows[-1][s]["peak_rss_mib"] <= GOALS["peak_growth_max"] * rows[0][s]["peak_rss_mib"] for s in STAGES)
+    return Record(suite="data-memory", study="data stages' memory vs corpus size", command=a.command,
+                  machine=machine_info(), rows=rows, goals=GOALS, goal_met={"stages_ok": ok, "flat_peak": flat},
+                  settings={"mb": a.mb, "vocab": a.vocab})

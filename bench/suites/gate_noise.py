@@ -1,8 +1,9 @@
 """Run-to-run noise of the gate's metrics: the same training run repeated, unchanged, N times.
 
-    python bench/gate_noise.py --out bench/baselines/noise-cpu.json                    # CPU, tiny corpus
-    python bench/gate_noise.py --out $OUT/noise-gpu.json --synthetic --recipe 350m-h200 \
+    python -m bench gate-noise --out bench/baselines/noise-cpu.json --merge             # CPU, tiny corpus
+    python -m bench gate-noise --out $OUT/noise-gpu.json --synthetic --recipe 350m-h200 \
         --set train.max_steps=60                                                      # GPU (H200 session)
+    python -m bench gate-noise --smoke --out /tmp/gn                                  # 2 repeats, 2 steps
 
 CPU: the corpus and settings of the gate acceptance test (tests/stages/test_gate_champion.py: tiny corpus,
 tiny-cpu recipe, budget 512, 12 steps); ingest → tokenize → pack once, then `packtrain train` N times on the
@@ -15,29 +16,28 @@ packtrain.gate.metrics); per metric the file records every value, the median and
     noise = (max − min) / |median|        (0 when the median is 0)
 
 the spread between two unchanged runs that the default rules must tolerate (packtrain.gate.noise turns it
-into thresholds). The command line, device, CPU count and date are recorded with the numbers. `--merge`
+into thresholds). `--trees`: whole pipeline trees (pack → train → evaluate → register under a pipeline run,
+as tests/stages/test_gate_champion.py makes them) tracked at `--tracking-uri` (default: a fresh sqlite store;
+the recorded CPU session used a fresh `mlflow server`, pass its URI). The command line, device, CPU count and
+date are recorded with the numbers. `--merge`
 adds the session to an existing file: the file keeps every session, and its top-level `metrics.*.noise` is the
 largest noise any session saw (the load of a shared machine varies; the gate must tolerate the worst).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
-import shlex
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "src"))
-sys.path.insert(0, str(REPO / "tests" / "pipelines"))
-sys.path.insert(0, str(REPO / "tests" / "stages"))
+SUMMARY = "run-to-run noise of the gate's metrics: one unchanged training run repeated N times"
+DEVICE = "cpu"
+REPO = Path(__file__).resolve().parents[2]
 CLEAN_ENV = dict(os.environ)   # before any in-process stage ran (they leave variables behind)
 
 # the acceptance test's settings (tests/stages/test_gate_champion.py imports them from here)
@@ -46,7 +46,7 @@ GATE_TEST_SETTINGS = ["pack.budget=512", "train.max_steps=12", "evaluate.max_bat
 
 def _packtrain(args: list[str], cwd: Path) -> None:
     exe = [sys.executable, "-m", "packtrain.cli"]
-    env = {**os.environ, "PYTHONPATH": f"{REPO / 'src'}:{os.environ.get('PYTHONPATH', '')}"}
+    env = dict(os.environ)
     env.pop("MLFLOW_TRACKING_URI", None)
     r = subprocess.run(exe + args, cwd=cwd, env=env, capture_output=True, text=True)
     if r.returncode != 0:
@@ -55,7 +55,7 @@ def _packtrain(args: list[str], cwd: Path) -> None:
 
 def prepare_cpu(root: Path, sets: list[str]) -> tuple[Path, Path, list[str]]:
     """Tiny corpus → ingest → tokenize → pack (the acceptance test's corpus and settings)."""
-    from pipeline_helpers import tiny_corpus, tiny_settings
+    from packtrain.data.tiny_corpus import tiny_corpus, tiny_settings
 
     corpus = tiny_corpus(root / "corpus")
     settings = tiny_settings(root / "wd", corpus) + GATE_TEST_SETTINGS + sets
@@ -83,10 +83,9 @@ def _args(sets: list[str]) -> list[str]:
 def data_tree(root: Path, sets: list[str]) -> tuple[Path, Path, list[str], str]:
     """The tiny corpus, ingest → tokenize in-process under a pipeline run (tracked at MLFLOW_TRACKING_URI);
     returns (corpus, token store, settings, pipeline run id)."""
-    from pipeline_helpers import tiny_corpus, tiny_settings
-
     from packtrain.cli import main as cli
     from packtrain.config import load_run_config
+    from packtrain.data.tiny_corpus import tiny_corpus, tiny_settings
     from packtrain.tracking import end_pipeline_run, start_pipeline_run
 
     corpus = tiny_corpus(root / "corpus")
@@ -112,8 +111,7 @@ def run_tree(root: Path, tag: str, sets: list[str], tokens: Path) -> dict:
     parent = start_pipeline_run(load_run_config("tiny-cpu", sets))
     try:
         assert cli(["pack", *_args(sets), "--tokens", str(tokens), "--out", str(d["pack"])]) == 0
-        env = {**CLEAN_ENV, "MLFLOW_TRACKING_URI": os.environ["MLFLOW_TRACKING_URI"],
-               "PACKTRAIN_PARENT_RUN_ID": parent, "PYTHONPATH": f"{REPO / 'src'}:{os.environ.get('PYTHONPATH', '')}"}
+        env = {**CLEAN_ENV, "MLFLOW_TRACKING_URI": os.environ["MLFLOW_TRACKING_URI"], "PACKTRAIN_PARENT_RUN_ID": parent}
         r = subprocess.run([sys.executable, "-m", "packtrain.cli", "train", *_args(sets), "--packs", str(d["pack"]),
                             "--tokens", str(tokens), "--out", str(d["train"])], capture_output=True, text=True,
                            timeout=300, env=env)
@@ -128,17 +126,18 @@ def run_tree(root: Path, tag: str, sets: list[str], tokens: Path) -> dict:
     return {"pipeline": parent, "register": reg, "dirs": d}
 
 
-def measure_trees(root: Path, sets: list[str], repeats: int) -> tuple[list[dict], list[float], list[str]]:
-    """`repeats` unchanged pipeline trees against a fresh `mlflow server`, each read back as the gate reads a
-    run (packtrain.gate.sources.load_run: canonical names)."""
-    from test_tracking_server import Server, _free_port
+def measure_trees(root: Path, sets: list[str], repeats: int, uri: str | None) -> tuple[list[dict], list[float],
+                                                                                list[str]]:
+    """`repeats` unchanged pipeline trees tracked at `uri` (None: a fresh sqlite store under `root`), each read
+    back as the gate reads a run (packtrain.gate.sources.load_run: canonical names)."""
+    from mlflow import MlflowClient
 
-    from packtrain.gate.sources import _client, load_run
+    from packtrain.gate.sources import load_run
     from packtrain.tracking.run import _close_clients
 
-    srv = Server(root, _free_port())
-    srv.start()
-    os.environ["MLFLOW_TRACKING_URI"] = srv.uri
+    uri = uri or f"sqlite:///{root / 'mlflow.db'}"
+    previous = os.environ.get("MLFLOW_TRACKING_URI")
+    os.environ["MLFLOW_TRACKING_URI"] = uri
     runs, seconds = [], []
     try:
         _, tokens, settings, _ = data_tree(root, sets)
@@ -147,12 +146,15 @@ def measure_trees(root: Path, sets: list[str], repeats: int) -> tuple[list[dict]
             tree = run_tree(root, f"t{i}", settings, tokens)
             _close_clients()
             seconds.append(round(time.perf_counter() - t0, 1))
-            src = load_run(_client(srv.uri), tree["pipeline"])
+            src = load_run(MlflowClient(uri), tree["pipeline"])
             runs.append({k: v for k, v in src.metrics.items() if k in _names()})
             print(f"tree {i + 1}/{repeats}: {seconds[-1]} s, "
                   f"{runs[-1].get('train.throughput.real_tokens_per_s', 0):,.0f} real tok/s", flush=True)
     finally:
-        srv.stop()
+        if previous is None:
+            os.environ.pop("MLFLOW_TRACKING_URI", None)
+        else:
+            os.environ["MLFLOW_TRACKING_URI"] = previous
     return runs, seconds, settings
 
 
@@ -210,9 +212,7 @@ def measure_trains(root: Path, a) -> tuple[list[dict], list[float], list[str], s
     return runs, seconds, settings, device
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", required=True, type=Path)
+def add_arguments(ap) -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--recipe", default="tiny-cpu")
     ap.add_argument("--synthetic", action="store_true", help="synthetic packs of the recipe (GPU sessions)")
@@ -220,11 +220,27 @@ def main() -> int:
     ap.add_argument("--no-tracking", action="store_true", help="train with tracking.enabled=false")
     ap.add_argument("--merge", action="store_true", help="add this session to --out (noise = max over sessions)")
     ap.add_argument("--trees", action="store_true", help="CPU: whole pipeline trees (pack → train → evaluate → "
-                    "register) against a fresh mlflow server, as tests/stages/test_gate_champion.py makes them")
-    a = ap.parse_args()
+                    "register), as tests/stages/test_gate_champion.py makes them")
+    ap.add_argument("--tracking-uri", default=None, help="--trees: the MLflow to track them in (default: a fresh "
+                    "sqlite store)")
+
+
+SMOKE = ["train.max_steps=2", "evaluate.max_batches=1"]
+"""--smoke: 2 repeats of 2 steps on synthetic packs of the recipe, tracking off."""
+
+
+def run(a, out: Path):
+    """The noise record: {"what", "device_kind", "metrics": worst noise per metric, "sessions": [...]} — the
+    shape bench/baselines/noise-<kind>.json has (packtrain.gate.noise reads it) — plus the Record fields."""
+    import tempfile
+
+    from bench.harness import Record, machine_info
+
+    if a.smoke:
+        a.repeats, a.no_tracking, a.synthetic, a.set = 2, True, True, [*a.set, *SMOKE]
     with tempfile.TemporaryDirectory(prefix="gate-noise-") as tmp:
         if a.trees:
-            runs, seconds, settings = measure_trees(Path(tmp), a.set, a.repeats)
+            runs, seconds, settings = measure_trees(Path(tmp), a.set, a.repeats, a.tracking_uri)
             device = "cpu"
         else:
             runs, seconds, settings, device = measure_trains(Path(tmp), a)
@@ -234,38 +250,30 @@ def main() -> int:
         vals = [r[n] for r in runs]
         metrics[n] = {"values": vals, "median": statistics.median(vals), "noise": round(noise_of(vals), 4)}
     gpu = None
-    try:
+    if "torch" in sys.modules:
         import torch
 
         gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
-    except ImportError:
-        pass
     session = {
-        "command": " ".join(shlex.quote(x) for x in ["python", "bench/gate_noise.py", *sys.argv[1:]]),
+        "command": a.command,
         "device": gpu or platform.processor() or platform.machine(), "cpu_count": os.cpu_count(),
         "train_device": device, "recipe": a.recipe,
         "settings": [s for s in settings if not s.startswith(("workdir=", "ingest.source="))],
-        "tracking": ("mlflow server, whole pipeline trees" if a.trees else "off" if a.no_tracking
-                     else "sqlite store (as a real run)"),
+        "tracking": ("whole pipeline trees" if a.trees else "off" if a.no_tracking else "sqlite store (as a real run)"),
         "repeats": a.repeats, "seconds_per_repeat": seconds, "date": time.strftime("%Y-%m-%d"), "metrics": metrics,
     }
-    sessions = json.loads(a.out.read_text())["sessions"] if a.merge and a.out.is_file() else []
+    path = a.record_path
+    sessions = json.loads(path.read_text())["sessions"] if a.merge and path.is_file() else []
     sessions.append(session)
     names = sorted(set().union(*(set(x["metrics"]) for x in sessions)))
-    record = {
-        "what": "run-to-run noise of unchanged training runs: noise = (max - min) / |median| per canonical "
-                "metric and session; metrics.*: the largest noise over the sessions and that session's median",
-        "device_kind": "gpu" if gpu else "cpu",
-        "metrics": {n: _worst(sessions, n) for n in names},
-        "sessions": sessions,
-    }
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(json.dumps(record, indent=1) + "\n")
     for n, m in metrics.items():
         print(f"{n:40s} median {m['median']:<12.6g} noise {100 * m['noise']:6.2f}%")
-    print(f"→ {a.out}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    return Record(suite="gate-noise", study="run-to-run noise of unchanged training runs", command=a.command,
+                  machine=machine_info(), settings={"recipe": a.recipe, "repeats": a.repeats, "set": a.set,
+                                                    "trees": a.trees, "synthetic": a.synthetic},
+                  rows=[{"metric": n, "median": m["median"], "noise": m["noise"]} for n, m in metrics.items()],
+                  extra={"what": "run-to-run noise of unchanged training runs: noise = (max - min) / |median| per "
+                                 "canonical metric and session; metrics.*: the largest noise over the sessions and "
+                                 "that session's median",
+                         "device_kind": "gpu" if gpu else "cpu",
+                         "metrics": {n: _worst(sessions, n) for n in names}, "sessions": sessions})
