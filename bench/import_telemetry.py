@@ -1,30 +1,33 @@
 """Bring a GPU machine's train run into a local MLflow store: replay its tracking buffer, add the sampler series.
 
-    python bench/import_gpu_telemetry.py TELEMETRY.tgz bench/results/mlflow_350m_h200
+    python -m bench import-telemetry TELEMETRY.tgz /tmp/mlflow_350m_h200     # then: mlflow ui --backend-store-uri ...
 
 The GPU machine has no MLflow server: `packtrain train` ran there with MLFLOW_TRACKING_URI pointing at a dead
-address, so every call went to the tracking buffer (packtrain.tracking.buffer), which `bench/gpu_session.sh
-telemetry` tars up with telemetry.json. This script replays the buffer into <out>/mlflow.db (artifacts in
+address, so every call went to the tracking buffer (packtrain.tracking.buffer), tarred up with its train/
+telemetry.json (bench/results/GPU_RESULTS.md, section 4, has the commands). This replays the buffer into <out>/mlflow.db (artifacts in
 <out>/mlartifacts) exactly as `packtrain mlflow replay` does, then logs the NVML samples of the run's
 telemetry.json as time series with `packtrain.telemetry.report.system_series` — what the train stage itself
-now logs (the recorded run predates that, so its series are added here, from its own samples).
+now logs (the recorded run predates that, so its series are added here, from its own samples). The store is
+not committed: bench/results/train_350m_h200_mlflow_run.json holds the recorded run's tags, params and latest
+metrics.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import tarfile
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-
 
 def main(argv=None) -> int:
-    tgz, out = (argv or sys.argv[1:])[:2]
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) != 2:
+        print("usage: python -m bench import-telemetry TELEMETRY.tgz OUT_DIR", file=sys.stderr)
+        return 2
+    tgz, out = args
     out = Path(out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix="gputel-"))
@@ -32,8 +35,7 @@ def main(argv=None) -> int:
         t.extractall(tmp, filter="data")
     uri = f"sqlite:///{out / 'mlflow.db'}"
     subprocess.run([sys.executable, "-m", "packtrain.cli", "mlflow", "replay", "--buffer", str(tmp / "mlbuf"),
-                    "--tracking-uri", uri], check=True, cwd=out, env={**os.environ, "PYTHONPATH": str(
-                        Path(__file__).resolve().parents[1] / "src")})
+                    "--tracking-uri", uri], check=True, cwd=out)
     from mlflow import MlflowClient
     from mlflow.entities import Metric
 
