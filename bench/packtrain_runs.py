@@ -257,3 +257,12 @@ def run_variants(record: Record, out: Path, names: list[str], run) -> Record:
     finally:
         signal.signal(signal.SIGTERM, previous)
     return record
+
+
+def run_compared(record: Record, out: Path, names: list[str], run, compare, show) -> Record:
+    """run_variants(record, out, names, run), then compare(record) (comparisons and goal_met) and show(record)
+    (the console table); returns the record."""
+    run_variants(record, out, names, run)
+    compare(record)
+    show(record)
+    return record

@@ -16,6 +16,7 @@ import re
 import statistics
 from pathlib import Path
 
+
 def variants(rec: dict) -> dict[str, dict]:
     """{variant name: row} of a record (its rows, or the top-level variant keys of an older record)."""
     if isinstance(rec.get("rows"), list):
@@ -94,7 +95,7 @@ def _row(name: str, r: dict, cells: list[str]) -> str:
 def long_context(rec: dict) -> list[str]:
     """The long-context table: packtrain (varlen, flex) and transformers packed rows."""
     v = variants(rec)
-    lines = [             "| variant | real tok/s | useful MFU | useful MFU, causal s²/2 | peak alloc GiB | planner GiB | planner error |",
+    lines = ["| variant | real tok/s | useful MFU | useful MFU, causal s²/2 | peak alloc GiB | planner GiB | planner error |",
              "|---|---:|---:|---:|---:|---:|---:|"]
     names = {"packtrain": "packtrain (varlen)", "packtrain_flex": "packtrain (flex)",
              "transformers_packed": "transformers packed rows (SDPA + position_ids)"}
@@ -111,8 +112,8 @@ def long_context(rec: dict) -> list[str]:
 
 def fp8(rec: dict, log: Path | None = None) -> list[str]:
     """The fp8 table; a fp8 row missing from the record (cut by a timeout) is rebuilt from `log`."""
-    v, c = variants(rec), rec.get("comparison", {})
-    lines = [             "| precision | real tok/s | useful MFU | peak alloc GiB | planner GiB | loss, mean of its last 10 steps |",
+    v = variants(rec)
+    lines = ["| precision | real tok/s | useful MFU | peak alloc GiB | planner GiB | loss, mean of its last 10 steps |",
              "|---|---:|---:|---:|---:|---:|"]
     cut = cut_row(rec, log, "fp8") if log and "fp8" not in v else None
     for key in ("bf16", "fp8", "fp8_tensorwise", "fp8_rowwise"):
@@ -141,7 +142,7 @@ def fp8(rec: dict, log: Path | None = None) -> list[str]:
 def fsdp2(rec: dict) -> list[str]:
     """The fsdp2 table: each engine row against the torch row."""
     v, cmp = variants(rec), rec.get("comparison", {})
-    lines = [             "| engine | real tok/s | vs torch | useful MFU | peak alloc GiB | planner GiB | max \\|Δloss\\| vs torch "
+    lines = ["| engine | real tok/s | vs torch | useful MFU | peak alloc GiB | planner GiB | max \\|Δloss\\| vs torch "
              "| max relative |",
              "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for key in ("torch", "fsdp2", "fsdp2_reshard", "torch_repeat"):

@@ -115,10 +115,14 @@ def failure_tag(r: dict, show_refused: bool = False) -> str:
     return "OOM" if r.get("oom") else "ERROR"
 
 
-def print_rows(rows: dict[str, dict], names: Iterable[str], header: str, width: int, cells: Callable[[str, dict], str],
-               show_refused: bool = False) -> None:
+def print_rows(rows: dict[str, dict] | list[dict], names: Iterable[str] | None, header: str, width: int,
+               cells: Callable[[str, dict], str], show_refused: bool = False) -> None:
     """A blank line and `header`, then per name of `names` that `rows` holds: `name` left-aligned in `width`
-    characters, then its failure (tag and the error's first 110 characters) or cells(name, row)."""
+    characters, then its failure (tag and the error's first 110 characters) or cells(name, row). `rows` may be a
+    list of rows with a "variant" each; `names` None: all of them, in order."""
+    if isinstance(rows, list):
+        rows = {r["variant"]: r for r in rows}
+    names = list(rows) if names is None else names
     print(f"\n{header}")
     for name in names:
         r = rows.get(name)

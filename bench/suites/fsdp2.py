@@ -31,7 +31,7 @@ from pathlib import Path
 
 from bench import workload
 from bench.harness import Record, machine_info, timed
-from bench.packtrain_runs import by_variant, run_packtrain, run_variants
+from bench.packtrain_runs import by_variant, run_compared, run_packtrain
 
 SUMMARY = "FSDP2 vs the torch engine at 1B on one GPU: tok/s ratio and loss curves, a repeat as the noise floor"
 DEVICE = "gpu"
@@ -95,10 +95,7 @@ def run(args, out: Path) -> Record:
             cfg = workload.load_recipe("1b-h200", overrides(args, name))
             return run_packtrain(cfg, tokens_dir, packs_dir, tmp / f"out-{name}", args.steps, args.warmup, vocab)
 
-        run_variants(record, args.record_path, names, one)
-    compare(record)
-    print_table(record)
-    return record
+        return run_compared(record, args.record_path, names, one, compare, print_table)
 
 
 def compare(record: Record) -> None:

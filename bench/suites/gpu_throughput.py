@@ -329,14 +329,13 @@ def row_metrics(rows: list[dict]) -> dict[str, float]:
 
 
 def print_table(rows_out: list[dict]) -> None:
-    print(f"\n{'variant':<10} {'iso':>4} {'real tok/s':>11} {'useful MFU':>10} {'dense MFU':>9} {'util':>5} "
-          f"{'alloc GiB':>9} {'resv GiB':>8} {'frag':>5} {'fill':>6} {'iso err':>8}")
-    for r in rows_out:
-        if "error" in r:
-            print(f"{r['variant']:<10} ERROR {r['error'][:90]}")
-            continue
+    from bench.workload import print_rows
+
+    def cells(name: str, r: dict) -> str:
         u = "-" if r["nvml_util"] is None else f"{r['nvml_util']:.2f}"
-        print(f"{r['variant']:<10} {'yes' if r['isolated'] else 'no':>4} {r['real_tok_per_s']:>11,.0f} "
-              f"{r['useful_mfu']:>10.3f} {r['dense_mfu']:>9.3f} {u:>5} {r['peak_alloc_gib']:>9.1f} "
-              f"{r['peak_reserved_gib']:>8.1f} {r['fragmentation'] or 0:>5.2f} {r['fill']:>6.3f} "
-              f"{r['isolation_err']:>8.4f}")
+        return (f"{'yes' if r['isolated'] else 'no':>4} {r['real_tok_per_s']:>11,.0f} {r['useful_mfu']:>10.3f} "
+                f"{r['dense_mfu']:>9.3f} {u:>5} {r['peak_alloc_gib']:>9.1f} {r['peak_reserved_gib']:>8.1f} "
+                f"{r['fragmentation'] or 0:>5.2f} {r['fill']:>6.3f} {r['isolation_err']:>8.4f}")
+
+    print_rows(rows_out, None, f"{'variant':<10} {'iso':>4} {'real tok/s':>11} {'useful MFU':>10} {'dense MFU':>9} "
+               f"{'util':>5} {'alloc GiB':>9} {'resv GiB':>8} {'frag':>5} {'fill':>6} {'iso err':>8}", 10, cells)

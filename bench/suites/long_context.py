@@ -38,7 +38,7 @@ from pathlib import Path
 
 from bench import workload
 from bench.harness import GIB, Record, machine_info, timed
-from bench.packtrain_runs import by_variant, run_packtrain, run_variants
+from bench.packtrain_runs import by_variant, run_compared, run_packtrain
 
 SUMMARY = "long context: a 1B Llama at a 32k budget on long-tailed documents, packtrain beside transformers"
 DEVICE = "gpu"
@@ -178,10 +178,7 @@ def run(args, out: Path) -> Record:
             return run_packtrain(workload.load_recipe(args.recipe_used, overrides + VARIANTS[name]), tokens_dir,
                                  packs_dir, tmp / name, args.steps + args.warmup, args.warmup, vocab)
 
-        run_variants(record, args.record_path, names, one)
-    compare(record)
-    print_table(record)
-    return record
+        return run_compared(record, args.record_path, names, one, compare, print_table)
 
 
 def compare(record: Record) -> None:

@@ -213,16 +213,14 @@ def _compare(rows: list[dict]) -> dict:
 
 
 def _print_table(rows: list[dict]) -> None:
-    print(f"\n{'variant':<18} {'real tok/s':>10} {'useful MFU':>10} {'alloc GiB':>9} {'resv GiB':>8} "
-          f"{'planner GiB':>11} {'loss first→last':>16} {'speed-up':>8}")
-    for r in rows:
-        if "error" in r:
-            print(f"{r['variant']:<18} ERROR{' (OOM)' if r.get('oom') else ''}: {r['error'][:100]}")
-            continue
-        pl = r.get("planner_peak_alloc_gib")
-        sp = r.get("speedup_vs_baseline")
-        print(f"{r['variant']:<18} {r['real_tok_per_s']:>10,.0f} {r['useful_mfu'] or 0:>10.3f} "
-              f"{r['peak_alloc_gib']:>9.1f} {r['peak_reserved_gib']:>8.1f} "
-              f"{'-' if pl is None else f'{pl:.1f}':>11} "
-              f"{r['first_loss']:>7.3f} → {r['last_loss']:<6.3f} {'-' if sp is None else f'{sp:.2f}×':>8}")
+    from bench.workload import print_rows
+
+    def cells(name: str, r: dict) -> str:
+        pl, sp = r.get("planner_peak_alloc_gib"), r.get("speedup_vs_baseline")
+        return (f"{r['real_tok_per_s']:>10,.0f} {r['useful_mfu'] or 0:>10.3f} {r['peak_alloc_gib']:>9.1f} "
+                f"{r['peak_reserved_gib']:>8.1f} {'-' if pl is None else f'{pl:.1f}':>11} "
+                f"{r['first_loss']:>7.3f} → {r['last_loss']:<6.3f} {'-' if sp is None else f'{sp:.2f}×':>8}")
+
+    print_rows(rows, None, f"{'variant':<18} {'real tok/s':>10} {'useful MFU':>10} {'alloc GiB':>9} {'resv GiB':>8} "
+               f"{'planner GiB':>11} {'loss first→last':>16} {'speed-up':>8}", 18, cells)
     print(f"anchor: transformers+peft {ANCHOR['real_tok_per_s']:,} tok/s at {ANCHOR['peak_gib']} GiB")
