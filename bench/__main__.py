@@ -30,7 +30,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 def suite_parser(name: str, module) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=f"python -m bench {name}", description=module.SUMMARY)
     p.add_argument("--smoke", action="store_true", help="the same code path on the CPU at a tiny size (seconds)")
-    p.add_argument("--out", type=Path, required=True,
+    p.add_argument("--out", type=Path,
                    help="output folder (the record goes to OUT/<suite>.json), or the record's own PATH.json")
     module.add_arguments(p)
     return p
@@ -39,8 +39,13 @@ def suite_parser(name: str, module) -> argparse.ArgumentParser:
 def run_suite(name: str, argv: list[str]) -> Path:
     """Parse `argv` for suite `name`, run it, write and check its record; returns the record's path."""
     module = suites.load(name)
-    args = suite_parser(name, module).parse_args(argv)
+    parser = suite_parser(name, module)
+    args = parser.parse_args(argv)
     args.command = command_line(name, argv)
+    if args.out is None:
+        if getattr(module, "needs_out", lambda a: True)(args):
+            parser.error("--out is required (a folder, or the record's PATH.json)")
+        module.run(args, None)   # a one-call mode that prints its answer (pack-speed --lengths) and exits
     path = args.out if args.out.suffix == ".json" else args.out / f"{name}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     args.record_path = path   # a suite that writes as it goes (a later timeout keeps what was measured)

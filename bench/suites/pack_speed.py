@@ -2,7 +2,7 @@
 
     python -m bench pack-speed --out bench/results [--tokens DATA/tokenize] [--n 1000000] [--budget 2048]
         → OUT/pack-speed.json (the record) and OUT/pack_speed.md (the table)
-    python -m bench pack-speed --lengths FILE.npy --budget N [--strategy bfd|ffd|sequential]
+    python -m bench pack-speed --lengths FILE.npy --budget N [--strategy bfd|ffd|sequential]   (no --out)
         → one JSON line {"n_docs", "budget", "strategy", "fill", "seconds", "max_pack_tokens", "n_packs"}
           (also `python bench/pack_speed.py ...`); a failed check exits 1, bad input 2
 
@@ -126,6 +126,11 @@ def cli_main(argv: list[str] | None = None) -> int:
     return one_call(a.lengths, a.budget, a.strategy)
 
 
+def needs_out(args) -> bool:
+    """The one-call mode (--lengths) prints its row and writes no record."""
+    return args.lengths is None
+
+
 # ---------------------------------------------------------------------------------------------- suite
 def corpus_lengths(tokens: Path | None):
     """(lengths of the train split of a token store, note), or (None, why skipped)."""
@@ -178,7 +183,7 @@ def cli_check(lengths, budget: int) -> dict:
     return json.loads(out.strip().splitlines()[-1])
 
 
-def run(args, out: Path) -> Record:
+def run(args, out: Path | None) -> Record:
     if args.lengths is not None:
         raise SystemExit(one_call(args.lengths, args.budget, args.strategy))
     from packtrain.packing.synthetic import LENGTH_SETS, length_set

@@ -77,5 +77,9 @@ def test_pack_speed_one_line_interface(tmp_path):
     assert set(row) == {"n_docs", "budget", "strategy", "fill", "seconds", "max_pack_tokens", "n_packs"}
     assert (row["n_docs"], row["budget"], row["strategy"]) == (6, 8, "ffd") and row["max_pack_tokens"] <= 8
     assert row["n_packs"] * 8 * row["fill"] == pytest.approx(27)
+    same = _bench("pack-speed", "--lengths", str(lengths), "--budget", "8", "--strategy", "ffd")   # no --out
+    assert same.returncode == 0, same.stderr
+    assert {k: v for k, v in json.loads(same.stdout).items() if k != "seconds"} == \
+        {k: v for k, v in row.items() if k != "seconds"}
     bad = _bench("--lengths", str(tmp_path / "missing.npy"), "--budget", "8", script="bench/pack_speed.py")
     assert bad.returncode == 2 and "missing.npy" in bad.stderr
