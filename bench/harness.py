@@ -57,13 +57,14 @@ def _version(module: str) -> str | None:
 
 def machine_info(peak_tflops: float | None = None) -> dict:
     """The machine a record was measured on. Versions of the libraries a suite may use are read from the
-    installed metadata (no import); the CUDA device only when torch is already imported or CUDA is asked for."""
+    installed metadata (no import); the CUDA device when torch is already imported or `peak_tflops` is given
+    (the GPU suites count MFU against it)."""
     info: dict = {"host": platform.node(), "python": platform.python_version(), "platform": platform.platform(),
                   "cpu": _cpu_model(), "cpus": os.cpu_count(), "load_avg": round(os.getloadavg()[0], 2)}
     for pkg in ("numpy", "torch", "transformers", "peft", "deepspeed", "torchao", "liger-kernel"):
         info[pkg.replace("-", "_")] = _version(pkg)
     info["device"] = "cpu"
-    if "torch" in sys.modules:
+    if "torch" in sys.modules or (peak_tflops is not None and info["torch"]):
         import torch
 
         if torch.cuda.is_available():
