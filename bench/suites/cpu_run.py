@@ -4,7 +4,7 @@ docs/pipeline.md quote their times and output from the record this writes, nowhe
 (tests/pipelines/test_docs_numbers.py checks it).
 
     python -m bench cpu-run --out bench/results/cpu_run_tiny.json     # ~2 min on 2 cores
-    python -m bench cpu-run --smoke --out /tmp/cr                     # `packtrain plan` twice instead (seconds)
+    python -m bench cpu-run --smoke --out /tmp/cr                     # `packtrain --help` twice instead
 
 Writes the record with {"recorded", "machine", "command", "runs": [{"name": "first"|"cached", "seconds" (the
 summary's own figure; --smoke: the wall time), "wall_s", "stdout": [lines]}]} and the same two as its rows.
@@ -54,7 +54,8 @@ def record_runs(cwd: Path, cmd: list[str]) -> list[dict]:
 
 
 def run(args, out: Path) -> Record:
-    cmd = [str(PACKTRAIN), "plan" if args.smoke else "run", "--recipe", "tiny-cpu"]  # workdir: `data`, under cwd
+    # workdir: the recipe's `data`, under cwd; --smoke: the recorder on a command of a second (no pipeline)
+    cmd = [str(PACKTRAIN), "--help"] if args.smoke else [str(PACKTRAIN), "run", "--recipe", "tiny-cpu"]
     load = os.getloadavg()
     cwd = Path(tempfile.mkdtemp(prefix="packtrain-cpu-run-"))
     try:
