@@ -91,7 +91,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests components pipelines bench
 
 bench-pack: $(STAMP)
-	$(PY) bench/pack_speed_suite.py
+	$(PY) -m bench pack-speed --out bench/results/pack_speed.json
 
 # Refresh the committed constraints from the current venv (after a deliberate upgrade).
 lock: $(STAMP)

@@ -5,7 +5,7 @@
 - a few steps of the 350m-h200 recipe per backend (torch engine, recipe precision + compile): finite loss,
   no recompiles with the fixed budget
 - activation checkpointing and the chunked loss lower peak memory
-- DeepSpeed ZeRO-2 and ZeRO-3 + CPU offload, each in a fresh process (bench/train_gpu_smoke.py --run-one)
+- DeepSpeed ZeRO-2 and ZeRO-3 + CPU offload, each in a fresh process (python -m bench.suites.train_smoke --run-one)
 """
 
 from __future__ import annotations
@@ -96,8 +96,8 @@ def test_deepspeed_paths(data, tmp_path, stage, offload):
             "attention": attention, "steps": 4, "engine": "deepspeed", "zero_stage": stage, "offload": offload,
             "compile": False}
     result = tmp_path / "result.json"
-    proc = subprocess.run([sys.executable, str(REPO / "bench" / "train_gpu_smoke.py"), "--run-one",
-                           json.dumps(spec), "--result", str(result)], capture_output=True, text=True, timeout=900)
+    proc = subprocess.run([sys.executable, "-m", "bench.suites.train_smoke", "--run-one", json.dumps(spec),
+                           "--result", str(result)], capture_output=True, text=True, timeout=900, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-4000:]
     r = json.loads(result.read_text())
     print(json.dumps({"test": "deepspeed", **r}))

@@ -1,11 +1,12 @@
-"""The README and docs quote `packtrain run` as it really is (issue 21 item 8).
+"""The README and docs quote `packtrain run` as it really is.
 
 - Every sample of its output in README.md and docs/*.md (a code block with a `packtrain run — ` line) is the
   real output: line by line it appears in the session's real run (`tiny_pipeline`) modulo numbers, ids and
   paths, and exactly (modulo paths) in the recorded run bench/results/cpu_run_tiny.json.
 - The `make run` timings are that file's numbers, quoted once; no test count is quoted (it changes daily).
 
-Re-record after changing what `packtrain run` prints: `python bench/record_cpu_run.py`, then paste its output.
+Re-record after changing what `packtrain run` prints: `python -m bench cpu-run --out bench/results/cpu_run_tiny.json`,
+then paste its output.
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ def test_samples_match_a_real_run_now(tiny_pipeline):
     real = {_mask(ln) for ln in r.stdout.splitlines()}
     for name, lines in samples():
         stale = [ln for ln in lines if _mask(ln) not in real]
-        assert not stale, f"{name}: `packtrain run` no longer prints {stale}; re-record (bench/record_cpu_run.py)"
+        assert not stale, f"{name}: `packtrain run` no longer prints {stale}; re-record (python -m bench cpu-run)"
 
 
 @pytest.mark.parametrize("doc", ["README.md", "docs/pipeline.md"])

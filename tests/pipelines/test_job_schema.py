@@ -1,6 +1,6 @@
 """The emitted multi-node jobs validate against the published Kubeflow API models (kubeflow-training 1.9 for
 PyTorchJob kubeflow.org/v1, kubeflow-trainer-api 2.3 for TrainJob trainer.kubeflow.org/v1alpha1) — the jobs of
-bench/scaling.py's runs (1B, 8 GPUs a node, FSDP2 / ZeRO-3 / DDP) — and the validator itself rejects broken ones."""
+the scaling suite's runs (bench/suites/scaling.py) (1B, 8 GPUs a node, FSDP2 / ZeRO-3 / DDP) — and the validator itself rejects broken ones."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from k8s_schema import openapi_errors, pydantic_errors
 from packtrain.config import load_run_config
 from packtrain.pipeline.multinode import build_job
 
-SCALING_RUNS = {   # bench/scaling.py's engines, as --set overrides of the 1b-h200 recipe
+SCALING_RUNS = {   # bench/suites/scaling.py's engines, as --set overrides of the 1b-h200 recipe
     "fsdp2": ["train.engine=fsdp2", "train.compile=true"],
     "zero3": ["train.engine=deepspeed", "train.deepspeed.zero_stage=3", "train.compile=false"],
     "ddp": ["train.engine=torch"],

@@ -1,7 +1,7 @@
 """`packtrain gate --baseline NAME@champion` on the CPU, default rules, against a real `mlflow server` (the
 session's `mlflow_server`; this module's own experiment and model name): three pipeline run trees made by the
 real stage CLIs (ingest → tokenize once, then pack → train → evaluate → register under a pipeline run each, as
-`packtrain run` nests them, train in its own process; bench/gate_noise.py's `run_tree`, which measured the
+`packtrain run` nests them, train in its own process; bench/suites/gate_noise.py's `run_tree`, which measured the
 `--trees` session of bench/baselines/noise-cpu.json the default CPU rules come from):
 
     a   tiny corpus, tiny-cpu, budget 512, 12 steps          → gate-champion-lm v1, champion
@@ -28,7 +28,7 @@ from packtrain.cli import main
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore:telemetry threshold violated")]
 
 REPO = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("gate_noise", REPO / "bench" / "gate_noise.py")
+_spec = importlib.util.spec_from_file_location("gate_noise", REPO / "bench" / "suites" / "gate_noise.py")
 gate_noise = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(gate_noise)
 NAME = "gate-champion-lm"
@@ -37,7 +37,7 @@ SEPARATE = ["tracking.experiment=gate-champion", f"register.model_name={NAME}"] 
 
 @pytest.fixture(scope="module")
 def trees(mlflow_server, tmp_path_factory):
-    """The data stages once, then trees a, b, c (module doc) by bench/gate_noise.py's run_tree, the same code
+    """The data stages once, then trees a, b, c (module doc) by bench/suites/gate_noise.py's run_tree, the same code
     that measured bench/baselines/noise-cpu.json's `--trees` session."""
     from packtrain.tracking.run import _close_clients
 

@@ -3,7 +3,7 @@ converts (names), that checkpoints and model/ do not change, that the converted 
 checkpointing and the chunked loss, the MFU arithmetic under FP8 and the planner's treatment (as bf16).
 
 torchao's float8 casts and `torch._scaled_mm` also run on the CPU (slowly, emulated): the conversion tests run a
-real forward/backward of the tiny converted model here; the speed is measured on the GPU (bench/fp8_bench.py)."""
+real forward/backward of the tiny converted model here; the speed is measured on the GPU (python -m bench fp8)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,1 @@
+"""packtrain's benchmark suites (`python -m bench --list`) and their recorded results (bench/results/)."""
