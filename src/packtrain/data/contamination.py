@@ -196,7 +196,7 @@ def read_eval_documents(paths: Iterable[str | Path], text_field: str = "text"
     (`a.txt:12`), .jsonl per line (`q.jsonl:3`; the `text_field`, or a chat / prompt-completion record's
     text), .parquet per row (`p.parquet#41`); a folder: every such file in it. Read with ingest's readers, so a
     missing, empty or malformed eval file is the same InputDataError (exit 3) naming the file and line."""
-    from packtrain.data.sources import discover_files, read_jsonl, read_parquet, read_txt
+    from packtrain.data.sources import SkippedRecord, discover_files, read_jsonl, read_parquet, read_txt
 
     out: list[tuple[tuple[str, str, str], str]] = []
     for p in paths:
@@ -205,10 +205,9 @@ def read_eval_documents(paths: Iterable[str | Path], text_field: str = "text"
             label = str(root) if root.is_file() else str(root / f.name)
             if f.kind == "txt":
                 docs = ((t, loc) for t, loc in read_txt(f, "paragraph", max_chars=1 << 62))
-            elif f.kind == "jsonl":
-                docs = ((d[0], d[1]) for d in read_jsonl(f, text_field))
-            else:
-                docs = ((d[0], d[1]) for d in read_parquet(f, text_field))
+            else:   # on_bad="fail" (the default) never yields a SkippedRecord: a bad eval record is an error
+                read = read_jsonl if f.kind == "jsonl" else read_parquet
+                docs = ((d[0], d[1]) for d in read(f, text_field) if not isinstance(d, SkippedRecord))
             out.extend(((str(p), label, loc), text) for text, loc in docs)
     return out
 
