@@ -152,8 +152,9 @@ def carry_order(ln: np.ndarray, local: np.ndarray, budget: int) -> np.ndarray:
 
     Reopening full packs of short documents too gives the next window material to pair with the long
     documents left without a partner. Uniform [1, 2048], 1M documents in windows of 200k: 499,979 →
-    499,923 packs (L2 bound 499,887: fill vs bound 0.99982 → 0.99993), same time (~1.0 s CPU);
-    lognormal and Pareto sets unchanged (bench/results/pack_fill.md).
+    499,923 packs (L2 bound 499,887: fill vs L2 0.99982 → 0.99993; budget 8192: 0.99983 → 0.99991) for
+    up to ~0.5-1 s more CPU per 1M documents (window/4 documents are re-packed per window, not only the
+    open packs'); lognormal unchanged, Pareto ≤ 2 packs fewer (bench/results/pack_fill.md).
 
     >>> carry_order(np.array([4, 4, 2, 6, 3]), np.array([0, 0, 0, 1, 1]), 10)   # [4 4 2] full, [6 3] gap 1
     array([1, 0])
