@@ -8,8 +8,9 @@
 
 Documents longer than the budget: `split` cuts them into ⌊L/B⌋ full packs of their own plus a remainder
 chunk that is packed like any document; `truncate` keeps the first B tokens and counts the rest.
-bfd/ffd sort and pack `window` documents at a time (memory bounded by the window); the packs of a window
-that still have free space are reopened with the next window, so window boundaries cost almost nothing.
+bfd/ffd sort and pack `window` documents at a time (memory bounded by the window); up to window/4 documents
+of a window's packs (those with free space, then full packs of short documents: `carry_order`) are reopened
+with the next window, so window boundaries cost almost nothing.
 sequential keeps the input order.
 
 Judge a plan by `lower_bound_packs` (the simple bound) or the tighter `l2_bound_packs` (Martello-Toth L2):
