@@ -8,7 +8,7 @@
 Sets come from packtrain.packing.synthetic.length_set(kind, n, budget, seed) (seed 0 unless --seed):
 uniform [1, B]; lognormal(median 300·B/2048, σ 1) clipped to [16·B/2048, B]; 64·B/2048·(1 + Pareto(1.5))
 clipped to [64·B/2048, B]. `seconds` times `pack_lengths` alone (median of --repeats runs); every plan is
-checked (every document once, no pack over budget) by bench/pack_speed.check_plan.
+checked (every document once, no pack over budget) by the pack-speed benchmark's `run_one`/`check_plan`.
 `cpu_seconds_with_check` = process CPU time of packing + that check (wall `seconds` inflates with load on a
 shared machine; CPU time much less).
 """
@@ -23,9 +23,12 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+sys.path[:0] = [str(HERE.parent), str(HERE)]
 
-from pack_speed import run_one  # noqa: E402
+try:                                       # the bench suite layout (python -m bench pack-speed)
+    from bench.suites.pack_speed import run_one
+except ImportError:                        # the flat layout: bench/pack_speed.py holds run_one
+    from pack_speed import run_one  # type: ignore[no-redef]
 
 
 def measure(kind: str, n: int, budget: int, strategy: str = "bfd", seed: int = 0, repeats: int = 1) -> dict:
