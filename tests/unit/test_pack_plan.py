@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from packtrain.packing import strategies
-from packtrain.packing.plan import l2_bound_packs, lower_bound_packs, pack_lengths
+from packtrain.packing.plan import carry_order, l2_bound_packs, lower_bound_packs, pack_lengths
 
 # (lengths, budget, strategy, expected packs as (doc_index, start, length) lists)
 TABLE = [
@@ -162,6 +162,57 @@ def test_window_carry_keeps_fill_close_to_one_window():
     windowed = pack_lengths(lengths, 512, "bfd", window=2_000)
     assert windowed.n_packs <= whole.n_packs * 1.001
     _check_plan(windowed, lengths, 512)
+
+
+# (lengths, item → pack within one window, budget, expected reopening order of the packs)
+CARRY_TABLE = [
+    # [4 4 2] full, [6 3] gap 1: the open pack first
+    ([4, 4, 2, 6, 3], [0, 0, 0, 1, 1], 10, [1, 0]),
+    # open packs by largest gap (pack 2 gap 5, pack 0 gap 2), then full packs by shortest longest document
+    # (pack 3 [5 5] before pack 1 [9 1]); equal keys keep pack order
+    ([8, 9, 1, 5, 5, 5], [0, 1, 1, 2, 3, 3], 10, [2, 0, 3, 1]),
+    ([5, 5, 5, 5], [0, 0, 1, 1], 10, [0, 1]),
+]
+
+
+@pytest.mark.parametrize("lengths,local,budget,want", CARRY_TABLE)
+def test_carry_order_table(lengths, local, budget, want):
+    assert carry_order(np.array(lengths), np.array(local), budget).tolist() == want
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.integers(1, 64), min_size=1, max_size=200), st.integers(64, 128))
+def test_carry_order_is_open_packs_by_gap_then_full_packs(lengths, budget):
+    ln = np.array(lengths, np.int64)
+    local = strategies.bfd(ln, budget)
+    order = carry_order(ln, local, budget)
+    assert sorted(order.tolist()) == list(range(int(local.max()) + 1))   # every pack exactly once
+    gap = budget - np.bincount(local, weights=ln).astype(np.int64)[order]
+    n_open = int((gap > 0).sum())
+    assert (gap[:n_open] > 0).all() and (gap[n_open:] == 0).all()
+    assert (np.diff(gap[:n_open]) <= 0).all()
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.integers(200, 3000), st.sampled_from([16, 64, 256]), st.integers(4, 400))
+def test_windowed_uniform_plans_are_valid_and_deterministic(seed, n, budget, window):
+    """The carry reopens full packs too: still every token once, no pack over budget, same input → same plan."""
+    lengths = np.random.default_rng(seed).integers(1, budget + 1, n)
+    a = pack_lengths(lengths, budget, "bfd", window=window)
+    _check_plan(a, lengths, budget)
+    b = pack_lengths(lengths.copy(), budget, "bfd", window=window)
+    for f in ("seg_doc", "seg_start", "seg_len", "pack_offsets"):
+        assert np.array_equal(getattr(a, f), getattr(b, f))
+
+
+def test_window_boundaries_cost_no_pack_on_uniform_lengths():
+    """Uniform [1, 2048], 60k documents in windows of 20k: reopening full packs of short documents with the
+    open ones packs as tightly as one window (30,032 packs; open packs alone: 30,034; L2 bound 30,019)."""
+    lengths = np.random.default_rng(0).integers(1, 2049, 60_000)
+    whole = pack_lengths(lengths, 2048, "bfd", window=len(lengths))
+    windowed = pack_lengths(lengths, 2048, "bfd", window=20_000)
+    assert windowed.n_packs <= whole.n_packs
+    _check_plan(windowed, lengths, 2048)
 
 
 @pytest.mark.parametrize("kwargs,match", [

@@ -20,8 +20,9 @@ class PackConfig(StrictModel):
     the short documents (≥ 99.9% of the lower bound on packs); ffd: first-fit-decreasing; sequential: in
     order (next fit). docs/packing.md has the measured fill and speed."""
     window: PositiveInt = 200_000
-    """Documents per streaming window that bfd/ffd sort and pack together; packs of a window with free space
-    are reopened in the next one (≥ 100k keeps fill ≥ 99.9% of the bound)."""
+    """Documents per streaming window that bfd/ffd sort and pack together; up to window/4 documents
+    of a window's packs (those with free space, then full packs of short documents) are reopened in the next
+    one (≥ 100k keeps fill ≥ 99.9% of the bound)."""
     overlong: Literal["split", "truncate"] = "split"
     """Documents longer than the budget: split into continuation chunks, or truncate (dropped tokens counted)."""
     chunk_positions: Literal["restart", "continue"] = "restart"
