@@ -4,6 +4,8 @@ JSON records beside it.
     python -m bench report            write bench/results/GPU_RESULTS.md
     python -m bench report --check    exit 1 if the committed page is not what the records and template give
 
+It also regenerates the README's headline table (bench/headline.py) from the same records.
+
 The template (bench/results/GPU_RESULTS.template.md) holds the prose; a line `{{KIND ARG ...}}` stands for a
 table, ARGs naming files in bench/results:
 
@@ -175,15 +177,22 @@ def render(template: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from bench.headline import README, render_readme
+
     p = argparse.ArgumentParser(prog="python -m bench report", description=__doc__.splitlines()[0])
-    p.add_argument("--check", action="store_true", help="exit 1 if GPU_RESULTS.md is not the generated page")
+    p.add_argument("--check", action="store_true",
+                   help="exit 1 if GPU_RESULTS.md or the README's headline table is not the generated one")
     a = p.parse_args(argv)
     page = render(TEMPLATE.read_text(encoding="utf-8"))
+    readme_now = README.read_text(encoding="utf-8")
+    readme = render_readme(readme_now)
     if a.check:
-        if PAGE.read_text(encoding="utf-8") != page:
-            print(f"{PAGE} is stale: run `python -m bench report`", file=sys.stderr)
-            return 1
-        return 0
+        stale = [str(f) for f, now, want in ((PAGE, PAGE.read_text(encoding="utf-8"), page),
+                                             (README, readme_now, readme)) if now != want]
+        for f in stale:
+            print(f"{f} is stale: run `python -m bench report`", file=sys.stderr)
+        return 1 if stale else 0
     PAGE.write_text(page, encoding="utf-8")
-    print(f"wrote {PAGE}", file=sys.stderr)
+    README.write_text(readme, encoding="utf-8")
+    print(f"wrote {PAGE} and the headline table of {README}", file=sys.stderr)
     return 0

@@ -15,6 +15,7 @@ from types import ModuleType
 
 SUITES = {
     "pack-speed": "bench.suites.pack_speed",
+    "pack-fill": "bench.suites.pack_fill",
     "gpu-throughput": "bench.suites.gpu_throughput",
     "train-smoke": "bench.suites.train_smoke",
     "memory": "bench.suites.memory",

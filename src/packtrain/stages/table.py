@@ -3,7 +3,7 @@
 Every adapter reads this table instead of naming stages itself: `packtrain.stages.get_runner`, the CLI's
 stage subcommands, the KFP components and pipeline (artifact names, GPU and retry settings), the stage cache
 key (`packtrain.pipeline.runtime.config_parts`), the generated `dvc.yaml` (`packtrain.pipeline.dvc_export`),
-the run summary and lineage. Adding a stage is adding one `StageSpec` here (docs/CONTRACTS.md walks through
+the run summary and lineage. Adding a stage is adding one `StageSpec` here (docs/architecture.md walks through
 an example).
 
 The DAG, in table order (each arrow is an artifact, named the same in the runtime, the KFP components and
