@@ -1,4 +1,4 @@
-"""Every stage's publish step under faults (issue 22): ingest, validate, tokenize, pack, evaluate on tiny data.
+"""Every stage's publish step under faults: ingest, validate, tokenize, pack, evaluate on tiny data.
 
 For each stage, starting from a previous output directory (hash of every file taken first):
 - a natural failure (bad input, failed suite, no training documents...) and an injected exception at the last

@@ -1,4 +1,4 @@
-"""Symbolic links in an ingest source folder (issue 22, item 3): dangling links, link loops and folder loops are
+"""Symbolic links in an ingest source folder: dangling links, link loops and folder loops are
 a clear error (exit 3) naming the link and its target — or, with ingest.unsupported=skip, named on stderr and
 in ingest_stats.json and skipped; linked folders are read (also outside the source) or reported, never
 dropped silently; a failed ingest leaves the previous output byte-identical; stats always match the table."""

@@ -1,5 +1,5 @@
 """`packtrain run` against a real `mlflow server` (the session's `mlflow_server`), in a fresh git checkout with
-the documented default workdir `data/` — issue 21's run ids (3), complete cached runs after switching stores
+the documented default workdir `data/` — run ids, complete cached runs after switching stores
 (4), the MLflow hint (6) and the files the flows leave behind (7).
 
 Cheap by construction: the stage cache is seeded from the session's tiny pipeline (`tiny_pipeline`, whose runs

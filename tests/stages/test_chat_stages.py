@@ -1,4 +1,4 @@
-"""Chat records through the real CLI (issue 17): malformed records named by file and row (validate exit 4,
+"""Chat records through the real CLI: malformed records named by file and row (validate exit 4,
 tokenize exit 3 for a prompt longer than the pack budget), nothing crashes, no input byte changes; the
 synthetic chat set runs ingest → validate → tokenize → pack with the mask in the packs."""
 

@@ -1,4 +1,4 @@
-"""Every bad input of issue 2 through the real CLI: exit code, a message naming file/line/field/value, the
+"""Every bad input through the real CLI: exit code, a message naming file/line/field/value, the
 input untouched, no half-written output. In-process `packtrain.cli.main` (one GX import for the module);
 one case through the installed `packtrain` executable."""
 

@@ -1,4 +1,4 @@
-"""Chat records → tokens + loss mask → packs → labels, with the mask visibly right (issue 17).
+"""Chat records → tokens + loss mask → packs → labels, with the mask visibly right.
 
 A character-level tokenizer (a byte-level BPE with no merges: one token per character) makes the tables
 literal: every row of the printed table is one character, its mask and its label.

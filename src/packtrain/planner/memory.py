@@ -82,7 +82,7 @@ def precision_of(engine: str, precision: str) -> Precision:
     and save their bf16 input for backward like an autocast linear; torchao's extra — the e4m3 copy of one
     linear's weight and input while it runs (1 B/element, freed after the matmul) — is below the planner's
     resolution and not counted (the FP8 probe in docs/design.md, pure-bf16 weights, saw FP8 peak *lower* than bf16, so this
-    should be an upper bound; bench/fp8_bench.py records planner vs measured)."""
+    should be an upper bound; `python -m bench fp8` records planner vs measured)."""
     if precision == "fp32":
         return Precision("fp32", 4, 4, False)
     if engine == "fsdp2":   # MixedPrecisionPolicy: the layers compute in gathered bf16 params, no autocast

@@ -18,7 +18,7 @@ state_dict keys and `save_pretrained` are exactly those of the bf16 run: checkpo
 No loss scaler: FP8's range problem is solved by the per-tensor/per-row scales, and the rest is bf16.
 
 Measured (one H200, torch 2.11, torchao 0.18.0, Llama-3.2-3B shape, 8×2048 packed varlen, the 1b-h200 recipe's
-settings; bench/results/fp8_bench_3b.json + issue19_fp8.log): bf16 26,252 → tensorwise 29,572 tok/s (1.126×; the
+settings; bench/results/fp8_bench_3b.json + fp8_bench_3b.log): bf16 26,252 → tensorwise 29,572 tok/s (1.126×; the
 1.25× goal is not met — docs/fp8.md says where the rest goes).
 
 Which linears (torchtitan's float8 converter picks the same set with `filter_fqns=["output"]`): every

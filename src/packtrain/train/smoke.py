@@ -1,4 +1,4 @@
-"""GPU smoke checks shared by `bench/train_gpu_smoke.py` and `tests/gpu/`: isolation per backend, short runs.
+"""GPU smoke checks shared by `python -m bench train-smoke` and `tests/gpu/`: isolation per backend, short runs.
 
     isolation_error(backend, device, precision)   max |logits(doc in pack) − logits(doc alone)| and the same
                                                  for plain causal attention over the pack (the leak it prevents)
