@@ -227,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if not args.out:
         ap.error("the output JSON path is required")
-    from packtrain.paths import write_json
+    from packtrain.publish import write_json
 
     if args.dry_run:
         rows = [{**base_record(r), **predict(r, 141.0)} for r in CONFIGS if not args.only or r[0] in args.only]

@@ -36,16 +36,8 @@ from pathlib import Path
 from packtrain.config import IngestConfig
 from packtrain.data.chat import file_record_format
 from packtrain.data.corpus import select_default_corpus
-from packtrain.data.sources import (
-    Discovery,
-    Doc,
-    SourceFile,
-    discover_files,
-    read_jsonl,
-    read_parquet,
-    read_txt,
-    too_long_error,
-)
+from packtrain.data.source_files import Discovery, discover_files
+from packtrain.data.sources import Doc, SourceFile, read_jsonl, read_parquet, read_txt, too_long_error
 from packtrain.errors import InputDataError
 
 DOCUMENTS_FILE = "documents.parquet"

@@ -39,7 +39,8 @@ from typing import Literal
 
 from pydantic import Field, ValidationError
 
-from packtrain.config.base import StrictModel, format_validation_error
+from packtrain.config.base import StrictModel
+from packtrain.config.messages import format_validation_error
 from packtrain.errors import ConfigError
 from packtrain.gate.metrics import BY_NAME
 from packtrain.gate.noise import ALWAYS_REPORT_ONLY, GATED, NOISE, NOISE_FILES, REPORTED, allowance
