@@ -4,8 +4,8 @@ Every module under src/packtrain is parsed with `ast` (nothing is imported, so t
 Every `import` / `from ... import` counts as an edge, wherever it stands: at module level, inside a function
 (the usual way to hide a cycle), under `if TYPE_CHECKING:` (a type named in a signature is a dependency of
 concept even when nothing runs it: gate.report naming gate.compare's Comparison puts report above compare).
-Relative imports are resolved against the importing module's package; `from packtrain.gate import compare` is an edge to the submodule
-`packtrain.gate.compare` when no name `compare` is bound in the package `__init__`.
+Relative imports are resolved against the importing module's package; `from packtrain.gate import compare` is
+an edge to the submodule `packtrain.gate.compare` when no name `compare` is bound in the package `__init__`.
 
 How package `__init__` files are treated
 ----------------------------------------
