@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     from packtrain.config import load_run_config
     from packtrain.errors import PacktrainError
     from packtrain.gate import gate, load_rules, load_source, write_gate_outputs
-    from packtrain.paths import write_json
+    from packtrain.publish import write_json
 
     try:
         cfg = load_run_config(args.recipe, args.overrides)

@@ -268,7 +268,7 @@ def run(args, out: Path) -> Record:
     has_ds = importlib.util.find_spec("deepspeed") is not None
     import transformers
 
-    from packtrain.paths import write_json
+    from packtrain.publish import write_json
 
     wanted = set(args.only.split(",")) if args.only else None
     doc = {"device": props.name, "device_memory_gib": round(device_gib, 2), "torch": torch.__version__,

@@ -17,7 +17,7 @@ import pytest
 
 from packtrain import publish
 from packtrain.errors import ConfigError, PacktrainError
-from packtrain.paths import FAULT_ENV, clean_stale, publish_dir, replace_dir, staged_output, staging_dir
+from packtrain.publish import FAULT_ENV, clean_stale, publish_dir, replace_dir, staged_output, staging_dir
 
 OUTPUTS = ("a.txt", "sub")
 POINTS = {"exchange": ["staged", "synced", "swapped", "removing-old"],

@@ -33,7 +33,7 @@ from packtrain.cli import main
 from packtrain.data.token_store import TokenStore
 from packtrain.evaluate.tiny import build_tiny_model_dir, write_tiny_packs
 from packtrain.packing.store import PackStore
-from packtrain.paths import FAULT_ENV
+from packtrain.publish import FAULT_ENV
 
 NO_TRACK = ["--set", "tracking.enabled=false"]
 COMMITTED = {"swapped", "removing-old"}   # publish points after which the new output is in place

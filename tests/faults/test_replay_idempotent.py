@@ -27,7 +27,7 @@ from mlflow.entities import ViewType
 from packtrain.cli import main as cli_main
 from packtrain.config import load_run_config
 from packtrain.tracking import end_pipeline_run, stage_run, start_pipeline_run
-from packtrain.tracking.buffer import BufferedClient
+from packtrain.tracking.buffer import BufferedClient, replay_dir
 from packtrain.tracking.ledger import read_ops
 from packtrain.tracking.run import StageRun, _clients, _close_clients
 
@@ -214,7 +214,7 @@ def test_kill_at_random_op_then_replay(recorded, tmp_path, capsys, seed, point):
 
             replay_mod._applied_in_process = 0
             os.environ["PACKTRAIN_FAULT"] = f"replay.{point}@{k}"
-            replay_mod.replay_dir(buf, tracking_uri=uri)
+            replay_dir(buf, tracking_uri=uri)
         finally:
             os._exit(3)   # reached only if the fault point did not fire
     _, status = os.waitpid(pid, 0)

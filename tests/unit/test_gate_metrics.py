@@ -17,19 +17,11 @@ from packtrain.gate.metrics import (
     metrics_table,
     render_doc,
 )
-from packtrain.gate.noise import (
-    BEGIN_RULES,
-    GATED,
-    NOISE,
-    NOISE_FILES,
-    allowance,
-    device_kind,
-    noise_rules,
-    rules_table,
-)
+from packtrain.gate.noise import GATED, NOISE, NOISE_FILES, allowance, device_kind
+from packtrain.gate.rules import BEGIN_RULES, noise_rules, rules_table
 
 REPO = Path(__file__).resolve().parents[2]
-REGEN = "python -c \"import packtrain.gate.metrics as m; m.main(['--write', 'docs/metrics.md'])\" (or docs/gate.md)"
+REGEN = "python -c \"import packtrain.gate.doc_tables as m; m.main(['--write', 'docs/metrics.md'])\" (or docs/gate.md)"
 
 
 def test_docs_metrics_table_is_the_generated_one():

@@ -85,7 +85,7 @@ def test_champion_and_versions_download_once_into_the_workdir_cache(registry, tm
     assert sorted(p.name for p in (wd / "models" / "lm").iterdir() if not p.name.endswith(".lock")) == ["v1", "v2"]
     # consumers that only see a ModelConfig get the directory; without the run config a registry value is refused
     assert resolve_init_source(champ.model_config(ModelConfig(init_from="champion"))) == champ.path
-    assert resolve_init_source(ModelConfig(init_from="champion"), _cfg(wd, registry["uri"], "scratch")) == champ.path
+    assert resolve_init(_cfg(wd, registry["uri"], "scratch"), ModelConfig(init_from="champion")).path == champ.path
     with pytest.raises(ConfigError, match="a registry source is resolved with the run config"):
         resolve_init_source(ModelConfig(init_from="models:/lm/1"))
     # the train run's tags (copied onto the next registered version by the register stage)

@@ -34,8 +34,8 @@ def run(cfg, args) -> int:
 
     from packtrain.errors import ConfigError
     from packtrain.gate import load_rules
-    from packtrain.gate.compare import compare_runs, log_report, write_report
-    from packtrain.gate.report import format_table
+    from packtrain.gate.compare import compare_runs, log_report
+    from packtrain.gate.report import format_table, write_report
     from packtrain.tracking import resolve_tracking_uri
 
     if bool(args.runs) == bool(args.experiment):

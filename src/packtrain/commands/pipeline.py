@@ -74,8 +74,8 @@ def run(cfg, args: argparse.Namespace) -> int:
     if args.action == "pytorchjob":
         from pathlib import Path
 
-        from packtrain.paths import atomic_write_text
         from packtrain.pipeline.multinode import build_job, dump_job
+        from packtrain.publish import atomic_write_text
 
         nodes = args.nodes if args.nodes is not None else cfg.pipeline.nodes
         gpus = args.gpus_per_node if args.gpus_per_node is not None else cfg.train.gpus

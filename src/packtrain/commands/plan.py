@@ -65,8 +65,8 @@ def run(cfg, args) -> int:
     from pathlib import Path
 
     from packtrain.errors import ConfigError
-    from packtrain.paths import write_json
     from packtrain.planner import choose_shape, plan_shape
+    from packtrain.publish import write_json
 
     if args.device_memory_gib is not None and args.device_memory_gib <= 0:
         raise ConfigError(f"--device-memory-gib {args.device_memory_gib}: must be > 0")

@@ -35,8 +35,8 @@ def run(cfg, args: argparse.Namespace) -> int:
 
     from packtrain.commands.train import check_gpus
     from packtrain.errors import ConfigError
-    from packtrain.paths import write_json
     from packtrain.pipeline.local import PROGRESS_S, run_local
+    from packtrain.publish import write_json
 
     check_gpus(args)
     if args.progress is not None and not args.progress >= 0:

@@ -9,17 +9,10 @@ from pathlib import Path
 
 from pydantic import Field, ValidationError
 
-from packtrain.config.base import (
-    PathStr,
-    StrictModel,
-    Text,
-    apply_overrides,
-    flatten,
-    format_validation_error,
-    read_yaml,
-)
+from packtrain.config.base import PathStr, StrictModel, Text, apply_overrides, flatten, read_yaml
 from packtrain.config.data import IngestConfig, TokenizeConfig, ValidateConfig
 from packtrain.config.evaluate import EvalConfig, RegisterConfig
+from packtrain.config.messages import format_validation_error
 from packtrain.config.packing import PackConfig
 from packtrain.config.pipeline import PipelineConfig, PlanConfig
 from packtrain.config.tracking import TelemetryConfig, TrackingConfig

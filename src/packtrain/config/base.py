@@ -28,11 +28,11 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from packtrain.config.messages import Allowed, describe_allowed, format_validation_error
+from packtrain.config.messages import Allowed
 from packtrain.errors import ConfigError
 
 __all__ = [
-    "StrictModel", "Allowed", "describe_allowed", "format_validation_error", "NoBool", "Int", "Float",
+    "StrictModel", "NoBool", "Int", "Float",
     "PositiveInt", "NonNegativeInt", "PositiveFloat", "NonNegativeFloat", "Fraction", "Seed", "Text", "PathStr",
     "Word", "K8sName", "K8sQuantity", "parse_override", "apply_overrides", "read_yaml", "flatten",
 ]

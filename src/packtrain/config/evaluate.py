@@ -6,7 +6,8 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from packtrain.config.base import Allowed, Float, PositiveInt, Seed, StrictModel, Text
+from packtrain.config.base import Float, PositiveInt, Seed, StrictModel, Text
+from packtrain.config.messages import Allowed
 
 
 class EvalConfig(StrictModel):

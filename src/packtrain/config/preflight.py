@@ -21,20 +21,32 @@ once downloaded.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from packtrain.config import RunConfig
+from packtrain.config.evaluate import EvalConfig
+from packtrain.config.train import ModelConfig, TrainConfig
 
 
-def attention_uses(cfg: RunConfig) -> list[tuple[str, str, bool]]:
+class RunSections(Protocol):
+    """The sections of a RunConfig these checks read (a Protocol, so this module sits below the RunConfig that
+    calls it: packtrain.config imports it, never the other way round)."""
+
+    @property
+    def model(self) -> ModelConfig: ...
+    @property
+    def train(self) -> TrainConfig: ...
+    @property
+    def evaluate(self) -> EvalConfig: ...
+
+
+def attention_uses(cfg: RunSections) -> list[tuple[str, str, bool]]:
     """(setting, value, training) of every use of an attention backend in a run."""
     return [("train.attention", cfg.train.attention, True),
             ("evaluate.attention", cfg.evaluate.attention, False),
             ("register (export load)", "auto", False)]
 
 
-def check_attention_settings(cfg: RunConfig) -> dict[str, list[str]]:
+def check_attention_settings(cfg: RunSections) -> dict[str, list[str]]:
     """{setting: the backends the init model's family allows for that use} ({} when the family is not known
     at load time: scratch, a registry source, no readable config.json); ConfigError for an explicit backend
     the family refuses.

@@ -10,7 +10,6 @@ from pydantic import AfterValidator, Field, StringConstraints, model_validator
 from pydantic_core import PydanticCustomError
 
 from packtrain.config.base import (
-    Allowed,
     Float,
     Fraction,
     Int,
@@ -24,6 +23,7 @@ from packtrain.config.base import (
     StrictModel,
     Word,
 )
+from packtrain.config.messages import Allowed
 
 Beta = Annotated[Float, Field(ge=0, lt=1)]
 

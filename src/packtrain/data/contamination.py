@@ -196,7 +196,8 @@ def read_eval_documents(paths: Iterable[str | Path], text_field: str = "text"
     (`a.txt:12`), .jsonl per line (`q.jsonl:3`; the `text_field`, or a chat / prompt-completion record's
     text), .parquet per row (`p.parquet#41`); a folder: every such file in it. Read with ingest's readers, so a
     missing, empty or malformed eval file is the same InputDataError (exit 3) naming the file and line."""
-    from packtrain.data.sources import SkippedRecord, discover_files, read_jsonl, read_parquet, read_txt
+    from packtrain.data.source_files import discover_files
+    from packtrain.data.sources import SkippedRecord, read_jsonl, read_parquet, read_txt
 
     out: list[tuple[tuple[str, str, str], str]] = []
     for p in paths:

@@ -37,17 +37,8 @@ from packtrain.config import IngestConfig
 from packtrain.data.chat import file_record_format
 from packtrain.data.corpus import select_default_corpus
 from packtrain.data.record_rules import RowRules
-from packtrain.data.sources import (
-    Discovery,
-    Doc,
-    SkippedRecord,
-    SourceFile,
-    discover_files,
-    read_jsonl,
-    read_parquet,
-    read_txt,
-    too_long_error,
-)
+from packtrain.data.source_files import Discovery, SourceFile, discover_files
+from packtrain.data.sources import Doc, SkippedRecord, read_jsonl, read_parquet, read_txt, too_long_error
 from packtrain.errors import InputDataError
 
 DOCUMENTS_FILE = "documents.parquet"

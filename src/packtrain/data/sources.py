@@ -14,8 +14,8 @@ records (`prompt` + `completion`), detected from the file's first record / its c
 table's `record` column *as it is*: a wrong role, a missing content, a non-list `messages` is not refused
 here but reported row by row by `packtrain validate` (packtrain.data.chat.record_problems).
 
-Folders are walked by packtrain.data.source_files.discover_files (re-exported here with SourceFile,
-Discovery, SkippedEntry). Bad input raises `InputDataError` naming the file, line/row, field and value, and
+Folders are walked by packtrain.data.source_files.discover_files (import it, Discovery and SkippedEntry
+from there). Bad input raises `InputDataError` naming the file, line/row, field and value, and
 what is allowed. Rules:
 an empty or whitespace-only file is an error (it is almost always a broken export), and so is a .txt file
 with no visible text (only NUL/control, zero-width or U+FFFD characters: a binary file or a decoding accident;
@@ -36,14 +36,8 @@ from typing import Literal
 
 from packtrain.data.chat import RecordFormat, detect_record_format, record_of, record_text
 from packtrain.data.record_rules import describe_invisible, has_visible
-from packtrain.data.source_files import (  # noqa: F401 - re-exported: sources is where callers import them
-    ALLOWED,
-    SUPPORTED,
-    Discovery,
-    Kind,
-    SkippedEntry,
+from packtrain.data.source_files import (
     SourceFile,
-    discover_files,
 )
 from packtrain.errors import InputDataError
 

@@ -39,7 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from packtrain.errors import InputDataError, MissingDataError
-from packtrain.paths import publish_dir, staging_dir
+from packtrain.publish import publish_dir, staging_dir
 
 SPLIT_TRAIN, SPLIT_EVAL = 0, 1
 

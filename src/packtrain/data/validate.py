@@ -65,7 +65,7 @@ from pathlib import Path
 from packtrain.config import ValidateConfig
 from packtrain.data.record_rules import RowRules
 from packtrain.errors import InputDataError, MissingDataError, PacktrainError, ValidationFailed
-from packtrain.paths import write_json
+from packtrain.publish import write_json
 
 COLUMNS = {"doc_id": "int64", "text": "str", "source": "str", "n_chars": "int64"}
 SUITE_NAME = "packtrain_text_corpus"

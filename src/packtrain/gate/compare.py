@@ -3,7 +3,7 @@
     comp = compare_runs(["01943b11", "75d35eb2"], tracking_uri=uri)     # ids, ≥6-char prefixes, NAME@ALIAS
     comp = compare_runs(experiment="packtrain", tracking_uri=uri)       # its pipeline runs (stage_runs=True: stages)
     print(format_table(comp))                                           # packtrain.gate.report
-    paths = write_report(comp, Path("compare"))                         # compare.html (+ .json, .md)
+    paths = write_report(comp, Path("compare"))                         # packtrain.gate.report: compare.html, .json, .md
     log_report(comp, paths, uri)                                        # a new run named "compare"
 
 What a user has is a pipeline run id (`packtrain run` prints it); the numbers live in its stage runs. Each
@@ -35,7 +35,6 @@ from typing import Any
 
 from packtrain.errors import ConfigError
 from packtrain.gate.sources import _client, _short, missing
-from packtrain.paths import atomic_write_text, write_json
 
 PIPELINE_FILTER = "tags.packtrain.kind = 'pipeline'"
 STAGE_FILTER = "tags.packtrain.kind = 'stage'"
@@ -287,18 +286,6 @@ def gate_runs(sources: list, rules=None) -> list:
     from packtrain.gate import evaluate_gate
 
     return [evaluate_gate(cand, sources[0], rules) for cand in sources[1:]]
-
-
-def write_report(comp: Comparison, out_dir: Path) -> dict[str, Path]:
-    """compare.html (self-contained: PNGs base64-embedded), compare.json and compare.md in `out_dir`."""
-    from packtrain.gate.report import render_html, render_markdown
-
-    out_dir.mkdir(parents=True, exist_ok=True)
-    paths = {"html": out_dir / "compare.html", "json": out_dir / "compare.json", "md": out_dir / "compare.md"}
-    atomic_write_text(paths["html"], render_html(comp))
-    write_json(paths["json"], comp.to_dict())
-    atomic_write_text(paths["md"], render_markdown(comp))
-    return paths
 
 
 def log_report(comp: Comparison, paths: dict[str, Path], tracking_uri: str | None,

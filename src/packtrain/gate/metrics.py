@@ -19,12 +19,11 @@ which per-step series is its history:
 Any other stage-run metric maps to `<stage>.<its name>` (`pack` run `train.n_packs` → `pack.train.n_packs`),
 which is again the pipeline run's name. Regenerate the table of docs/metrics.md (a test fails when it differs):
 
-    python -c "import packtrain.gate.metrics as m; m.main(['--write', 'docs/metrics.md'])"
+    python -c "import packtrain.gate.doc_tables as m; m.main(['--write', 'docs/metrics.md'])"
 """
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 from typing import Literal
 
@@ -137,30 +136,3 @@ def render_doc(text: str, begin: str = BEGIN, table: str | None = None) -> str:
     if not sep or not sep2:
         raise ValueError(f"the document lacks the markers {begin!r} … {END!r}")
     return f"{head}{begin}\n{metrics_table() if table is None else table}\n{END}{tail}"
-
-
-def main(argv: list[str] | None = None) -> int:
-    """No argument: print the table; `--write PATH`: rewrite PATH's generated part (module doc); PATH
-    docs/gate.md gets the built-in rules table (packtrain.gate.noise.rules_table)."""
-    argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["--write"] and len(argv) == 2:
-        from pathlib import Path
-
-        from packtrain.gate.noise import BEGIN_RULES, rules_table
-        from packtrain.paths import atomic_write_text
-
-        path = Path(argv[1])
-        text = path.read_text(encoding="utf-8")
-        new = render_doc(text, BEGIN_RULES, rules_table()) if BEGIN_RULES in text else render_doc(text)
-        atomic_write_text(path, new)
-        print(f"wrote {path}")
-        return 0
-    if argv:
-        print("usage: main(['--write', 'docs/metrics.md'])", file=sys.stderr)
-        return 2
-    print(metrics_table())
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

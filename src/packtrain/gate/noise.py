@@ -17,13 +17,14 @@ process gets depends on everything else the machine runs (4% to 59% between runs
 2-core CI machine, bench/baselines/noise-cpu.json), so on a CPU, utilization alone never fails a gate.
 Deterministic metrics (pack fill, padding: the same data and seed give the same packs) have noise 0 and keep
 their floor.
+
+Only the figures and the arithmetic live here (nothing from packtrain.gate is imported); the `Rule`s they give
+are built by packtrain.gate.rules.noise_rules.
 """
 
 from __future__ import annotations
 
 import math
-
-from packtrain.gate.rules import Rule
 
 NOISE_FILES = {"cpu": "bench/baselines/noise-cpu.json", "gpu": "bench/baselines/noise-gpu.json"}
 SAFETY = 2.0
@@ -90,51 +91,6 @@ def allowance(kind: str, metric: str, floor: float, abs_tol: float = 0.0) -> flo
         noise = 0.0
     allowed = max(floor, math.ceil(100 * SAFETY * noise - 1e-9) / 100)
     return None if allowed > REPORT_ONLY_ABOVE else allowed
-
-
-def noise_rules(kind: str) -> dict[str, Rule]:
-    """{canonical name: Rule} of the built-in rules for device kind "cpu" or "gpu" (module doc)."""
-    from packtrain.gate.metrics import BY_NAME
-
-    rules: dict[str, Rule] = {}
-    for name, floor, abs_tol in GATED:
-        m = BY_NAME[name]
-        noise = NOISE.get(kind, {}).get(name, (None,))[0]
-        why = ALWAYS_REPORT_ONLY.get(kind, {}).get(name)
-        allowed = None if why else allowance(kind, name, floor, abs_tol)
-        if allowed is None:
-            note = why or f"{kind} noise {100 * (noise or 0):.0f}%: report only"
-            rules[name] = Rule(name, m.direction, required=False, note=note)
-            continue
-        note = f"{kind} noise {100 * noise:.1f}%" if noise else ""
-        higher = m.direction == "higher"
-        rules[name] = Rule(name, m.direction, abs_tol=abs_tol, required=False, note=note,
-                           max_drop=allowed if higher else None, max_rise=None if higher else allowed)
-    for name, why in REPORTED.items():
-        rules[name] = Rule(name, BY_NAME[name].direction, required=False, note=why)
-    return rules
-
-
-BEGIN_RULES = "<!-- BEGIN generated from packtrain.gate.noise -->"
-
-
-def rules_table() -> str:
-    """The Markdown table of the built-in rules per device kind (docs/gate.md, between BEGIN_RULES and END)."""
-    kinds = ("cpu", "gpu")
-    rules = {k: noise_rules(k) for k in kinds}
-    rows = ["| metric | better | " + " | ".join(f"{k}: noise → rule" for k in kinds) + " | abs_tol |",
-            "|---|---|" + "---|" * len(kinds) + "---|"]
-    for name, r0 in rules["cpu"].items():
-        cells = []
-        for k in kinds:
-            r, (noise, median) = rules[k][name], NOISE.get(k, {}).get(name, (None, None))
-            rule = r.describe().split(" (")[0]
-            seen = "–" if noise is None else f"{100 * noise:.1f}%"
-            if noise and median is not None and abs(median) < r0.abs_tol:
-                seen += f" of {median:.2g} (< abs_tol)"
-            cells.append(f"{seen} → {rule}")
-        rows.append(f"| `{name}` | {r0.direction} | " + " | ".join(cells) + f" | {r0.abs_tol:g} |")
-    return "\n".join(rows)
 
 
 def device_kind(device: str | None) -> str | None:

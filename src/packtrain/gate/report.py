@@ -2,6 +2,7 @@
 
     format_table(comp)    runs, params that differ by stage, headline numbers, gate verdicts, curves drawn
     render_markdown(comp) the same as Markdown tables
+    write_report(comp, out_dir) -> {"html", "json", "md": Path}   the three files in out_dir
     render_html(comp)     the same + one figure per curve group (loss, tokens/s, MFU, utilization, memory):
                           a subplot per metric (≤ 3), a line per run; PNGs base64-embedded
                           (`data:image/png;base64,…`), so the file opens from an MLflow artifact view, a CI
@@ -17,7 +18,10 @@ import base64
 import html
 import io
 import math
+from pathlib import Path
 from typing import TYPE_CHECKING
+
+from packtrain.publish import atomic_write_text, write_json
 
 if TYPE_CHECKING:
     from packtrain.gate.compare import Comparison
@@ -195,3 +199,13 @@ def render_html(comp: Comparison) -> str:
               if not any(n.startswith(f"{t}: ") and comp.curves[t] for t in comp.curves)]
     parts.append("</body></html>")
     return "\n".join(parts)
+
+
+def write_report(comp: Comparison, out_dir: Path) -> dict[str, Path]:
+    """compare.html (self-contained: PNGs base64-embedded), compare.json and compare.md in `out_dir`."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = {"html": out_dir / "compare.html", "json": out_dir / "compare.json", "md": out_dir / "compare.md"}
+    atomic_write_text(paths["html"], render_html(comp))
+    write_json(paths["json"], comp.to_dict())
+    atomic_write_text(paths["md"], render_markdown(comp))
+    return paths

@@ -39,8 +39,11 @@ from typing import Literal
 
 from pydantic import Field, ValidationError
 
-from packtrain.config.base import StrictModel, format_validation_error
+from packtrain.config.base import StrictModel
+from packtrain.config.messages import format_validation_error
 from packtrain.errors import ConfigError
+from packtrain.gate.metrics import BY_NAME
+from packtrain.gate.noise import ALWAYS_REPORT_ONLY, GATED, NOISE, NOISE_FILES, REPORTED, allowance
 
 Direction = Literal["higher", "lower", "equal"]
 Aggregate = Literal["last", "median", "mean", "min", "max"]
@@ -128,8 +131,6 @@ class Rules:
     def for_device(self, kind: str) -> Rules:
         """These rules with the built-in noise-aware rules of device kind `kind` ("cpu" | "gpu") added under
         the exact ones (a rules file's own entry wins)."""
-        from packtrain.gate.noise import NOISE_FILES, noise_rules
-
         if not self.builtin or self.device_kind is not None:
             return self
         label = f"{self.source}; {kind} noise: {NOISE_FILES[kind]}"
@@ -214,11 +215,52 @@ def load_rules(path: str | Path | None) -> Rules:
 
 
 def _infer_direction(metric: str) -> Direction | None:
-    from packtrain.gate.metrics import BY_NAME
-
     if metric in BY_NAME:
         return BY_NAME[metric].direction
     for r in DEFAULT_PATTERNS:
         if fnmatch.fnmatchcase(metric, r.metric):
             return r.direction
     return None
+
+
+def noise_rules(kind: str) -> dict[str, Rule]:
+    """{canonical name: Rule} of the built-in rules for device kind "cpu" or "gpu" (module doc)."""
+    rules: dict[str, Rule] = {}
+    for name, floor, abs_tol in GATED:
+        m = BY_NAME[name]
+        noise = NOISE.get(kind, {}).get(name, (None,))[0]
+        why = ALWAYS_REPORT_ONLY.get(kind, {}).get(name)
+        allowed = None if why else allowance(kind, name, floor, abs_tol)
+        if allowed is None:
+            note = why or f"{kind} noise {100 * (noise or 0):.0f}%: report only"
+            rules[name] = Rule(name, m.direction, required=False, note=note)
+            continue
+        note = f"{kind} noise {100 * noise:.1f}%" if noise else ""
+        higher = m.direction == "higher"
+        rules[name] = Rule(name, m.direction, abs_tol=abs_tol, required=False, note=note,
+                           max_drop=allowed if higher else None, max_rise=None if higher else allowed)
+    for name, why in REPORTED.items():
+        rules[name] = Rule(name, BY_NAME[name].direction, required=False, note=why)
+    return rules
+
+
+BEGIN_RULES = "<!-- BEGIN generated from packtrain.gate.rules -->"
+
+
+def rules_table() -> str:
+    """The Markdown table of the built-in rules per device kind (docs/gate.md, between BEGIN_RULES and END)."""
+    kinds = ("cpu", "gpu")
+    rules = {k: noise_rules(k) for k in kinds}
+    rows = ["| metric | better | " + " | ".join(f"{k}: noise → rule" for k in kinds) + " | abs_tol |",
+            "|---|---|" + "---|" * len(kinds) + "---|"]
+    for name, r0 in rules["cpu"].items():
+        cells = []
+        for k in kinds:
+            r, (noise, median) = rules[k][name], NOISE.get(k, {}).get(name, (None, None))
+            rule = r.describe().split(" (")[0]
+            seen = "–" if noise is None else f"{100 * noise:.1f}%"
+            if noise and median is not None and abs(median) < r0.abs_tol:
+                seen += f" of {median:.2g} (< abs_tol)"
+            cells.append(f"{seen} → {rule}")
+        rows.append(f"| `{name}` | {r0.direction} | " + " | ".join(cells) + f" | {r0.abs_tol:g} |")
+    return "\n".join(rows)

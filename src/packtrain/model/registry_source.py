@@ -241,7 +241,7 @@ def download_version(tracking_uri: str, name: str, version: str, dst: Path, run_
 
 def _download_version(tracking_uri: str, name: str, version: str, dst: Path, run_id: str | None,
                       source: str | None, allow_pickle: bool) -> Path:
-    from packtrain.paths import publish_dir, staging_dir
+    from packtrain.publish import publish_dir, staging_dir
 
     tmp = staging_dir(dst)
     try:

@@ -1,17 +1,18 @@
 """Where the model's weights come from: `model.init_from` → a local save_pretrained directory, or None.
 
-    init_from                          resolve_init_source(model_cfg, run_cfg=None)
+    init_from                          resolve_init_source(model_cfg)
     scratch (default)                  None: random init from the config's sizes (a Llama-style model)
     /path/to/dir (save_pretrained)     Path('/path/to/dir') after checking it holds config.json
     models:/NAME@ALIAS                 the registered version's files, downloaded once from the run's tracking
-    models:/NAME/VERSION               store into <workdir>/models/<name>/v<version>/ (needs `run_cfg`:
-    champion                           packtrain.model.registry_source.resolve_init; champion without one yet
-                                       → model.init_fallback)
+    models:/NAME/VERSION               store into <workdir>/models/<name>/v<version>/ by
+    champion                           packtrain.model.registry_source.resolve_init(run_cfg) (champion without
+                                       one yet → model.init_fallback); here a ConfigError
 
 The config checks only the syntax (packtrain.config.train.InitFrom); this module checks that the source exists.
 Every consumer (the model builder, the memory planner) calls `resolve_init_source`; the stages that hold the run
 config (tokenize, train) resolve a registry source first and hand the others a ModelConfig whose init_from is
 the downloaded directory (`InitSource.model_config`), so the rest of packtrain loads it like any local checkpoint.
+This module is the lower one: packtrain.model.registry_source imports it, never the other way.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import TYPE_CHECKING
 from packtrain.errors import ConfigError, MissingDataError
 
 if TYPE_CHECKING:
-    from packtrain.config import ModelConfig, RunConfig
+    from packtrain.config import ModelConfig
 
 
 def init_from_value(model_cfg: ModelConfig) -> str:
@@ -38,11 +39,11 @@ def is_registry_source(value: str) -> bool:
     return value == "champion" or value.startswith("models:/")
 
 
-def resolve_init_source(model_cfg: ModelConfig, run_cfg: RunConfig | None = None) -> Path | None:
+def resolve_init_source(model_cfg: ModelConfig) -> Path | None:
     """None for `scratch`; else the local directory to load (config.json checked). Errors name the field.
 
-    A registry source needs `run_cfg` (tracking URI, workdir, register.model_name); without it a ConfigError
-    names the directory to pass instead.
+    A registry source is resolved with the run config (tracking URI, workdir, register.model_name) by
+    packtrain.model.registry_source.resolve_init; here a ConfigError names the directory to pass instead.
 
     >>> from packtrain.config import ModelConfig
     >>> resolve_init_source(ModelConfig()) is None
@@ -52,14 +53,10 @@ def resolve_init_source(model_cfg: ModelConfig, run_cfg: RunConfig | None = None
     if value == "scratch":
         return None
     if is_registry_source(value):
-        if run_cfg is None:
-            raise ConfigError(f"model.init_from {value!r}: a registry source is resolved with the run config "
-                              "(tracking URI, workdir, register.model_name) by the tokenize and train stages; "
-                              "here pass the directory they download it to (<workdir>/models/<name>/v<version>/), "
-                              "another local save_pretrained directory, or 'scratch'")
-        from packtrain.model.registry_source import resolve_init
-
-        return resolve_init(run_cfg, model_cfg).path
+        raise ConfigError(f"model.init_from {value!r}: a registry source is resolved with the run config "
+                          "(tracking URI, workdir, register.model_name) by the tokenize and train stages; "
+                          "here pass the directory they download it to (<workdir>/models/<name>/v<version>/), "
+                          "another local save_pretrained directory, or 'scratch'")
     path = Path(value).expanduser()
     if not path.is_dir():
         raise MissingDataError(f"model.init_from {value!r}: no such directory; a local save_pretrained directory "

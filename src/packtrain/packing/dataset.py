@@ -27,7 +27,7 @@ from packtrain.data.token_store import SPLIT_EVAL, SPLIT_TRAIN, TokenStore
 from packtrain.errors import InputDataError
 from packtrain.packing.plan import PackPlan, l2_bound_packs, lower_bound_packs, pack_lengths
 from packtrain.packing.store import write_pack_store
-from packtrain.paths import staged_output, write_json
+from packtrain.publish import staged_output, write_json
 
 CHUNK_TOKENS = 1 << 22   # tokens gathered per write (32 MB of int64 indices)
 STATS_FILE = "pack_stats.json"

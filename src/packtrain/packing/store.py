@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 
 from packtrain.errors import InputDataError, MissingDataError
-from packtrain.paths import publish_dir, replace_dir, staging_dir  # noqa: F401  (replace_dir: re-exported)
+from packtrain.publish import publish_dir, staging_dir
 
 FORMAT, VERSION = "packtrain.packs", 1
 FILES = ("tokens.bin", "pack_offsets.npy", "seg_offsets.npy", "segments.npy")

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from packtrain.config import TelemetryConfig
-from packtrain.paths import write_json
+from packtrain.publish import write_json
 from packtrain.telemetry.thresholds import check_thresholds
 
 

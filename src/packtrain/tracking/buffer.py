@@ -53,12 +53,11 @@ from typing import Any, TextIO
 from packtrain.secrets import redact_text, redact_uri, redact_value
 from packtrain.tracking.apply import PENDING, apply_op
 from packtrain.tracking.ledger import AppliedLog, read_ids
-from packtrain.tracking.replay import ReplayResult, replay_dir, replay_file
+from packtrain.tracking.replay import ReplayResult, replay_file, replay_files
 from packtrain.tracking.transport import Blocked, is_transient, short_http
 
 log = logging.getLogger(__name__)
 HEAVY = ("log_artifact", "register_model")  # keep MLflow's long HTTP timeout
-__all__ = ["BufferedClient", "ReplayResult", "replay_dir", "PENDING"]
 
 
 class BufferedClient:
@@ -226,12 +225,18 @@ class BufferedClient:
             self._fh.truncate()
         if not self._scanned_orphans:
             self._scanned_orphans = True
-            res = replay_dir(self.buffer_dir, client=self)
+            res = replay_files(self.buffer_dir, client=self)
             for msg in res.refused:
                 log.error("%s", msg)
             if res.applied:
                 log.warning("replayed %d buffered MLflow ops from %d file(s) in %s", res.applied, res.files,
                             self.buffer_dir)
+
+
+def replay_dir(buffer_dir: str | Path, tracking_uri: str | None = None) -> ReplayResult:
+    """Replay every unlocked buffer file in `buffer_dir` (`packtrain mlflow replay`): the ops of each store
+    through a BufferedClient of that store, or all to `tracking_uri` (packtrain.tracking.replay.replay_files)."""
+    return replay_files(buffer_dir, tracking_uri, open_client=BufferedClient)
 
 
 def _now_ms() -> int:

@@ -1,9 +1,14 @@
 """Replaying a buffer directory: every op applied exactly once, whatever crashes or copies happen.
 
-    replay_dir(buffer_dir)                      every unlocked *.jsonl, oldest first, to the store each op
-                                                was recorded for; fully applied files are deleted
-    replay_dir(buffer_dir, tracking_uri=URI)    everything to URI (which may carry the credentials)
+    replay_files(buffer_dir, open_client=BufferedClient)   every unlocked *.jsonl, oldest first, to the store
+                                                each op was recorded for; fully applied files are deleted
+    replay_files(buffer_dir, tracking_uri=URI, open_client=...)   everything to URI (which may carry the
+                                                credentials)
     recorded_uris(buffer_dir)                   {"https://user:***@host": 12, ...}: ops not yet applied
+
+The clients the ops go through are packtrain.tracking.buffer.BufferedClient, which imports this module to
+replay its own backlog; so this module never imports it: a caller passes `open_client` (the public entry,
+`packtrain.tracking.replay_dir`, is packtrain.tracking.buffer.replay_dir, which passes BufferedClient).
 
 Per op: skip it if its id is in applied.log → apply it → record its id (fsync) → delete the buffer's copy
 of its file. A kill between "applied" and "recorded" re-applies one op on the next replay, which the store
@@ -28,8 +33,10 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from packtrain.paths import PathOutsideError, confined_path
 from packtrain.secrets import MASK, has_userinfo, redact_text, strip_userinfo
@@ -201,22 +208,24 @@ def recorded_uris(buffer_dir: str | Path) -> dict[str, int]:
     return out
 
 
-def replay_dir(buffer_dir: str | Path, tracking_uri: str | None = None, client=None) -> ReplayResult:
+def replay_files(buffer_dir: str | Path, tracking_uri: str | None = None, client=None,
+                 open_client: Callable[[str, Path], Any] | None = None) -> ReplayResult:
     """Replay every unlocked buffer file in `buffer_dir`, oldest first; fully applied files are deleted.
 
     Ops go to the store they were recorded for (see `target_for`), or all to `tracking_uri` when given.
     Passes repeat while they make progress (a child run may wait for its parent's create_run in a later
     file). With `client` (the in-process replay of a live BufferedClient) only ops recorded for that
     client's store are replayed, once. Files locked by a live process are skipped and listed in
-    `skipped_locked`. When no buffer file is left, applied.log is emptied.
+    `skipped_locked`. When no buffer file is left, applied.log is emptied. Without `client`, the ops of each
+    store go through `open_client(store_uri, buffer_dir)` (a BufferedClient), one per store.
     """
-    from packtrain.tracking.buffer import BufferedClient
-
+    if (client is None) == (open_client is None):
+        raise TypeError("replay_files: give exactly one of client= and open_client=")
     buffer_dir = Path(buffer_dir)
     if client is None:
         _check_own_files(buffer_dir)
     ledger = AppliedLog(buffer_dir)
-    clients: dict[str, BufferedClient] = {}
+    clients: dict[str, Any] = {}
     grand = ReplayResult()
     for n_pass in range(10):
         total = ReplayResult()
@@ -248,7 +257,8 @@ def replay_dir(buffer_dir: str | Path, tracking_uri: str | None = None, client=N
                             res.needs_credentials.append(uri or "")
                             continue
                         if target not in clients:
-                            clients[target] = BufferedClient(target, buffer_dir)
+                            assert open_client is not None   # checked above: no client → open_client
+                            clients[target] = open_client(target, buffer_dir)
                         bc = clients[target]
                     with short_http(bc.uri, None):
                         part = replay_file(bc, fh, path.name, only_uri=uri)
