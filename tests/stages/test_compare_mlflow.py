@@ -102,7 +102,7 @@ def test_compare_pipeline_runs_curves_params_gate(pipelines, tmp_path, capsys):
     assert sorted(r["metric"] for r in saved["gates"][0]["rows"]) == sorted(r.metric for r in expected.rows)
     labels = [f"pipeline·{p[:8]}" for p in pipelines["pipeline"]]
     assert f"gate {expected.verdict}: {labels[1]} vs baseline {labels[0]}" in text
-    assert re.search(r"real tokens/s, median \[train\.throughput\.real_tokens_per_s\]\s+[\d,]+\s+[\d,]+", text)
+    assert re.search(r"real tokens/s, median \[train\.throughput\.real_tokens_per_s\]\s+[\d,]+(?:\.\d+)?\s+[\d,]+(?:\.\d+)?", text)
     assert saved["metrics"]["train.final_loss"] == [h[-1][1] for h in saved["histories"]["loss"]]
 
     # logged to a new "compare" run; the compared runs are untouched
