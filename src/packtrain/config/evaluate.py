@@ -6,7 +6,7 @@ from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
-from packtrain.config.base import Allowed, Float, Fraction, PathStr, PositiveInt, Seed, StrictModel, Text
+from packtrain.config.base import Allowed, Float, Fraction, Int, PathStr, PositiveInt, Seed, StrictModel, Text
 
 SuiteName = Annotated[str, Allowed("a name of letters, digits, '_', '-' that starts with a letter")]
 
@@ -64,7 +64,7 @@ class PromotionConfig(StrictModel):
     accuracy drop (champion − challenger) must be < +epsilon_task."""
     confidence: Float = Field(0.95, gt=0.5, lt=1)
     """Family-wise confidence across all suites (Holm step-down on one-sided bootstrap p-values)."""
-    resamples: PositiveInt = Field(2000, ge=100)
+    resamples: Int = Field(2000, ge=100)
     """Bootstrap resamples of the documents (each suite)."""
     seed: Seed = 0
     """Seed of the bootstrap: the same tables give the same verdict, bit for bit."""

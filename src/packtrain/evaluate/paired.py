@@ -133,7 +133,7 @@ def suite_delta(s: dict, cfg: PromotionConfig) -> tuple[SuiteDelta, np.ndarray |
     """The point estimate and bootstrap replicates of one suite. `s`: {"suite", "role", "kind", "md5",
     "challenger": {"nll", "tokens", "bytes"} or {"acc"}, "champion": same or None, "same_tokenizer"}."""
     ch, cp, kind = s["challenger"], s.get("champion"), s["kind"]
-    threshold = -cfg.delta if s["role"] == "primary" else (cfg.epsilon if s["role"] == "regression" else cfg.epsilon_task)
+    threshold = (-cfg.delta if cfg.delta else 0.0) if s["role"] == "primary" else (cfg.epsilon if s["role"] == "regression" else cfg.epsilon_task)
     if kind == "text":
         den = np.asarray(ch["bytes"], np.float64) * LN2
         value = _point(np.asarray(ch["nll"]), den)

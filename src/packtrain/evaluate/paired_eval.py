@@ -82,6 +82,39 @@ def resolve_against(cfg: RunConfig, ref: str) -> tuple[Against | None, str]:
     return Against(f"v{v}", path, f"models:/{name}/{v}", v), f"compared with {name} v{v} ({ref})"
 
 
+def evaluate_identity(cfg: RunConfig) -> dict:
+    """What the evaluate stage's output depends on beyond its inputs and config (the stage cache key): the
+    champion version it is compared with and the md5 of every suite file. An unreadable registry gives a key
+    that never repeats (a miss, never a stale comparison)."""
+    import time
+
+    from packtrain.evaluate.suites import suite_path
+    from packtrain.versioning import data_md5
+
+    suites = {}
+    for s in cfg.evaluate.suites:
+        p = suite_path(s.path, Path.cwd())
+        suites[s.name] = data_md5(p) if p.exists() else "missing"
+    champion: str | None = None
+    if cfg.evaluate.against == "champion" and cfg.tracking.enabled:
+        from mlflow import MlflowClient
+        from mlflow.exceptions import MlflowException
+
+        from packtrain.tracking import resolve_tracking_uri
+
+        uri = resolve_tracking_uri(cfg)
+        try:
+            mv = MlflowClient(tracking_uri=uri, registry_uri=uri).get_model_version_by_alias(
+                cfg.register_.model_name, "champion")
+            champion = f"models:/{cfg.register_.model_name}/{mv.version}"
+        except MlflowException as e:
+            champion = None if e.error_code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE") else \
+                f"unresolved {time.time_ns()}"
+        except Exception:   # an unreachable store
+            champion = f"unresolved {time.time_ns()}"
+    return {"champion": champion, "suites": suites}
+
+
 def _load(model_dir: Path, cfg: EvalConfig):
     from packtrain.evaluate.loading import load_model_dir, resolve_device
     from packtrain.model.attention import resolve_attention
