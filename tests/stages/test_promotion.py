@@ -182,3 +182,23 @@ def test_mixed_tokenizers_compare_bits_per_byte(world, tmp_path):
     assert (ch["bytes"] == cp["bytes"]).all() and (ch["tokens"] != cp["tokens"]).any()
     v = promotion_verdict(tmp_path / "out", cfg.register_)
     assert "bits per byte" in v.note and all(d.unit == "bits/byte" and not d.loss_per_token for d in v.suites)
+
+
+@pytest.mark.parametrize("suite, code", [("nope.jsonl", 5), ("bad.yaml", 3)])
+def test_bad_suite_registers_nothing_and_moves_no_alias(world, history, tmp_path, capsys, suite, code):
+    import mlflow
+
+    (tmp_path / "bad.yaml").write_text("task: x\ndataset_path: hellaswag\n")
+    sets = ["--set", f"workdir={world['root'] / 'work'}", "--set", f"tracking.tracking_uri={world['uri']}",
+            "--set", f"register.model_name={NAME}",
+            "--set", f"evaluate.suites=[{{name: held, role: regression, path: {tmp_path / suite}}}]"]
+    out = tmp_path / "ev"
+    got = main(["evaluate", *sets, "--model", str(world["models"]["longer"]), "--packs", str(world["packs"]["a"]),
+                "--out", str(out)])
+    err = capsys.readouterr().err
+    assert got == code and "evaluate.suites[0] ('held').path" in err and "Traceback" not in err
+    assert main(["register", *sets[:6], "--model", str(world["models"]["longer"]), "--eval", str(out)]) == 5
+    client = mlflow.MlflowClient(tracking_uri=world["uri"])
+    assert len(client.search_model_versions(f"name = '{NAME}'")) == 4
+    assert str(client.get_model_version_by_alias(NAME, "champion").version) == "4"
+    assert not out.exists()

@@ -72,7 +72,8 @@ def chunk(ids: list[int], mask: list[int], budget: int) -> list[tuple[np.ndarray
 
 def _rows(chunks: list[tuple[int, np.ndarray, np.ndarray]], budget: int):
     """Next-fit rows: [(tokens, seg_lens, mask, doc index per segment)]."""
-    rows, cur = [], []
+    rows: list = []
+    cur: list = []
     used = 0
     for d, c, m in chunks:
         if used + len(c) > budget and cur:

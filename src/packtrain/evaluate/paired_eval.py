@@ -180,7 +180,6 @@ def read_decision_input(eval_dir: Path) -> tuple[list[dict], dict]:
     """(suites as packtrain.evaluate.paired.suite_delta takes them, suites.json) from an evaluate output.
     A champion document missing from the challenger's rows (or the reverse) is an error: both were scored on
     the same documents, or the files were edited."""
-    import numpy as np
     import pyarrow.parquet as pq
 
     man_path, scores_path = Path(eval_dir) / MANIFEST_FILE, Path(eval_dir) / SCORES_FILE
@@ -206,13 +205,17 @@ def read_decision_input(eval_dir: Path) -> tuple[list[dict], dict]:
             raise InputDataError(f"{scores_path}: suite {s['name']!r} has {len(ch)} challenger and {len(cp)} champion "
                                  "documents that do not match one to one")
         ids = list(ch)
-
-        def cols(idx: dict) -> dict:
-            return {c: np.array([t[c][idx[d]] for d in ids]) for c in ("nll", "tokens", "bytes", "acc")}
-        out.append({"suite": s["name"], "role": s["role"], "kind": s["kind"], "md5": s["md5"], "challenger": cols(ch),
-                    "champion": cols(cp) if cp is not None else None,
+        out.append({"suite": s["name"], "role": s["role"], "kind": s["kind"], "md5": s["md5"],
+                    "challenger": _columns(t, ch, ids), "champion": _columns(t, cp, ids) if cp is not None else None,
                     "same_tokenizer": manifest.get("tokenizers_match")})
     return out, manifest
+
+
+def _columns(t: dict, idx: dict, ids: list) -> dict:
+    """{"nll", "tokens", "bytes", "acc"} arrays of one model's rows, in the order of `ids`."""
+    import numpy as np
+
+    return {c: np.array([t[c][idx[d]] for d in ids]) for c in ("nll", "tokens", "bytes", "acc")}
 
 
 def paired_manifest(challenger: Path, against: Against | None, note: str, cfg: EvalConfig, scored: dict) -> dict:

@@ -126,7 +126,7 @@ def build_registration(model_dir: str | Path, eval_result, train_result_path: st
             **dataset_tags(train), "missing_tags": ",".join(missing) or "none", **parent_tags(train)}
     reqs = list(cfg.pip_requirements) if cfg.pip_requirements is not None else default_pip_requirements()
     rules = str(Path(cfg.gate_rules).resolve()) if cfg.gate_rules else None   # applied later, maybe elsewhere
-    metric = cfg.metric
+    metric: str = cfg.metric
     promo = verdict.to_dict() if hasattr(verdict, "to_dict") else verdict
     primary = [s for s in (promo or {}).get("suites", []) if s["role"] == "primary"]
     if primary:   # the headline number: the primary suite's bits/byte, challenger and champion on the same docs

@@ -167,8 +167,8 @@ def write_replay(cfg, documents: Path) -> Path | None:
     import numpy as np
     import pyarrow.parquet as pq
 
-    from packtrain.data.tokenize import split_eval
     from packtrain.data.token_store import SPLIT_EVAL
+    from packtrain.data.tokenize import split_eval
     from packtrain.publish import atomic_write_text
 
     if not documents.is_file():
