@@ -134,7 +134,7 @@ class RegisterConfig(StrictModel):
     """Requirements written with the model. None → the installed torch/transformers/tokenizers/safetensors
     pinned without local suffixes (torch==2.13.0, not 2.13.0+cpu): MLflow's inference is slow and wrong."""
     gate: bool | None = None
-    """Gate before the champion alias moves: a version that beats the champion's metric takes the alias only
+    """Gate before the champion alias moves: a version the paired evaluation would promote takes the alias only
     if its training run passes `packtrain gate` against the champion's (docs/gate.md); else it stays
     challenger and the reason names the regressed metrics. None → on for scheduled runs (the Airflow DAG,
     packtrain.pipeline.retrain), off for `packtrain run` / `packtrain register`."""

@@ -68,15 +68,26 @@ def resolve_against(cfg: RunConfig, ref: str) -> tuple[Against | None, str]:
 
     from packtrain.tracking import resolve_tracking_uri
 
+    from packtrain.secrets import redact_text, redact_uri
+    from packtrain.tracking.transport import is_transient, short_http
+
     uri = resolve_tracking_uri(cfg)
     name, alias, version = registry_ref(ref, cfg.register_.model_name)
     client = MlflowClient(tracking_uri=uri, registry_uri=uri)
     try:
-        mv = client.get_model_version_by_alias(name, alias) if alias else client.get_model_version(name, version)
-    except MlflowException as e:
-        if ref == "champion" and e.error_code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
+        with short_http(uri, 30):
+            mv = client.get_model_version_by_alias(name, alias) if alias else client.get_model_version(name, version)
+    except Exception as e:
+        missing = isinstance(e, MlflowException) and e.error_code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE")
+        if ref == "champion" and missing:
             return None, f"no champion yet: {name}@champion does not exist, the challenger is scored alone"
-        raise MissingDataError(f"--against {ref!r}: not in the registry ({str(e)[:200]})") from None
+        if ref == "champion" and is_transient(e):   # register then keeps any champion (decide_from_verdict)
+            return None, (f"the registry at {redact_uri(uri)} cannot be read ({redact_text(str(e))[:160]}): the "
+                          "challenger is scored alone, and register will not move an existing champion")
+        if not (missing or is_transient(e) or isinstance(e, MlflowException)):
+            raise
+        raise MissingDataError(f"--against {ref!r}: not found in the registry at {redact_uri(uri)} "
+                               f"({redact_text(str(e))[:200]})") from None
     v = str(mv.version)
     path = download_version(uri, name, v, cache_dir(cfg.workdir, name, v), run_id=mv.run_id, source=mv.source)
     return Against(f"v{v}", path, f"models:/{name}/{v}", v), f"compared with {name} v{v} ({ref})"

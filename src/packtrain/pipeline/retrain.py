@@ -8,8 +8,8 @@
     record_version(cfg, version, registered)   the state file, written only after a successful run
 
 Gate: a scheduled run gates itself against the champion before it moves the alias. `scheduled(cfg)` turns
-`register.gate` on (unless the recipe set it), so the register stage lets a version that beats the champion's
-loss take the alias only if its training run passes `packtrain gate` against the champion's training run
+`register.gate` on (unless the recipe set it), so the register stage lets a version the paired evaluation
+promotes over the champion (docs/validation.md) take the alias only if its training run passes `packtrain gate` against the champion's training run
 (packtrain.evaluate.champion; built-in noise-aware rules, or `register.gate_rules`). When it does not, the
 champion stays where it is, the new version becomes challenger (its tags `gate`, `gate_failed`,
 `decision_reason` say why; the register run holds gate/gate.md) and `run_pipeline` raises
