@@ -133,13 +133,18 @@ def test_longer_training_on_the_same_data_is_promoted(history):
     assert reg.metric == "bits_per_byte:recent" and reg.champion_value > reg.candidate_value
 
 
-def test_validation_artifacts_on_the_register_run(history):
+def test_validation_artifacts_on_the_register_run(world, history):
     import mlflow
 
     _, reg, _ = history["forget"]
     client = mlflow.MlflowClient(tracking_uri=None)
     names = {f.path for f in client.list_artifacts(reg.run_id, "validation")}
     assert names == {"validation/validation.md", "validation/validation.json"}
+    from packtrain.commands.compare import validation_lines   # what `packtrain compare NAME@ALIAS` prints
+
+    (line,) = validation_lines(world["uri"], [f"{NAME}@champion", f"models:/{NAME}/2", "0123abcd"])[:1]
+    assert line.startswith(f"{NAME}@champion (v4): promote — promoted over v1: recent (primary")
+    assert validation_lines(world["uri"], [f"models:/{NAME}/2"])[0].startswith(f"models:/{NAME}/2 (v2): keep")
 
 
 def test_against_reproduces_every_number_and_registers_nothing(world, history, tmp_path, capsys):
