@@ -41,17 +41,19 @@ def test_accuracy_moves_between_scratch_and_trained(tmp_path):
 
     texts = [(Path(os.__file__).parent / f).read_text(encoding="utf-8") for f in STDLIB]
     scratch = build_tiny_model_dir(tmp_path / "scratch", texts, vocab_size=400, hidden_size=48)
-    trained = train_tiny(scratch, tmp_path / "trained", texts, steps=150, lr=5e-3, seed=0)
-    cfg = _cfg("evaluate.suites=[{name: wordorder, role: task, path: '@recipes/tasks/wordorder/wordorder.yaml'}]")
+    trained = train_tiny(scratch, tmp_path / "trained", texts, steps=120, lr=5e-3, seed=0)
+    cfg = _cfg("evaluate.suites=[{name: wordorder, role: task, path: '@recipes/tasks/wordorder/wordorder.yaml', "
+               "max_documents: 100}]")
     (suite,) = load_suites(cfg.evaluate)
     acc = {}
     for name, d in (("scratch", scratch), ("trained", trained)):
         model, tok = load_model_dir(d)
         res = score_task(model, tok, suite, "cpu")
-        assert res.metric["metric"] == "acc" and res.metric["n"] == 200 and len(res.per_doc) == 200
-        assert 0 < res.metric["stderr"] < 0.05
+        assert res.metric["metric"] == "acc" and res.metric["n"] == 100 and len(res.per_doc) == 100
+        assert 0 < res.metric["stderr"] < 0.06
         acc[name] = res.metric["value"]
-    assert acc["trained"] > acc["scratch"] + 0.1, acc
+    # measured here: scratch 0.44 (order-blind: both choices are the same tokens), 120 steps 0.86
+    assert acc["trained"] > acc["scratch"] + 0.2 and 0.3 < acc["scratch"] < 0.7, acc
 
 
 @pytest.mark.parametrize("case, error, needle", [

@@ -5,11 +5,12 @@ same words in reverse order? Generated here, never downloaded:
 
     {"context": "def load(self, path):", "choices": ["if path is None:", "None: is path if"], "label": 0}
 
-A multiple-choice log-likelihood task (metric acc): both choices hold the same words, so a random-init model
-scores them nearly alike (accuracy near 0.5, by token-count noise), while a model trained on the default corpus
-(Python standard library source) prefers real word order — tiny-cpu's 30 steps already move it measurably
-(tests/stages/test_local_task.py). The correct choice's position alternates, seeded, so always picking one
-position scores 0.5. 200 items from 40 templates × identifiers.
+A multiple-choice log-likelihood task (metric acc). Each choice follows the context after one space, so every
+word carries its leading space and both choices split into the same pre-tokens (byte-level BPE merges never
+cross them): the same tokens in another order. A model that ignores order (a random init, near uniform) scores
+≈ 0.5; one trained on the default corpus (Python standard library source) prefers the real order
+(tests/stages/test_local_task.py). The correct choice's position alternates, so always picking one position
+scores 0.5. 200 items from 32 line templates × identifiers.
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ dataset_kwargs:
 test_split: test
 output_type: multiple_choice
 doc_to_text: "{{{{context}}}}"
-target_delimiter: "\\n"
+target_delimiter: " "
 doc_to_choice: "{{{{choices}}}}"
 doc_to_target: "{{{{label}}}}"
 metric_list:

@@ -8,9 +8,9 @@
 suite_scores.parquet, one row per (suite, model, document):
 
     suite    role        kind  model       doc_id  nll (nats)  tokens  bytes  acc
-    recent   primary     text  challenger  17      812.4       301     1204   NaN
-    recent   primary     text  champion    17      845.0       301     1204   NaN
-    arith    task        task  challenger  0       NaN         0       0      1.0
+    recent   primary     text  challenger  17      812.4       301     1204   null
+    recent   primary     text  champion    17      845.0       301     1204   null
+    arith    task        task  challenger  0       null        0       0      1.0
 
 Both models see the same documents, budget (`evaluate.suite_budget`), rows, precision and attention backend;
 a task suite runs through lm-evaluation-harness on the in-memory model (packtrain.evaluate.tasks). The models are
@@ -66,9 +66,8 @@ def resolve_against(cfg: RunConfig, ref: str) -> tuple[Against | None, str]:
     from mlflow import MlflowClient
     from mlflow.exceptions import MlflowException
 
-    from packtrain.tracking import resolve_tracking_uri
-
     from packtrain.secrets import redact_text, redact_uri
+    from packtrain.tracking import resolve_tracking_uri
     from packtrain.tracking.transport import is_transient, short_http
 
     uri = resolve_tracking_uri(cfg)
@@ -145,7 +144,6 @@ def score_suites(models: list[tuple[str, Path]], suites: list[Suite], cfg: EvalC
     [{"suite", "model", "metric", "value", "stderr"}], the suites as scored (with "recent" first when
     `recent_packs` is given)). The recent suite is decoded with the first model's tokenizer (the packs' own)."""
     import gc
-    import math
 
     from packtrain.evaluate.docscore import score_documents
     from packtrain.evaluate.suites import TextSuite, recent_suite
@@ -163,14 +161,14 @@ def score_suites(models: list[tuple[str, Path]], suites: list[Suite], cfg: EvalC
                                      suite=s.name)
                 rows += [{"suite": s.name, "role": s.role, "kind": "text", "model": label, "doc_id": d.doc_id,
                           "nll": float(sc.nll[i]), "tokens": int(sc.tokens[i]), "bytes": int(sc.bytes[i]),
-                          "acc": math.nan} for i, d in enumerate(s.docs)]
+                          "acc": None} for i, d in enumerate(s.docs)]
             else:
                 from packtrain.evaluate.tasks import score_task
 
                 res = score_task(model, tok, s, dev)
                 metrics.append({"suite": s.name, "model": label, **res.metric})
                 rows += [{"suite": s.name, "role": s.role, "kind": "task", "model": label, "doc_id": str(doc),
-                          "nll": math.nan, "tokens": 0, "bytes": 0, "acc": float(a)} for doc, a in res.per_doc]
+                          "nll": None, "tokens": 0, "bytes": 0, "acc": float(a)} for doc, a in res.per_doc]
         del model
         gc.collect()
     return rows, metrics, {"suites": [s.describe() for s in scored]}
@@ -182,7 +180,8 @@ def write_scores(out_dir: Path, rows: list[dict], manifest: dict) -> None:
 
     from packtrain.paths import write_json
 
-    table = pa.table({c: [r[c] for r in rows] for c in COLUMNS})
+    types = {"nll": pa.float64(), "acc": pa.float64(), "tokens": pa.int64(), "bytes": pa.int64()}
+    table = pa.table({c: pa.array([r[c] for r in rows], types.get(c, pa.string())) for c in COLUMNS})
     pq.write_table(table, out_dir / SCORES_FILE)
     write_json(out_dir / MANIFEST_FILE, manifest)
 
@@ -226,7 +225,12 @@ def _columns(t: dict, idx: dict, ids: list) -> dict:
     """{"nll", "tokens", "bytes", "acc"} arrays of one model's rows, in the order of `ids`."""
     import numpy as np
 
-    return {c: np.array([t[c][idx[d]] for d in ids]) for c in ("nll", "tokens", "bytes", "acc")}
+    def value(c: str, d: str) -> float:
+        v = t[c][idx[d]]
+        return np.nan if v is None else v
+
+    return {c: np.array([value(c, d) for d in ids], np.float64 if c in ("nll", "acc") else np.int64)
+            for c in ("nll", "tokens", "bytes", "acc")}
 
 
 def paired_manifest(challenger: Path, against: Against | None, note: str, cfg: EvalConfig, scored: dict) -> dict:
