@@ -140,7 +140,8 @@ def test_validation_artifacts_on_the_register_run(world, history):
     client = mlflow.MlflowClient(tracking_uri=None)
     names = {f.path for f in client.list_artifacts(reg.run_id, "validation")}
     assert names == {"validation/validation.md", "validation/validation.json"}
-    from packtrain.commands.compare import validation_lines   # what `packtrain compare NAME@ALIAS` prints
+    # what `packtrain compare NAME@ALIAS` prints under its table
+    from packtrain.commands.compare import validation_lines
 
     (line,) = validation_lines(world["uri"], [f"{NAME}@champion", f"models:/{NAME}/2", "0123abcd"])[:1]
     assert line.startswith(f"{NAME}@champion (v4): promote — promoted over v1: recent (primary")

@@ -24,7 +24,7 @@ def test_replay_suite_from_the_previous_version(tmp_path):
     out = write_replay(cfg, docs)
     assert out == tmp_path / "wd" / REPLAY_FILE
     held = split_eval(np.arange(50), 0.2) == SPLIT_EVAL
-    assert [json.loads(x)["text"] for x in out.read_text().splitlines()] == [t for t, h in zip(texts, held) if h]
+    assert [json.loads(x)["text"] for x in out.read_text().splitlines()] == [t for t, h in zip(texts, held, strict=True) if h]
     s = scheduled(cfg)
     replay = [x for x in s.evaluate.suites if x.name == "replay"]
     assert len(replay) == 1 and replay[0].role == "regression" and replay[0].path == str(out.resolve())
