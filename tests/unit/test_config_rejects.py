@@ -103,8 +103,8 @@ def _is_leaf(field: str) -> bool:
     """A field (or an item of a list field, or a removed key a section names in moved_fields), not a section whose
     cross-field rule failed."""
     section, _, key = field.rpartition(".")
-    moved = getattr(RunConfig.model_fields.get(section) and RunConfig.model_fields[section].annotation,
-                    "moved_fields", {})
+    sections = {(f.alias or n): f for n, f in RunConfig.model_fields.items()}   # YAML spelling: register, validate
+    moved = getattr(sections.get(section) and sections[section].annotation, "moved_fields", {})
     return field in FIELDS or field.rsplit(".", 1)[0] in FIELDS or key in moved
 
 
