@@ -180,6 +180,7 @@ def write_scores(out_dir: Path, rows: list[dict], manifest: dict) -> None:
 
     from packtrain.paths import write_json
 
+    out_dir.mkdir(parents=True, exist_ok=True)
     types = {"nll": pa.float64(), "acc": pa.float64(), "tokens": pa.int64(), "bytes": pa.int64()}
     table = pa.table({c: pa.array([r[c] for r in rows], types.get(c, pa.string())) for c in COLUMNS})
     pq.write_table(table, out_dir / SCORES_FILE)
