@@ -2,9 +2,9 @@
 
     kind        what changes (each with probability `rate`)                 "The cat sat." at rate 1
     case        a letter's case flips                                       "tHE CAT SAT."
-    whitespace  a space becomes two spaces or a newline (alternating draw)  "The  cat\\nsat."
-    chars       a letter or digit becomes a neighbouring printable ASCII    "Uid dbu tbu."
-                character (code point ± 1)
+    whitespace  a space becomes two spaces or a newline (a second draw)     e.g. "The  cat\\nsat."
+    chars       a letter or digit becomes its code point ± 1 (a second      e.g. "Sif bbu ras."
+                draw), kept printable ASCII
 
 Every piece (scored or context) is perturbed with one generator seeded by (seed, document index), so the
 perturbed suite is the same for both models and every run; its bytes are counted after perturbation. The
