@@ -75,9 +75,10 @@ def packtrain_retrain():
         from pathlib import Path
 
         from packtrain.pipeline.retrain import validate_data as validate
+        from packtrain.pipeline.retrain import validate_dir
 
         cfg = _config(params)
-        out = Path(cfg.workdir) / "airflow" / "validate" / detected["version"].replace(".", "_")
+        out = validate_dir(cfg, detected["version"])
         stats = validate(cfg, out)
         return {"version": detected["version"], "report": str(Path(stats["report_dir"]) / "report.json")}
 

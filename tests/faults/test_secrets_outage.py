@@ -109,6 +109,8 @@ def test_outage_with_secrets_then_replay(tmp_path, monkeypatch, capfd, caplog, f
     end_pipeline_run(parent)
     model = build_tiny_model_dir(tmp_path / "model", ["def f(x):\n    return x + 1\n"] * 8, seed=1)
     (tmp_path / "eval").mkdir()
+    held = tmp_path / "held.txt"
+    held.write_text("def f(x):\n    return x + 1\n\ndef g(y):\n    return y\n")
     from packtrain.stages.results import EvaluateResult, make_lineage
 
     EvaluateResult(   # what `packtrain evaluate` writes (register refuses anything else)
@@ -117,6 +119,13 @@ def test_outage_with_secrets_then_replay(tmp_path, monkeypatch, capfd, caplog, f
         memory_kind="cpu_max_rss", device="cpu", precision="fp32", attention="sdpa", rows=5, budget=32,
         model_dir=str(model), eval_split_dir=str(tmp_path / "packs"), lineage=make_lineage({"model": "m"}),
     ).write(tmp_path / "eval")
+    from packtrain.evaluate.paired_eval import paired_evaluation
+
+    # the paired evaluation register decides from: the model alone on one suite (no champion yet)
+    paired_evaluation(load_run_config("tiny-cpu", ["tracking.enabled=false",
+                                                   "evaluate.recent_role=off",
+                                                   f"evaluate.suites=[{{name: held, role: primary, path: {held}}}]"]),
+                      model, "none", tmp_path / "eval")
     sets = ["--set", f"workdir={work}", "--set", "register.model_name=tiny-lm", "--set", "tracking.system_metrics=false"]
     out_dir = tmp_path / "register"
     rc = cli_main(["register", *sets, "--model", str(model), "--eval", str(tmp_path / "eval"),

@@ -81,6 +81,14 @@ def test_full_run_summary_and_mlflow(tiny_pipeline):
     assert 0.5 < parent.data.metrics["pack.fill"] <= 1.0
     mv = client.get_model_version_by_alias("packtrain-lm", "champion")
     assert str(mv.version) == m.group(1)
+    # the shipped lm-eval task (tiny-cpu's suite "wordorder") ran on the trained model inside the run, next to
+    # suite "recent"; its accuracy, stderr and md5 are logged and tagged (docs/validation.md)
+    ev = next(x for x in children if x.info.run_name == "evaluate")
+    assert 0.0 <= ev.data.metrics["suite.wordorder.challenger.acc"] <= 1.0
+    assert 0.0 < ev.data.metrics["suite.wordorder.challenger.acc_stderr"] < 0.1
+    assert ev.data.metrics["suite.recent.challenger.bits_per_byte"] > 0
+    assert mv.tags["suite.wordorder.role"] == "task" and mv.tags["suite.wordorder.n"] == "200"
+    assert mv.tags["validation"] == "promote" and mv.tags["validation_against"] == "none"
 
 
 def test_rerun_on_unchanged_data_is_cached_and_tracked(tiny_pipeline):

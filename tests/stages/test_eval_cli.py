@@ -43,6 +43,16 @@ def inputs(tmp_path_factory):
         memory_kind="cpu_max_rss", device="cpu", precision="fp32", attention="sdpa", rows=5, budget=32,
         model_dir=str(model), eval_split_dir=str(root / "packs" / "eval"), lineage=make_lineage({"model": "m"}),
     ).write(ev)
+    from packtrain.config import load_run_config
+    from packtrain.evaluate.paired_eval import paired_evaluation
+
+    # the paired evaluation register decides from (here: the model alone, no champion)
+    paired_evaluation(load_run_config("tiny-cpu", ["tracking.enabled=false", "evaluate.suites=[]"]), model, "none", ev,
+                      recent_packs=root / "packs" / "eval")
+    (root / "suites").mkdir()
+    (root / "suites" / "task.yaml").write_text("task: [unclosed\n")
+    (root / "suites" / "empty.jsonl").write_text('{"prompt": "2+2=", "completion": ""}\n')
+    (root / "suites" / "table.csv").write_text("text\nhello\n")
     return root, model
 
 
@@ -62,6 +72,11 @@ def run_cli(args, tmp_path, capsys):
     ("register_eval_result_without_metric", 3, "'perplexity'"),
     ("register_tracking_disabled", 2, "tracking.enabled"),
     ("register_bad_model_name", 2, "register.model_name"),
+    ("register_without_paired_evaluation", 5, "suites.json does not exist"),
+    ("evaluate_missing_suite_file", 5, "evaluate.suites[0] ('replay').path"),
+    ("evaluate_unknown_suite_format", 3, "unknown format '.csv'"),
+    ("evaluate_malformed_task_yaml", 3, "evaluate.suites[0] ('replay').path"),
+    ("evaluate_suite_with_nothing_to_score", 3, "holds no document with text to score"),
 ])
 def test_bad_input(case, code, needle, inputs, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
@@ -84,6 +99,11 @@ def test_bad_input(case, code, needle, inputs, tmp_path, capsys, monkeypatch):
                                        "--set", "tracking.enabled=false"],
         "register_bad_model_name": ["register", "--model", str(model), "--eval", str(ev),
                                     "--set", "register.model_name=a/b"],
+        "register_without_paired_evaluation": ["register", "--model", str(model), "--eval", str(bad)],
+        **{f"evaluate_{k}": ["evaluate", "--model", str(model), "--packs", str(packs), "--set",
+                             f"evaluate.suites=[{{name: replay, role: regression, path: {root / 'suites' / f}}}]"]
+           for k, f in (("missing_suite_file", "nope.jsonl"), ("unknown_suite_format", "table.csv"),
+                        ("malformed_task_yaml", "task.yaml"), ("suite_with_nothing_to_score", "empty.jsonl"))},
     }[case]
     if case == "evaluate_corrupt_packs":
         (bad / "eval").mkdir()
@@ -92,6 +112,8 @@ def test_bad_input(case, code, needle, inputs, tmp_path, capsys, monkeypatch):
         (bad / "eval_result.json").write_text("{\"eval_loss\": ")
     if case == "register_eval_result_without_metric":
         (bad / "eval_result.json").write_text(json.dumps({"eval_loss": 5.0}))
+    if case == "register_without_paired_evaluation":   # an eval_result.json alone: no recorded-loss fallback
+        (bad / "eval_result.json").write_bytes((ev / "eval_result.json").read_bytes())
     before = tree_digest(root), tree_digest(bad)
     got, err = run_cli(args, tmp_path, capsys)
     assert got == code, err

@@ -7,7 +7,7 @@ real stage CLIs (ingest → tokenize once, then pack → train → evaluate → 
     a   tiny corpus, tiny-cpu, budget 512, 12 steps          → gate-champion-lm v1, champion
     b   the same again (an unchanged rerun)                   → v2, challenger (same loss to the last bit)
     c   pack.strategy=sequential (fill 96.5% → 81.2%: slower on purpose), 36 steps (a better loss), with
-        register.gate on as a scheduled run has it           → beats v1's loss, fails the gate: v3 challenger
+        register.gate on as a scheduled run has it           → promoted over v1 by the paired evaluation, fails the gate: v3 challenger
 
 The gate reads each side as its run tree under the canonical names (docs/metrics.md): the alias resolves to
 the training run of v1 (before: the register run, which has no throughput metrics → exit 2).
@@ -72,7 +72,7 @@ def test_registrations(trees):
     assert (a["version"], a["decision"]) == ("1", "champion")
     assert (b["version"], b["decision"]) == ("2", "challenger")
     assert b["candidate_value"] == a["candidate_value"]            # an unchanged rerun: the same loss, bit for bit
-    assert c["candidate_value"] < a["candidate_value"]             # c beats the champion on loss ...
+    assert c["candidate_value"] < a["candidate_value"]             # c beats the champion (bits/byte, same docs) ...
     assert (c["version"], c["decision"], c["champion_version"]) == ("3", "challenger", "1")   # ... not on the gate
 
 
@@ -125,7 +125,7 @@ def test_scheduled_run_gates_itself_champion_stays(trees):
     assert str(client.get_model_version_by_alias(NAME, "challenger").version) == "3"
     c = trees["c"]["register"]
     assert c["reason"].startswith("gate REGRESSION (exit 1) against champion v1 (run ")
-    assert "pack.fill dropped" in c["reason"] and "by loss alone: candidate" in c["reason"]
+    assert "pack.fill dropped" in c["reason"] and "by the paired evaluation alone: promoted over v1" in c["reason"]
     t = client.get_model_version(NAME, "3").tags
     assert (t["gate"], t["gate_exit_code"], t["decision"]) == ("REGRESSION", "1", "challenger")
     assert "pack.fill" in t["gate_failed"] and "train.throughput.padding" in t["gate_failed"]

@@ -1,8 +1,8 @@
 """evaluate → register through the real CLI on a real sqlite MLflow registry in tmp_path.
 
 Three tiny models with different init scales are evaluated on the same eval packs; their real losses order
-them. Registered in the order middle, worst, best: v1 → champion (first), v2 → challenger (champion stays
-v1), v3 → champion (moves). `models:/<name>@champion` then loads back as v3's weights and generates.
+them. Registered in the order middle, worst, best, each evaluated against the champion of the moment (paired,
+docs/validation.md): v1 → champion (first), v2 → challenger (champion stays v1), v3 → champion (moves). `models:/<name>@champion` then loads back as v3's weights and generates.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def setup(tmp_path, monkeypatch):
     work = tmp_path / "run"
     sets = ["--set", f"workdir={work}", "--set", "evaluate.max_batches=null", "--set", "evaluate.rows=2",
             "--set", "evaluate.sample_tokens=4", "--set", f"register.model_name={NAME}",
-            "--set", "register.margin=0.01", "--set", "tracking.system_metrics=false"]
+            "--set", "tracking.system_metrics=false"]
     return tmp_path, models, packs, work, sets
 
 
@@ -70,14 +70,16 @@ def test_champion_challenger_and_load_back(setup, capsys):
         violations=[], telemetry_files=[], setup={}, params={}, model_dir=None, checkpoint=None, packing_fill=0.991,
         lineage=LINEAGE).write(train)
 
-    def register(s, train_dir, out, *extra):
-        assert main(["register", *sets, *extra, "--model", str(models[s]), "--eval", str(tmp / f"ev-{s}"),
+    def register(s, train_dir, out, *extra):   # evaluated against the champion of the moment, then registered
+        ev = tmp / f"evc-{out}"
+        assert main(["evaluate", *sets, "--model", str(models[s]), "--packs", str(packs), "--out", str(ev)]) == 0
+        assert main(["register", *sets, *extra, "--model", str(models[s]), "--eval", str(ev),
                      "--train", str(train_dir), "--out", str(tmp / out)]) == 0
         return _json(tmp / out / "register_result.json")
 
     r1 = register(mid, train, "reg1")
     assert (r1["version"], r1["decision"], r1["champion_version"]) == ("1", "champion", "1")
-    assert r1["champion_value"] is None and r1["candidate_value"] == pytest.approx(losses[mid])
+    assert r1["champion_value"] is None and r1["metric"] == "bits_per_byte:recent"
     t = r1["version_tags"]
     assert t["mfu"] == "0.42" and t["peak_memory_gib"] == "3.5" and t["packing_fill"] == "0.991"
     assert t["dataset_md5"].startswith("5d41")
@@ -86,12 +88,13 @@ def test_champion_challenger_and_load_back(setup, capsys):
 
     r2 = register(worst, tmp / "no-train", "reg2")
     assert (r2["version"], r2["decision"], r2["champion_version"]) == ("2", "challenger", "1")
-    assert r2["champion_value"] == pytest.approx(losses[mid]) and r2["candidate_value"] == pytest.approx(losses[worst])
+    assert r2["champion_value"] < r2["candidate_value"]   # bits/byte of both, on the same documents
+    assert "recent (primary) not improved" in r2["reason"]
     assert set(r2["missing_tags"]) - {"git_sha"} == {"mfu", "peak_memory_gib", "packing_fill"}   # no train result
 
     r3 = register(best, tmp / "no-train", "reg3")
     assert (r3["version"], r3["decision"], r3["champion_version"]) == ("3", "champion", "3")
-    assert r3["previous_champion_version"] == "1" and r3["champion_value"] == pytest.approx(losses[mid])
+    assert r3["previous_champion_version"] == "1" and r3["champion_value"] > r3["candidate_value"]
 
     import mlflow
     from mlflow import MlflowClient
@@ -105,8 +108,8 @@ def test_champion_challenger_and_load_back(setup, capsys):
     assert v2.tags["decision"] == "challenger" and float(v2.tags["eval_loss"]) == pytest.approx(losses[worst])
     run = client.get_run(r2["run_id"])
     assert run.data.tags["packtrain.decision"] == "challenger" and run.info.run_name == "register"
-    assert run.data.metrics["candidate_eval_loss"] == pytest.approx(losses[worst])
-    assert run.data.metrics["champion_eval_loss"] == pytest.approx(losses[mid])
+    assert run.data.metrics["candidate_value"] == pytest.approx(r2["candidate_value"])
+    assert run.data.metrics["champion_value"] == pytest.approx(r2["champion_value"])
     assert "register_result.json" in {f.path for f in client.list_artifacts(r2["run_id"])}
 
     from packtrain.evaluate import load_champion
@@ -136,6 +139,20 @@ def test_champion_challenger_and_load_back(setup, capsys):
     assert "champion" in capsys.readouterr().out
 
 
+def _better_than(version: str):
+    """A real verdict (packtrain.evaluate.paired) of a challenger 0.01 bits/byte better on every document."""
+    from packtrain.config.evaluate import PromotionConfig
+    from packtrain.evaluate.paired import decide_promotion
+
+    nll = 500 + np.arange(20.0)
+    cols = {m: {"nll": nll - d, "tokens": np.full(20, 90), "bytes": np.full(20, 400), "acc": np.full(20, np.nan)}
+            for m, d in (("challenger", 3.0), ("champion", 0.0))}
+    v = decide_promotion([{"suite": "recent", "role": "primary", "kind": "text", "md5": "m", **cols,
+                           "same_tokenizer": True}], PromotionConfig(resamples=200), version, True)
+    assert v.promote
+    return v
+
+
 def test_champion_alias_moves_only_by_compare_and_set(tmp_path, monkeypatch):
     """Another registration moves the champion between this one's decision and its alias write (done here by
     a real second MlflowClient in the `before_alias` hook): the alias stays where the other put it and the
@@ -153,10 +170,11 @@ def test_champion_alias_moves_only_by_compare_and_set(tmp_path, monkeypatch):
     before = mlflow.get_tracking_uri()
     set_fluent_tracking_uri(uri)
     try:
-        cfg = RegisterConfig(model_name=NAME, margin=0.0, pip_requirements=["torch", "transformers"])
+        cfg = RegisterConfig(model_name=NAME, pip_requirements=["torch", "transformers"])
         r1 = register_model(model, {"eval_loss": 4.0}, None, cfg)
-        r2 = register_model(model, {"eval_loss": 5.0}, None, cfg)
+        r2 = register_model(model, {"eval_loss": 5.0}, None, cfg)   # no paired evaluation: never moves it
         assert (r1.decision, r2.decision, r2.champion_version) == ("champion", "challenger", "1")
+        assert "no paired evaluation" in r2.reason
 
         moved = []
 
@@ -164,7 +182,8 @@ def test_champion_alias_moves_only_by_compare_and_set(tmp_path, monkeypatch):
             MlflowClient(uri).set_registered_model_alias(NAME, "champion", "2")
             moved.append(version)
 
-        r3 = register_model(model, {"eval_loss": 3.0}, None, cfg, before_alias=another_registration_wins)
+        r3 = register_model(model, {"eval_loss": 3.0}, None, cfg, before_alias=another_registration_wins,
+                            verdict=_better_than("v1"))
         assert moved == ["3"]
         assert (r3.version, r3.decision, r3.previous_champion_version, r3.champion_version) == \
             ("3", "challenger", "1", "2")
@@ -178,8 +197,9 @@ def test_champion_alias_moves_only_by_compare_and_set(tmp_path, monkeypatch):
         run = client.get_run(r3.run_id)
         assert run.data.tags["packtrain.decision"] == "challenger" and run.data.metrics["promoted"] == 0.0
 
-        # nobody interferes: gated against v2 (eval_loss 5.0), the alias moves v2 → v4
-        r4 = register_model(model, {"eval_loss": 3.5}, None, cfg, before_alias=lambda v: None)
+        # nobody interferes: judged against v2, the alias moves v2 → v4
+        r4 = register_model(model, {"eval_loss": 3.5}, None, cfg, before_alias=lambda v: None,
+                            verdict=_better_than("v2"))
         assert (r4.version, r4.decision, r4.previous_champion_version, r4.champion_version) == \
             ("4", "champion", "2", "4")
         assert str(client.get_model_version_by_alias(NAME, "champion").version) == "4"

@@ -45,6 +45,7 @@ REJECTED: list[tuple[tuple[str, ...], str, str]] = [
     (("train.budget=auto",), "train.budget", "removed: set train.rows instead — Packs per micro-batch"),
     (("train.budget=1024",), "train.budget", "removed: set train.rows instead"),
     (("plan.max_budget=4096",), "plan.max_budget", "removed: set plan.max_rows instead"),
+    (("register.margin=0.01",), "register.margin", "removed: set register.promotion.delta instead"),
     (("train.rows=0",), "train.rows", "0 is not allowed: must be an integer ≥ 1 or 'auto'"),
     (("train.rows=false",), "train.rows", "false is not allowed: must be an integer ≥ 1 or 'auto'"),
     (("train.rows=automatic",), "train.rows", "'automatic' is not allowed"),
@@ -78,7 +79,7 @@ REJECTED: list[tuple[tuple[str, ...], str, str]] = [
     (("plan.target_fraction=0",), "plan.target_fraction", "must be a finite number > 0 and ≤ 1"),
     (("evaluate.prompts=['def ', '']",), "evaluate.prompts.1", "must be a non-empty string"),
     (("evaluate.sample_tokens=0",), "evaluate.sample_tokens", "must be an integer ≥ 1"),
-    (("register.margin=1",), "register.margin", "must be a finite number ≥ 0 and < 1"),
+    (("register.promotion.confidence=1",), "register.promotion.confidence", "must be a finite number > 0.5 and < 1"),
     (("register.model_name=-lm",), "register.model_name", "starts with a letter or digit"),
     (("pipeline.shm_size=0",), "pipeline.shm_size", "must be a Kubernetes quantity > 0"),
     (("pipeline.memory_request=lots",), "pipeline.memory_request", "must be a Kubernetes quantity"),
@@ -102,8 +103,8 @@ def _is_leaf(field: str) -> bool:
     """A field (or an item of a list field, or a removed key a section names in moved_fields), not a section whose
     cross-field rule failed."""
     section, _, key = field.rpartition(".")
-    moved = getattr(RunConfig.model_fields.get(section) and RunConfig.model_fields[section].annotation,
-                    "moved_fields", {})
+    sections = {(f.alias or n): f for n, f in RunConfig.model_fields.items()}   # YAML spelling: register, validate
+    moved = getattr(sections.get(section) and sections[section].annotation, "moved_fields", {})
     return field in FIELDS or field.rsplit(".", 1)[0] in FIELDS or key in moved
 
 

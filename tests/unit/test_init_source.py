@@ -25,6 +25,20 @@ from packtrain.model.tiny import BOS, EOS, build_tiny_family_dir
 V = 97
 
 
+def _promoted_over(version: str):
+    """A real paired verdict (packtrain.evaluate.paired): 3 nats better on each of 20 documents."""
+    import numpy as np
+
+    from packtrain.config.evaluate import PromotionConfig
+    from packtrain.evaluate.paired import decide_promotion
+
+    nll = 500 + np.arange(20.0)
+    cols = {m: {"nll": nll - d, "tokens": np.full(20, 90), "bytes": np.full(20, 400), "acc": np.full(20, np.nan)}
+            for m, d in (("challenger", 3.0), ("champion", 0.0))}
+    return decide_promotion([{"suite": "recent", "role": "primary", "kind": "text", "md5": "m", **cols,
+                              "same_tokenizer": True}], PromotionConfig(resamples=200), version, True)
+
+
 @pytest.fixture(scope="module")
 def registry(tmp_path_factory):
     from packtrain.evaluate.register import register_model
@@ -40,7 +54,7 @@ def registry(tmp_path_factory):
         set_fluent_tracking_uri(uri)
         r1 = register_model(dirs[1], {"eval_loss": 3.0, "perplexity": 20.1}, None, RegisterConfig(model_name="lm"))
         r2 = register_model(dirs[2], {"eval_loss": 2.0, "perplexity": 7.4}, None,
-                            RegisterConfig(model_name="lm", flavor="pytorch"))
+                            RegisterConfig(model_name="lm", flavor="pytorch"), verdict=_promoted_over("v1"))
     assert (r1.version, r1.flavor, r2.version, r2.flavor, r2.decision) == ("1", "transformers", "2", "pytorch",
                                                                           "champion")
     return {"root": root, "uri": uri, "dirs": dirs}

@@ -7,6 +7,8 @@ Prints the runs, the params that differ (by stage), the headline numbers and the
 DIR/compare.html (curves of loss, tokens/s, MFU, utilization, memory; self-contained), compare.json and
 compare.md (default DIR: <workdir>/compare), and logs them as artifacts of a new MLflow run named "compare"
 (unless --no-log). `--experiment NAME` compares its newest pipeline runs (with --stage-runs: stage runs).
+A RUN given as NAME@ALIAS (or models:/NAME/VERSION) also prints that version's promotion verdict (its
+`validation_reason` tag: the suites, each Δ with its CI; docs/validation.md).
 Exit 0 whatever the gate says (`packtrain gate` is the command that fails CI); 2 for a run that is not there.
 """
 
@@ -51,8 +53,29 @@ def run(cfg, args) -> int:
     out = Path(args.out) if args.out else Path(cfg.workdir) / "compare"
     paths = write_report(comp, out)
     print(format_table(comp))
+    for line in validation_lines(uri, args.runs or []):
+        print(line)
     print(f"→ {paths['html']}")
     if not args.no_log:
         run_id = log_report(comp, paths, uri, args.experiment)
         print(f"logged to MLflow run {run_id} (compare/compare.html)")
     return 0
+
+
+def validation_lines(uri: str, refs: list[str]) -> list[str]:
+    """'lm@champion (v4): promote — promoted over v3: recent ...' for each model reference among `refs`."""
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    from packtrain.gate.sources import _model_version
+
+    client = MlflowClient(tracking_uri=uri, registry_uri=uri)
+    out = []
+    for ref in refs:
+        try:
+            mv = _model_version(client, ref)
+        except MlflowException:
+            continue
+        if mv is not None and (mv.tags or {}).get("validation"):
+            out.append(f"{ref} (v{mv.version}): {mv.tags['validation']} — {mv.tags.get('validation_reason', '')}")
+    return out

@@ -2,12 +2,73 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
-from packtrain.config.base import Float, PositiveInt, Seed, StrictModel, Text
+from packtrain.config.base import Float, Fraction, Int, PathStr, PositiveInt, Seed, StrictModel, Text
 from packtrain.config.messages import Allowed
+
+SuiteName = Annotated[str, Allowed("a name of letters, digits, '_', '-' that starts with a letter")]
+
+
+class PerturbConfig(StrictModel):
+    """A seeded robustness transform of a suite's documents (packtrain.evaluate.perturb), e.g. every letter's
+    case flipped with probability 0.05. The perturbed suite is scored like any other; give it role regression."""
+
+    kind: Literal["case", "whitespace", "chars"]
+    """case: flip a letter's case; whitespace: double a space or turn it into a newline; chars: replace a
+    character by a neighbouring printable ASCII one."""
+    rate: Fraction = 0.05
+    """Probability per character (case/chars) or per whitespace run (whitespace)."""
+    seed: Seed = 0
+    """Seed of the transform: the same seed gives the same perturbed documents for both models and every run."""
+
+
+class SuiteConfig(StrictModel):
+    """One frozen evaluation suite, scored for challenger and champion alike (docs/validation.md)."""
+
+    name: SuiteName = Field(pattern=r"^[A-Za-z][A-Za-z0-9_\-]*$")
+    """Unique name, used in tags (`suite.<name>.delta`), the per-document table and validation.md. "recent" is
+    reserved for the pipeline's own held-out split."""
+    role: Literal["primary", "regression", "task"]
+    """primary: must improve (upper CI bound of Δ < −register.promotion.delta); regression: must not get worse
+    (upper bound < +register.promotion.epsilon); task: accuracy must not drop (upper bound of the drop <
+    +register.promotion.epsilon_task)."""
+    path: PathStr
+    """A held-out file (.txt: documents separated by blank lines; .jsonl/.parquet: one record per row with
+    `text`, `prompt` + `completion`, or `messages`), or an lm-evaluation-harness task YAML (.yaml/.yml) whose
+    data are local files. Relative paths resolve against the working directory; `@recipes/…` inside packtrain's
+    recipes directory (the shipped task: @recipes/tasks/wordorder/wordorder.yaml)."""
+    task: Text | None = None
+    """lm-eval task name inside the YAML (None → the YAML's `task:`); only for .yaml suites."""
+    max_documents: PositiveInt | None = None
+    """Score only the first N documents of the file (the same N for both models, recorded); None → all."""
+    perturb: PerturbConfig | None = None
+    """Robustness probe: score a seeded perturbation of the documents instead (text suites only)."""
+
+
+class PromotionConfig(StrictModel):
+    """The paired decision of `register` (docs/validation.md): challenger − champion per document, paired
+    bootstrap over documents, Holm across suites.
+
+    Worked example (defaults): primary Δ = −0.042 bits/byte, 95% upper bound −0.031 < −delta (−0.0) → improved;
+    regression "replay" Δ = +0.004, upper +0.009 < epsilon 0.01 → not worse; promoted."""
+
+    delta: Float = Field(0.0, ge=0)
+    """Superiority margin on the primary suite, in bits per UTF-8 byte: promote only when the upper confidence
+    bound of Δ (challenger − champion) < −delta."""
+    epsilon: Float = Field(0.01, ge=0)
+    """Non-inferiority margin of each regression suite, in bits per byte: its upper bound of Δ must be < +epsilon."""
+    epsilon_task: Float = Field(0.02, ge=0)
+    """Non-inferiority margin of each task suite, in accuracy (0.02 = 2 points): the upper bound of the
+    accuracy drop (champion − challenger) must be < +epsilon_task."""
+    confidence: Float = Field(0.95, gt=0.5, lt=1)
+    """Family-wise confidence across all suites (Holm step-down on one-sided bootstrap p-values)."""
+    resamples: Int = Field(2000, ge=100)
+    """Bootstrap resamples of the documents (each suite)."""
+    seed: Seed = 0
+    """Seed of the bootstrap: the same tables give the same verdict, bit for bit."""
 
 
 class EvalConfig(StrictModel):
@@ -33,6 +94,28 @@ class EvalConfig(StrictModel):
     """auto → cuda when available, else cpu."""
     seed: Seed = 0
     """Order of the eval packs (the loss sum does not depend on it)."""
+    suites: list[SuiteConfig] = []
+    """Frozen evaluation suites scored for challenger and champion (docs/validation.md); the pipeline's own
+    held-out split is always there too, as suite "recent" (role `recent_role`)."""
+    recent_role: Literal["primary", "regression", "off"] = "primary"
+    """Role of suite "recent" (this run's held-out documents); off → not scored (then a suite must be primary)."""
+    suite_budget: PositiveInt = 512
+    """Tokens per packed row when scoring suites, for both models; longer documents are scored in chunks that
+    overlap by one token, so every token is predicted exactly once."""
+    against: Literal["champion", "none"] = "champion"
+    """Whom the evaluate stage also scores: the registry's `register.model_name@champion` (none yet → the
+    challenger alone, said so), or nobody."""
+
+    @model_validator(mode="after")
+    def _suite_names(self) -> EvalConfig:
+        names = [s.name for s in self.suites]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup or "recent" in names:
+            raise ValueError(f"evaluate.suites: names must be unique and not 'recent' (got {', '.join(dup or ['recent'])})")
+        if self.recent_role == "off" and not any(s.role == "primary" for s in self.suites):
+            raise ValueError("evaluate.recent_role is off but no evaluate.suites entry has role primary: "
+                             "one suite must be primary")
+        return self
 
 
 class RegisterConfig(StrictModel):
@@ -41,11 +124,12 @@ class RegisterConfig(StrictModel):
     model_name: Annotated[str, Allowed("a name of letters, digits, '.', '_', '-' that starts with a letter "
                                        "or digit")] = Field("packtrain-lm", pattern=r"^[A-Za-z0-9][A-Za-z0-9._\-]*$")
     """Registered model name: letters, digits, '.', '_', '-'."""
+    moved_fields: ClassVar[dict[str, str]] = {"margin": "register.promotion.delta"}
+
     metric: Literal["eval_loss", "perplexity"] = "eval_loss"
-    """Lower is better."""
-    margin: Float = Field(0.0, ge=0, lt=1)
-    """The challenger must beat the champion's metric by this relative margin to take the alias:
-    new < champion · (1 − margin)."""
+    """The held-out number tagged on the version (informational: the alias follows `promotion`)."""
+    promotion: PromotionConfig = PromotionConfig()
+    """Who takes the champion alias: the paired comparison of the evaluate stage (docs/validation.md)."""
     flavor: Literal["auto", "transformers", "pytorch"] = "auto"
     """auto → the transformers flavor, falling back to the pytorch flavor (with the tokenizer as extra files)
     if the transformers flavor raises on the installed versions; the reason is tagged on the version."""
@@ -53,7 +137,7 @@ class RegisterConfig(StrictModel):
     """Requirements written with the model. None → the installed torch/transformers/tokenizers/safetensors
     pinned without local suffixes (torch==2.13.0, not 2.13.0+cpu): MLflow's inference is slow and wrong."""
     gate: bool | None = None
-    """Gate before the champion alias moves: a version that beats the champion's metric takes the alias only
+    """Gate before the champion alias moves: a version the paired evaluation would promote takes the alias only
     if its training run passes `packtrain gate` against the champion's (docs/gate.md); else it stays
     challenger and the reason names the regressed metrics. None → on for scheduled runs (the Airflow DAG,
     packtrain.pipeline.retrain), off for `packtrain run` / `packtrain register`."""

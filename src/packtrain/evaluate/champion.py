@@ -1,7 +1,8 @@
-"""Who holds the champion alias: the loss rule, the gate against the champion, the compare-and-set.
+"""Who holds the champion alias: the paired verdict, the gate against the champion, the compare-and-set.
 
-    decide_alias(3.91, 4.02, margin 0.01)   3.91 < 4.02 · 0.99 = 3.98 → champion (else challenger)
-    gate_against_champion(...)              champion by loss, and `register.gate` on (scheduled runs): the new
+    decide_from_verdict(verdict, ...)       the evaluate stage's paired comparison with champion v3 says promote
+                                            (packtrain.evaluate.paired) and v3 still holds the alias → champion
+    gate_against_champion(...)              champion by the verdict, and `register.gate` on (scheduled runs): the new
                                             version's training run must pass `packtrain gate` against the
                                             champion's (packtrain.gate, default noise-aware rules), else it
                                             stays challenger and the reason names the regressed metrics
@@ -18,7 +19,6 @@ between processes of one machine); against a server the window is those two requ
 from __future__ import annotations
 
 import contextlib
-import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,27 +27,33 @@ from typing import Any
 CHAMPION, CHALLENGER, DEFERRED = "champion", "challenger", "deferred"
 
 
-def decide_alias(candidate: float, champion: float | None, margin: float, has_champion: bool = True
-                 ) -> tuple[str, str, float | None]:
-    """(decision, reason, threshold). Lower is better; the candidate must be < champion · (1 − margin).
+def decide_from_verdict(promotion: dict | None, has_champion: bool, champion_version: str | None
+                        ) -> tuple[str, str]:
+    """(decision, reason) from the paired evaluation's verdict (packtrain.evaluate.paired.PromotionVerdict as a
+    dict) and who holds the champion alias now. The verdict only counts against the version it was made
+    against; there is no other rule.
 
-    >>> decide_alias(3.9, 4.0, 0.01)[0], decide_alias(3.97, 4.0, 0.01)[0], decide_alias(5.0, None, 0.0, False)[0]
-    ('champion', 'challenger', 'champion')
+    >>> decide_from_verdict(None, False, None)[0], decide_from_verdict(None, True, "3")[0]
+    ('champion', 'challenger')
+    >>> decide_from_verdict({"promote": True, "against": "v3", "reason": "r"}, True, "5")[1][:36]
+    'evaluated against v3, but v5 holds t'
     """
-    if not math.isfinite(candidate):
-        return CHALLENGER, f"candidate metric {candidate} is not finite: never champion", None
-    if not has_champion:
-        return CHAMPION, f"first champion: no version held the {CHAMPION} alias", None
-    if champion is None:
-        return CHALLENGER, "the champion has no recorded metric to compare against; kept", None
-    if not math.isfinite(champion):
-        return CHAMPION, f"champion metric {champion} is not finite; candidate {candidate:.6g} takes it", None
-    threshold = champion * (1.0 - margin)
-    if candidate < threshold:
-        return CHAMPION, (f"candidate {candidate:.6g} < champion {champion:.6g} × (1 − {margin:g}) = "
-                          f"{threshold:.6g}"), threshold
-    return CHALLENGER, (f"candidate {candidate:.6g} ≥ champion {champion:.6g} × (1 − {margin:g}) = "
-                        f"{threshold:.6g}"), threshold
+    now = f"v{champion_version}" if champion_version else None
+    if promotion is None:
+        if not has_champion:
+            return CHAMPION, f"first champion: no version held the {CHAMPION} alias"
+        return CHALLENGER, (f"no paired evaluation against the champion {now}: kept as challenger (`packtrain "
+                            "evaluate` scores both models on the suites; docs/validation.md)")
+    against, reason = promotion.get("against"), str(promotion.get("reason", ""))
+    if against is None:
+        if not has_champion:
+            return CHAMPION, f"first champion: no version held the {CHAMPION} alias (the challenger was scored alone)"
+        return CHALLENGER, (f"evaluated with no champion, but {now} holds the {CHAMPION} alias now: kept as "
+                            f"challenger (re-run evaluate to compare with {now})")
+    if against != now:
+        return CHALLENGER, (f"evaluated against {against}, but {now or 'no version'} holds the {CHAMPION} alias "
+                            f"now: kept as challenger (re-run evaluate to compare with the champion)")
+    return (CHAMPION if promotion.get("promote") else CHALLENGER), reason
 
 
 def as_float(v: Any) -> float | None:

@@ -1,18 +1,20 @@
 """Register a trained model in the MLflow Model Registry and move the champion/challenger aliases.
 
-    eval_result (eval_loss 3.91) ─┐
-    champion v3 (tag eval_loss 4.02) ─→ decide_alias(3.91, 4.02, margin 0.01): 3.91 < 4.02·0.99 = 3.98
-                                     → [register.gate: the training run passes `packtrain gate` against v3's]
-                                     → log model, register v4 (tags), champion v3 → v4 *if still v3*
-    otherwise                          alias challenger → v4, champion stays on v3 (the reason says why)
+    evaluate: challenger and champion v3 scored on the same suites (suite_scores.parquet, suites.json)
+    promotion_verdict(eval_dir, cfg.promotion)   paired per-document Δ, bootstrap CI, Holm (paired.py)
+      promote → [register.gate: the training run passes `packtrain gate` against v3's]
+              → log model, register v4 (tags: verdict, per suite Δ / CI / n / md5), champion v3 → v4 *if still v3*
+      keep    → alias challenger → v4, champion stays on v3 (the reason names the suite and its CI)
 
-Lower is better (eval_loss or perplexity). The first version of a name becomes champion. Every version is
-tagged with eval_loss/perplexity (so a later run can compare against it), the decision, the lineage
-(data version, token store md5, git sha, packing fill, MFU, peak memory: packtrain.evaluate.lineage and
-`dataset_tags`), `missing_tags` and packtrain.train_run_id (the training run, for `packtrain gate`).
+The first version of a name becomes champion. A verdict made against v3 while v5 holds the alias at
+registration time does not move it (challenger; the reason says re-run evaluate). Every version is tagged
+with eval_loss/perplexity (informational), the verdict (`validation`, `suite.<name>.*`), the lineage (data
+version, token store md5, git sha, packing fill, MFU, peak memory: packtrain.evaluate.lineage and
+`dataset_tags`), `missing_tags` and packtrain.train_run_id (the training run, for `packtrain gate`); the
+register run holds validation/validation.md and validation/validation.json.
 
     register.py       this: the result, the op (`build_registration`), `register_model`
-    champion.py       the decision: loss rule, gate against the champion, compare-and-set of the alias
+    champion.py       the decision: verdict → alias, gate against the champion, compare-and-set of the alias
     registration.py   `apply_registration`: the op applied to MLflow (model, version, aliases, run logging)
 
 One registration is one op (`build_registration`) applied by `apply_registration`, live or from the MLflow
@@ -37,13 +39,12 @@ from packtrain.evaluate.champion import (
     DEFERRED,
     as_float,
     current_champion,
-    decide_alias,
 )
 from packtrain.evaluate.registration import ALIAS_SET_TAG, OP_TAG, apply_registration
 
 __all__ = ["ALIAS_SET_TAG", "CHALLENGER", "CHAMPION", "DEFERRED", "OP_TAG", "RegisterResult", "apply_registration",
-           "build_registration", "current_champion", "decide_alias", "deferred_result", "parent_tags",
-           "register_model"]
+           "build_registration", "current_champion", "deferred_result", "parent_tags",
+           "promotion_verdict", "register_model"]
 _as_float = as_float
 
 
@@ -57,14 +58,14 @@ class RegisterResult:
     flavor: str                           # transformers | pytorch
     flavor_note: str                      # why this flavor
     decision: str                         # champion | challenger | deferred (store down: buffered)
-    reason: str                           # one line, with both numbers (or both versions)
-    metric: str                           # eval_loss | perplexity
-    candidate_value: float
-    champion_value: float | None          # the previous champion's metric (None: there was none)
+    reason: str                           # one line: the suites that decided, with Δ and CI (or both versions)
+    metric: str                           # "bits_per_byte:<primary suite>" (paired), else register.metric
+    candidate_value: float                # the challenger's value of `metric`
+    champion_value: float | None          # the champion's, on the same documents (None: no champion scored)
     previous_champion_version: str | None
     champion_version: str | None          # who holds the champion alias now
-    margin: float
-    threshold: float | None               # champion_value · (1 − margin): beat this to take the alias
+    margin: float                         # register.promotion.delta (bits/byte)
+    threshold: float | None               # −delta: the primary suite's upper CI bound of Δ must be below it
     version_tags: dict[str, str] = field(default_factory=dict)
     lineage_origin: dict[str, str] = field(default_factory=dict)
     missing_tags: list[str] = field(default_factory=list)
@@ -83,12 +84,26 @@ def _eval_dict(eval_result) -> dict:
     return eval_result.to_dict() if hasattr(eval_result, "to_dict") else dict(eval_result)
 
 
+def promotion_verdict(eval_dir: str | Path, cfg: RegisterConfig):
+    """The PromotionVerdict of an evaluate output directory under `cfg.promotion` (packtrain.evaluate.paired)."""
+    from packtrain.evaluate.paired import decide_promotion
+    from packtrain.evaluate.paired_eval import read_decision_input
+
+    suites, manifest = read_decision_input(Path(eval_dir))
+    against = (manifest.get("against") or {}).get("label")
+    v = decide_promotion(suites, cfg.promotion, against, manifest.get("tokenizers_match"))
+    if manifest.get("note") and manifest["note"] not in v.note:
+        v.note = "; ".join(x for x in (manifest["note"], v.note) if x)
+    return v
+
+
 def build_registration(model_dir: str | Path, eval_result, train_result_path: str | Path | None,
-                       cfg: RegisterConfig, pack_stats: dict | None = None) -> dict:
+                       cfg: RegisterConfig, pack_stats: dict | None = None, verdict=None) -> dict:
     """The registration op: everything `apply_registration` needs, JSON-able, no MLflow call.
 
     {"op": "register_model", "id": <uuid hex>, "path": "/abs/model", "name": "packtrain-lm",
-     "metric": "eval_loss", "candidate": 3.91, "margin": 0.01, "flavor": "auto", "pip_requirements": [...],
+     "metric": "eval_loss", "candidate": 3.91, "margin": 0.0, "flavor": "auto", "pip_requirements": [...],
+     "promotion": PromotionVerdict.to_dict() (None: no paired evaluation → never moves an existing champion),
      "gate": false, "gate_rules": null,
      "version_tags": {"eval_loss": "3.91", ..., "dataset_md5": ..., "tokens_md5": ..., "missing_tags": "none"},
      "lineage_origin": {...}, "missing": [...]}
@@ -110,8 +125,14 @@ def build_registration(model_dir: str | Path, eval_result, train_result_path: st
             **dataset_tags(train), "missing_tags": ",".join(missing) or "none", **parent_tags(train)}
     reqs = list(cfg.pip_requirements) if cfg.pip_requirements is not None else default_pip_requirements()
     rules = str(Path(cfg.gate_rules).resolve()) if cfg.gate_rules else None   # applied later, maybe elsewhere
+    metric: str = cfg.metric
+    promo = verdict.to_dict() if hasattr(verdict, "to_dict") else verdict
+    primary = [s for s in (promo or {}).get("suites", []) if s["role"] == "primary"]
+    if primary:   # the headline number: the primary suite's bits/byte, challenger and champion on the same docs
+        metric, candidate = f"bits_per_byte:{primary[0]['suite']}", float(primary[0]["challenger"])
     return {"op": "register_model", "id": uuid.uuid4().hex, "path": str(Path(model_dir).resolve()),
-            "name": cfg.model_name, "metric": cfg.metric, "candidate": candidate, "margin": cfg.margin,
+            "name": cfg.model_name, "metric": metric, "candidate": candidate, "margin": cfg.promotion.delta,
+            "promotion": promo,
             "flavor": cfg.flavor, "pip_requirements": reqs, "gate": bool(cfg.gate), "gate_rules": rules,
             "version_tags": {k: str(v) for k, v in tags.items() if v is not None},
             "lineage_origin": origin, "missing": missing}
@@ -167,7 +188,7 @@ def deferred_result(op: dict, run_id: str | None, shown_uri: str, buffer_dir: st
 
 def register_model(model_dir: str | Path, eval_result, train_result_path: str | Path | None,
                    cfg: RegisterConfig, tracker=None, pack_stats: dict | None = None,
-                   before_alias: Callable[[str], None] | None = None) -> RegisterResult:
+                   before_alias: Callable[[str], None] | None = None, verdict=None) -> RegisterResult:
     """Log the model in `model_dir`, register a version under `cfg.model_name` and compare-and-set the
     champion alias, or set challenger (module doc).
 
@@ -175,14 +196,15 @@ def register_model(model_dir: str | Path, eval_result, train_result_path: str | 
     missing. pack_stats: pack_stats.json's lineage keys (run_evaluate copies them into eval_result.json
     under "lineage"; used when None). tracker: the stage's StageRun — the registration is then one op of
     its buffered client, and comes back with decision "deferred" when the store is unreachable. Without a
-    tracker: the active MLflow run, or a new "register" run, on the current tracking URI.
+    tracker: the active MLflow run, or a new "register" run, on the current tracking URI. `verdict`: the
+    PromotionVerdict (`promotion_verdict(eval_dir, cfg)`); None → only a first version becomes champion.
     """
     import mlflow
     from mlflow import MlflowClient
 
     if tracker is not None and not tracker.enabled:
         raise ConfigError("register needs MLflow: tracking.enabled is false (set tracking.enabled=true)")
-    op = build_registration(model_dir, eval_result, train_result_path, cfg, pack_stats)
+    op = build_registration(model_dir, eval_result, train_result_path, cfg, pack_stats, verdict)
     if tracker is not None:
         out = tracker.submit(op)
         if out is None:

@@ -1,12 +1,12 @@
 """Apply one registration op: log the model, register the version, set the aliases, log what happened.
 
     apply_registration(client, uri, run_id, op, model_dir)
-      1. decision    packtrain.evaluate.champion: loss rule, then (op["gate"]) the gate against the champion
+      1. decision    packtrain.evaluate.champion: the paired verdict (op["promotion"]), then (op["gate"]) the gate
       2. log model   once per op (the logged model carries tag packtrain.register_op=<op id>)
       3. version     registered with tags: lineage, decision (+ reason), gate verdict, packtrain.train_run_id
       4. aliases     champion by compare-and-set, else challenger; packtrain.alias_set marks it done
-      5. the run     metrics candidate_<metric>/champion_<metric>/promoted, packtrain.* tags,
-                     register_result.json (and gate/gate.json, gate/gate.md when gated)
+      5. the run     metrics candidate_value/champion_value/promoted, packtrain.* tags, register_result.json,
+                     validation/validation.md + validation.json (and gate/gate.json, gate/gate.md when gated)
 
 Idempotent: applying the op again (a replay killed half-way, a copy of the buffer) creates nothing twice —
 the logged model and the version are looked up by the op tag first, and the decision, the previous champion
@@ -32,7 +32,7 @@ from packtrain.evaluate.champion import (
     alias_version,
     as_float,
     current_champion,
-    decide_alias,
+    decide_from_verdict,
     gate_against_champion,
     move_champion,
 )
@@ -107,7 +107,7 @@ def gate_step(client, run_id: str, op: dict, decision: str, reason: str, prev_ve
     if g.exit_code == 0:
         return decision, f"{reason}; gate PASS against champion {g.baseline}", g
     return CHALLENGER, (f"gate {g.verdict} (exit {g.exit_code}) against champion {g.baseline}: {g.summary}; the "
-                        f"champion stays (by loss alone: {reason})"), g
+                        f"champion stays (by the paired evaluation alone: {reason})"), g
 
 
 def apply_registration(client, tracking_uri: str, run_id: str, op: dict, model_dir: Path | None,
@@ -130,9 +130,12 @@ def apply_registration(client, tracking_uri: str, run_id: str, op: dict, model_d
     t0 = time.perf_counter()
     mv = _version_of_op(client, name, oid)
     gate = None
+    promo = op.get("promotion")
+    threshold = -float(op["margin"]) if promo and promo.get("against") else None
     if mv is None:
-        had, prev_version, prev_value = current_champion(client, name, metric)
-        decision, reason, threshold = decide_alias(candidate, prev_value, op["margin"], had)
+        had, prev_version, _ = current_champion(client, name, metric)
+        decision, reason = decide_from_verdict(promo, had, prev_version)
+        prev_value = champion_value_of(promo) if promo and promo.get("against") == f"v{prev_version}" else None
         if model_dir is None or not Path(model_dir).is_dir():
             raise MissingDataError(f"registration op {oid}: model directory {model_dir} is gone")
         decision, reason, gate = gate_step(client, run_id, op, decision, reason, prev_version)
@@ -147,7 +150,8 @@ def apply_registration(client, tracking_uri: str, run_id: str, op: dict, model_d
                 "previous_champion_version": prev_version, "had_champion": str(had).lower(),
                 "previous_champion_value": prev_value, "log_model_s": f"{log_s:.3f}", OP_TAG: oid,
                 TRAIN_RUN_TAG: train_run_of(client, run_id), **(gate.tags() if gate else {}),
-                **log_adapter(client, run_id, Path(model_dir))}   # LoRA: adapter files → artifact adapter/
+                **log_adapter(client, run_id, Path(model_dir)),   # LoRA: adapter files → artifact adapter/
+                **(validation_tags(promo) if promo else {})}
         mv = mlflow.register_model(f"models:/{model_id}", name,
                                    tags={k: str(v) for k, v in tags.items() if v is not None})
     else:   # an earlier attempt registered it: read back what it decided
@@ -156,7 +160,6 @@ def apply_registration(client, tracking_uri: str, run_id: str, op: dict, model_d
         prev_version, prev_value = t.get("previous_champion_version"), as_float(t.get("previous_champion_value"))
         had, note, log_s = t.get("had_champion") == "true", "registered by an earlier attempt", \
             float(t.get("log_model_s", 0.0))
-        threshold = decide_alias(candidate, prev_value, op["margin"], had)[2]
     version = str(mv.version)
     vtags = dict(mv.tags)
     champion_now = prev_version
@@ -177,9 +180,9 @@ def apply_registration(client, tracking_uri: str, run_id: str, op: dict, model_d
         client.set_model_version_tag(name, version, ALIAS_SET_TAG, decision)
         vtags[ALIAS_SET_TAG] = decision
     ts = int(float(op.get("ts") or time.time()) * 1000)   # the op's time: a re-applied op logs the same points
-    numbers = {f"candidate_{metric}": candidate, "promoted": float(decision == CHAMPION)}
+    numbers = {"candidate_value": candidate, "promoted": float(decision == CHAMPION)}
     if prev_value is not None:
-        numbers[f"champion_{metric}"] = prev_value
+        numbers["champion_value"] = prev_value
     run_tags = {"packtrain.decision": decision, "packtrain.model_version": version,
                 "packtrain.registered_model": name, "packtrain.decision_reason": reason[:4000],
                 "packtrain.previous_champion_version": prev_version, OP_TAG: oid,
@@ -195,7 +198,36 @@ def apply_registration(client, tracking_uri: str, run_id: str, op: dict, model_d
         register_s=time.perf_counter() - t0, run_id=run_id, tracking_uri=redact_uri(tracking_uri) or "",
         op_id=oid).to_dict()
     _publish_result(client, run_id, op, result)
+    if promo:
+        _publish_validation(client, run_id, promo)
     return result
+
+
+def champion_value_of(promo: dict) -> float | None:
+    """The champion's value of the primary suite (bits/byte) in a verdict dict."""
+    for s in promo.get("suites", []):
+        if s["role"] == "primary" and s.get("champion") is not None:
+            return float(s["champion"])
+    return None
+
+
+def validation_tags(promo: dict) -> dict[str, str]:
+    from packtrain.evaluate.paired import PromotionVerdict
+
+    return PromotionVerdict.from_dict(promo).tags()
+
+
+def _publish_validation(client, run_id: str, promo: dict) -> None:
+    """validation/validation.md + validation/validation.json artifacts of the register run."""
+    from packtrain.evaluate.paired import PromotionVerdict, verdict_markdown
+
+    tmp = Path(tempfile.mkdtemp(prefix="packtrain-validation-"))
+    try:
+        (tmp / "validation.json").write_text(json.dumps(promo, indent=2) + "\n", encoding="utf-8")
+        (tmp / "validation.md").write_text(verdict_markdown(PromotionVerdict.from_dict(promo)), encoding="utf-8")
+        client.log_artifacts(run_id, str(tmp), "validation")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _publish_result(client, run_id: str, op: dict, result: dict) -> None:

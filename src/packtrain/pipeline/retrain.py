@@ -8,13 +8,19 @@
     record_version(cfg, version, registered)   the state file, written only after a successful run
 
 Gate: a scheduled run gates itself against the champion before it moves the alias. `scheduled(cfg)` turns
-`register.gate` on (unless the recipe set it), so the register stage lets a version that beats the champion's
-loss take the alias only if its training run passes `packtrain gate` against the champion's training run
+`register.gate` on (unless the recipe set it), so the register stage lets a version the paired evaluation
+promotes over the champion (docs/validation.md) take the alias only if its training run passes `packtrain gate` against the champion's training run
 (packtrain.evaluate.champion; built-in noise-aware rules, or `register.gate_rules`). When it does not, the
 champion stays where it is, the new version becomes challenger (its tags `gate`, `gate_failed`,
 `decision_reason` say why; the register run holds gate/gate.md) and `run_pipeline` raises
 packtrain.gate.GateFailed: exit code 1 for a regression, 2 for missing data (as `packtrain gate`). The
 Airflow task fails with that message, the data version is not recorded, and the next schedule tries again.
+
+Replay suite: after a successful run, `record_version` keeps the held-out documents of the data version just
+trained on (the tokenize split rule, at most REPLAY_MAX_DOCS) as <workdir>/airflow/replay/replay.jsonl; the
+next scheduled run (`scheduled(cfg)`) adds it as evaluation suite "replay" with role regression — the new
+version must not get worse than the champion on the earlier data's held-out documents (docs/validation.md).
+The first run has none (nothing earlier), and a recipe that declares its own suite "replay" keeps it.
 
 Warm start: the DAG's default recipe (recipes/retrain-cpu.yaml) sets `model.init_from: champion`, so each run
 continues the registered champion — the pipeline's tokenize and train stages resolve it
@@ -35,6 +41,8 @@ import time
 from pathlib import Path
 
 STATE_FILE = Path("airflow") / "last_data_version.json"
+REPLAY_FILE = Path("airflow") / "replay" / "replay.jsonl"
+REPLAY_MAX_DOCS = 500
 
 
 def state_path(cfg) -> Path:
@@ -133,10 +141,47 @@ def run_pipeline(cfg, version: str, *, wait: bool = True) -> dict:
 
 
 def scheduled(cfg):
-    """The config a scheduled run uses: `register.gate` None → True (module doc); an explicit value stays."""
+    """The config a scheduled run uses: `register.gate` None → True, and the replay suite of the previous data
+    version added (module doc); explicit values stay."""
+    replay = Path(cfg.workdir) / REPLAY_FILE
+    if replay.is_file() and not any(s.name == "replay" for s in cfg.evaluate.suites):
+        from packtrain.config.evaluate import SuiteConfig
+
+        suite = SuiteConfig(name="replay", role="regression", path=str(replay.resolve()))
+        cfg = cfg.model_copy(update={"evaluate": cfg.evaluate.model_copy(
+            update={"suites": [*cfg.evaluate.suites, suite]})})
     if cfg.register_.gate is not None:
         return cfg
     return cfg.model_copy(update={"register_": cfg.register_.model_copy(update={"gate": True})})
+
+
+def validate_dir(cfg, version: str) -> Path:
+    """Where the DAG's validate_data task ingests data version `version` (its documents table is
+    <this>/ingest/documents.parquet)."""
+    return Path(cfg.workdir) / "airflow" / "validate" / version.replace(".", "_")
+
+
+def write_replay(cfg, documents: Path) -> Path | None:
+    """The held-out documents of `documents` (documents.parquet) as the next run's replay suite (module doc);
+    None when the table is not there."""
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    from packtrain.data.token_store import SPLIT_EVAL
+    from packtrain.data.tokenize import split_eval
+    from packtrain.publish import atomic_write_text
+
+    if not documents.is_file():
+        return None
+    t = pq.read_table(documents, columns=["doc_id", "text"]).to_pydict()
+    held = split_eval(np.asarray(t["doc_id"], np.int64), cfg.tokenize.eval_fraction) == SPLIT_EVAL
+    texts = [x for x, h in zip(t["text"], held, strict=True) if h and x and x.strip()][:REPLAY_MAX_DOCS]
+    if not texts:
+        return None
+    out = Path(cfg.workdir) / REPLAY_FILE
+    out.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out, "".join(json.dumps({"text": x}, ensure_ascii=False) + "\n" for x in texts))
+    return out
 
 
 def check_gate(cfg, name: str, version: str | None) -> dict:
@@ -209,9 +254,11 @@ def registered_model(cfg) -> dict:
 
 
 def record_version(cfg, version: str, registered: dict | None) -> Path:
-    """Remember the version trained on (after a successful run only)."""
+    """Remember the version trained on (after a successful run only), and keep its held-out documents as the
+    next run's replay suite."""
     from packtrain.paths import write_json
 
+    write_replay(cfg, validate_dir(cfg, version) / "ingest" / "documents.parquet")
     p = state_path(cfg)
     write_json(p, {"version": version, "registered": registered, "time": time.strftime("%Y-%m-%dT%H:%M:%S")})
     return p

@@ -68,6 +68,8 @@ def config_parts(stage: str, cfg) -> dict[str, Any]:
       (packtrain.model.registry_source.cache_identity: the init tokenizer's hash; the registered version or
       the directory's fingerprint), so a new champion is a miss and the same one a hit; train then also
       holds its `init_config` (the step-0 evaluation's `evaluate` section);
+    - evaluate: `against`, the champion version it scores next to the model and every suite file's md5
+      (packtrain.evaluate.paired_eval.evaluate_identity);
     - register: `tracking.resolved_uri`, where the registry really is (MLFLOW_TRACKING_URI wins), redacted
       because the key parts are written to disk (cache entry.json); a password never changes the registry.
 
@@ -86,6 +88,10 @@ def config_parts(stage: str, cfg) -> dict[str, Any]:
         if init is not None:
             parts["init"] = init
             parts.update({path: _at(d, path) for path in spec.init_config})
+    if stage == "evaluate":   # the champion it is compared with and the suite files' md5 (a new champion: a miss)
+        from packtrain.evaluate.paired_eval import evaluate_identity
+
+        parts["against"] = evaluate_identity(cfg)
     if stage == "register":
         from packtrain.secrets import redact_uri
         from packtrain.tracking import resolve_tracking_uri

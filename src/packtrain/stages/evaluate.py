@@ -5,8 +5,16 @@
       writes  out_dir/eval_result.json   packtrain.stages.results.EvaluateResult (EvalResult without samples,
                                          + lineage: md5 of the model and the eval split), also returned
               out_dir/samples.json       [{"prompt", "completion", "n_new_tokens"}]
+              out_dir/suite_scores.parquet  per-document NLL, tokens, UTF-8 bytes (and task accuracy) of the
+                                         challenger and the champion on every suite (packtrain.evaluate.paired_eval)
+              out_dir/suites.json        the suites scored (md5, n, role), both models, the settings
       MLflow  run "evaluate": metrics eval_loss, perplexity, eval_tokens_per_s, eval_peak_memory_gib, ...;
-              both files as artifacts; the eval packs as a dataset input (digest = lineage input_md5["packs"])
+              suite.<name>.<model>.bits_per_byte / .acc (+ .acc_stderr); every file as an artifact; the eval
+              packs as a dataset input (digest = lineage input_md5["packs"]); tag packtrain.eval.against
+
+The champion is `register.model_name@champion` of the run's registry (evaluate.against); none yet → the
+challenger is scored alone and suites.json says so. The register stage decides from these files
+(docs/validation.md).
 
 Both files are written into a staging directory next to out_dir, read back and published together
 (packtrain.paths.staged_output): a failed or killed evaluation leaves the previous out_dir byte-identical.
@@ -28,7 +36,7 @@ from packtrain.stages.results import (
     make_lineage,
 )
 
-OUTPUTS = (EvaluateResult.FILE, "samples.json")
+OUTPUTS = (EvaluateResult.FILE, "samples.json", "suite_scores.parquet", "suites.json")
 
 
 def run_evaluate(cfg: RunConfig, model_dir: str | Path, packs_dir: str | Path, out_dir: str | Path
@@ -46,6 +54,9 @@ def run_evaluate(cfg: RunConfig, model_dir: str | Path, packs_dir: str | Path, o
         raise MissingDataError(f"eval packs {split} do not exist: run `packtrain pack` first (it writes "
                                f"<packs>/eval) or pass --packs DIR")
     PackStore.open(split)   # a broken pack store fails here, before an MLflow run is opened
+    from packtrain.evaluate.suites import load_suites
+
+    load_suites(cfg.evaluate)   # and a bad suite (missing file, unknown format, malformed task YAML)
     lineage = evaluate_lineage(model_dir, packs_dir)
     with stage_run("evaluate", cfg, section=cfg.evaluate) as run, \
             staged_output(out_dir, OUTPUTS, "evaluate") as tmp:
@@ -56,6 +67,7 @@ def run_evaluate(cfg: RunConfig, model_dir: str | Path, packs_dir: str | Path, o
         write_json(tmp / "samples.json", samples)
         typed.write(tmp)
         _check_written(tmp, typed, out_dir)
+        manifest = score_against(cfg, model_dir, split, tmp, run)
         run.log_metrics({
             "eval_loss": result.eval_loss, "perplexity": result.perplexity,
             "eval_tokens_per_s": result.tokens_per_s, "eval_seconds": result.seconds,
@@ -67,7 +79,37 @@ def run_evaluate(cfg: RunConfig, model_dir: str | Path, packs_dir: str | Path, o
         run.log_dataset(split, name="eval_packs", digest=lineage.input_md5.get("packs"), context="eval")
         run.log_artifact(tmp / EvaluateResult.FILE)
         run.log_artifact(tmp / "samples.json")
+        for f in ("suite_scores.parquet", "suites.json"):
+            run.log_artifact(tmp / f)
+        run.set_tags({"packtrain.eval.against": (manifest.get("against") or {}).get("label") or "none"})
     return typed
+
+
+def score_against(cfg: RunConfig, model_dir: Path, split: Path, out: Path, run) -> dict:
+    """Score the challenger and (evaluate.against) the champion on every suite into `out`; log the per-suite
+    numbers. Returns suites.json."""
+    import math
+    import sys
+
+    from packtrain.evaluate.paired_eval import SCORES_FILE, paired_evaluation
+
+    manifest, _ = paired_evaluation(cfg, model_dir, "champion" if cfg.evaluate.against == "champion" else "none",
+                                    out, recent_packs=split)
+    print(f"[packtrain] evaluate: {manifest['note']}", file=sys.stderr, flush=True)
+    import pyarrow.parquet as pq
+
+    t = pq.read_table(out / SCORES_FILE).to_pandas()
+    numbers: dict[str, float] = {}
+    for (suite, model, kind), g in t.groupby(["suite", "model", "kind"], sort=True):
+        if kind == "text":
+            numbers[f"suite.{suite}.{model}.bits_per_byte"] = float(g["nll"].sum() / (math.log(2) * g["bytes"].sum()))
+        else:
+            numbers[f"suite.{suite}.{model}.acc"] = float(g["acc"].mean())
+    for m in manifest.get("task_metrics", []):
+        if m.get("stderr") is not None:
+            numbers[f"suite.{m['suite']}.{m['model']}.{m['metric']}_stderr"] = float(m["stderr"])
+    run.log_metrics(numbers)
+    return manifest
 
 
 def evaluate_lineage(model_dir: Path, packs_dir: Path) -> Lineage:

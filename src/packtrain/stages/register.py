@@ -2,6 +2,8 @@
 
     run_register(cfg, model_dir, eval_dir, train_dir, out_dir)
       reads   model_dir/ (save_pretrained + tokenizer), eval_dir/eval_result.json (required),
+              eval_dir/suites.json + suite_scores.parquet (required: the paired evaluation the decision is made
+              from, register.promotion; docs/validation.md),
               train_dir/train_result.json (optional: lineage tags MFU, peak memory, git sha, dataset md5)
       writes  out_dir/register_result.json   packtrain.stages.results.RegisterResult: version, decision, both
                                              numbers, tags, lineage (md5 of model + eval_result.json); returned
@@ -39,7 +41,7 @@ def run_register(cfg: RunConfig, model_dir: str | Path, eval_dir: str | Path, tr
     from packtrain.evaluate.adapter_registry import registry_model_dir
     from packtrain.evaluate.loading import check_model_dir
     from packtrain.evaluate.register import RegisterResult as LibraryResult
-    from packtrain.evaluate.register import build_registration, deferred_result
+    from packtrain.evaluate.register import build_registration, deferred_result, promotion_verdict
     from packtrain.tracking import stage_run
     from packtrain.versioning import data_md5, file_md5
 
@@ -57,7 +59,8 @@ def run_register(cfg: RunConfig, model_dir: str | Path, eval_dir: str | Path, tr
     lineage = make_lineage({"model": data_md5(model_dir), "evaluation": file_md5(eval_dir / EvaluateResult.FILE)},
                            evaluation.lineage, upstream_lineage(train_dir / TrainResult.FILE),
                            tokenizer_hash=tokenizer_hash(model_dir))
-    op = build_registration(model_dir, ev, train_dir / TrainResult.FILE, cfg.register_)
+    verdict = promotion_verdict(eval_dir, cfg.register_)   # before any MLflow call: bad input registers nothing
+    op = build_registration(model_dir, ev, train_dir / TrainResult.FILE, cfg.register_, verdict=verdict)
     op["result_path"] = str((out_dir / "register_result.json").resolve())
     with stage_run("register", cfg, section=cfg.register_) as run:
         out = run.submit(op)   # live: the result; store unreachable: None (buffered with a model copy)

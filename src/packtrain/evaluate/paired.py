@@ -1,0 +1,226 @@
+"""The promotion decision: paired per-document differences, a paired bootstrap per suite, Holm across suites.
+
+    decide_promotion(scores, manifest, cfg: PromotionConfig) -> PromotionVerdict
+
+For every suite both models were scored on the same documents (packtrain.evaluate.paired_eval). Per document d:
+
+    text suites   Δ = Σ_d (nll_chal,d − nll_champ,d) / (ln 2 · Σ_d bytes_d)     bits per UTF-8 byte
+                  (= challenger's bits/byte − champion's; bytes are the same for both, whatever the tokenizers)
+    task suites   Δ = mean_d (acc_champ,d − acc_chal,d)                         accuracy drop (lower is better)
+
+Δ < 0 means the challenger is better. Resampling documents with replacement (`resamples` times, seeded) gives
+the bootstrap distribution of Δ; each suite's one-sided test is
+
+    primary     superiority       H0: Δ ≥ −delta         pass when the upper bound < −delta
+    regression  non-inferiority   H0: Δ ≥ +epsilon       pass when the upper bound < +epsilon
+    task        non-inferiority   H0: Δ ≥ +epsilon_task  pass when the upper bound < +epsilon_task
+
+p = (1 + #{Δ* ≥ threshold}) / (1 + resamples). Holm step-down over the m suites at α = 1 − confidence: the
+k-th smallest p (k = 0..m−1) must be < α / (m − k), and that suite's upper bound is read at level
+1 − α / (m − k). Promote only when every suite passes. An identical rerun has Δ = 0 on every document: its upper
+bound is 0, never < −delta, so it is not promoted. Worked example: docs/validation.md.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from packtrain.config.evaluate import PromotionConfig
+
+LN2 = math.log(2.0)
+
+
+@dataclass
+class SuiteDelta:
+    """One suite's paired comparison."""
+
+    suite: str
+    role: str                      # primary | regression | task
+    kind: str                      # text | task
+    unit: str                      # "bits/byte" | "accuracy drop"
+    n: int                         # documents paired
+    md5: str
+    challenger: float              # challenger's bits/byte or accuracy
+    champion: float | None         # the champion's, on the same documents (None: no champion)
+    delta: float | None            # Δ (module doc); None without a champion
+    ci_low: float | None           # two-sided bootstrap interval at `confidence` (unadjusted), for reading
+    ci_high: float | None
+    upper: float | None            # one-sided upper bound at the Holm-adjusted level (what is compared)
+    level: float | None            # that level, e.g. 0.975 for the first of two suites at 95%
+    threshold: float               # −delta | +epsilon | +epsilon_task
+    test: str                      # superiority | non-inferiority
+    p_value: float | None
+    passed: bool | None            # None: no champion to compare against
+    loss_per_token: dict[str, float] = field(default_factory=dict)   # text suites, same tokenizer only
+
+    def line(self) -> str:
+        if self.delta is None:
+            return f"{self.suite} ({self.role}): challenger {self.challenger:.4f} {self._val_unit()}, n {self.n}"
+        return (f"{self.suite} ({self.role}, {self.test}): Δ {self.delta:+.4f} {self.unit}, {100 * (self.level or 0):.2f}% "
+                f"upper bound {self.upper:+.4f} {'<' if self.passed else '≥'} {self.threshold:+.4f} "
+                f"(CI [{self.ci_low:+.4f}, {self.ci_high:+.4f}], n {self.n}, p {self.p_value:.4f})")
+
+    def _val_unit(self) -> str:
+        return "bits/byte" if self.kind == "text" else "accuracy"
+
+
+@dataclass
+class PromotionVerdict:
+    """Whether the challenger takes the champion alias, and why (validation.json)."""
+
+    promote: bool
+    reason: str
+    against: str | None            # "v3" (the champion scored), a model ref, or None (no champion)
+    tokenizers_match: bool | None
+    suites: list[SuiteDelta]
+    config: dict
+    note: str = ""                 # e.g. "tokenizers differ: compared in bits per byte"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> PromotionVerdict:
+        return cls(**{**d, "suites": [SuiteDelta(**s) for s in d["suites"]]})
+
+    def tags(self) -> dict[str, str]:
+        """Model-version tags: the verdict, and per suite its Δ, CI, n and md5."""
+        t = {"validation": "promote" if self.promote else "keep", "validation_reason": self.reason[:4000],
+             "validation_against": self.against or "none"}
+        for s in self.suites:
+            p = f"suite.{s.suite}"
+            t.update({f"{p}.role": s.role, f"{p}.n": str(s.n), f"{p}.md5": s.md5,
+                      f"{p}.challenger": f"{s.challenger:.6g}"})
+            if s.delta is not None:
+                t.update({f"{p}.delta": f"{s.delta:.6g}", f"{p}.ci": f"[{s.ci_low:.6g}, {s.ci_high:.6g}]",
+                          f"{p}.upper": f"{s.upper:.6g}", f"{p}.passed": str(s.passed).lower()})
+        return t
+
+
+def _seed(seed: int, suite: str) -> list[int]:
+    return [int(seed), zlib.crc32(suite.encode("utf-8"))]
+
+
+def bootstrap(num: np.ndarray, den: np.ndarray | None, resamples: int, seed: list[int],
+              block: int = 256) -> np.ndarray:
+    """[resamples] replicates of Σ num / Σ den (den None: mean of num) over documents drawn with replacement.
+
+    >>> r = bootstrap(np.zeros(5), None, 100, [0, 1]); float(r.min()), float(r.max())
+    (0.0, 0.0)
+    """
+    n = len(num)
+    rng = np.random.default_rng(seed)
+    out = np.empty(resamples, np.float64)
+    p = np.full(n, 1.0 / n)
+    for i in range(0, resamples, block):
+        k = min(block, resamples - i)
+        counts = rng.multinomial(n, p, size=k).astype(np.float64)   # (k, n): how often each document is drawn
+        out[i: i + k] = counts @ num / (counts @ den if den is not None else n)
+    return out
+
+
+def _point(num: np.ndarray, den: np.ndarray | None) -> float:
+    return float(num.sum() / den.sum()) if den is not None else float(num.mean())
+
+
+def suite_delta(s: dict, cfg: PromotionConfig) -> tuple[SuiteDelta, np.ndarray | None]:
+    """The point estimate and bootstrap replicates of one suite. `s`: {"suite", "role", "kind", "md5",
+    "challenger": {"nll", "tokens", "bytes"} or {"acc"}, "champion": same or None, "same_tokenizer"}."""
+    ch, cp, kind = s["challenger"], s.get("champion"), s["kind"]
+    threshold = (-cfg.delta if cfg.delta else 0.0) if s["role"] == "primary" else (cfg.epsilon if s["role"] == "regression" else cfg.epsilon_task)
+    if kind == "text":
+        den = np.asarray(ch["bytes"], np.float64) * LN2
+        value = _point(np.asarray(ch["nll"]), den)
+        champ = _point(np.asarray(cp["nll"]), den) if cp is not None else None
+        num = np.asarray(ch["nll"], np.float64) - np.asarray(cp["nll"], np.float64) if cp is not None else None
+        unit = "bits/byte"
+    else:
+        acc_ch = np.asarray(ch["acc"], np.float64)
+        value, den = float(acc_ch.mean()), None
+        champ = float(np.asarray(cp["acc"]).mean()) if cp is not None else None
+        num = np.asarray(cp["acc"], np.float64) - acc_ch if cp is not None else None
+        unit = "accuracy drop"
+    lpt = {}
+    if kind == "text" and s.get("same_tokenizer") and cp is not None:
+        tok = float(np.sum(ch["tokens"]))
+        lpt = {"challenger": float(np.sum(ch["nll"])) / tok, "champion": float(np.sum(cp["nll"])) / tok}
+    d = SuiteDelta(s["suite"], s["role"], kind, unit, len(ch["nll"] if kind == "text" else ch["acc"]), s["md5"],
+                   value, champ, None, None, None, None, None, threshold,
+                   "superiority" if s["role"] == "primary" else "non-inferiority", None, None, lpt)
+    if num is None:
+        return d, None
+    reps = bootstrap(num, den, cfg.resamples, _seed(cfg.seed, s["suite"]))
+    alpha = 1.0 - cfg.confidence
+    d.delta = _point(num, den)
+    d.ci_low, d.ci_high = (float(x) for x in np.quantile(reps, [alpha / 2, 1 - alpha / 2], method="higher"))
+    d.p_value = float((1 + np.count_nonzero(reps >= threshold)) / (1 + len(reps)))
+    return d, reps
+
+
+def holm(deltas: list[SuiteDelta], reps: list[np.ndarray], confidence: float) -> None:
+    """Holm step-down in place (module doc): sets level, upper and passed of every suite."""
+    alpha, m = 1.0 - confidence, len(deltas)
+    order = sorted(range(m), key=lambda i: (deltas[i].p_value, deltas[i].suite))
+    failed = False
+    for k, i in enumerate(order):
+        d, a_k = deltas[i], alpha / (m - k)
+        d.level = 1.0 - a_k
+        d.upper = float(np.quantile(reps[i], 1.0 - a_k, method="higher"))
+        failed = failed or not (d.p_value is not None and d.p_value < a_k and d.upper < d.threshold)
+        d.passed = not failed
+
+
+def decide_promotion(suites: list[dict], cfg: PromotionConfig, against: str | None,
+                     tokenizers_match: bool | None) -> PromotionVerdict:
+    """The verdict over all suites (module doc). `against` None: no champion, the challenger is promoted as
+    the first champion."""
+    conf = cfg.model_dump()
+    if not suites:
+        return PromotionVerdict(False, "no suite was scored: nothing to decide on", against, tokenizers_match, [], conf)
+    pairs = [suite_delta(s, cfg) for s in suites]
+    deltas = [d for d, _ in pairs]
+    note = ("tokenizers differ: every text suite compared in bits per byte (per-token losses are not comparable)"
+            if tokenizers_match is False else "")
+    if against is None:
+        return PromotionVerdict(True, "first champion: no version held the champion alias (the challenger was "
+                                "scored alone)", None, None, deltas, conf, note)
+    holm(deltas, [r for _, r in pairs], cfg.confidence)   # type: ignore[misc]
+    bad = [d for d in deltas if not d.passed]
+    primary = [d for d in deltas if d.role == "primary"]
+    if not primary:
+        return PromotionVerdict(False, "no primary suite: nothing must improve, so nothing is promoted",
+                                against, tokenizers_match, deltas, conf, note)
+    if bad:
+        reason = f"not promoted over {against}: " + "; ".join(
+            (f"{d.suite} ({d.role}) not {'improved' if d.role == 'primary' else 'non-inferior'}: " + d.line())
+            for d in bad)
+    else:
+        reason = f"promoted over {against}: " + "; ".join(d.line() for d in deltas)
+    return PromotionVerdict(not bad, reason, against, tokenizers_match, deltas, conf, note)
+
+
+def verdict_markdown(v: PromotionVerdict) -> str:
+    """validation.md: the verdict, one table row per suite."""
+    c = v.config
+    lines = [f"# Validation: {'PROMOTE' if v.promote else 'KEEP CHAMPION'}", "", v.reason, ""]
+    if v.note:
+        lines += [f"> {v.note}", ""]
+    lines += [f"Against: {v.against or 'no champion'}. Paired bootstrap over documents, {c['resamples']} resamples "
+              f"(seed {c['seed']}), Holm across {len(v.suites)} suite(s) at {100 * c['confidence']:.1f}%; "
+              f"delta {c['delta']:g}, epsilon {c['epsilon']:g} bits/byte, epsilon_task {c['epsilon_task']:g}.", "",
+              "| suite | role | n | challenger | champion | Δ | CI | level | upper | threshold | pass | md5 |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for s in v.suites:
+        def f(x: float | None, sign: bool = False) -> str:
+            return "–" if x is None else (f"{x:+.4f}" if sign else f"{x:.4f}")
+        ci = "–" if s.ci_low is None else f"[{s.ci_low:+.4f}, {s.ci_high:+.4f}]"
+        lines.append(f"| {s.suite} | {s.role} | {s.n} | {f(s.challenger)} | {f(s.champion)} | {f(s.delta, True)} "
+                     f"{s.unit} | {ci} | {f(s.level)} | {f(s.upper, True)} | {s.threshold:+.4f} | "
+                     f"{'–' if s.passed is None else ('yes' if s.passed else 'NO')} | `{s.md5}` |")
+    return "\n".join(lines) + "\n"

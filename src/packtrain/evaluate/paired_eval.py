@@ -1,0 +1,271 @@
+"""One evaluation, both models: challenger and champion scored on every suite with the same code.
+
+    resolve_against(cfg, "champion" | "models:/NAME/V" | "models:/NAME@ALIAS" | DIR) -> Against | None
+    score_suites(models, suites, cfg: EvalConfig) -> (table rows, per-suite task metrics)
+    write_scores(out_dir, rows, manifest)         suite_scores.parquet + suites.json
+    read_decision_input(eval_dir) -> (suites for packtrain.evaluate.paired.decide_promotion, manifest)
+
+suite_scores.parquet, one row per (suite, model, document):
+
+    suite    role        kind  model       doc_id  nll (nats)  tokens  bytes  acc
+    recent   primary     text  challenger  17      812.4       301     1204   null
+    recent   primary     text  champion    17      845.0       301     1204   null
+    arith    task        task  challenger  0       null        0       0      1.0
+
+Both models see the same documents, budget (`evaluate.suite_budget`), rows, precision and attention backend;
+a task suite runs through lm-evaluation-harness on the in-memory model (packtrain.evaluate.tasks). The models are
+loaded one at a time. suites.json records every suite's md5, n and path, both models (directory md5, tokenizer
+hash, registry version) and the settings used.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from packtrain.errors import ConfigError, InputDataError, MissingDataError
+
+if TYPE_CHECKING:
+    from packtrain.config import EvalConfig, RunConfig
+    from packtrain.evaluate.suite_types import Suite
+
+SCORES_FILE, MANIFEST_FILE = "suite_scores.parquet", "suites.json"
+COLUMNS = ("suite", "role", "kind", "model", "doc_id", "nll", "tokens", "bytes", "acc")
+
+
+@dataclass(frozen=True)
+class Against:
+    """The model the challenger is compared with."""
+
+    label: str                 # "v3" (registry) or the directory
+    model_dir: Path
+    uri: str | None            # models:/NAME/3
+    version: str | None
+
+
+def resolve_against(cfg: RunConfig, ref: str) -> tuple[Against | None, str]:
+    """(the model to compare with, a note). "champion": `register.model_name@champion` of the run's registry,
+    None when there is none yet (or tracking is off); models:/… a registry version; else a model directory."""
+    from packtrain.model.registry_source import cache_dir, download_version, registry_ref
+    from packtrain.model.source import is_registry_source
+
+    if ref == "none":
+        return None, "evaluate.against is none: the challenger is scored alone"
+    if ref != "champion" and not is_registry_source(ref):
+        path = Path(ref)
+        if not (path / "config.json").is_file():
+            raise MissingDataError(f"--against {ref!r}: not champion, a models:/ URI or a model directory with "
+                                   "config.json")
+        return Against(str(path), path, None, None), f"compared with the model in {path}"
+    if not cfg.tracking.enabled:
+        if ref == "champion":
+            return None, "tracking.enabled is false: no registry, the challenger is scored alone"
+        raise ConfigError(f"--against {ref!r} needs the model registry: tracking.enabled is false")
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    from packtrain.secrets import redact_text, redact_uri
+    from packtrain.tracking import resolve_tracking_uri
+    from packtrain.tracking.transport import is_transient, short_http
+
+    uri = resolve_tracking_uri(cfg)
+    name, alias, version = registry_ref(ref, cfg.register_.model_name)
+    client = MlflowClient(tracking_uri=uri, registry_uri=uri)
+    try:
+        with short_http(uri, 30):
+            mv = client.get_model_version_by_alias(name, alias) if alias else client.get_model_version(name, version)
+    except Exception as e:
+        missing = isinstance(e, MlflowException) and e.error_code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE")
+        if ref == "champion" and missing:
+            return None, f"no champion yet: {name}@champion does not exist, the challenger is scored alone"
+        if ref == "champion" and is_transient(e):   # register then keeps any champion (decide_from_verdict)
+            return None, (f"the registry at {redact_uri(uri)} cannot be read ({redact_text(str(e))[:160]}): the "
+                          "challenger is scored alone, and register will not move an existing champion")
+        if not (missing or is_transient(e) or isinstance(e, MlflowException)):
+            raise
+        raise MissingDataError(f"--against {ref!r}: not found in the registry at {redact_uri(uri)} "
+                               f"({redact_text(str(e))[:200]})") from None
+    v = str(mv.version)
+    path = download_version(uri, name, v, cache_dir(cfg.workdir, name, v), run_id=mv.run_id, source=mv.source)
+    return Against(f"v{v}", path, f"models:/{name}/{v}", v), f"compared with {name} v{v} ({ref})"
+
+
+def evaluate_identity(cfg: RunConfig) -> dict:
+    """What the evaluate stage's output depends on beyond its inputs and config (the stage cache key): the
+    champion version it is compared with and the md5 of every suite file. An unreadable registry gives a key
+    that never repeats (a miss, never a stale comparison)."""
+    import time
+
+    from packtrain.evaluate.suites import suite_path
+    from packtrain.versioning import data_md5
+
+    suites = {}
+    for s in cfg.evaluate.suites:
+        p = suite_path(s.path, Path.cwd())
+        suites[s.name] = data_md5(p) if p.exists() else "missing"
+    champion: str | None = None
+    if cfg.evaluate.against == "champion" and cfg.tracking.enabled:
+        from mlflow import MlflowClient
+        from mlflow.exceptions import MlflowException
+
+        from packtrain.tracking import resolve_tracking_uri
+
+        uri = resolve_tracking_uri(cfg)
+        try:
+            mv = MlflowClient(tracking_uri=uri, registry_uri=uri).get_model_version_by_alias(
+                cfg.register_.model_name, "champion")
+            champion = f"models:/{cfg.register_.model_name}/{mv.version}"
+        except MlflowException as e:
+            champion = None if e.error_code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE") else \
+                f"unresolved {time.time_ns()}"
+        except Exception:   # an unreachable store
+            champion = f"unresolved {time.time_ns()}"
+    return {"champion": champion, "suites": suites}
+
+
+def _load(model_dir: Path, cfg: EvalConfig):
+    from packtrain.evaluate.loading import load_model_dir, resolve_device
+    from packtrain.model.attention import resolve_attention
+
+    dev = resolve_device(cfg.device)
+    try:
+        backend = resolve_attention(cfg.attention, dev, cfg.precision, training=False)
+    except ConfigError as e:
+        raise ConfigError(str(e).replace("train.attention", "evaluate.attention")) from None
+    model, tok = load_model_dir(model_dir, dev, backend)
+    return model, tok, backend, dev
+
+
+def score_suites(models: list[tuple[str, Path]], suites: list[Suite], cfg: EvalConfig,
+                 recent_packs: Path | None = None) -> tuple[list[dict], list[dict], dict]:
+    """Score every suite with every model ((label, directory), challenger first): (table rows, task metrics
+    [{"suite", "model", "metric", "value", "stderr"}], the suites as scored (with "recent" first when
+    `recent_packs` is given)). The recent suite is decoded with the first model's tokenizer (the packs' own)."""
+    import gc
+
+    from packtrain.evaluate.docscore import score_documents
+    from packtrain.evaluate.suite_types import TextSuite
+    from packtrain.evaluate.suites import recent_suite
+
+    rows: list[dict] = []
+    metrics: list[dict] = []
+    scored = list(suites)
+    for k, (label, model_dir) in enumerate(models):
+        model, tok, backend, dev = _load(model_dir, cfg)
+        if k == 0 and recent_packs is not None and cfg.recent_role != "off":
+            scored.insert(0, recent_suite(cfg.recent_role, recent_packs, tok))
+        for s in scored:
+            if isinstance(s, TextSuite):
+                sc = score_documents(model, tok, s.docs, cfg.suite_budget, cfg.rows, cfg.precision, backend, dev,
+                                     suite=s.name)
+                rows += [{"suite": s.name, "role": s.role, "kind": "text", "model": label, "doc_id": d.doc_id,
+                          "nll": float(sc.nll[i]), "tokens": int(sc.tokens[i]), "bytes": int(sc.bytes[i]),
+                          "acc": None} for i, d in enumerate(s.docs)]
+            else:
+                from packtrain.evaluate.tasks import score_task
+
+                res = score_task(model, tok, s, dev)
+                metrics.append({"suite": s.name, "model": label, **res.metric})
+                rows += [{"suite": s.name, "role": s.role, "kind": "task", "model": label, "doc_id": str(doc),
+                          "nll": None, "tokens": 0, "bytes": 0, "acc": float(a)} for doc, a in res.per_doc]
+        del model
+        gc.collect()
+    return rows, metrics, {"suites": [s.describe() for s in scored]}
+
+
+def write_scores(out_dir: Path, rows: list[dict], manifest: dict) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from packtrain.paths import write_json
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    types = {"nll": pa.float64(), "acc": pa.float64(), "tokens": pa.int64(), "bytes": pa.int64()}
+    table = pa.table({c: pa.array([r[c] for r in rows], types.get(c, pa.string())) for c in COLUMNS})
+    pq.write_table(table, out_dir / SCORES_FILE)
+    write_json(out_dir / MANIFEST_FILE, manifest)
+
+
+def read_decision_input(eval_dir: Path) -> tuple[list[dict], dict]:
+    """(suites as packtrain.evaluate.paired.suite_delta takes them, suites.json) from an evaluate output.
+    A champion document missing from the challenger's rows (or the reverse) is an error: both were scored on
+    the same documents, or the files were edited."""
+    import pyarrow.parquet as pq
+
+    man_path, scores_path = Path(eval_dir) / MANIFEST_FILE, Path(eval_dir) / SCORES_FILE
+    for p in (man_path, scores_path):
+        if not p.is_file():
+            raise MissingDataError(f"{p} does not exist: run `packtrain evaluate` (it scores the challenger and the "
+                                   "champion on every suite; the register stage decides from that)")
+    try:
+        manifest = json.loads(man_path.read_text(encoding="utf-8"))
+        t = pq.read_table(scores_path).to_pydict()
+    except (ValueError, OSError) as e:
+        raise InputDataError(f"{eval_dir}: {MANIFEST_FILE}/{SCORES_FILE} cannot be read ({e})") from None
+    against = (manifest.get("against") or {}).get("label")
+    out = []
+    for s in manifest["suites"]:
+        per: dict[str, dict] = {}
+        for i, name in enumerate(t["suite"]):
+            if name == s["name"]:
+                per.setdefault(t["model"][i], {})[t["doc_id"][i]] = i
+        ch = per.get("challenger") or {}
+        cp = per.get("champion") if against else None
+        if cp is not None and set(cp) != set(ch):
+            raise InputDataError(f"{scores_path}: suite {s['name']!r} has {len(ch)} challenger and {len(cp)} champion "
+                                 "documents that do not match one to one")
+        ids = list(ch)
+        out.append({"suite": s["name"], "role": s["role"], "kind": s["kind"], "md5": s["md5"],
+                    "challenger": _columns(t, ch, ids), "champion": _columns(t, cp, ids) if cp is not None else None,
+                    "same_tokenizer": manifest.get("tokenizers_match")})
+    return out, manifest
+
+
+def _columns(t: dict, idx: dict, ids: list) -> dict:
+    """{"nll", "tokens", "bytes", "acc"} arrays of one model's rows, in the order of `ids`."""
+    import numpy as np
+
+    def value(c: str, d: str) -> float:
+        v = t[c][idx[d]]
+        return np.nan if v is None else v
+
+    return {c: np.array([value(c, d) for d in ids], np.float64 if c in ("nll", "acc") else np.int64)
+            for c in ("nll", "tokens", "bytes", "acc")}
+
+
+def paired_manifest(challenger: Path, against: Against | None, note: str, cfg: EvalConfig, scored: dict) -> dict:
+    """suites.json (module doc)."""
+    from packtrain.data.tokenizer_files import tokenizer_hash
+    from packtrain.versioning import data_md5
+
+    ch_tok = tokenizer_hash(challenger)
+    ag = None
+    match = None
+    if against is not None:
+        ag_tok = tokenizer_hash(against.model_dir)
+        match = ch_tok == ag_tok
+        ag = {"label": against.label, "uri": against.uri, "version": against.version,
+              "model_dir": str(against.model_dir), "model_md5": data_md5(against.model_dir), "tokenizer_hash": ag_tok}
+    return {"challenger": {"model_dir": str(challenger), "model_md5": data_md5(challenger), "tokenizer_hash": ch_tok},
+            "against": ag, "note": note, "tokenizers_match": match,
+            "settings": {"precision": cfg.precision, "attention": cfg.attention, "budget": cfg.suite_budget,
+                         "rows": cfg.rows, "device": cfg.device},
+            **scored}
+
+
+def paired_evaluation(cfg: RunConfig, challenger: Path, ref: str, out_dir: Path,
+                      recent_packs: Path | None = None) -> tuple[dict, list[dict]]:
+    """Resolve `ref`, load the suites, score both models, write suite_scores.parquet + suites.json into
+    `out_dir`; returns (manifest, task metrics)."""
+    from packtrain.evaluate.suites import load_suites
+
+    suites = load_suites(cfg.evaluate)   # bad suites fail before any model is loaded or downloaded
+    against, note = resolve_against(cfg, ref)
+    models = [("challenger", Path(challenger))] + ([("champion", against.model_dir)] if against else [])
+    rows, metrics, scored = score_suites(models, suites, cfg.evaluate, recent_packs)
+    manifest = paired_manifest(Path(challenger), against, note, cfg.evaluate, scored)
+    manifest["task_metrics"] = metrics
+    write_scores(out_dir, rows, manifest)
+    return manifest, metrics

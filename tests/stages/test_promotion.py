@@ -1,0 +1,210 @@
+"""The promotion decision end to end: evaluate scores challenger and champion on the same suites, register
+decides from the paired per-document differences (real MLflow sqlite registry, real tiny models trained here).
+
+    v1  champion: trained on domain A (prose)
+    v2  trained on from v1 only on domain B (counting, easier), forgets A   → NOT promoted (replay regresses)
+    v3  the identical rerun of v1 (same seed, same data)                  → NOT promoted (Δ = 0, CI ∋ 0)
+    v4  v1 trained longer on domain A                                     → promoted
+
+Under the old rule (challenger's own held-out loss < champion's recorded loss) v2 would have been promoted:
+its loss on the easy domain B is far below v1's recorded loss on A (asserted below).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow.parquet as pq
+import pytest
+from promotion_models import domain_a, domain_b, train_tiny, write_eval_packs, write_jsonl
+
+from packtrain.cli import main
+from packtrain.config import load_run_config
+from packtrain.evaluate.tiny import build_tiny_model_dir
+
+NAME = "promo-lm"
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    root = tmp_path_factory.mktemp("promotion")
+    a_train, a_held, b_train, b_held = domain_a(120, 0), domain_a(40, 1), domain_b(120, 2), domain_b(40, 3)
+    base = build_tiny_model_dir(root / "init", a_train + b_train, vocab_size=300, hidden_size=32)
+    m = {"v1": train_tiny(base, root / "m1", a_train, steps=50, lr=3e-3, seed=0)}
+    m["rerun"] = train_tiny(base, root / "m1b", a_train, steps=50, lr=3e-3, seed=0)
+    m["forget"] = train_tiny(m["v1"], root / "m2", b_train, steps=40, lr=3e-3, seed=1)
+    m["longer"] = train_tiny(m["v1"], root / "m3", a_train, steps=60, lr=3e-3, seed=2)
+    packs = {"a": root / "packs_a", "b": root / "packs_b"}
+    write_eval_packs(packs["a"] / "eval", base, a_held)
+    write_eval_packs(packs["b"] / "eval", base, b_held)
+    replay = write_jsonl(root / "replay_a.jsonl", a_held)
+    return {"root": root, "models": m, "packs": packs, "replay": replay, "uri": f"sqlite:///{root / 'mlflow.db'}"}
+
+
+def _cfg(world, *extra):
+    return load_run_config("tiny-cpu", [
+        f"workdir={world['root'] / 'work'}", f"tracking.tracking_uri={world['uri']}", f"register.model_name={NAME}",
+        "tracking.system_metrics=false", "evaluate.sample_tokens=2", "evaluate.prompts=['The ']",
+        "evaluate.suite_budget=128", "register.promotion.resamples=500", *extra])
+
+
+def _replay(world) -> str:
+    return f"evaluate.suites=[{{name: replay, role: regression, path: {world['replay']}}}]"
+
+
+def _evaluate_and_register(world, key, packs, tag, *extra):
+    from packtrain.stages.evaluate import run_evaluate
+    from packtrain.stages.register import run_register
+
+    cfg = _cfg(world, *extra)
+    ev_dir = world["root"] / f"ev_{tag}"
+    ev = run_evaluate(cfg, world["models"][key], world["packs"][packs], ev_dir)
+    reg = run_register(cfg, world["models"][key], ev_dir, world["root"] / "no-train", world["root"] / f"reg_{tag}")
+    return ev, reg, ev_dir
+
+
+def _champion():
+    import mlflow
+
+    return str(mlflow.MlflowClient().get_model_version_by_alias(NAME, "champion").version)
+
+
+@pytest.fixture(scope="module")
+def history(world):
+    """Register v1..v4 in order (each evaluated against the champion of its time)."""
+    from packtrain.tracking.run import set_fluent_tracking_uri
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(world["root"])
+        mp.delenv("MLFLOW_TRACKING_URI", raising=False)
+        set_fluent_tracking_uri(world["uri"])
+        out = {"v1": _evaluate_and_register(world, "v1", "a", "v1")}
+        out["champion_after_v1"] = _champion()
+        out["forget"] = _evaluate_and_register(world, "forget", "b", "forget", _replay(world))
+        out["champion_after_forget"] = _champion()
+        out["rerun"] = _evaluate_and_register(world, "rerun", "a", "rerun")
+        out["champion_after_rerun"] = _champion()
+        out["longer"] = _evaluate_and_register(world, "longer", "a", "longer", _replay(world))
+        out["champion_after_longer"] = _champion()
+    return out
+
+
+def test_first_version_is_champion_scored_alone(history):
+    _, reg, ev_dir = history["v1"]
+    assert (reg.version, reg.decision, history["champion_after_v1"]) == ("1", "champion", "1")
+    manifest = json.loads((ev_dir / "suites.json").read_text())
+    assert manifest["against"] is None and "no champion yet" in manifest["note"]
+    assert reg.reason.startswith("first champion")
+
+
+def test_forgetting_challenger_is_not_promoted(history):
+    ev1, _, _ = history["v1"]
+    ev, reg, ev_dir = history["forget"]
+    # today's rule would have promoted it: its own held-out loss (easy data) is below v1's recorded loss
+    assert ev.eval_loss < ev1.eval_loss
+    assert (reg.version, reg.decision, history["champion_after_forget"]) == ("2", "challenger", "1")
+    assert "replay (regression) not non-inferior" in reg.reason and "upper bound" in reg.reason and "CI [" in reg.reason
+    t = reg.version_tags
+    assert t["validation"] == "keep" and t["validation_against"] == "v1"
+    assert t["suite.replay.passed"] == "false" and float(t["suite.replay.delta"]) > 0.05
+    assert t["suite.recent.passed"] == "true" and float(t["suite.recent.delta"]) < 0   # better on its new data
+    assert t["suite.replay.md5"] == json.loads((ev_dir / "suites.json").read_text())["suites"][1]["md5"]
+    # both models scored on the same documents with the same byte counts
+    s = pq.read_table(ev_dir / "suite_scores.parquet").to_pandas()
+    for _, g in s.groupby("suite"):
+        ch, cp = (g[g.model == m].set_index("doc_id") for m in ("challenger", "champion"))
+        assert list(ch.index) == list(cp.index) and (ch["bytes"] == cp["bytes"]).all()
+
+
+def test_identical_rerun_is_not_promoted(history):
+    _, reg, _ = history["rerun"]
+    assert (reg.decision, history["champion_after_rerun"]) == ("challenger", "1")
+    t = reg.version_tags
+    assert float(t["suite.recent.delta"]) == 0.0 and t["suite.recent.ci"] == "[0, 0]"
+    assert "recent (primary) not improved" in reg.reason
+
+
+def test_longer_training_on_the_same_data_is_promoted(history):
+    _, reg, _ = history["longer"]
+    assert (reg.version, reg.decision, history["champion_after_longer"]) == ("4", "champion", "4")
+    t = reg.version_tags
+    assert t["validation"] == "promote" and float(t["suite.recent.upper"]) < 0
+    assert t["suite.replay.passed"] == "true"
+    assert reg.metric == "bits_per_byte:recent" and reg.champion_value > reg.candidate_value
+
+
+def test_validation_artifacts_on_the_register_run(world, history):
+    import mlflow
+
+    _, reg, _ = history["forget"]
+    client = mlflow.MlflowClient(tracking_uri=None)
+    names = {f.path for f in client.list_artifacts(reg.run_id, "validation")}
+    assert names == {"validation/validation.md", "validation/validation.json"}
+    # what `packtrain compare NAME@ALIAS` prints under its table
+    from packtrain.commands.compare import validation_lines
+
+    (line,) = validation_lines(world["uri"], [f"{NAME}@champion", f"models:/{NAME}/2", "0123abcd"])[:1]
+    assert line.startswith(f"{NAME}@champion (v4): promote — promoted over v1: recent (primary")
+    assert validation_lines(world["uri"], [f"models:/{NAME}/2"])[0].startswith(f"models:/{NAME}/2 (v2): keep")
+
+
+def test_against_reproduces_every_number_and_registers_nothing(world, history, tmp_path, capsys):
+    """`packtrain evaluate --against` twice on the same models and suites: bit-identical tables and verdicts;
+    no version registered, the alias where it was."""
+    import mlflow
+
+    args = ["evaluate", "--model", str(world["models"]["longer"]), "--packs", str(world["packs"]["a"]),
+            "--against", f"models:/{NAME}/1", "--set", f"workdir={world['root'] / 'work'}",
+            "--set", f"tracking.tracking_uri={world['uri']}", "--set", f"register.model_name={NAME}",
+            "--set", "evaluate.suite_budget=128", "--set", "register.promotion.resamples=500",
+            "--set", _replay(world)]
+    n_before = len(mlflow.MlflowClient(tracking_uri=world["uri"]).search_model_versions(f"name = '{NAME}'"))
+    outs = []
+    for k in range(2):
+        out = tmp_path / f"v{k}"
+        assert main([*args, "--out", str(out)]) == 0   # would be promoted over v1
+        outs.append(out)
+    assert "PROMOTE" in capsys.readouterr().out
+    a, b = (pq.read_table(o / "suite_scores.parquet") for o in outs)
+    assert a.equals(b)
+    assert (outs[0] / "validation.json").read_bytes() == (outs[1] / "validation.json").read_bytes()
+    client = mlflow.MlflowClient(tracking_uri=world["uri"])
+    assert len(client.search_model_versions(f"name = '{NAME}'")) == n_before
+    assert str(client.get_model_version_by_alias(NAME, "champion").version) == "4"
+
+
+def test_mixed_tokenizers_compare_bits_per_byte(world, tmp_path):
+    from packtrain.evaluate.paired_eval import paired_evaluation
+    from packtrain.evaluate.register import promotion_verdict
+
+    other = build_tiny_model_dir(tmp_path / "other0", domain_a(60, 5), vocab_size=400, hidden_size=32, seed=3)
+    other = train_tiny(other, tmp_path / "other", domain_a(60, 5), steps=40, lr=3e-3, seed=3)
+    cfg = _cfg(world, _replay(world), "tracking.enabled=false")
+    manifest, _ = paired_evaluation(cfg, world["models"]["v1"], str(other), tmp_path / "out",
+                                    recent_packs=world["packs"]["a"] / "eval")
+    assert manifest["tokenizers_match"] is False
+    s = pq.read_table(tmp_path / "out" / "suite_scores.parquet").to_pandas()
+    ch, cp = (s[s.model == m].set_index(["suite", "doc_id"]) for m in ("challenger", "champion"))
+    assert (ch["bytes"] == cp["bytes"]).all() and (ch["tokens"] != cp["tokens"]).any()
+    v = promotion_verdict(tmp_path / "out", cfg.register_)
+    assert "bits per byte" in v.note and all(d.unit == "bits/byte" and not d.loss_per_token for d in v.suites)
+
+
+@pytest.mark.parametrize("suite, code", [("nope.jsonl", 5), ("bad.yaml", 3)])
+def test_bad_suite_registers_nothing_and_moves_no_alias(world, history, tmp_path, capsys, suite, code):
+    import mlflow
+
+    (tmp_path / "bad.yaml").write_text("task: x\ndataset_path: hellaswag\n")
+    sets = ["--set", f"workdir={world['root'] / 'work'}", "--set", f"tracking.tracking_uri={world['uri']}",
+            "--set", f"register.model_name={NAME}",
+            "--set", f"evaluate.suites=[{{name: held, role: regression, path: {tmp_path / suite}}}]"]
+    out = tmp_path / "ev"
+    got = main(["evaluate", *sets, "--model", str(world["models"]["longer"]), "--packs", str(world["packs"]["a"]),
+                "--out", str(out)])
+    err = capsys.readouterr().err
+    assert got == code and "evaluate.suites[0] ('held').path" in err and "Traceback" not in err
+    assert main(["register", *sets[:6], "--model", str(world["models"]["longer"]), "--eval", str(out)]) == 5
+    client = mlflow.MlflowClient(tracking_uri=world["uri"])
+    assert len(client.search_model_versions(f"name = '{NAME}'")) == 4
+    assert str(client.get_model_version_by_alias(NAME, "champion").version) == "4"
+    assert not out.exists()
