@@ -26,10 +26,10 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 from packtrain.errors import InputDataError, MissingDataError
-from packtrain.evaluate.suite_types import Piece, Suite, SuiteDoc, TaskSuite, TextSuite
+from packtrain.evaluate.suite_types import Piece, Suite, SuiteDoc, TextSuite
 
 if TYPE_CHECKING:
     from packtrain.config.evaluate import EvalConfig, SuiteConfig
