@@ -1,7 +1,7 @@
 """Airflow 3 DAG `packtrain_retrain`: weekly retraining when the DVC data version changed.
 
     detect_data_version ──► validate_data ──► run_pipeline ──► report
-      (skip: unchanged)     (GX gate: fail     (pipeline.mode: local → kfp.local on the worker;
+      (skip: unchanged)     (GX gate: fail     (pipeline.mode: local → `packtrain run` on the worker;
                              stops the run)      cluster → submit to pipeline.kfp_host, wait)
 
 Each task calls one function of `packtrain.pipeline.retrain`; the DAG holds no logic. Parameters (trigger
@@ -15,8 +15,8 @@ tokenizes with its tokenizer; the very first run, with no champion yet, starts f
 (scratch) and says so. The new version is tagged `packtrain.parent_model_version`; `report` prints the lineage.
 A recipe of your own gets the same with `model.init_from: champion` (docs/model.md, "Warm start").
 
-Several GPUs: overrides ["train.gpus=N"]. run_pipeline's train stage is the KFP train component (kfp.local here,
-a pod in cluster mode), whose stage runner launches the N ranks itself (packtrain.train.launch) — the same launch
+Several GPUs: overrides ["train.gpus=N"]. run_pipeline's train stage (in the worker's process here, the KFP train
+component's pod in cluster mode) is the stage runner, which launches the N ranks itself (packtrain.train.launch) — the same launch
 as `packtrain train --gpus N`; the DAG has no launch code of its own.
 
 Schedule: Mondays 03:00 (Airflow's 5-field cron; the KFP recurring run uses the 6-field form `0 0 3 * * 1`).
@@ -84,7 +84,7 @@ def packtrain_retrain():
 
     @task
     def run_pipeline(validated: dict, params=None) -> dict:
-        """The whole pipeline: kfp.local here (mode local) or the KFP cluster (mode cluster), waited on."""
+        """The whole pipeline: on this worker (mode local) or the KFP cluster (mode cluster), waited on."""
         from packtrain.pipeline.retrain import run_pipeline as run
 
         return {"version": validated["version"], **run(_config(params), validated["version"])}

@@ -18,7 +18,7 @@ from packtrain.stages.table import STAGE_NAMES, STAGES
 
 COMMANDS: dict[str, str] = {
     **{s.name: s.help for s in STAGES},   # one subcommand per stage of the stage table, in DAG order
-    "run": "the whole DAG locally through kfp.local on the recipe",
+    "run": "the whole DAG on this machine on the recipe (in process, or --runner kfp: through kfp.local)",
     "pipeline": "compile or submit the Kubeflow pipeline",
     "gate": "fail when a candidate run regresses against a baseline",
     "compare": "side-by-side table and HTML report of MLflow runs",

@@ -59,3 +59,19 @@ class TrainingDiverged(PacktrainError):
     """The loss, gradient norm or weights became non-finite; nothing after the last good checkpoint is saved."""
 
     exit_code = 8
+
+
+class StageFailed(PacktrainError):
+    """A stage of `packtrain run` failed: `cause` is the stage's own error, whose exit code this one carries
+    (4 for a failed validation, ...; 1 for a crash that was no PacktrainError); `log` the run's full log.
+
+    >>> e = StageFailed("validate", ValidationFailed("2 expectations failed. Report: /w/report.json"), "/w/run.log")
+    >>> e.exit_code, str(e)
+    (4, 'stage validate failed: 2 expectations failed. Report: /w/report.json\\n(full log: /w/run.log)')
+    """
+
+    def __init__(self, stage: str, cause: BaseException, log: str | None = None):
+        self.stage, self.cause, self.log = stage, cause, log
+        text = str(cause) if isinstance(cause, PacktrainError) else f"{type(cause).__name__}: {cause}"
+        super().__init__(f"stage {stage} failed: {text}" + (f"\n(full log: {log})" if log else ""),
+                         exit_code=cause.exit_code if isinstance(cause, PacktrainError) else 1)

@@ -6,7 +6,7 @@ import os
 import time
 
 import pytest
-from pipeline_helpers import PINNED_CODE, as_args, run_cli, tiny_corpus, tiny_settings
+from pipeline_helpers import PINNED_CODE, as_args, run_main, tiny_corpus, tiny_settings
 
 
 @pytest.fixture
@@ -19,8 +19,9 @@ def pinned_code(monkeypatch):
 
 @pytest.fixture(scope="session")
 def tiny_pipeline(tmp_path_factory):
-    """One full `packtrain run` on tiny data, shared by the local-pipeline and Airflow tests (the Airflow
-    DAG's local run then restores every stage from this run's stage cache instead of training again).
+    """One full `packtrain run` (the default in-process runner, through the CLI's entry point in this process)
+    on tiny data, shared by the local-pipeline and Airflow tests (the Airflow DAG's local run then restores every
+    stage from this run's stage cache instead of training again).
 
     Runs once per test session even under pytest-xdist: the first worker that needs it runs it under a file
     lock in the directory all workers share; the others wait and reuse its record.
@@ -44,7 +45,7 @@ def tiny_pipeline(tmp_path_factory):
         if not record.exists():
             tiny_corpus(corpus)
             t0 = time.perf_counter()
-            r = run_cli(["run", *as_args(settings), "--progress", "0"], cwd=root)   # every progress line
+            r = run_main(["run", *as_args(settings), "--progress", "0"], cwd=root)   # every progress line
             record.write_text(json.dumps({"returncode": r.returncode, "stdout": r.stdout, "stderr": r.stderr,
                                           "args": r.args, "seconds": time.perf_counter() - t0}))
         rec = json.loads(record.read_text())

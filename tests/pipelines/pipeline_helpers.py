@@ -21,6 +21,30 @@ def as_args(settings: list[str]) -> list[str]:
     return [a for s in settings for a in ("--set", s)]
 
 
+def run_main(args: list[str], cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
+    """`packtrain ARGS` through the CLI's entry point in this process (a `packtrain` process costs ~6 s of imports
+    on 2 cores; `packtrain run` runs its stages in process by default), in `cwd`, with the environment `run_cli`
+    gives its process; returns what `run_cli` returns (exit code, stdout, stderr)."""
+    import contextlib
+    import io
+
+    from packtrain.cli import main
+    from packtrain.paths import patched_env
+
+    out, err = io.StringIO(), io.StringIO()
+    values = {"PACKTRAIN_CODE_VERSION": PINNED_CODE, "MLFLOW_TRACKING_URI": None, "PACKTRAIN_PARENT_RUN_ID": None,
+              **(env or {})}
+    before = os.getcwd()
+    try:
+        with patched_env(**{k: (v or None) for k, v in values.items()}), contextlib.redirect_stdout(out), \
+                contextlib.redirect_stderr(err):
+            os.chdir(cwd)
+            code = main(list(args))
+    finally:
+        os.chdir(before)
+    return subprocess.CompletedProcess(["packtrain", *args], code, out.getvalue(), err.getvalue())
+
+
 def run_cli(args: list[str], cwd: Path, env: dict | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
     """The real `packtrain` console script of this venv in a subprocess."""
     full_env = {**os.environ, "PACKTRAIN_CODE_VERSION": PINNED_CODE, **(env or {})}

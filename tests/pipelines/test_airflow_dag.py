@@ -1,7 +1,7 @@
 """The Airflow DAG `packtrain_retrain` under `dag.test()`, in .venv-airflow (Airflow destabilises the main
 venv), on a migrated sqlite AIRFLOW_HOME in tmp. Three runs in one Airflow process:
 
-1. new data → detect, validate, run the pipeline locally (kfp.local; restored from the `tiny_pipeline`
+1. new data → detect, validate, run the pipeline on the worker (in process; restored from the `tiny_pipeline`
    stage cache), report the registered version + alias;
 2. same data → detect skips, nothing else runs;
 3. new data that fails validation → validate_data fails, the pipeline never runs, the version is not

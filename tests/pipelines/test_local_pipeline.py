@@ -1,4 +1,5 @@
-"""`packtrain run` end to end: the whole KFP DAG through kfp.local.SubprocessRunner on tiny data.
+"""`packtrain run` end to end: the whole DAG on tiny data, in process (the default runner; `--runner kfp` has
+its own tests: test_kfp_runner.py).
 
 The session fixture `tiny_pipeline` runs it once (`--progress 0`); here: (1) its summary, progress lines, run
 id and next-step lines, and its MLflow store (parent + 7 stage runs, a registered version with the champion
@@ -14,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from pipeline_helpers import as_args, run_cli
+from pipeline_helpers import as_args, run_main
 
 from packtrain import STAGES
 
@@ -76,8 +77,7 @@ def test_full_run_summary_and_mlflow(tiny_pipeline):
     assert {parent.data.tags[f"packtrain.stage_run.{x.info.run_name}"] for x in children} == \
         {x.info.run_id for x in children}
     assert all(x.info.status == "FINISHED" for x in children)
-    assert len({x.data.tags.get("kfp.run_id") for x in children}) == 1  # one KFP run id, on every stage
-    assert children[0].data.tags.get("kfp.run_id")
+    assert parent.data.tags["packtrain.runner"] == "in-process"
     assert 0.5 < parent.data.metrics["pack.fill"] <= 1.0
     mv = client.get_model_version_by_alias("packtrain-lm", "champion")
     assert str(mv.version) == m.group(1)
@@ -95,7 +95,7 @@ def test_rerun_on_unchanged_data_is_cached_and_tracked(tiny_pipeline):
     assert tiny_pipeline["result"].returncode == 0
     wd, root = tiny_pipeline["workdir"], tiny_pipeline["root"]
     t0 = time.perf_counter()
-    r = run_cli(["run", *as_args(tiny_pipeline["settings"])], cwd=root)
+    r = run_main(["run", *as_args(tiny_pipeline["settings"])], cwd=root)
     seconds = time.perf_counter() - t0
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert r.stdout.count("(cached)") == 7, r.stdout
@@ -107,7 +107,7 @@ def test_rerun_on_unchanged_data_is_cached_and_tracked(tiny_pipeline):
     cached = _children(runs, parent)
     assert sorted(x.info.run_name for x in cached) == sorted(STAGES)
     assert {x.data.tags.get("packtrain.cache") for x in cached} == {"hit"}
-    assert all(x.data.tags.get("kfp.run_id") and x.data.metrics for x in cached)
+    assert all(x.data.metrics for x in cached)
     assert len(client.search_model_versions("name = 'packtrain-lm'")) == 1  # nothing registered twice
     # every cached run is a complete copy of the run that produced the output: params, metrics with their
     # histories, artifacts; it says where it came from
@@ -131,7 +131,7 @@ def test_failing_validation_stops_before_training(tiny_pipeline):
     before = {p.name: p.read_bytes() for p in corpus.iterdir()}
     runs_dir = wd / "kfp"
     old = set(runs_dir.glob("packtrain-*"))
-    r = run_cli(["run", *as_args(tiny_pipeline["settings"]), "--set", "validate.min_rows=10000"], cwd=root)
+    r = run_main(["run", *as_args(tiny_pipeline["settings"]), "--set", "validate.min_rows=10000"], cwd=root)
     assert r.returncode == 4, r.stdout + r.stderr
     assert "stage validate failed" in r.stderr and "Traceback" not in r.stderr
     reports = [Path(p) for p in re.findall(r"(/\S+?report\.json)", r.stderr)]
@@ -146,7 +146,7 @@ def test_failing_validation_stops_before_training(tiny_pipeline):
 
 def test_missing_source_is_a_clear_error(tmp_path):
     missing = tmp_path / "no_such_corpus"
-    r = run_cli(["run", "--set", f"workdir={tmp_path / 'wd'}", "--set", f"ingest.source={missing}"], cwd=tmp_path)
+    r = run_main(["run", "--set", f"workdir={tmp_path / 'wd'}", "--set", f"ingest.source={missing}"], cwd=tmp_path)
     assert r.returncode in (3, 5), r.stdout + r.stderr
     assert "stage ingest failed" in r.stderr and str(missing) in r.stderr and "Traceback" not in r.stderr
     assert not missing.exists()

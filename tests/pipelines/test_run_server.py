@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 from mlflow import MlflowClient
-from pipeline_helpers import REPO, as_args, run_cli, tiny_settings
+from pipeline_helpers import REPO, as_args, run_main, tiny_settings
 
 from packtrain import STAGES
 from packtrain.cli import main
@@ -49,7 +49,7 @@ def runs(tiny_pipeline, server, tmp_path_factory):
     shutil.copytree(tiny_pipeline["workdir"] / "cache", repo / "data" / "cache", copy_function=os.link)
     settings = [s for s in tiny_settings(Path("data"), tiny_pipeline["corpus"]) if not s.startswith("workdir=")]
     args = ["run", *as_args([*settings, f"tracking.tracking_uri={server.uri}"])]
-    first, second = (run_cli(args, cwd=repo) for _ in range(2))
+    first, second = (run_main(args, cwd=repo) for _ in range(2))
     for r in (first, second):
         assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     return {"repo": repo, "first": first, "second": second, "client": MlflowClient(server.uri),

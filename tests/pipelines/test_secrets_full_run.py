@@ -8,14 +8,12 @@ and the replay registers exactly one version."""
 from __future__ import annotations
 
 import json
-import os
 import socket
-import subprocess
 import uuid
 from pathlib import Path
 
 import pytest
-from pipeline_helpers import PACKTRAIN, PINNED_CODE, as_args, run_cli, tiny_corpus, tiny_settings
+from pipeline_helpers import as_args, run_cli, run_main, tiny_corpus, tiny_settings
 
 pytestmark = pytest.mark.slow
 
@@ -45,9 +43,7 @@ def test_full_run_with_the_server_down_and_replay_leak_no_secret(tmp_path):
     corpus = tiny_corpus(tmp_path / "corpus", n_docs=40)
     work = tmp_path / "wd"
     settings = [*tiny_settings(work, corpus), "tracking.retry_after_s=60", f"tracking.buffer_dir={tmp_path / 'buf'}"]
-    run = subprocess.run([str(PACKTRAIN), "run", *as_args(settings), "--json", str(tmp_path / "run.json")],
-                         cwd=tmp_path, env={**os.environ, "PACKTRAIN_CODE_VERSION": PINNED_CODE, **env},
-                         capture_output=True, text=True, timeout=900)
+    run = run_main(["run", *as_args(settings), "--json", str(tmp_path / "run.json")], cwd=tmp_path, env=env)
     assert run.returncode == 0, run.stderr[-3000:]
     result = json.loads((tmp_path / "run.json").read_text())
     assert result["stages"]["register"]["decision"] == "deferred"

@@ -1,4 +1,4 @@
-"""recipes/sft-tiny-cpu.yaml end to end through the real `packtrain run` CLI (KFP local runner, real MLflow sqlite
+"""recipes/sft-tiny-cpu.yaml end to end through the real `packtrain run` CLI (in process, real MLflow sqlite
 store, real DVC, real GX), shortened to 4 train steps on 160 synthetic chat records:
 
 1. LoRA run: the registered version is the merged model — it loads with plain AutoModelForCausalLM.from_pretrained
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "pipelines"))
-from pipeline_helpers import as_args, run_cli  # noqa: E402
+from pipeline_helpers import as_args, run_main  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -56,7 +56,7 @@ def test_sft_lora_recipe_registers_merged_model_and_adapter_and_compares(tmp_pat
     uri = f"sqlite:///{wd / 'mlflow.db'}"
     client = mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri)
 
-    lora = run_cli(["run", *args], cwd=tmp_path)
+    lora = run_main(["run", *args], cwd=tmp_path)
     assert lora.returncode == 0, lora.stdout[-3000:] + lora.stderr[-3000:]
     assert "register   packtrain-sft v1 → champion" in lora.stdout, lora.stdout
     assert chat.read_bytes() == before   # the input file is never changed
@@ -88,7 +88,7 @@ def test_sft_lora_recipe_registers_merged_model_and_adapter_and_compares(tmp_pat
     assert torch.allclose(got, want, atol=1e-5), (got - want).abs().max()
 
     # the same recipe as a full fine-tune, then compare
-    full = run_cli(["run", *args, "--set", "train.adapter.type=none"], cwd=tmp_path)
+    full = run_main(["run", *args, "--set", "train.adapter.type=none"], cwd=tmp_path)
     assert full.returncode == 0, full.stdout[-3000:] + full.stderr[-3000:]
     assert "from cache: ingest, validate, tokenize, pack" in full.stdout, full.stdout
     a, b = _run_id(lora.stdout), _run_id(full.stdout)

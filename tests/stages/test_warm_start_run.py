@@ -1,4 +1,4 @@
-"""Scheduled retraining through the real `packtrain run` CLI, twice on the same data with model.init_from=champion
+"""Scheduled retraining through the real `packtrain run` CLI (its entry point in this process), twice on the same data with model.init_from=champion
 (what recipes/retrain-cpu.yaml and the Airflow DAG do):
 
 1. no champion yet → the run falls back to model.init_fallback=scratch and says so (train run tags, the
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "pipelines"))
-from pipeline_helpers import as_args, run_cli, tiny_corpus, tiny_settings  # noqa: E402
+from pipeline_helpers import as_args, run_main, tiny_corpus, tiny_settings  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -37,7 +37,7 @@ def test_second_run_starts_where_the_champion_ended(tmp_path):
     client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{wd / 'mlflow.db'}",
                                  registry_uri=f"sqlite:///{wd / 'mlflow.db'}")
 
-    first = run_cli(["run", *args], cwd=tmp_path)
+    first = run_main(["run", *args], cwd=tmp_path)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     assert "register   packtrain-lm v1 → champion" in first.stdout, first.stdout
     (train1,) = [r for r in _train_runs(client) if r.info.run_name == "train"]
@@ -49,7 +49,7 @@ def test_second_run_starts_where_the_champion_ended(tmp_path):
     assert v1.tags["packtrain.init_fallback_reason"] == t["packtrain.init_fallback_reason"]
     assert "packtrain.parent_model_version" not in v1.tags
 
-    second = run_cli(["run", *args], cwd=tmp_path)
+    second = run_main(["run", *args], cwd=tmp_path)
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
     assert "(2 from cache: ingest, validate)" in second.stdout, second.stdout   # tokenize/train: new init source
     runs = _train_runs(client)

@@ -43,7 +43,8 @@ class PipelineConfig(StrictModel):
     schedule: Text = "0 0 3 * * 1"
     """6-field cron (seconds first) for the recurring KFP run / weekly retrain."""
     mode: Literal["local", "cluster"] = "local"
-    """Airflow: run the DAG through kfp.local on the worker, or submit it to `kfp_host` and wait."""
+    """Airflow: run the DAG on the worker (`packtrain run`'s in-process runner), or submit it to `kfp_host` and
+    wait."""
     kfp_host: Word | None = None
     """KFP API endpoint (e.g. http://ml-pipeline-ui.kubeflow:80) for `submit` and Airflow's cluster mode."""
     cpu_request: K8sQuantity = "2"
@@ -56,7 +57,7 @@ class PipelineConfig(StrictModel):
     """Memory request of train/evaluate (host copy of the model, pinned batches, ZeRO offload)."""
     stage_cache: bool = True
     """`packtrain run`: reuse a stage's outputs from <workdir>/cache when its inputs (md5), its config
-    section and the code are unchanged (kfp.local has no cache keyed on data)."""
+    section and the code are unchanged (both runners; kfp.local has no cache keyed on data)."""
     run_timeout_s: Int = Field(6 * 3600, ge=60)
     """Airflow's cluster mode: how long to wait for the KFP run to finish."""
     nodes: PositiveInt = 1

@@ -1,8 +1,11 @@
-"""Chaining the stages: the KFP pipeline (compile, submit, run locally), the stage cache, multi-node specs.
+"""Chaining the stages: `packtrain run` (in process or through kfp.local), the KFP pipeline (compile, submit),
+the stage cache, multi-node specs.
 
     compile_pipeline(out, cfg=None) -> Path           KFP IR YAML (pipelines/packtrain_pipeline.yaml)
     submit(host, schedule=None, cfg=...) -> dict      one run, or a recurring run on a 6-field cron
-    run_local(cfg) -> dict                            the whole DAG through kfp.local + summary
+    run_local(cfg, runner="in-process") -> dict       the whole DAG on this machine + summary (runner "kfp":
+                                                      the compiled DAG through kfp.local)
+    run_dag(cfg, run_dir, ...) -> {stage: stats}      the stage table walked in this process (pipeline.dag)
     validate_cron(expr) -> str                        6-field KFP cron or a ConfigError explaining why
     build_job(cfg, nodes, gpus_per_node, kind) -> [ConfigMap, PyTorchJob|TrainJob]
 
@@ -30,6 +33,12 @@ def run_local(cfg, **kw):
     return _f(cfg, **kw)
 
 
+def run_dag(cfg, run_dir, **kw):
+    from packtrain.pipeline.dag import run_dag as _f
+
+    return _f(cfg, run_dir, **kw)
+
+
 def validate_cron(expr):
     from packtrain.pipeline.cron import validate_cron as _f
 
@@ -42,4 +51,4 @@ def build_job(cfg, nodes, gpus_per_node, kind="pytorchjob", **kw):
     return _f(cfg, nodes, gpus_per_node, kind, **kw)
 
 
-__all__ = ["compile_pipeline", "submit", "run_local", "validate_cron", "build_job"]
+__all__ = ["compile_pipeline", "submit", "run_local", "run_dag", "validate_cron", "build_job"]

@@ -1,8 +1,8 @@
 """The stage cache of local runs: reuse a stage's output when nothing it depends on changed.
 
 `kfp.local` has no cache keyed on data (its optional cache keys on argument strings and artifact URIs, so
-a changed source file behind an unchanged config would be served stale). `packtrain run` therefore keys
-every stage on what actually determines its output:
+a changed source file behind an unchanged config would be served stale). `packtrain run` (both runners: in
+process and `--runner kfp`) therefore keys every stage on what actually determines its output:
 
     key = sha256( stage,
                   md5 of every input directory (file names + contents, like DVC's directory md5),

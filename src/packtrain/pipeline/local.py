@@ -1,27 +1,29 @@
-"""`packtrain run`: the whole KFP DAG on this machine through `kfp.local.SubprocessRunner(use_venv=False)`.
+"""`packtrain run`: the whole DAG on this machine — in this process (default) or through kfp.local.
 
-    run_local(cfg) → {"stages": {stage: stats}, "summary": {...}, "parent_run_id", "parent_run_short",
-                      "tracking_uri", "mlflow_ui", "seconds", "log"}
+    run_local(cfg, runner="in-process") → {"stages": {stage: stats}, "summary": {...}, "parent_run_id",
+                      "parent_run_short", "tracking_uri", "mlflow_ui", "seconds", "log", "runner"}
     every stage's stats carry "mlflow_run": {"run_id", "tracking_uri"} (its MLflow run in this pipeline run)
 
+The frame of a run, the same for both runners:
 1. Opens the parent MLflow run (embedded sqlite store <workdir>/mlflow.db unless MLFLOW_TRACKING_URI is
-   set) and exports PACKTRAIN_PARENT_RUN_ID + MLFLOW_TRACKING_URI so every component's stage run nests
-   under it.
-2. Runs the same pipeline that is compiled for the cluster (pipelines/kfp_pipeline.py), each component in
-   a subprocess of this venv; artifacts under <workdir>/kfp/<run>/<task>/.
-3. Stage cache (PACKTRAIN_STAGE_CACHE_DIR=<workdir>/cache, see packtrain.pipeline.cache): a second run on
-   unchanged data, config and code restores every stage from the cache (~5 s a stage: process start +
-   imports). Its MLflow stage run is still complete: a copy of the run that produced the cached output
-   (metrics with histories, params, tags, datasets, artifacts; packtrain.tracking.restore), tagged
-   packtrain.cache=hit and packtrain.restored_from=<origin run id> — also when the origin sits in another
-   store (a run after switching from the embedded sqlite store to a server).
-4. A failing stage (e.g. validation) stops the DAG before the next stage; the component writes its
-   error to <workdir>/kfp/last_error.json and this raises the same PacktrainError (message names the
-   report, exit code 4 for a failed validation).
+   set) and exports PACKTRAIN_PARENT_RUN_ID + MLFLOW_TRACKING_URI so every stage run nests under it.
+2. Runs the stages, artifacts under <workdir>/kfp/packtrain-<time>/<stage>/<artifact>/:
+   - runner "in-process" (packtrain.pipeline.dag.run_dag): the stage table walked in this process, one stage
+     runner call per stage, each as if in its own process;
+   - runner "kfp" (packtrain.pipeline.kfp_local): the pipeline compiled for the cluster
+     (pipelines/kfp_pipeline.py), each component in a subprocess of this venv, as a pod runs it.
+3. Stage cache (<workdir>/cache, see packtrain.pipeline.cache): a second run on unchanged data, config and
+   code restores every stage from the cache. Its MLflow stage run is still complete: a copy of the run that
+   produced the cached output (metrics with histories, params, tags, datasets, artifacts;
+   packtrain.tracking.restore), tagged packtrain.cache=hit and packtrain.restored_from=<origin run id> — also
+   when the origin sits in another store (a run after switching from the embedded sqlite store to a server).
+   Both runners key a stage the same way, so one reuses what the other stored.
+4. A failing stage (e.g. validation) stops the DAG before the next stage and raises StageFailed: the stage's
+   own message, the log's path and the stage's exit code (4 for a failed validation).
 5. The ingested documents are versioned in a DVC repo (<workdir>/dataset) and pushed to a local DVC remote
    (<workdir>/dvc-remote); the summary shows their md5.
-6. The component logs go to <workdir>/logs/run-<time>-<pid>.log (never reused); the terminal shows one line
-   per stage (plus a progress line of a long stage every `progress_s` seconds: step, loss, tok/s, ETA;
+6. What the stages print goes to <workdir>/logs/run-<time>-<pid>.log (never reused); the terminal shows one
+   line per stage (plus a progress line of a long stage every `progress_s` seconds: step, loss, tok/s, ETA;
    packtrain.pipeline.progress), then the summary, where to look in MLflow for this store kind
    (packtrain.tracking.links), the pipeline run id (short and full) and the `packtrain compare` /
    `packtrain gate` lines to type next. The whole run holds the workdir lock (packtrain.pipeline.lock): a
@@ -31,104 +33,28 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
-import re
 import sys
 import time
-import warnings
 from pathlib import Path
+from typing import Literal, TextIO, cast
 
-from packtrain import STAGES
-from packtrain.errors import PacktrainError
+from packtrain.errors import PacktrainError, StageFailed
 from packtrain.paths import patched_env
-from packtrain.pipeline.runtime import CACHE_ENV, ERROR_ENV, PARENT_ENV
+from packtrain.pipeline.runtime import PARENT_ENV
 
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
-_START = re.compile(r"Executing task '([\w-]+)'")
-_END = re.compile(r"Task '([\w-]+)' finished with status (\w+)")
-_HIT = re.compile(r"\[packtrain\] ([\w-]+): cache hit")
 PROGRESS_S = 10.0
 """Default seconds between two progress lines of a running stage (`packtrain run --progress S`)."""
+Runner = Literal["in-process", "kfp"]
+RUNNERS: tuple[str, ...] = ("in-process", "kfp")
+"""`packtrain run --runner`: in-process (default: one process, the stage table walked in it) or kfp (the
+compiled KFP DAG through kfp.local, one subprocess per component, as pods run it)."""
+RUNNER_TAGS = {"in-process": "in-process", "kfp": "kfp.local"}
+"""The parent run's tag packtrain.runner for each runner."""
 
 
-class _StageLog:
-    """A stdout stand-in: everything goes to the log file; the terminal gets one line per stage, plus a progress
-    line of the running stage at most every `progress_s` seconds (packtrain.pipeline.progress)."""
-
-    def __init__(self, path: Path, out, verbose: bool, progress_s: float = PROGRESS_S):
-        from packtrain.pipeline.progress import Progress
-
-        self.path, self.out, self.verbose = path, out, verbose
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self.f = open(path, "x", encoding="utf-8")   # never truncates another run's log
-        self.buf = ""
-        self.t0: dict[str, float] = {}
-        self.hits: set[str] = set()
-        self.tail: list[str] = []
-        self.progress = Progress(progress_s)
-        self.stage: str | None = None      # the running stage
-        self.label = ""                    # "[5/7] train     "
-        self.open_line = False             # the label is written, its status not yet
-
-    def write(self, s: str) -> int:
-        self.f.write(s)
-        if self.verbose:
-            self.out.write(s)
-        self.buf += s
-        while "\n" in self.buf:
-            line, self.buf = self.buf.split("\n", 1)
-            self._line(_ANSI.sub("", line))
-        return len(s)
-
-    def _line(self, line: str) -> None:
-        self.tail = (self.tail + [line])[-60:]
-        if m := _START.search(line):
-            self.t0[m.group(1)] = time.perf_counter()
-            self.tail = []
-            self.stage = m.group(1)
-            self.progress.start()
-            i = STAGES.index(self.stage) + 1 if self.stage in STAGES else 0
-            self.label = f"[{i}/{len(STAGES)}] {self.stage:<9} "
-            self._say(self.label, end="")
-            self.open_line = True
-        elif m := _HIT.search(line):
-            self.hits.add(m.group(1))
-        elif m := _END.search(line):
-            stage, status = m.groups()
-            dt = time.perf_counter() - self.t0.get(stage, time.perf_counter())
-            note = " (cached)" if stage in self.hits else ""
-            self._say(("" if self.open_line else self.label) + f"{status.lower()} in {dt:.1f} s{note}")
-            self.open_line, self.stage = False, None
-        elif self.stage and (p := self.progress.line(line, self.stage)):
-            # "[5/7] train     step 120/600 (20%) · loss 4.21 · 10,456 tok/s · 0:10 elapsed · ETA 0:40"
-            self._say(("" if self.open_line else self.label) + p)
-            self.open_line = False
-
-    def _say(self, text: str, end: str = "\n") -> None:
-        """The terminal's one line per stage (+ progress lines); --verbose streams the whole log instead."""
-        if not self.verbose:
-            self.out.write(text + end)
-            self.out.flush()
-
-    def flush(self) -> None:
-        self.f.flush()
-        self.out.flush()
-
-    def isatty(self) -> bool:
-        return False
-
-    def close(self) -> None:
-        if self.buf:
-            self._line(_ANSI.sub("", self.buf))
-        self.f.close()
-
-
-_env = patched_env
-
-
-def _start_parent(cfg) -> str | None:
+def _start_parent(cfg, runner: str) -> str | None:
     """The parent run (packtrain.tracking.start_pipeline_run: flattened config as params, exports
     PACKTRAIN_PARENT_RUN_ID so every component's stage run nests under it)."""
     import mlflow  # noqa: F401  (imported first: its import resets the "mlflow" logger to INFO)
@@ -141,7 +67,7 @@ def _start_parent(cfg) -> str | None:
     parent = start_pipeline_run(cfg)
     if parent:
         StageRun(get_client(cfg), parent, "pipeline").set_tags(
-            {"packtrain.runner": "kfp.local", "packtrain.code_version": code_version()})
+            {"packtrain.runner": RUNNER_TAGS[runner], "packtrain.code_version": code_version()})
     return parent
 
 
@@ -242,62 +168,65 @@ def new_log_path(logs: Path) -> Path:
     return path
 
 
-def _read_error(path: Path) -> dict | None:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
-        return None
+def run_name() -> str:
+    """packtrain-<date>-<time>-<µs>: the folder of one run under <workdir>/kfp/ (kfp.local's own naming, which
+    the in-process runner follows so that both leave the same tree)."""
+    import datetime
+
+    return f"packtrain-{datetime.datetime.now().strftime('%Y-%m-%d-%H-%M-%S-%f')}"
 
 
-def run_local(cfg, *, verbose: bool = False, use_cache: bool | None = None, out=None,
-              progress_s: float = PROGRESS_S) -> dict:
-    """Run the whole DAG locally on `cfg` (see the module docstring); prints progress + summary to `out`
-    (a progress line of the running stage every `progress_s` seconds). Holds the workdir lock throughout (a
-    no-op when the calling CLI already holds it)."""
+def run_local(cfg, *, runner: Runner = "in-process", verbose: bool = False, use_cache: bool | None = None,
+              out: TextIO | None = None, progress_s: float = PROGRESS_S) -> dict:
+    """Run the whole DAG locally on `cfg` with `runner` (see the module docstring); prints progress + summary
+    to `out` (a progress line of the running stage every `progress_s` seconds). Holds the workdir lock
+    throughout (a no-op when the calling CLI already holds it)."""
     from packtrain.pipeline.lock import workdir_lock
 
+    if runner not in RUNNERS:
+        from packtrain.errors import ConfigError
+
+        raise ConfigError(f"runner {runner!r}: must be one of {', '.join(RUNNERS)}")
     with workdir_lock(cfg.workdir, "run"):
-        return _run_local(cfg, verbose=verbose, use_cache=use_cache, out=out, progress_s=progress_s)
+        return _run_local(cfg, runner=runner, verbose=verbose, use_cache=use_cache, out=out or sys.stdout,
+                          progress_s=progress_s)
 
 
-def _run_local(cfg, *, verbose: bool, use_cache: bool | None, out, progress_s: float) -> dict:
-    from packtrain.pipeline.kfp_ops import load_pipeline, pipeline_arguments
+def _run_local(cfg, *, runner: Runner, verbose: bool, use_cache: bool | None, out: TextIO,
+               progress_s: float) -> dict:
     from packtrain.pipeline.summary import build_summary, format_summary
     from packtrain.tracking import resolve_tracking_uri
 
-    out = out or sys.stdout
     t_start = time.perf_counter()
     workdir = Path(cfg.workdir).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
     cfg = cfg.model_copy(update={"workdir": str(workdir)})
     use_cache = cfg.pipeline.stage_cache if use_cache is None else use_cache
-    error_file = workdir / "kfp" / "last_error.json"
-    error_file.unlink(missing_ok=True)
+    cache_dir = workdir / "cache" if use_cache else None
     log_path = new_log_path(workdir / "logs")
+    log_path.parent.mkdir(parents=True, exist_ok=True)
 
     tracking_uri = resolve_tracking_uri(cfg) if cfg.tracking.enabled else None
-    parent = _start_parent(cfg) if tracking_uri else None
+    parent = _start_parent(cfg, runner) if tracking_uri else None
     env = {PARENT_ENV: parent, "MLFLOW_TRACKING_URI": tracking_uri,
-           CACHE_ENV: str(workdir / "cache") if use_cache else None, ERROR_ENV: str(error_file),
            # tqdm's updates feed the progress lines: at least two per progress interval, at most one per 5 s
            "TQDM_MININTERVAL": os.environ.get("TQDM_MININTERVAL", str(min(5.0, progress_s / 2)))}
-    log = _StageLog(log_path, out, verbose, progress_s)
     status, stages = "FAILED", {}
     try:
-        with _env(**env), contextlib.redirect_stdout(log), warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=".*non-Python base image.*")
-            warnings.filterwarnings("ignore", message=".*no effect in the current local runner.*")
-            from kfp import local
-
-            local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(workdir / "kfp"),
-                       raise_on_error=True)
-            # kfp.local honours set_retry: locally a failure is deterministic (bad data, a bug), so no retries
-            pipeline = load_pipeline(cfg.pipeline.model_copy(update={"retries": 0}))
+        # mode "x": never truncates another run's log; line-buffered: in order with what reaches its fd directly
+        with patched_env(**env), open(log_path, "x", encoding="utf-8", buffering=1) as log:
             try:
-                task = pipeline(**pipeline_arguments(cfg))
-            except Exception as e:  # kfp.local raises RuntimeError naming the failed task
-                raise _failure(e, error_file, log) from None
-        stages = {s: json.loads(task.outputs[s]) for s in STAGES if task.outputs.get(s)}
+                if runner == "kfp":
+                    from packtrain.pipeline.kfp_local import run_kfp_local
+
+                    stages = run_kfp_local(cfg, workdir, log, out, verbose=verbose, cache_dir=cache_dir,
+                                           progress_s=progress_s)
+                else:
+                    stages = _run_in_process(cfg, workdir, log, out, verbose, cache_dir, progress_s)
+            except StageFailed as e:
+                raise StageFailed(e.stage, e.cause, str(log_path)) from None
+            except PacktrainError as e:   # kfp: a failure no component recorded (kfp's message + the log tail)
+                raise PacktrainError(f"{e}\n(full log: {log_path})", exit_code=e.exit_code) from None
         if parent:
             log_cached_stage_runs(parent, cfg, stages)
         else:   # no run of ours: a restored stage's "mlflow_run" is its origin's
@@ -309,7 +238,6 @@ def _run_local(cfg, *, verbose: bool, use_cache: bool | None, out, progress_s: f
         status = "KILLED"
         raise
     finally:
-        log.close()
         if parent:
             metrics = {f"{s}.{k}": v for s, st in stages.items() for k, v in _flat_numbers(st).items()}
             _end_parent(cfg, parent, status, metrics, {"packtrain.log": str(log_path), **_stage_run_tags(stages)})
@@ -322,13 +250,52 @@ def _run_local(cfg, *, verbose: bool, use_cache: bool | None, out, progress_s: f
     seconds = time.perf_counter() - t_start
     footer = _footer(cfg, tracking_uri, parent, stages) if tracking_uri else []
     out.write("\n".join([format_summary(cfg.name, summary, seconds, len(stages), None), *footer]) + "\n")
+    out.flush()
     from packtrain.secrets import redact_uri
     from packtrain.tracking.refs import short_id
 
     return {"stages": stages, "summary": summary, "parent_run_id": parent, "tracking_uri": redact_uri(tracking_uri),
             "parent_run_short": short_id(parent) if parent else None,
             "mlflow_ui": footer[0].removeprefix("  MLflow     ") if footer else None, "seconds": seconds,
-            "log": str(log_path)}
+            "log": str(log_path), "runner": runner}
+
+
+def _run_in_process(cfg, workdir: Path, log: TextIO, out: TextIO, verbose: bool, cache_dir: Path | None,
+                    progress_s: float) -> dict[str, dict]:
+    """packtrain.pipeline.dag.run_dag into <workdir>/kfp/<run name>/: the stages print into the log (fds 1/2
+    too); the terminal gets the stage lines (--verbose: the log itself, stage lines among it)."""
+    from packtrain.pipeline.cache import code_version
+    from packtrain.pipeline.dag import run_dag, terminal
+    from packtrain.pipeline.progress import StageEvent, StageLines
+
+    with terminal(out) as term:
+        output = cast(TextIO, _Tee(log, term)) if verbose else log
+        lines = StageLines(output if verbose else term)
+
+        def on_event(ev: StageEvent) -> None:
+            if not verbose and ev.kind != "progress":   # the log marks where each stage's output starts/ends
+                log.write(f"--- [{ev.index}/{ev.total}] {ev.stage}: " + (
+                    "started ---\n" if ev.kind == "start" else f"{ev.status} in {ev.seconds:.1f} s ---\n"))
+            lines(ev)
+
+        return run_dag(cfg, workdir / "kfp" / run_name(), cache_dir=cache_dir, on_event=on_event, output=output,
+                       capture_fds=not verbose, progress_s=progress_s, code_version=code_version())
+
+
+class _Tee:
+    """--verbose: what the stages print goes to the log and the terminal."""
+
+    def __init__(self, *streams: TextIO):
+        self.streams = streams
+
+    def write(self, s: str) -> int:
+        for f in self.streams:
+            f.write(s)
+        return len(s)
+
+    def flush(self) -> None:
+        for f in self.streams:
+            f.flush()
 
 
 def _stage_run_tags(stages: dict[str, dict]) -> dict[str, str]:
@@ -361,16 +328,6 @@ def _footer(cfg, tracking_uri: str, parent: str | None, stages: dict[str, dict])
                       model=reg.get("model_name") or cfg.register_.model_name,
                       champion=reg.get("decision") == "champion",
                       extra_args=store_args(cfg, bool(os.environ.get("MLFLOW_TRACKING_URI"))))
-
-
-def _failure(err: Exception, error_file: Path, log: _StageLog) -> PacktrainError:
-    """The failed stage's own PacktrainError when it wrote one, else the kfp error + the log tail."""
-    rec = _read_error(error_file)
-    if rec:
-        return PacktrainError(f"stage {rec['stage']} failed: {rec['message']}\n(full log: {log.path})",
-                              exit_code=int(rec.get("exit_code", 1)))
-    tail = "\n".join(log.tail[-25:])
-    return PacktrainError(f"{_ANSI.sub('', str(err))}\n--- last log lines ---\n{tail}\n(full log: {log.path})")
 
 
 def _flat_numbers(stats: dict) -> dict:

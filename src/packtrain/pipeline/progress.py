@@ -1,9 +1,16 @@
-"""Progress lines of a long stage in `packtrain run`'s default (non-verbose) output.
+"""What `packtrain run` prints while the stages run: one line per stage and progress lines of a long one.
 
-The stage processes write tqdm bars into the component log (the train loop's bar carries loss and tok/s in
-its postfix; kfp.local's reader turns each `\\r` update into a line). `packtrain run` reads that stream; every
-`every_s` seconds (default 10; `--progress 0`: every update) it turns the newest bar of the running stage into
-one line, so the 1-minute train step of tiny-cpu is not silent:
+Both runners describe a run as `StageEvent`s (start, progress, end) and `StageLines` renders them:
+
+    [4/7] pack      success in 1.2 s
+    [5/7] train     step 2/6 (33%) · loss 5.3648 · 10,233 tok/s · 0:12 elapsed · ETA 0:24
+    [5/7] train     success in 16.8 s (cached)
+
+Progress comes from the stage's own tqdm bar (the train loop's bar carries loss and tok/s in its postfix):
+in process (packtrain.pipeline.dag) `bar_state` reads the live bar object each time it draws; under `--runner
+kfp` the bar only exists as text in the component log (kfp.local's reader turns each `\\r` update into a
+line) and `parse_bar` reads it back. Either way at most one line every `every_s` seconds (default 10;
+`--progress 0`: every update), so the 1-minute train step of tiny-cpu is not silent:
 
     tqdm:  "    train:  33%|███▎      | 2/6 [00:12<00:24,  0.17step/s, loss=5.3648, tok_s=10,233]"
     line:  "step 2/6 (33%) · loss 5.3648 · 10,233 tok/s · 0:12 elapsed · ETA 0:24"
@@ -17,6 +24,9 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal, TextIO
 
 _BAR = re.compile(r"(?P<desc>[^\s|:][^|:]*?):\s+(?P<pct>\d+)%\|[^|]*\|\s*(?P<n>\d+)/(?P<total>\d+)\s+"
                   r"\[(?P<elapsed>[\d:]+)<(?P<remaining>[\d:?]+)(?P<rest>[^\]]*)\]")
@@ -67,22 +77,114 @@ def _clock(text: str) -> str:
 
 
 class Progress:
-    """Decides when a bar line becomes a progress line: at most one per `every_s` per stage."""
+    """Decides when a bar becomes a progress line: at most one per `every_s` per stage, and only a new state."""
 
     def __init__(self, every_s: float):
         self.every_s = every_s
         self.last = time.monotonic()
+        self.shown: tuple | None = None
 
     def start(self) -> None:
         self.last = time.monotonic()
+        self.shown = None
 
-    def line(self, text: str, stage: str) -> str | None:
-        """The progress line for `text` (a raw log line) when one is due, else None."""
-        bar = parse_bar(text)
+    def due(self, bar: dict | None, stage: str) -> dict | None:
+        """`bar` when it is the stage's own unfinished bar, a line is due and it moved since the last one."""
         if bar is None or bar["desc"] != stage or bar["n"] >= bar["total"]:
             return None
         now = time.monotonic()
-        if now - self.last < self.every_s:
+        if now - self.last < self.every_s or (bar["n"], bar["postfix"]) == self.shown:
             return None
-        self.last = now
-        return format_bar(bar, stage)
+        self.last, self.shown = now, (bar["n"], bar["postfix"])
+        return bar
+
+    def line(self, text: str, stage: str) -> str | None:
+        """The progress line for `text` (a raw log line) when one is due, else None."""
+        bar = self.due(parse_bar(text), stage)
+        return format_bar(bar, stage) if bar is not None else None
+
+
+def bar_state(bar: Any) -> dict:
+    """A live tqdm bar → the dict `parse_bar` reads from its text (same numbers, same rounding as the bar shows).
+
+    >>> from tqdm import tqdm
+    >>> b = tqdm(total=6, desc="train", disable=False, file=open("/dev/null", "w")); b.update(2)
+    True
+    >>> b.set_postfix(loss="5.3648", tok_s="10,233"); bar_state(b)["postfix"], bar_state(b)["pct"]
+    ({'loss': '5.3648', 'tok_s': '10,233'}, 33)
+    """
+    from tqdm import tqdm
+
+    d = bar.format_dict
+    n, total, elapsed = d["n"], d["total"], d["elapsed"] or 0
+    rate = d["rate"]
+    if rate is None and elapsed:
+        rate = (n - (d.get("initial") or 0)) / elapsed
+    remaining = tqdm.format_interval((total - n) / rate) if rate and total else "?"
+    return {"desc": (d["prefix"] or "").strip(), "n": int(n), "total": int(total or 0),
+            "pct": int(f"{100 * n / total:.0f}") if total else 0, "elapsed": _clock(tqdm.format_interval(elapsed)),
+            "remaining": _clock(remaining), "postfix": dict(_POSTFIX.findall(d["postfix"] or ""))}
+
+
+def live_bar(stage: str) -> dict | None:
+    """The state of the stage's own running bar in this process (desc == stage, not finished), else None."""
+    import sys
+
+    if "tqdm" not in sys.modules:
+        return None
+    from tqdm import tqdm
+
+    for bar in list(tqdm._instances):   # the bars alive in this process (tqdm's own registry, a WeakSet)
+        if getattr(bar, "desc", None) == stage and not bar.disable and bar.total and bar.n < bar.total:
+            return bar_state(bar)
+    return None
+
+
+@dataclass(frozen=True)
+class StageEvent:
+    """One thing that happened to a stage of a run: it started, it made progress, it ended."""
+
+    kind: Literal["start", "progress", "end"]
+    stage: str
+    index: int
+    """1-based position in the stage table."""
+    total: int
+    """Stages in the run."""
+    status: Literal["success", "failure"] | None = None
+    """How it ended (kind "end")."""
+    seconds: float = 0.0
+    """Wall time from its start (kind "end")."""
+    cached: bool = False
+    """Its output came from the stage cache (kind "end")."""
+    bar: dict | None = None
+    """Its progress bar (kind "progress"): `parse_bar`'s dict."""
+
+
+class StageLines:
+    """Renders StageEvents as the terminal's lines (module doc); `write` None: print nothing (--verbose streams
+    the whole log instead)."""
+
+    def __init__(self, out: TextIO | None):
+        self.out = out
+        self.open_line = False   # the label is written, its status not yet
+
+    def __call__(self, ev: StageEvent) -> None:
+        label = f"[{ev.index}/{ev.total}] {ev.stage:<9} "
+        if ev.kind == "start":
+            self._say(label, end="")
+            self.open_line = True
+        elif ev.kind == "progress" and ev.bar is not None:
+            self._say(("" if self.open_line else label) + format_bar(ev.bar, ev.stage))
+            self.open_line = False
+        elif ev.kind == "end":
+            note = " (cached)" if ev.cached else ""
+            self._say(("" if self.open_line else label) + f"{ev.status} in {ev.seconds:.1f} s{note}")
+            self.open_line = False
+
+    def _say(self, text: str, end: str = "\n") -> None:
+        if self.out is not None:
+            self.out.write(text + end)
+            self.out.flush()
+
+
+EventSink = Callable[[StageEvent], None]

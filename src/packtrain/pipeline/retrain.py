@@ -111,7 +111,8 @@ def validate_data(cfg, out_dir: str | Path) -> dict:
 
 
 def run_pipeline(cfg, version: str, *, wait: bool = True) -> dict:
-    """`pipeline.mode` local: run_local (kfp.local); cluster: submit to `pipeline.kfp_host`, wait, then read
+    """`pipeline.mode` local: run_local (the in-process runner of `packtrain run`); cluster: submit to
+    `pipeline.kfp_host`, wait, then read
     the registry. Returns {"mode", "registered", ...}."""
     from packtrain.errors import PacktrainError
 

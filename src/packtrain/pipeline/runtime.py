@@ -1,20 +1,27 @@
-"""What a KFP component does, in one call: the component bodies in `components/` only call this.
+"""Running one stage of the table: what both runners of `packtrain run` and the KFP components call.
 
+    stats = run_stage("pack", cfg, {"tokens": tokens_dir}, packs_dir, cache_dir=workdir / "cache")
     stats = run_stage_component("pack", config_json, {"tokens": tokens.path}, packs.path, kfp_run_id=...)
     return publish_stats(stats, packs, metrics)      # artifact metadata + Metrics artifact + JSON string
 
-`run_stage_component`:
+`run_stage` (the in-process runner, packtrain.pipeline.dag, calls it once per stage):
+1. with a `cache_dir`, looks the stage up in the stage cache (packtrain.pipeline.cache) and restores the output
+   on a hit (`packtrain run` then logs the stage run under the parent, tagged `packtrain.cache=hit`: a copy of
+   the run that produced the output, whose id the runner's stats carry as `mlflow_run`;
+   packtrain.tracking.restore);
+2. otherwise calls the stage runner (packtrain.stages.<stage>.run_<stage>) with the artifact directories.
+A stage's PacktrainError propagates unchanged (its class carries the exit code).
+
+`run_stage_component` (one KFP pod, or one kfp.local subprocess under `packtrain run --runner kfp`):
 1. writes the RunConfig (one JSON/YAML string, the pipeline's `config` parameter) to a temp file and
    loads it with `load_run_config` (same validation as the CLI);
 2. exports KFP_RUN_ID (MLflow tag `kfp.run_id`) and, on a cluster, finds or opens the pipeline's parent
    MLflow run (tag `packtrain.pipeline_run=<kfp run id>`) so stage runs nest under it;
-3. when PACKTRAIN_STAGE_CACHE_DIR is set (only `packtrain run` sets it), looks the stage up in the stage
-   cache (packtrain.pipeline.cache) and restores the output on a hit (`packtrain run` then logs the stage
-   run under the parent, tagged `packtrain.cache=hit`: a copy of the run that produced the output, whose id
-   the runner's stats carry as `mlflow_run`; packtrain.tracking.restore);
-4. otherwise calls the stage runner (packtrain.stages.<stage>.run_<stage>) with the artifact directories;
-5. on a PacktrainError writes {"stage", "message", "exit_code"} to PACKTRAIN_ERROR_FILE (when set) so
-   `packtrain run` can report it without parsing logs, then re-raises.
+3. calls `run_stage`, with the stage cache when PACKTRAIN_STAGE_CACHE_DIR is set (only `packtrain run
+   --runner kfp` sets it);
+4. on a PacktrainError writes the error record (packtrain.error_record.write_error_record: stage, message, exit
+   code, class) to PACKTRAIN_ERROR_FILE when set, so `packtrain run --runner kfp` re-raises the same error
+   from another process without parsing logs, then re-raises.
 
 Inputs are named by artifact, the names of the stage table (packtrain.stages.table: the KFP components'
 parameter names); `runner_args` maps them onto the runner's positional directories:
@@ -29,16 +36,18 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from packtrain.error_record import ERROR_FILE_ENV, write_error_record
 from packtrain.errors import ConfigError, MissingDataError, PacktrainError
 from packtrain.stages.table import STAGES, stage_spec
 from packtrain.tracking.context import PARENT_ENV  # noqa: F401  (re-exported: pipeline.local imports it from here)
 
 CACHE_ENV = "PACKTRAIN_STAGE_CACHE_DIR"
-ERROR_ENV = "PACKTRAIN_ERROR_FILE"
+ERROR_ENV = ERROR_FILE_ENV
+"""Where a KFP component writes the error record of a failed stage (`packtrain run --runner kfp` sets it)."""
 CODE_ENV = "PACKTRAIN_CODE_VERSION"
 
 STAGE_INPUTS: dict[str, tuple[str, ...]] = {s.name: s.inputs for s in STAGES}
@@ -139,6 +148,17 @@ def runner_args(stage: str, inputs: dict[str, str]) -> list[Path]:
     return out
 
 
+def run_stage(stage: str, cfg, inputs: Mapping[str, str | Path], out_dir: str | Path, *,
+              cache_dir: Path | None = None, code_version: str = "", data_version: str = "") -> dict:
+    """Run one stage on the named artifact directories (see the module docstring); returns its stats dict
+    (+ "cache": "hit" | "miss" | "skipped (...)" and "cache_key" with a `cache_dir`)."""
+    args = runner_args(stage, {k: str(v) for k, v in inputs.items()})
+    if cache_dir is None:
+        return _with_versions(_call_runner(stage, cfg, args, out_dir), code_version, data_version)
+    return _run_cached(stage, cfg, {k: str(v) for k, v in inputs.items()}, args, out_dir, Path(cache_dir),
+                       code_version, data_version)
+
+
 def run_stage_component(stage: str, config_text: str, inputs: dict[str, str], out_dir: str, *,
                         kfp_run_id: str = "", code_version: str = "", data_version: str = "") -> dict:
     """Run one stage as a pipeline step (see the module docstring); returns the stage's stats dict."""
@@ -148,14 +168,12 @@ def run_stage_component(stage: str, config_text: str, inputs: dict[str, str], ou
         if kfp_run_id:
             os.environ["KFP_RUN_ID"] = kfp_run_id
         _ensure_parent_run(cfg, kfp_run_id)
-        args = runner_args(stage, inputs)
         cache_dir = os.environ.get(CACHE_ENV)
-        if not cache_dir:
-            stats = _call_runner(stage, cfg, args, out_dir)
-            return _with_versions(stats, code_version, data_version)
-        return _run_cached(stage, cfg, inputs, args, out_dir, Path(cache_dir), code_version, data_version)
+        stats = run_stage(stage, cfg, inputs, out_dir, cache_dir=Path(cache_dir) if cache_dir else None,
+                          code_version=code_version, data_version=data_version)
+        return {**stats, "kfp_run_id": os.environ.get("KFP_RUN_ID", "")} if stats.get("cache") == "hit" else stats
     except PacktrainError as e:
-        _record_error(stage, e)
+        write_error_record(os.environ.get(ERROR_ENV), e, stage)
         raise
 
 
@@ -173,9 +191,9 @@ def _run_cached(stage, cfg, inputs, args, out_dir, cache_dir: Path, code_version
     if hit is not None:
         cache.restore(hit, out_dir)
         print(f"[packtrain] {stage}: cache hit {key[:12]} (inputs, config and code unchanged)", flush=True)
-        # no MLflow here (importing it costs ~2.5 s a stage): `packtrain run` logs the cached stage runs
-        # under the parent from the returned stats (packtrain.pipeline.local.log_cached_stage_runs)
-        return {**hit.stats, "cache": "hit", "cache_key": key, "kfp_run_id": os.environ.get("KFP_RUN_ID", "")}
+        # no MLflow here (importing it costs ~2.5 s a KFP component): `packtrain run` logs the cached stage
+        # runs under the parent from the returned stats (packtrain.pipeline.local.log_cached_stage_runs)
+        return {**hit.stats, "cache": "hit", "cache_key": key}
     stats = _call_runner(stage, cfg, args, out_dir)
     stats = _with_versions(stats, code_version, data_version)
     if stats.get("decision") == "deferred":   # a buffered registration is not a result to restore next time
@@ -188,11 +206,15 @@ def _call_runner(stage: str, cfg, args: Sequence, out_dir) -> dict:
     """The stage runner on the artifact dirs. `train` resumes from its own checkpoints: a retried pod (same
     output dir) continues its killed attempt instead of being refused; a fresh output dir starts at step 0."""
     from packtrain.stages import get_runner
-    from packtrain.tracking.run import with_stage_run_record
+    from packtrain.tracking.run import stage_run_record
 
     extra = {"resume": True} if stage == "train" else {}
-    # + "mlflow_run" {run_id, tracking_uri}: a cache hit later copies that run (packtrain.tracking.restore)
-    return with_stage_run_record(stage, stats_dict(get_runner(stage)(cfg, *args, Path(out_dir), **extra)))
+    before = stage_run_record(stage)   # an earlier stage run of this process (an earlier in-process DAG run)
+    stats = stats_dict(get_runner(stage)(cfg, *args, Path(out_dir), **extra))
+    rec = stage_run_record(stage)
+    # + "mlflow_run" {run_id, tracking_uri}: a cache hit later copies that run (packtrain.tracking.restore);
+    # only the run this call opened (tracking off or rank ≠ 0: none)
+    return {**stats, "mlflow_run": rec} if rec is not None and rec != before else stats
 
 
 def stats_dict(result: Any) -> dict:
@@ -246,17 +268,6 @@ def _ensure_parent_run(cfg, kfp_run_id: str) -> None:
                             tags={"packtrain.pipeline_run": kfp_run_id, "kfp.run_id": kfp_run_id,
                                   "packtrain.recipe": cfg.name})
     os.environ[PARENT_ENV] = run.info.run_id
-
-
-def _record_error(stage: str, err: PacktrainError) -> None:
-    path = os.environ.get(ERROR_ENV)
-    if not path:
-        return
-    from packtrain.paths import write_json
-    from packtrain.secrets import redact_text
-
-    write_json(Path(path), {"stage": stage, "message": redact_text(str(err)), "exit_code": err.exit_code,
-                            "type": type(err).__name__})
 
 
 def metadata_of(stats) -> dict:

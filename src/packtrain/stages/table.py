@@ -1,7 +1,7 @@
 """The stage table: the one list of stages, what each consumes and produces, and what it depends on.
 
 Every adapter reads this table instead of naming stages itself: `packtrain.stages.get_runner`, the CLI's
-stage subcommands, the KFP components and pipeline (artifact names, GPU and retry settings), the stage cache
+stage subcommands, `packtrain run`'s in-process walk (`packtrain.pipeline.dag`), the KFP components and pipeline (artifact names, GPU and retry settings), the stage cache
 key (`packtrain.pipeline.runtime.config_parts`), the generated `dvc.yaml` (`packtrain.pipeline.dvc_export`),
 the run summary and lineage. Adding a stage is adding one `StageSpec` here (docs/architecture.md walks through
 an example).

@@ -3,7 +3,7 @@ adapter, because the launch happens inside the train stage runner itself:
 
     packtrain train --gpus 2            (CLI: --gpus N is --set train.gpus=N)      ─┐
     components/train.py → run_stage_component("train", ...)    (a KFP pod)         ─┼─► run_train(cfg, ...)
-    Airflow run_pipeline → run_local → kfp.local → the same component              ─┘      │
+    packtrain run / Airflow run_pipeline → run_dag → run_stage (in process)        ─┘      │
                                                                                            ▼
     train.gpus > 1 and not already a rank: launch_ranks(cfg, packs, tokens, out)
       python -m torch.distributed.run --standalone --nproc_per_node N \\
@@ -13,8 +13,9 @@ adapter, because the launch happens inside the train stage runner itself:
 
 Rank 0 alone opens the MLflow run and writes out_dir; `launch_ranks` returns the TrainResult rank 0 wrote
 (out_dir/train_result.json), so the caller cannot tell one process from N. A PacktrainError on rank 0 is written
-to PACKTRAIN_EXIT_FILE as {"exit_code", "message", "type"} and raised again in the launching process with the same
-message and exit code (2 refused, 8 diverged, ...) instead of torchrun's generic 1. A multi-node job
+as an error record (packtrain.error_record.write_error_record) to PACKTRAIN_ERROR_FILE, here a file of the launcher's
+temp dir, and raised again in the launching process with the same message and exit code (2 refused, 8 diverged,
+...) instead of torchrun's generic 1. A multi-node job
 (packtrain.pipeline.multinode) starts its ranks with an outer torchrun: RANK is set, nothing is relaunched.
 
     >>> torchrun_command(2, Path("/t/run.yaml"), Path("p"), Path("t"), Path("o"), resume=True)[3:9]
@@ -24,17 +25,18 @@ message and exit code (2 refused, 8 diverged, ...) instead of torchrun's generic
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from pathlib import Path
 
+from packtrain.error_record import ERROR_FILE_ENV, read_error_record, write_error_record
 from packtrain.errors import ConfigError, PacktrainError
 
 LAUNCHED = "PACKTRAIN_LAUNCHED"
 """Set (to N) for the ranks `launch_ranks` starts, so they train instead of launching again."""
-EXIT_FILE_ENV = "PACKTRAIN_EXIT_FILE"
-"""Where rank 0 writes its PacktrainError for the launching process (a file in the launcher's temp dir)."""
+EXIT_FILE_ENV = ERROR_FILE_ENV
+"""Where rank 0 writes its PacktrainError for the launching process (a file in the launcher's temp dir): the one
+error-record channel of packtrain.errors, pointed at that file for the ranks."""
 
 
 def is_rank() -> bool:
@@ -94,28 +96,18 @@ def launch_ranks(cfg, packs_dir: Path, tokens_dir: Path, out_dir: Path, *, resum
 def rank_error(exit_file: Path, rc: int, gpus: int) -> PacktrainError:
     """Rank 0's PacktrainError rebuilt from the exit file (its class when packtrain.errors has it, else a
     PacktrainError with its exit code); without one, torchrun's code names a crash whose traceback is above."""
-    from packtrain import errors
-
-    try:
-        rec = json.loads(exit_file.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    rec = read_error_record(exit_file)
+    if rec is None:
         return PacktrainError(f"train: one of the {gpus} ranks crashed (torchrun exited {rc}; the rank's traceback "
                               "is in the log above)", exit_code=rc if 0 < rc < 128 else 1)
-    cls = getattr(errors, str(rec.get("type")), None)
-    if not (isinstance(cls, type) and issubclass(cls, PacktrainError)):
-        cls = PacktrainError
-    return cls(str(rec.get("message", "")), exit_code=int(rec.get("exit_code", 1)))
+    return rec[0]
 
 
 def record_error(err: PacktrainError) -> None:
     """Rank 0 only: the error for the launching process (its message redacted: it may quote a URI)."""
-    path = os.environ.get(EXIT_FILE_ENV)
-    if not path or os.environ.get("RANK", "0") != "0":
+    if os.environ.get("RANK", "0") != "0":
         return
-    from packtrain.paths import write_json
-    from packtrain.secrets import redact_text
-
-    write_json(Path(path), {"exit_code": err.exit_code, "message": redact_text(str(err)), "type": type(err).__name__})
+    write_error_record(os.environ.get(EXIT_FILE_ENV), err, "train")
 
 
 def main(argv: list[str] | None = None) -> int:
