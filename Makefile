@@ -23,13 +23,13 @@ repro: $(STAMP)
 
 setup: $(STAMP)
 
-# Installs go through uv (a PyPI package, bootstrapped once into .packtrain/uv): it resolves and installs the ~240
-# pinned packages in parallel from one cache (.packtrain/uv-cache), so torch and every package the two venvs share
-# are downloaded once; bytecode is compiled at install time (imports are ~2x slower without it on this machine).
+# Installs go through uv (a PyPI package, bootstrapped once into .packtrain/uv): it resolves and installs the ~260
+# pinned packages in parallel from its user cache (~/.cache/uv, as pip's ~/.cache/pip), so torch and every package
+# the two venvs share are downloaded once per machine; bytecode is compiled at install time (imports are ~2x slower
+# without it on this machine).
 # /opt/wheels, where a machine has it, holds the CPU torch wheel (pip.conf's find-links; uv does not read pip.conf).
 UV          := .packtrain/uv/bin/uv
-UV_CACHE    := $(CURDIR)/.packtrain/uv-cache
-UV_PIP       = UV_CACHE_DIR=$(UV_CACHE) $(UV) pip install -q --compile-bytecode $(if $(wildcard /opt/wheels),--find-links /opt/wheels)
+UV_PIP       = $(UV) pip install -q --compile-bytecode $(if $(wildcard /opt/wheels),--find-links /opt/wheels)
 
 $(UV):
 	@test -x .packtrain/uv/bin/python || $(PYTHON) -m venv .packtrain/uv
