@@ -104,12 +104,15 @@ def pytest_sessionfinish(session):
 # it runs the session's `tiny_pipeline`, which run_server and airflow wait for (file lock). Replaying that run's
 # per-test times through xdist's loadfile scheduler: this order ends the workers at 591/590 s, the previous one at
 # 604/576 s.
-_SLOW_FIRST = ("test_local_pipeline.py", "test_warm_start_run.py", "test_sft_lora.py", "test_dvc.py",
+_SLOW_FIRST = ("test_kfp_runner.py", "test_promotion.py", "test_local_pipeline.py", "test_bench_suites.py",
+               "test_local_task.py", "test_warm_start_run.py", "test_sft_lora.py", "test_dvc.py",
                "test_wheel_ir.py", "test_secrets_full_run.py", "test_gate_champion.py", "test_run_server.py",
                "test_airflow_dag.py", "test_train_stage.py", "test_train_faults.py", "test_fsdp2_train.py",
                "test_publish_stages.py", "test_compare_mlflow.py", "test_replay_idempotent.py",
                "test_tracking_server.py", "test_component_runtime.py", "test_train_deepspeed.py",
-               "test_kfp_compile.py", "test_secrets_outage.py", "test_lora_train.py", "test_family_isolation.py")
+               "test_kfp_compile.py", "test_secrets_outage.py", "test_lora_train.py", "test_family_isolation.py",
+               "test_orphaned_runs.py", "test_train_eval.py", "test_registry_no_pickle.py",
+               "test_family_attention_stages.py", "test_contamination_stages.py", "test_data_record_rules.py")
 
 
 def pytest_collection_modifyitems(config, items):
