@@ -106,19 +106,21 @@ def _candidates(path: str, value, places: dict[str, str]) -> list:
     if isinstance(value, int):
         return [value + 1, value * 2, value - 1, 1, 0, *opts]
     if isinstance(value, float):
-        return [value * 0.5, value * 1.5, value + 0.1, 0.5, 1.0, 2.0, *opts]
+        return [value * 0.5, value * 1.5, value + 0.1, 0.5, 1.0, 2.0, value * 0.99, *opts]
     if isinstance(value, list):
         if value and isinstance(value[0], float):
             return [[value[0] * 0.9, *value[1:]]]
-        return [[*value, "x"], value[:1]]
+        return [[*value, "x"], value[:1], value[:-1]]
     if isinstance(value, str):
         return [*opts, _bump_digit(value), value + "x", places["init"], places["corpus"], ["q_proj"], False, True]
     # None: a value of the field's other type
     return [*opts, places["corpus"] if path == "ingest.source" else places["init"], 1024, 2, 0.5, "x",
-            "sqlite:///other.db", ["x==1"], True, {"type": "linear", "factor": 2.0}]
+            "sqlite:///other.db", ["x==1"], True, {"type": "linear", "factor": 2.0},
+            {"patience": 2, "min_delta": 0.0}]
 
 
-COMPANIONS = {"train.deepspeed.offload_params": {"train.deepspeed.zero_stage": 3}}
+COMPANIONS = {"train.deepspeed.offload_params": {"train.deepspeed.zero_stage": 3},
+              "train.early_stopping": {"train.eval_every_steps": 10}}
 """Fields valid only together with another value (the expected stages come from every changed leaf)."""
 
 

@@ -65,7 +65,11 @@ def check_attention_settings(cfg: RunSections) -> dict[str, list[str]]:
     where = f"model.init_from {init_from_value(cfg.model)}"
     out = {}
     for key, value, training in attention_uses(cfg):
+        try:
+            allowed = allowed_backends(family_cfg, training)
+        except (TypeError, ValueError, KeyError):
+            return {}   # a config.json without the family's fields: the loader refuses it, naming the directory
         if value != "auto":
             check_attention(family_cfg, value, training, where=where, key=key)
-        out[key] = allowed_backends(family_cfg, training)
+        out[key] = allowed
     return out

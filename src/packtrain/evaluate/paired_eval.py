@@ -45,9 +45,11 @@ class Against:
     version: str | None
 
 
-def resolve_against(cfg: RunConfig, ref: str) -> tuple[Against | None, str]:
+def resolve_against(cfg: RunConfig, ref: str, model_md5: str | None = None) -> tuple[Against | None, str]:
     """(the model to compare with, a note). "champion": `register.model_name@champion` of the run's registry,
-    None when there is none yet (or tracking is off); models:/… a registry version; else a model directory."""
+    None when there is none yet (or tracking is off), or when the champion is this very model (its version's
+    `model_md5` tag equals `model_md5`: a rerun on unchanged data judges nothing new and registers nothing new);
+    models:/… a registry version; else a model directory."""
     from packtrain.model.registry_source import cache_dir, download_version, registry_ref
     from packtrain.model.source import is_registry_source
 
@@ -88,11 +90,13 @@ def resolve_against(cfg: RunConfig, ref: str) -> tuple[Against | None, str]:
         raise MissingDataError(f"--against {ref!r}: not found in the registry at {redact_uri(uri)} "
                                f"({redact_text(str(e))[:200]})") from None
     v = str(mv.version)
+    if ref == "champion" and model_md5 and (mv.tags or {}).get("model_md5") == model_md5:
+        return None, f"the champion {name} v{v} is this very model (model md5 {model_md5[:12]}): scored alone"
     path = download_version(uri, name, v, cache_dir(cfg.workdir, name, v), run_id=mv.run_id, source=mv.source)
     return Against(f"v{v}", path, f"models:/{name}/{v}", v), f"compared with {name} v{v} ({ref})"
 
 
-def evaluate_identity(cfg: RunConfig) -> dict:
+def evaluate_identity(cfg: RunConfig, model_md5: str | None = None) -> dict:
     """What the evaluate stage's output depends on beyond its inputs and config (the stage cache key): the
     champion version it is compared with and the md5 of every suite file. An unreadable registry gives a key
     that never repeats (a miss, never a stale comparison)."""
@@ -117,6 +121,8 @@ def evaluate_identity(cfg: RunConfig) -> dict:
             mv = MlflowClient(tracking_uri=uri, registry_uri=uri).get_model_version_by_alias(
                 cfg.register_.model_name, "champion")
             champion = f"models:/{cfg.register_.model_name}/{mv.version}"
+            if model_md5 and (mv.tags or {}).get("model_md5") == model_md5:
+                champion = None   # the champion is this very model: judged as with none (resolve_against)
         except MlflowException as e:
             champion = None if e.error_code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE") else \
                 f"unresolved {time.time_ns()}"
@@ -262,7 +268,9 @@ def paired_evaluation(cfg: RunConfig, challenger: Path, ref: str, out_dir: Path,
     from packtrain.evaluate.suites import load_suites
 
     suites = load_suites(cfg.evaluate)   # bad suites fail before any model is loaded or downloaded
-    against, note = resolve_against(cfg, ref)
+    from packtrain.versioning import data_md5
+
+    against, note = resolve_against(cfg, ref, data_md5(Path(challenger)))
     models = [("challenger", Path(challenger))] + ([("champion", against.model_dir)] if against else [])
     rows, metrics, scored = score_suites(models, suites, cfg.evaluate, recent_packs)
     manifest = paired_manifest(Path(challenger), against, note, cfg.evaluate, scored)

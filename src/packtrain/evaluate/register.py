@@ -120,7 +120,9 @@ def build_registration(model_dir: str | Path, eval_result, train_result_path: st
     train = read_optional_json(train_result_path)
     lineage, origin, missing = collect_lineage(   # typed: TrainResult / eval_result.json's "lineage"
         train, ev, checkout_sha=git_sha(), train_source=train_result_path)   # git: cwd, then packtrain's source
-    tags = {"eval_loss": ev.get("eval_loss"), "perplexity": ev.get("perplexity"),
+    from packtrain.versioning import data_md5
+
+    tags = {"eval_loss": ev.get("eval_loss"), "perplexity": ev.get("perplexity"), "model_md5": data_md5(model_dir),
             "eval_tokens_per_s": ev.get("tokens_per_s"), "metric": cfg.metric, **lineage,
             **dataset_tags(train), "missing_tags": ",".join(missing) or "none", **parent_tags(train)}
     reqs = list(cfg.pip_requirements) if cfg.pip_requirements is not None else default_pip_requirements()

@@ -67,7 +67,7 @@ def config_from_text(text: str):
         return load_run_config(path)
 
 
-def config_parts(stage: str, cfg) -> dict[str, Any]:
+def config_parts(stage: str, cfg, inputs: dict[str, str] | None = None) -> dict[str, Any]:
     """The config a stage's output depends on: its cache key and nothing else.
 
     Exactly the sections/fields its stage-table entry declares (`StageSpec.config`, keyed by dotted path),
@@ -99,8 +99,10 @@ def config_parts(stage: str, cfg) -> dict[str, Any]:
             parts.update({path: _at(d, path) for path in spec.init_config})
     if stage == "evaluate":   # the champion it is compared with and the suite files' md5 (a new champion: a miss)
         from packtrain.evaluate.paired_eval import evaluate_identity
+        from packtrain.versioning import data_md5
 
-        parts["against"] = evaluate_identity(cfg)
+        model = Path(inputs["model"]) / "model" if inputs and "model" in inputs else None
+        parts["against"] = evaluate_identity(cfg, data_md5(model) if model is not None and model.is_dir() else None)
     if stage == "register":
         from packtrain.secrets import redact_uri
         from packtrain.tracking import resolve_tracking_uri
@@ -185,7 +187,7 @@ def _run_cached(stage, cfg, inputs, args, out_dir, cache_dir: Path, code_version
     # version + git sha + md5 of the package source, so an uncommitted edit also invalidates the cache
     code = os.environ.get(CODE_ENV) or f"{code_version or cur_code()}:{source_md5()}"
     key, parts = stage_cache_key(stage, {n: inputs[n] for n in STAGE_INPUTS[stage]},
-                                 config_parts(stage, cfg), code)
+                                 config_parts(stage, cfg, inputs), code)
     cache = StageCache(cache_dir)
     hit = cache.lookup(stage, key)
     if hit is not None:
