@@ -132,14 +132,14 @@ def evaluate_identity(cfg: RunConfig, model_md5: str | None = None) -> dict:
 
 
 def _load(model_dir: Path, cfg: EvalConfig):
-    from packtrain.evaluate.loading import load_model_dir, resolve_device
-    from packtrain.model.attention import resolve_attention
+    """The model and tokenizer of `model_dir` on evaluate's device, with the attention backend its family allows
+    (the same pick as the held-out perplexity: Gemma2's soft-caps refuse sdpa)."""
+    from packtrain.evaluate.loading import load_model_dir, read_model_config, resolve_device
+    from packtrain.model.families import pick_attention
 
     dev = resolve_device(cfg.device)
-    try:
-        backend = resolve_attention(cfg.attention, dev, cfg.precision, training=False)
-    except ConfigError as e:
-        raise ConfigError(str(e).replace("train.attention", "evaluate.attention")) from None
+    backend = pick_attention(cfg.attention, dev, cfg.precision, read_model_config(model_dir), training=False,
+                             key="evaluate.attention", where=f"model directory {model_dir}")
     model, tok = load_model_dir(model_dir, dev, backend)
     return model, tok, backend, dev
 
