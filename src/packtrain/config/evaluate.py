@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, ClassVar, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from packtrain.config.base import Float, Fraction, Int, PathStr, PositiveInt, Seed, StrictModel, Text
 from packtrain.config.messages import Allowed
@@ -105,6 +105,12 @@ class EvalConfig(StrictModel):
     against: Literal["champion", "none"] = "champion"
     """Whom the evaluate stage also scores: the registry's `register.model_name@champion` (none yet → the
     challenger alone, said so), or nobody."""
+
+    @field_validator("recent_role", mode="before")
+    @classmethod
+    def _off_from_yaml(cls, v):
+        """YAML reads a bare `off` (a recipe line, or `--set evaluate.recent_role=off`) as false: that is "off"."""
+        return "off" if v is False else v
 
     @model_validator(mode="after")
     def _suite_names(self) -> EvalConfig:
