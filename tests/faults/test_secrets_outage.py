@@ -187,7 +187,7 @@ def test_outage_with_secrets_then_replay(tmp_path, monkeypatch, capfd, caplog, f
     assert [m.step for m in client.get_metric_history(by_name["train"].info.run_id, "loss")] == [0, 1, 2]
     reg = by_name["register"]
     assert reg.data.tags["packtrain.decision"] == "champion" and reg.data.metrics["promoted"] == 1.0
-    assert len(client.get_metric_history(reg.info.run_id, "candidate_eval_loss")) == 1
+    assert len(client.get_metric_history(reg.info.run_id, "candidate_value")) == 1
     logged = client.search_logged_models([exp.experiment_id])
     assert len(logged) == 1 and str(logged[0].status) == "READY"   # the one logged before the kill, reused
     assert [str(v.version) for v in client.search_model_versions("name = 'tiny-lm'")] == ["1"]

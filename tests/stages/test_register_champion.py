@@ -40,7 +40,8 @@ def setup(tmp_path, monkeypatch):
     work = tmp_path / "run"
     sets = ["--set", f"workdir={work}", "--set", "evaluate.max_batches=null", "--set", "evaluate.rows=2",
             "--set", "evaluate.sample_tokens=4", "--set", f"register.model_name={NAME}",
-            "--set", "tracking.system_metrics=false"]
+            "--set", "tracking.system_metrics=false",
+            "--set", "evaluate.suites=[]"]   # judged on the held-out documents alone (task suites: test_local_task)
     return tmp_path, models, packs, work, sets
 
 
