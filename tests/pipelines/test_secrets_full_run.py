@@ -43,7 +43,9 @@ def test_full_run_with_the_server_down_and_replay_leak_no_secret(tmp_path):
     corpus = tiny_corpus(tmp_path / "corpus", n_docs=40)
     work = tmp_path / "wd"
     settings = [*tiny_settings(work, corpus), "tracking.retry_after_s=60", f"tracking.buffer_dir={tmp_path / 'buf'}"]
-    run = run_main(["run", *as_args(settings), "--json", str(tmp_path / "run.json")], cwd=tmp_path, env=env)
+    # a process of its own, as a user runs it: replay skips buffer files whose writer process is still alive
+    run = run_cli(["run", *as_args(settings), "--json", str(tmp_path / "run.json")], cwd=tmp_path, env=env,
+                  timeout=1500)
     assert run.returncode == 0, run.stderr[-3000:]
     result = json.loads((tmp_path / "run.json").read_text())
     assert result["stages"]["register"]["decision"] == "deferred"
