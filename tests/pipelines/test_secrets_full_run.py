@@ -13,7 +13,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from pipeline_helpers import as_args, run_cli, run_main, tiny_corpus, tiny_settings
+from pipeline_helpers import as_args, run_cli, tiny_corpus, tiny_settings
 
 pytestmark = pytest.mark.slow
 
