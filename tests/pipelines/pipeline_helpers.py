@@ -47,8 +47,9 @@ def run_main(args: list[str], cwd: Path, env: dict | None = None) -> subprocess.
 
 def run_cli(args: list[str], cwd: Path, env: dict | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
     """The real `packtrain` console script of this venv in a subprocess."""
-    full_env = {**os.environ, "PACKTRAIN_CODE_VERSION": PINNED_CODE, **(env or {})}
-    full_env.pop("MLFLOW_TRACKING_URI", None)
+    full_env = {**os.environ, "PACKTRAIN_CODE_VERSION": PINNED_CODE}
+    full_env.pop("MLFLOW_TRACKING_URI", None)   # the session's, never a test's own (given in `env`)
     full_env.pop("PACKTRAIN_PARENT_RUN_ID", None)
+    full_env.update(env or {})
     return subprocess.run([str(PACKTRAIN), *args], cwd=cwd, env=full_env, capture_output=True, text=True,
                           timeout=timeout)
