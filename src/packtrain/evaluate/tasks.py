@@ -18,7 +18,6 @@ HF_DATASETS_OFFLINE during the call). Supported output types: multiple_choice (m
 from __future__ import annotations
 
 import contextlib
-import os
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -112,18 +111,14 @@ def _include_dir(suite: TaskSuite) -> Iterator[Path]:
     spec = read_task_yaml(f"suite {suite.name!r}", Path(suite.path))
     spec["dataset_kwargs"] = {**spec["dataset_kwargs"], "data_files": dict(suite.data_files)}
     tmp = Path(tempfile.mkdtemp(prefix="packtrain-task-"))
-    old = {k: os.environ.get(k) for k in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")}
+    from packtrain.paths import patched_env
+
     try:
         (tmp / f"{suite.task}.yaml").write_text(yaml.safe_dump(spec, sort_keys=False), encoding="utf-8")
-        os.environ.update({k: "1" for k in old})
-        yield tmp
+        with patched_env(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1"):   # nothing from a hub, ever
+            yield tmp
     finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(tmp, ignore_errors=True)   # our own temporary include directory, never user data
 
 
 def score_task(model, tokenizer, suite: TaskSuite, device, batch_size: int = 16) -> TaskResult:
