@@ -43,12 +43,14 @@ class Against:
     model_dir: Path
     uri: str | None            # models:/NAME/3
     version: str | None
+    same: bool = False         # the champion is this very model (equal md5): scored once, Δ = 0 exactly
 
 
-def resolve_against(cfg: RunConfig, ref: str, model_md5: str | None = None) -> tuple[Against | None, str]:
+def resolve_against(cfg: RunConfig, ref: str, challenger: Path | None = None) -> tuple[Against | None, str]:
     """(the model to compare with, a note). "champion": `register.model_name@champion` of the run's registry,
-    None when there is none yet (or tracking is off), or when the champion is this very model (its version's
-    `model_md5` tag equals `model_md5`: a rerun on unchanged data judges nothing new and registers nothing new);
+    None when there is none yet (or tracking is off); when the champion is this very model (its version's
+    `model_md5` tag equals the md5 of `challenger`, a rerun on unchanged data) it is not downloaded: an Against
+    with `same` set, whose scores are the challenger's (Δ = 0 exactly, not promoted);
     models:/… a registry version; else a model directory."""
     from packtrain.model.registry_source import cache_dir, download_version, registry_ref
     from packtrain.model.source import is_registry_source
@@ -90,8 +92,14 @@ def resolve_against(cfg: RunConfig, ref: str, model_md5: str | None = None) -> t
         raise MissingDataError(f"--against {ref!r}: not found in the registry at {redact_uri(uri)} "
                                f"({redact_text(str(e))[:200]})") from None
     v = str(mv.version)
-    if ref == "champion" and model_md5 and (mv.tags or {}).get("model_md5") == model_md5:
-        return None, f"the champion {name} v{v} is this very model (model md5 {model_md5[:12]}): scored alone"
+    if ref == "champion" and challenger is not None:
+        from packtrain.versioning import data_md5
+
+        md5 = data_md5(challenger)
+        if (mv.tags or {}).get("model_md5") == md5:
+            return Against(f"v{v}", challenger, f"models:/{name}/{v}", v, same=True), (
+                f"the champion {name} v{v} is this very model (model md5 {md5[:12]}): scored once, its scores "
+                "are the challenger's (Δ = 0)")
     path = download_version(uri, name, v, cache_dir(cfg.workdir, name, v), run_id=mv.run_id, source=mv.source)
     return Against(f"v{v}", path, f"models:/{name}/{v}", v), f"compared with {name} v{v} ({ref})"
 
@@ -122,7 +130,7 @@ def evaluate_identity(cfg: RunConfig, model_md5: str | None = None) -> dict:
                 cfg.register_.model_name, "champion")
             champion = f"models:/{cfg.register_.model_name}/{mv.version}"
             if model_md5 and (mv.tags or {}).get("model_md5") == model_md5:
-                champion = None   # the champion is this very model: judged as with none (resolve_against)
+                champion = "this very model"   # scored once, Δ = 0 (resolve_against): any version of it is the same
         except MlflowException as e:
             champion = None if e.error_code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE") else \
                 f"unresolved {time.time_ns()}"
@@ -253,7 +261,8 @@ def paired_manifest(challenger: Path, against: Against | None, note: str, cfg: E
         ag_tok = tokenizer_hash(against.model_dir)
         match = ch_tok == ag_tok
         ag = {"label": against.label, "uri": against.uri, "version": against.version,
-              "model_dir": str(against.model_dir), "model_md5": data_md5(against.model_dir), "tokenizer_hash": ag_tok}
+              "model_dir": str(against.model_dir), "model_md5": data_md5(against.model_dir), "tokenizer_hash": ag_tok,
+              "same": against.same}
     return {"challenger": {"model_dir": str(challenger), "model_md5": data_md5(challenger), "tokenizer_hash": ch_tok},
             "against": ag, "note": note, "tokenizers_match": match,
             "settings": {"precision": cfg.precision, "attention": cfg.attention, "budget": cfg.suite_budget,
@@ -268,11 +277,13 @@ def paired_evaluation(cfg: RunConfig, challenger: Path, ref: str, out_dir: Path,
     from packtrain.evaluate.suites import load_suites
 
     suites = load_suites(cfg.evaluate)   # bad suites fail before any model is loaded or downloaded
-    from packtrain.versioning import data_md5
-
-    against, note = resolve_against(cfg, ref, data_md5(Path(challenger)))
-    models = [("challenger", Path(challenger))] + ([("champion", against.model_dir)] if against else [])
+    against, note = resolve_against(cfg, ref, Path(challenger))
+    models = [("challenger", Path(challenger))] + ([("champion", against.model_dir)] if against and not against.same
+                                                   else [])
     rows, metrics, scored = score_suites(models, suites, cfg.evaluate, recent_packs)
+    if against is not None and against.same:   # identical weights: identical scores, without a second pass
+        rows += [{**r, "model": "champion"} for r in rows]
+        metrics += [{**m, "model": "champion"} for m in metrics]
     manifest = paired_manifest(Path(challenger), against, note, cfg.evaluate, scored)
     manifest["task_metrics"] = metrics
     write_scores(out_dir, rows, manifest)
