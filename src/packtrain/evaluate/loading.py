@@ -18,9 +18,39 @@ Errors name the directory and the missing file, never a transformers traceback.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from packtrain.errors import ConfigError, InputDataError, MissingDataError
+
+if TYPE_CHECKING:
+    from packtrain.config import EvalConfig
+
+
+@dataclass
+class Loaded:
+    """A model loaded for evaluation: in eval mode on `device`, with the isolated attention `backend`."""
+
+    model: Any
+    tokenizer: Any
+    backend: str
+    device: Any
+
+
+def load_for_eval(model_dir: Path, cfg: EvalConfig, dev=None) -> Loaded:
+    """The model and tokenizer of `model_dir` on evaluate's device, with the attention backend its family allows
+    for evaluate.attention and evaluate.precision (auto resolved for the device): Gemma2's soft-caps refuse
+    sdpa; auto on CUDA in bf16 → varlen. The held-out perplexity and the suites use the same load."""
+    from packtrain.config.evaluate import eval_precision
+    from packtrain.model.families import pick_attention
+
+    dev = resolve_device(cfg.device) if dev is None else dev
+    backend = pick_attention(cfg.attention, dev, eval_precision(cfg.precision, dev.type),
+                             read_model_config(model_dir), training=False, key="evaluate.attention",
+                             where=f"model directory {model_dir}")
+    model, tok = load_model_dir(model_dir, dev, backend)
+    return Loaded(model, tok, backend, dev)
 
 
 def resolve_device(device: str = "auto"):

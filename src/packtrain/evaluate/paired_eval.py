@@ -29,6 +29,7 @@ from packtrain.errors import ConfigError, InputDataError, MissingDataError
 
 if TYPE_CHECKING:
     from packtrain.config import EvalConfig, RunConfig
+    from packtrain.evaluate.loading import Loaded
     from packtrain.evaluate.suite_types import Suite
 
 SCORES_FILE, MANIFEST_FILE = "suite_scores.parquet", "suites.json"
@@ -139,27 +140,18 @@ def evaluate_identity(cfg: RunConfig, model_md5: str | None = None) -> dict:
     return {"champion": champion, "suites": suites}
 
 
-def _load(model_dir: Path, cfg: EvalConfig):
-    """The model and tokenizer of `model_dir` on evaluate's device, with the attention backend its family allows
-    (the same pick as the held-out perplexity: Gemma2's soft-caps refuse sdpa)."""
-    from packtrain.evaluate.loading import load_model_dir, read_model_config, resolve_device
-    from packtrain.model.families import pick_attention
-
-    dev = resolve_device(cfg.device)
-    backend = pick_attention(cfg.attention, dev, cfg.precision, read_model_config(model_dir), training=False,
-                             key="evaluate.attention", where=f"model directory {model_dir}")
-    model, tok = load_model_dir(model_dir, dev, backend)
-    return model, tok, backend, dev
-
-
 def score_suites(models: list[tuple[str, Path]], suites: list[Suite], cfg: EvalConfig,
-                 recent_packs: Path | None = None) -> tuple[list[dict], list[dict], dict]:
+                 recent_packs: Path | None = None, challenger: Loaded | None = None
+                 ) -> tuple[list[dict], list[dict], dict]:
     """Score every suite with every model ((label, directory), challenger first): (table rows, task metrics
     [{"suite", "model", "metric", "value", "stderr"}], the suites as scored (with "recent" first when
-    `recent_packs` is given)). The recent suite is decoded with the first model's tokenizer (the packs' own)."""
+    `recent_packs` is given)). The recent suite is decoded with the first model's tokenizer (the packs' own).
+    `challenger`: the first model already loaded (loading.load_for_eval), used as it is."""
     import gc
 
+    from packtrain.config.evaluate import eval_precision, forward_rows
     from packtrain.evaluate.docscore import score_documents
+    from packtrain.evaluate.loading import load_for_eval
     from packtrain.evaluate.suite_types import TextSuite
     from packtrain.evaluate.suites import recent_suite
 
@@ -167,12 +159,14 @@ def score_suites(models: list[tuple[str, Path]], suites: list[Suite], cfg: EvalC
     metrics: list[dict] = []
     scored = list(suites)
     for k, (label, model_dir) in enumerate(models):
-        model, tok, backend, dev = _load(model_dir, cfg)
+        ld = challenger if k == 0 and challenger is not None else load_for_eval(model_dir, cfg)
+        model, tok, backend, dev = ld.model, ld.tokenizer, ld.backend, ld.device
+        precision, n_rows = eval_precision(cfg.precision, dev.type), forward_rows(cfg.rows, dev.type, cfg.suite_budget)
         if k == 0 and recent_packs is not None and cfg.recent_role != "off":
             scored.insert(0, recent_suite(cfg.recent_role, recent_packs, tok))
         for s in scored:
             if isinstance(s, TextSuite):
-                sc = score_documents(model, tok, s.docs, cfg.suite_budget, cfg.rows, cfg.precision, backend, dev,
+                sc = score_documents(model, tok, s.docs, cfg.suite_budget, n_rows, precision, backend, dev,
                                      suite=s.name)
                 rows += [{"suite": s.name, "role": s.role, "kind": "text", "model": label, "doc_id": d.doc_id,
                           "nll": float(sc.nll[i]), "tokens": int(sc.tokens[i]), "bytes": int(sc.bytes[i]),
@@ -184,7 +178,7 @@ def score_suites(models: list[tuple[str, Path]], suites: list[Suite], cfg: EvalC
                 metrics.append({"suite": s.name, "model": label, **res.metric})
                 rows += [{"suite": s.name, "role": s.role, "kind": "task", "model": label, "doc_id": str(doc),
                           "nll": None, "tokens": 0, "bytes": 0, "acc": float(a)} for doc, a in res.per_doc]
-        del model
+        del model, ld
         gc.collect()
     return rows, metrics, {"suites": [s.describe() for s in scored]}
 
@@ -271,16 +265,16 @@ def paired_manifest(challenger: Path, against: Against | None, note: str, cfg: E
 
 
 def paired_evaluation(cfg: RunConfig, challenger: Path, ref: str, out_dir: Path,
-                      recent_packs: Path | None = None) -> tuple[dict, list[dict]]:
+                      recent_packs: Path | None = None, loaded: Loaded | None = None) -> tuple[dict, list[dict]]:
     """Resolve `ref`, load the suites, score both models, write suite_scores.parquet + suites.json into
-    `out_dir`; returns (manifest, task metrics)."""
+    `out_dir`; returns (manifest, task metrics). `loaded`: the challenger already loaded (the evaluate stage)."""
     from packtrain.evaluate.suites import load_suites
 
     suites = load_suites(cfg.evaluate)   # bad suites fail before any model is loaded or downloaded
     against, note = resolve_against(cfg, ref, Path(challenger))
     models = [("challenger", Path(challenger))] + ([("champion", against.model_dir)] if against and not against.same
                                                    else [])
-    rows, metrics, scored = score_suites(models, suites, cfg.evaluate, recent_packs)
+    rows, metrics, scored = score_suites(models, suites, cfg.evaluate, recent_packs, loaded)
     if against is not None and against.same:   # identical weights: identical scores, without a second pass
         rows += [{**r, "model": "champion"} for r in rows]
         metrics += [{**m, "model": "champion"} for m in metrics]

@@ -31,10 +31,13 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from packtrain.config import EvalConfig
 from packtrain.errors import MissingDataError, PacktrainError
+
+if TYPE_CHECKING:
+    from packtrain.evaluate.loading import Loaded
 
 IGNORE_INDEX = -100
 _DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
@@ -63,6 +66,8 @@ class EvalResult:
     rows: int
     budget: int
     samples: list[dict] = field(default_factory=list)   # [{"prompt", "completion", "n_new_tokens"}]
+    timings: dict = field(default_factory=dict)         # load_s, warmup_s (CUDA), samples_s; the stage adds
+                                                        # suites_s and total_s
     model_dir: str = ""
     eval_split_dir: str = ""
 
@@ -164,68 +169,92 @@ def _peak_memory(device) -> tuple[float | None, str]:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, "cpu_max_rss"   # KiB → GiB
 
 
-def open_eval_loader(eval_split_dir: Path, rows: int, seed: int, loss_on: str = "all"):
+def open_eval_loader(eval_split_dir: Path, rows: int | str, seed: int, loss_on: str = "all",
+                     device_type: str = "cpu"):
     """The packing room's PackedLoader over one epoch of the eval packs, keeping the last partial batch; with
     `loss_on` ≠ all, labels are -100 outside the loss mask (the tokens train.loss_on trained on). Position ids of
     split-document chunks follow the packs' own chunk_positions (meta.json; restart when absent), the policy the
-    pack stage used for the train packs too."""
+    pack stage used for the train packs too. `rows` auto → packtrain.config.evaluate.forward_rows for
+    `device_type` and the packs' budget (the loader's `.rows` is the number used)."""
     try:
         from packtrain.packing.batches import PackedLoader
+        from packtrain.packing.store import PackStore
     except ImportError as e:
         raise PacktrainError(f"packtrain.packing.batches is not available in this build: {e}") from None
+    from packtrain.config.evaluate import forward_rows
+
     if not Path(eval_split_dir).is_dir():
         raise MissingDataError(f"eval packs {eval_split_dir} do not exist: run `packtrain pack` first "
                                f"(it writes <packs>/eval) or pass --packs DIR")
-    return PackedLoader(eval_split_dir, rows=rows, seed=seed, drop_last=False, epochs=1, loss_on=loss_on)
+    n_rows = forward_rows(rows, device_type, PackStore.open(eval_split_dir).budget) if rows == "auto" else int(rows)
+    return PackedLoader(eval_split_dir, rows=n_rows, seed=seed, drop_last=False, epochs=1, loss_on=loss_on)
 
 
 def evaluate(model_dir: str | Path, eval_split_dir: str | Path, cfg: EvalConfig, device: str | None = None,
-             loss_on: str | None = None) -> EvalResult:
+             loss_on: str | None = None, loaded: Loaded | None = None) -> EvalResult:
     """Held-out loss/perplexity of the model in `model_dir` over one epoch of `eval_split_dir`'s packs,
     eval tokens/s and peak memory, plus greedy samples from `cfg.prompts`.
 
     `device` overrides `cfg.device` ('auto' | 'cpu' | 'cuda'). `loss_on` (all | assistant | completion): the
     tokens scored; None → the train.loss_on recorded in `model_dir` (an adapter directory loads as base +
-    adapter merged).
+    adapter merged). `loaded`: the model already loaded by `loading.load_for_eval` (the evaluate stage loads it
+    once for this and the suites); it is left with its isolated backend after the samples.
+    On CUDA one forward of the first batch runs before the timed epoch (kernel selection, allocator warm-up):
+    `warmup_s`; `load_s` is the model's load.
     """
     import torch
 
-    from packtrain.evaluate.loading import load_model_dir, model_loss_on, read_model_config, resolve_device
+    from packtrain.config.evaluate import eval_precision
+    from packtrain.evaluate.loading import load_for_eval, model_loss_on, resolve_device
     from packtrain.evaluate.samples import generate_samples
-    from packtrain.model.attention import resolve_attention
+    from packtrain.model.attention import HF_NAMES, resolve_attention
     from packtrain.model.families import pick_attention
 
     dev = resolve_device(device or cfg.device)
+    precision = eval_precision(cfg.precision, dev.type)
     # an explicit backend must run on this device: refused before any file is read
-    resolve_attention(cfg.attention, dev, cfg.precision, training=False, key="evaluate.attention")
+    resolve_attention(cfg.attention, dev, precision, training=False, key="evaluate.attention")
     eval_split_dir = Path(eval_split_dir)
     loss_on = loss_on or model_loss_on(model_dir)
-    loader = open_eval_loader(eval_split_dir, cfg.rows, cfg.seed, loss_on)
+    loader = open_eval_loader(eval_split_dir, cfg.rows, cfg.seed, loss_on, dev.type)
     n_epoch = len(loader)
     if n_epoch == 0:
         raise MissingDataError(f"eval packs {eval_split_dir} hold no documents (is tokenize.eval_fraction 0?)")
     n = n_epoch if cfg.max_batches is None else min(n_epoch, cfg.max_batches)
-    # evaluate.attention for the model's family: auto → a backend it allows (Gemma2 on the CPU: eager)
-    backend = pick_attention(cfg.attention, dev, cfg.precision, read_model_config(model_dir), training=False,
-                             key="evaluate.attention", where=f"model directory {model_dir}")
-    model, tokenizer = load_model_dir(model_dir, dev, backend)
+    t_load = time.perf_counter()
+    if loaded is None:   # evaluate.attention for the model's family: auto → a backend it allows (Gemma2: eager)
+        loaded = load_for_eval(Path(model_dir), cfg, dev)
+    model, tokenizer, backend = loaded.model, loaded.tokenizer, loaded.backend
+    load_s = time.perf_counter() - t_load
+    warmup_s = 0.0
     if dev.type == "cuda":
+        t_warm = time.perf_counter()
+        warm = open_eval_loader(eval_split_dir, loader.rows, cfg.seed, loss_on, dev.type)   # (iterating `loader`
+        evaluate_batches(model, itertools.islice(iter(warm), 1), dev, precision, total=1, backend=backend)  # resumes)
+        warmup_s = time.perf_counter() - t_warm
         torch.cuda.reset_peak_memory_stats(dev)
-    sums = evaluate_batches(model, itertools.islice(iter(loader), n), dev, cfg.precision, total=n, backend=backend)
+    sums = evaluate_batches(model, itertools.islice(iter(loader), n), dev, precision, total=n, backend=backend)
     peak, kind = _peak_memory(dev)
     if sums["n_label_tokens"] == 0:
         raise MissingDataError(f"eval packs {eval_split_dir}: no label tokens in {sums['n_batches']} batches")
     loss = sums["loss_sum"] / sums["n_label_tokens"]
+    t_samples = time.perf_counter()
     if backend not in ("sdpa", "eager"):   # flex/varlen need packed-batch kwargs; generation is plain causal:
         # sdpa, or eager for a family refused on sdpa (Gemma2) — the family's first of AUTO_ORDER["cpu"]
         model.set_attn_implementation(pick_attention("auto", "cpu", "fp32", model.config, training=False))
-    samples = generate_samples(model, tokenizer, cfg.prompts, cfg.sample_tokens, dev)
+    try:
+        samples = generate_samples(model, tokenizer, cfg.prompts, cfg.sample_tokens, dev)
+    finally:
+        if backend not in ("sdpa", "eager"):
+            model.set_attn_implementation(HF_NAMES[backend])
+    samples_s = time.perf_counter() - t_samples
     return EvalResult(
         eval_loss=loss, perplexity=math.exp(min(loss, 700.0)),
         n_label_tokens=sums["n_label_tokens"], n_real_tokens=sums["n_real_tokens"],
         n_slot_tokens=sums["n_slot_tokens"], n_segments=sums["n_segments"], n_batches=sums["n_batches"],
         n_batches_epoch=n_epoch, complete=sums["n_batches"] == n_epoch, seconds=sums["seconds"],
         tokens_per_s=sums["n_real_tokens"] / max(sums["seconds"], 1e-9), peak_memory_gib=peak,
-        memory_kind=kind, device=str(dev), precision=cfg.precision, attention=backend, rows=cfg.rows, budget=sums["budget"],
-        samples=samples, model_dir=str(model_dir), eval_split_dir=str(eval_split_dir),
+        memory_kind=kind, device=str(dev), precision=precision, attention=backend, rows=loader.rows,
+        budget=sums["budget"], samples=samples, model_dir=str(model_dir), eval_split_dir=str(eval_split_dir),
+        timings={"load_s": round(load_s, 3), "warmup_s": round(warmup_s, 3), "samples_s": round(samples_s, 3)},
     )

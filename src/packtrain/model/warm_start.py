@@ -107,6 +107,7 @@ def initial_eval(init_dir: str | Path, eval_split_dir: str | Path, eval_cfg: Eva
     import torch
     from transformers import AutoModelForCausalLM
 
+    from packtrain.config.evaluate import eval_precision
     from packtrain.data.tokenizer_files import has_tokenizer
     from packtrain.evaluate.loading import load_model_dir, resolve_device
     from packtrain.evaluate.perplexity import evaluate_batches, open_eval_loader
@@ -119,10 +120,11 @@ def initial_eval(init_dir: str | Path, eval_split_dir: str | Path, eval_cfg: Eva
         return None
     t0 = time.perf_counter()
     dev = resolve_device(eval_cfg.device)
+    precision = eval_precision(eval_cfg.precision, dev.type)
     # evaluate.attention for the init model's family: auto → a backend it allows (Gemma2 on the CPU: eager)
-    backend = pick_attention(eval_cfg.attention, dev, eval_cfg.precision, checkpoint_config(init_dir),
+    backend = pick_attention(eval_cfg.attention, dev, precision, checkpoint_config(init_dir),
                              training=False, key="evaluate.attention", where=f"model.init_from {init_dir}")
-    loader = open_eval_loader(eval_split_dir, eval_cfg.rows, eval_cfg.seed)
+    loader = open_eval_loader(eval_split_dir, eval_cfg.rows, eval_cfg.seed, device_type=dev.type)
     n_epoch = len(loader)
     if n_epoch == 0:
         return None
@@ -136,7 +138,7 @@ def initial_eval(init_dir: str | Path, eval_split_dir: str | Path, eval_cfg: Eva
         model = AutoModelForCausalLM.from_pretrained(str(init_dir), attn_implementation=HF_NAMES[backend],
                                                      dtype=torch.float32).to(dev).eval()
     try:
-        sums = evaluate_batches(model, itertools.islice(iter(loader), n), dev, eval_cfg.precision, total=n,
+        sums = evaluate_batches(model, itertools.islice(iter(loader), n), dev, precision, total=n,
                                 backend=backend)
     finally:
         del model
@@ -147,7 +149,7 @@ def initial_eval(init_dir: str | Path, eval_split_dir: str | Path, eval_cfg: Eva
     loss = sums["loss_sum"] / sums["n_label_tokens"]
     return {"eval_loss": loss, "perplexity": math.exp(min(loss, 700.0)), "n_label_tokens": sums["n_label_tokens"],
             "n_batches": sums["n_batches"], "n_batches_epoch": n_epoch, "complete": sums["n_batches"] == n_epoch,
-            "device": str(dev), "precision": eval_cfg.precision, "attention": backend,
+            "device": str(dev), "precision": precision, "attention": backend,
             "seconds": round(time.perf_counter() - t0, 3)}
 
 

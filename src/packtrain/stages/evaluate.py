@@ -60,19 +60,31 @@ def run_evaluate(cfg: RunConfig, model_dir: str | Path, packs_dir: str | Path, o
     lineage = evaluate_lineage(model_dir, packs_dir)
     with stage_run("evaluate", cfg, section=cfg.evaluate) as run, \
             staged_output(out_dir, OUTPUTS, "evaluate") as tmp:
-        result = evaluate(model_dir, split, cfg.evaluate)
+        import time
+
+        from packtrain.evaluate.loading import load_for_eval
+
+        t0 = time.perf_counter()
+        loaded = load_for_eval(model_dir, cfg.evaluate)   # once, for the held-out loss and the suites
+        result = evaluate(model_dir, split, cfg.evaluate, loaded=loaded)
+        result.timings["load_s"] = round(time.perf_counter() - t0, 3)
+        t_suites = time.perf_counter()
+        manifest = score_against(cfg, model_dir, split, tmp, run, loaded)
+        del loaded
+        result.timings["suites_s"] = round(time.perf_counter() - t_suites, 3)
+        result.timings["total_s"] = round(time.perf_counter() - t0, 3)
         lib = result.to_dict()
         samples = lib.pop("samples")
         typed = from_library(EvaluateResult, lib, lineage, EvaluateResult.FILE)
         write_json(tmp / "samples.json", samples)
         typed.write(tmp)
         _check_written(tmp, typed, out_dir)
-        manifest = score_against(cfg, model_dir, split, tmp, run)
         run.log_metrics({
             "eval_loss": result.eval_loss, "perplexity": result.perplexity,
             "eval_tokens_per_s": result.tokens_per_s, "eval_seconds": result.seconds,
             "eval_label_tokens": result.n_label_tokens, "eval_real_tokens": result.n_real_tokens,
             "eval_batches": result.n_batches, "eval_complete": float(result.complete),
+            **{f"eval_{k}": float(v) for k, v in result.timings.items()},
             **({"eval_peak_memory_gib": result.peak_memory_gib} if result.peak_memory_gib is not None else {}),
         })
         run.set_tags({"packtrain.eval.memory_kind": result.memory_kind, "packtrain.eval.device": result.device})
@@ -85,7 +97,7 @@ def run_evaluate(cfg: RunConfig, model_dir: str | Path, packs_dir: str | Path, o
     return typed
 
 
-def score_against(cfg: RunConfig, model_dir: Path, split: Path, out: Path, run) -> dict:
+def score_against(cfg: RunConfig, model_dir: Path, split: Path, out: Path, run, loaded=None) -> dict:
     """Score the challenger and (evaluate.against) the champion on every suite into `out`; log the per-suite
     numbers. Returns suites.json."""
     import math
@@ -94,7 +106,7 @@ def score_against(cfg: RunConfig, model_dir: Path, split: Path, out: Path, run) 
     from packtrain.evaluate.paired_eval import SCORES_FILE, paired_evaluation
 
     manifest, _ = paired_evaluation(cfg, model_dir, "champion" if cfg.evaluate.against == "champion" else "none",
-                                    out, recent_packs=split)
+                                    out, recent_packs=split, loaded=loaded)
     print(f"[packtrain] evaluate: {manifest['note']}", file=sys.stderr, flush=True)
     import pyarrow.parquet as pq
 

@@ -290,6 +290,7 @@ class EvaluateResult(StageResult):
     budget: int
     model_dir: str
     eval_split_dir: str
+    timings: dict = dataclasses.field(default_factory=dict)   # load_s, warmup_s, samples_s, suites_s, total_s (seconds)
 
 
 @dataclass(kw_only=True)

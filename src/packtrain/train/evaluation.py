@@ -94,11 +94,12 @@ class Evaluator:
         on every rank: each rank evaluates its full replica, rank 0's result is broadcast so all decide alike)."""
         import torch
 
+        from packtrain.config.evaluate import eval_precision
         from packtrain.evaluate.perplexity import evaluate_batches, open_eval_loader
         from packtrain.train.runtime import broadcast_object
 
         cfg, model = self.eval_cfg, s.parts.model
-        loader = open_eval_loader(self.split, cfg.rows, cfg.seed, self.loss_on)
+        loader = open_eval_loader(self.split, cfg.rows, cfg.seed, self.loss_on, s.device.type)
         n = len(loader) if cfg.max_batches is None else min(len(loader), cfg.max_batches)
         was_training = model.training
         model.eval()
@@ -106,7 +107,8 @@ class Evaluator:
             # compiled layers (train.compile) run eagerly here: the eval shape and inference mode would otherwise
             # compile graphs of their own, counted as recompiles of the training graph
             with torch.compiler.set_stance("force_eager"):
-                sums = evaluate_batches(model, itertools.islice(iter(loader), n), s.device, cfg.precision,
+                sums = evaluate_batches(model, itertools.islice(iter(loader), n), s.device,
+                                        eval_precision(cfg.precision, s.device.type),
                                         total=n, backend=s.parts.backend)
         finally:
             model.train(was_training)

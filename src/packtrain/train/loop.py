@@ -41,7 +41,7 @@ class TrainResult:
     skipped_steps: int              # fp16 steps skipped by the loss scaler
     compiles: int | None            # torch.compile frames compiled (None: compile off)
     recompiles: int | None          # of which recompiles (guard failures): 0 with a fixed budget
-    timings: dict                   # setup_s, train_s, checkpoint_s, save_s, total_s
+    timings: dict                   # setup_s, train_s, checkpoint_s, save_s, total_s + non_step_timings()
     throughput: dict                # Telemetry.summary(): tokens/s, MFU, step-time percentiles, the peak MFU is
                                     # against (peak_tflops, peak_source, peak_reliable, peak_note)
     memory: dict                    # cuda_memory_stats(): peak alloc/reserved GiB, fragmentation
@@ -89,6 +89,7 @@ def train(model_cfg, train_cfg, pack_cfg, telemetry_cfg, packs_dir, tokenizer_di
                       tracker, plan_cfg) as s:
         m, ga, world = s.parts, s.data.shape.grad_accum, s.dist.world_size
         start = s.restore(resume, overwrite)
+        s.release_setup_memory()
         batches = s.data.start(s.device)
         last_end = time.perf_counter()     # when the previous step's numbers reached the host
         bar = tqdm(total=train_cfg.max_steps, initial=start, desc="train", unit="step", file=sys.stderr,
@@ -129,7 +130,8 @@ def train(model_cfg, train_cfg, pack_cfg, telemetry_cfg, packs_dir, tokenizer_di
                 stopped = True
                 break
         bar.close()
-        train_s = time.perf_counter() - t_loop
+        t_steps_end = time.perf_counter()
+        train_s = t_steps_end - t_loop
         s.end_steady_state()
         last = s.checkpoints.last
         if last is None or not last.name.endswith(f"{last_step:06d}"):
@@ -138,9 +140,34 @@ def train(model_cfg, train_cfg, pack_cfg, telemetry_cfg, packs_dir, tokenizer_di
         t_save = time.perf_counter()
         model_dir = s.save_model()
         result = _result(s, start, train_s, time.perf_counter() - t_save, time.perf_counter() - t_start, model_dir)
+        result.timings.update(non_step_timings(result.history, t_start, t_loop, t_steps_end, time.perf_counter()))
         if evaluator is not None:
             result.evaluation = _evaluation(s, evaluator, exported, stopped)
         return result
+
+
+def non_step_timings(history: list[dict], t_start: float, t_loop: float, t_steps_end: float, t_end: float
+                     ) -> dict[str, float]:
+    """Where a run's wall time went besides steady steps (perf_counter seconds):
+    process_to_loop_s   process start (psutil) → the first step begins: imports, model build, data, restore
+    setup_to_loop_s     train() entered → the first step begins
+    first_step_s        the first step's own time (compile, kernel selection, allocator warm-up)
+    compile_s           first_step_s − the median step time: what the first step cost over a steady one
+    after_steps_s       the last step ends → train() returns: final checks, best-checkpoint restore, export"""
+    import statistics
+
+    try:
+        import psutil
+
+        since_process = time.time() - psutil.Process().create_time() - (time.perf_counter() - t_loop)
+    except Exception:   # psutil unavailable or no access: the part inside train() is still known
+        since_process = float("nan")
+    steps = [float(h["step_time_s"]) for h in history if h.get("step_time_s") is not None]
+    first = steps[0] if steps else 0.0
+    median = statistics.median(steps[1:]) if len(steps) > 1 else first
+    return {"process_to_loop_s": round(since_process, 3), "setup_to_loop_s": round(t_loop - t_start, 3),
+            "first_step_s": round(first, 3), "compile_s": round(max(first - median, 0.0), 3),
+            "after_steps_s": round(t_end - t_steps_end, 3)}
 
 
 def run_step(m: ModelParts, window: list[PackedBatch], label_divisor: float, device: torch.device,

@@ -129,6 +129,21 @@ class TrainSession:
         (idempotent)."""
         self._undo.close()
 
+    def release_setup_memory(self) -> None:
+        """Set-up is over (model built, optimizer made, checkpoint restored): give its cached blocks back to
+        the device and restart the peak counters, so the recorded peak and its fragmentation are the training
+        steps' own, not what loading or a previous run in this process left reserved. No-op on the CPU."""
+        from packtrain.telemetry.memory import reset_peak_memory
+
+        if self.device.type == "cuda":
+            import gc
+
+            import torch
+
+            gc.collect()
+            torch.cuda.empty_cache()
+            reset_peak_memory(self.device)
+
     def end_steady_state(self) -> None:
         """Training steps are over: stop sampling so saving the model does not count as idle GPU time; probe a
         measured peak once more, now that this run's steps no longer hold the cores."""
