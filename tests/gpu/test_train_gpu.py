@@ -77,7 +77,10 @@ def test_350m_recipe_trains_with_each_backend(recipe, data, tmp_path, backend):
 def test_memory_techniques_lower_the_peak(recipe, data, tmp_path, change):
     from packtrain.train.smoke import smoke_run
 
-    base = recipe.model_copy(update={"train": recipe.train.model_copy(update={"compile": False, "rows": 4})})
+    # the baseline holds full logits and every layer's activations (the recipe's fused loss is chunked here
+    # when liger-kernel is absent, so it would be the "chunked" case itself)
+    base = recipe.model_copy(update={"train": recipe.train.model_copy(update={"compile": False, "rows": 4,
+                                                                             "loss": "standard"})})
     tried = recipe.model_copy(update={"train": base.train.model_copy(update=change)})
     a = smoke_run(base, data / "tokenize", data / "pack", tmp_path / "a", "sdpa", steps=3, warmup_steps=0)
     b = smoke_run(tried, data / "tokenize", data / "pack", tmp_path / "b", "sdpa", steps=3, warmup_steps=0)
