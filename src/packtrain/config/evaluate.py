@@ -104,6 +104,9 @@ class EvalConfig(StrictModel):
     held-out split is always there too, as suite "recent" (role `recent_role`)."""
     recent_role: Literal["primary", "regression", "off"] = "primary"
     """Role of suite "recent" (this run's held-out documents); off → not scored (then a suite must be primary)."""
+    recent_max_documents: PositiveInt | None = None
+    """Score only the first N held-out documents (by doc_id) as suite "recent", the same N for both models and
+    recorded in suites.json; None → the whole held-out split."""
     suite_budget: PositiveInt = 512
     """Tokens per packed row when scoring suites, for both models; longer documents are scored in chunks that
     overlap by one token, so every token is predicted exactly once."""

@@ -163,7 +163,7 @@ def score_suites(models: list[tuple[str, Path]], suites: list[Suite], cfg: EvalC
         model, tok, backend, dev = ld.model, ld.tokenizer, ld.backend, ld.device
         precision, n_rows = eval_precision(cfg.precision, dev.type), forward_rows(cfg.rows, dev.type, cfg.suite_budget)
         if k == 0 and recent_packs is not None and cfg.recent_role != "off":
-            scored.insert(0, recent_suite(cfg.recent_role, recent_packs, tok))
+            scored.insert(0, recent_suite(cfg.recent_role, recent_packs, tok, cfg.recent_max_documents))
         for s in scored:
             if isinstance(s, TextSuite):
                 sc = score_documents(model, tok, s.docs, cfg.suite_budget, n_rows, precision, backend, dev,

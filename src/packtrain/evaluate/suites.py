@@ -156,10 +156,11 @@ def record_pieces(rec: object, where: str) -> tuple[Piece, ...]:
                          f"'messages' list (got {keys})")
 
 
-def recent_suite(role: str, packs_eval_dir: Path, tokenizer) -> TextSuite:
+def recent_suite(role: str, packs_eval_dir: Path, tokenizer, max_documents: int | None = None) -> TextSuite:
     """Suite "recent": the pipeline's held-out split, from the eval packs, one document per doc_id (chunks of a
-    split document joined back in order), decoded with the tokenizer the packs were made with. Scored as plain
-    text by both models (a chat record's template markup is text here)."""
+    split document joined back in order), decoded with the tokenizer the packs were made with; with
+    `max_documents` the first N by doc_id (evaluate.recent_max_documents). Scored as plain text by both models
+    (a chat record's template markup is text here)."""
     import numpy as np
 
     from packtrain.packing.store import PackStore
@@ -174,7 +175,7 @@ def recent_suite(role: str, packs_eval_dir: Path, tokenizer) -> TextSuite:
             by_doc.setdefault(int(doc_id), []).append((int(start), toks[off: off + int(length)]))
             off += int(length)
     docs = []
-    for doc_id in sorted(by_doc):
+    for doc_id in sorted(by_doc)[:max_documents]:
         ids = np.concatenate([t for _, t in sorted(by_doc[doc_id], key=lambda x: x[0])]).tolist()
         text = tokenizer.decode(ids, skip_special_tokens=True)
         if text:
