@@ -79,7 +79,7 @@ $(CHROMIUM_STAMP):
 # two workers (one per core of the CI machine), whole files per worker so module fixtures are built once, in
 # collection order (tests/conftest.py puts the slowest files first)
 test: $(STAMP) $(AF_STAMP) $(CHROMIUM_STAMP) typecheck
-	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder tests
+	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=40 tests
 	$(PY) bench/ci_gate.py
 
 # mypy over src/packtrain ([tool.mypy] in pyproject.toml), zero errors: ~11 s cold on 2 cores (<1 s warm,
