@@ -117,3 +117,32 @@ def test_metadata_is_flat_scalars():
     meta = metadata_of({"fill": 0.99, "train": {"n_packs": 3}, "curve": [1.0, 2.0], "nested": {"x": None},
                         "big": list(range(100))})
     assert meta == {"fill": 0.99, "train.n_packs": 3, "curve": [1.0, 2.0], "nested.x": None}
+
+
+def test_no_cache_refreshes_the_entry_that_later_runs_restore(tmp_path, monkeypatch):
+    """`packtrain run --no-cache` (REFRESH_ENV) reruns the stage and its fresh output replaces the cache entry:
+    the next cached run restores the refreshed output and stats, not the first run's."""
+    import json
+
+    from pipeline_helpers import tiny_corpus, tiny_settings
+
+    from packtrain.config import load_run_config
+    from packtrain.pipeline.runtime import REFRESH_ENV, run_stage
+
+    corpus = tiny_corpus(tmp_path / "corpus", n_docs=12)
+    cfg = load_run_config("tiny-cpu", tiny_settings(tmp_path / "wd", corpus) + ["tracking.enabled=false"])
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("PACKTRAIN_CODE_VERSION", "pinned")
+    first = run_stage("ingest", cfg, {}, tmp_path / "r1" / "documents", cache_dir=cache)
+    (entry,) = (cache / "ingest").iterdir()
+    created = json.loads((entry / "entry.json").read_text())["stats"]
+    monkeypatch.setenv(REFRESH_ENV, "1")
+    refreshed = run_stage("ingest", cfg, {}, tmp_path / "r2" / "documents", cache_dir=cache)
+    assert first["cache"] == refreshed["cache"] == "miss"   # the refresh ran the stage instead of restoring it
+    stored = json.loads((entry / "entry.json").read_text())["stats"]
+    assert created["output"].startswith(str(tmp_path / "r1"))
+    assert stored["output"].startswith(str(tmp_path / "r2")), "the entry still holds the first run's stats"
+    monkeypatch.delenv(REFRESH_ENV)
+    again = run_stage("ingest", cfg, {}, tmp_path / "r3" / "documents", cache_dir=cache)
+    assert again["cache"] == "hit"
+    assert {k: v for k, v in again.items() if k not in ("cache", "cache_key")} == stored

@@ -23,7 +23,8 @@ import argparse
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-cache", action="store_true",
-                        help="rerun every stage without <workdir>/cache (neither read nor written)")
+                        help="rerun every stage without restoring from <workdir>/cache; the fresh outputs replace "
+                             "the cache entries, so later runs restore these")
     parser.add_argument("--verbose", "-v", action="store_true",
                         help="stream everything the stages print (the run's log) to the terminal")
     parser.add_argument("--runner", choices=("in-process", "kfp"), default="in-process",

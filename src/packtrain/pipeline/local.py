@@ -42,7 +42,7 @@ from typing import Literal, TextIO, cast
 
 from packtrain.errors import PacktrainError, StageFailed
 from packtrain.paths import patched_env
-from packtrain.pipeline.runtime import PARENT_ENV
+from packtrain.pipeline.runtime import PARENT_ENV, REFRESH_ENV
 
 PROGRESS_S = 10.0
 """Default seconds between two progress lines of a running stage (`packtrain run --progress S`)."""
@@ -201,8 +201,9 @@ def _run_local(cfg, *, runner: Runner, verbose: bool, use_cache: bool | None, ou
     workdir = Path(cfg.workdir).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
     cfg = cfg.model_copy(update={"workdir": str(workdir)})
-    use_cache = cfg.pipeline.stage_cache if use_cache is None else use_cache
-    cache_dir = workdir / "cache" if use_cache else None
+    # use_cache False (--no-cache): nothing is restored, every stage's fresh output is stored (REFRESH_ENV)
+    refresh = use_cache is False and cfg.pipeline.stage_cache
+    cache_dir = workdir / "cache" if cfg.pipeline.stage_cache else None
     log_path = new_log_path(workdir / "logs")
     log_path.parent.mkdir(parents=True, exist_ok=True)
 
@@ -210,7 +211,8 @@ def _run_local(cfg, *, runner: Runner, verbose: bool, use_cache: bool | None, ou
     parent = _start_parent(cfg, runner) if tracking_uri else None
     env = {PARENT_ENV: parent, "MLFLOW_TRACKING_URI": tracking_uri,
            # tqdm's updates feed the progress lines: at least two per progress interval, at most one per 5 s
-           "TQDM_MININTERVAL": os.environ.get("TQDM_MININTERVAL", str(min(5.0, progress_s / 2)))}
+           "TQDM_MININTERVAL": os.environ.get("TQDM_MININTERVAL", str(min(5.0, progress_s / 2))),
+           REFRESH_ENV: "1" if refresh else None}
     status, stages = "FAILED", {}
     try:
         # mode "x": never truncates another run's log; line-buffered: in order with what reaches its fd directly

@@ -46,6 +46,8 @@ from packtrain.stages.table import STAGES, stage_spec
 from packtrain.tracking.context import PARENT_ENV  # noqa: F401  (re-exported: pipeline.local imports it from here)
 
 CACHE_ENV = "PACKTRAIN_STAGE_CACHE_DIR"
+REFRESH_ENV = "PACKTRAIN_STAGE_CACHE_REFRESH"
+"""Set to 1 (`packtrain run --no-cache`): every stage runs, and its fresh output replaces its cache entry."""
 ERROR_ENV = ERROR_FILE_ENV
 """Where a KFP component writes the error record of a failed stage (`packtrain run --runner kfp` sets it)."""
 CODE_ENV = "PACKTRAIN_CODE_VERSION"
@@ -189,7 +191,7 @@ def _run_cached(stage, cfg, inputs, args, out_dir, cache_dir: Path, code_version
     key, parts = stage_cache_key(stage, {n: inputs[n] for n in STAGE_INPUTS[stage]},
                                  config_parts(stage, cfg, inputs), code)
     cache = StageCache(cache_dir)
-    hit = cache.lookup(stage, key)
+    hit = None if os.environ.get(REFRESH_ENV) == "1" else cache.lookup(stage, key)
     if hit is not None:
         cache.restore(hit, out_dir)
         print(f"[packtrain] {stage}: cache hit {key[:12]} (inputs, config and code unchanged)", flush=True)
