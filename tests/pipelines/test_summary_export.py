@@ -92,3 +92,33 @@ def test_export_missing_stats_is_a_clear_error(tmp_path):
     r = run_cli(["pipeline", "export", "pack", "--dir", str(tmp_path)], cwd=tmp_path)
     assert r.returncode == 5 and "pack_stats.json does not exist" in r.stderr
     assert not (tmp_path / "metrics").exists()
+
+
+def test_a_cached_register_line_reads_the_registry_as_it_is_now(tmp_path):
+    """A run whose register stage is restored from the cache does not repeat the decision it recorded (another
+    run may have moved the alias since): its line says the version came from an earlier run and reads the aliases
+    from the registry now."""
+    from mlflow import MlflowClient
+
+    from packtrain.pipeline.summary import build_summary, format_summary, registry_now
+
+    uri = f"sqlite:///{tmp_path / 'store.db'}"
+    client = MlflowClient(tracking_uri=uri, registry_uri=uri)
+    client.create_registered_model("lm")
+    for _ in range(2):
+        client.create_model_version("lm", source=str(tmp_path))
+    client.set_registered_model_alias("lm", "champion", "2")
+    stages = {"register": {"model_name": "lm", "version": "1", "decision": "champion", "cache": "hit",
+                           "reason": "first champion"}}
+    summary = build_summary(stages)
+    summary["registry_now"] = registry_now(uri, "lm", "1")
+    text = format_summary("tiny", summary, 1.0, 1, None)
+    (line,) = [ln for ln in text.splitlines() if ln.startswith("  register")]
+    assert line == ("  register   lm v1 (registered by an earlier run, restored from cache) · registry now: "
+                    "champion v2 (v1 holds no alias)")
+    assert "→ champion" not in text
+    assert registry_now(f"sqlite:///{tmp_path / 'missing' / 'x.db'}", "lm", "1").startswith("unreadable")
+    fresh = build_summary({"register": {"model_name": "lm", "version": "3", "decision": "challenger",
+                                        "reason": "recent (primary) not improved: Δ +0.01"}})
+    assert format_summary("tiny", fresh, 1.0, 1, None).splitlines()[1:3] == [
+        "  register   lm v3 → challenger", "             recent (primary) not improved: Δ +0.01"]

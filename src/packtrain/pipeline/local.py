@@ -244,6 +244,11 @@ def _run_local(cfg, *, runner: Runner, verbose: bool, use_cache: bool | None, ou
             metrics = {f"{s}.{k}": v for s, st in stages.items() for k, v in _flat_numbers(st).items()}
             _end_parent(cfg, parent, status, metrics, {"packtrain.log": str(log_path), **_stage_run_tags(stages)})
     summary = build_summary(stages)
+    reg = stages.get("register") or {}
+    if tracking_uri and isinstance(reg, dict) and reg.get("cache") == "hit" and reg.get("version") is not None:
+        from packtrain.pipeline.summary import registry_now
+
+        summary["registry_now"] = registry_now(tracking_uri, str(reg.get("model_name")), str(reg["version"]))
     try:
         summary["dataset"] = snapshot_documents(workdir)
     except Exception as e:  # the run succeeded; versioning the data is a bonus, never a failure

@@ -52,6 +52,7 @@ FIELDS: dict[str, tuple[str, str]] = {
     "model_name": ("register", "model_name"),
     "version": ("register", "version"),
     "alias": ("register", "decision"),
+    "reason": ("register", "reason"),
 }
 for _stage, _key in FIELDS.values():
     stage_spec(_stage)   # a summary field names a stage of the table (KeyError at import otherwise)
@@ -172,13 +173,41 @@ def _evaluate(s: dict) -> list[str]:
 
 
 def _register(s: dict) -> list[str]:
+    why = [f"             {_short(s['reason'])}"] if s.get("reason") else []
+    if s.get("version") is not None and "registry_now" in s:   # restored from the cache: the registry as it is
+        now = s["registry_now"]
+        return [f"  register   {s.get('model_name') or 'model'} v{s['version']} (registered by an earlier run, "
+                f"restored from cache) · registry now: {now}"]
     if s.get("version") is not None:
         return [f"  register   {s.get('model_name') or 'model'} v{s['version']}"
-                + (f" → {s['alias']}" if s.get("alias") else "")]
+                + (f" → {s['alias']}" if s.get("alias") else "")] + why
     if s.get("alias") == "deferred":
         return [f"  register   {s.get('model_name') or 'model'} deferred: the MLflow store was unreachable; "
                 "the registration is buffered (`packtrain mlflow replay`, or automatic when it is back)"]
     return []
+
+
+def _short(text: str, n: int = 110) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
+def registry_now(tracking_uri: str, name: str, version: str) -> str:
+    """The aliases as the registry holds them now, for the summary of a run whose register stage was restored
+    from the cache (its recorded decision may be stale: another run may have moved the alias since), e.g.
+    "champion v6 (v1 holds no alias)". Never raises: an unreadable registry says so."""
+    try:
+        from mlflow import MlflowClient
+
+        client = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
+        aliases = client.get_registered_model(name).aliases or {}
+    except Exception as e:   # the summary must not fail the finished run
+        return f"unreadable ({type(e).__name__})"
+    if not aliases:
+        return "no aliases"
+    held = ", ".join(f"{a} v{v}" for a, v in sorted(aliases.items()))
+    mine = [a for a, v in aliases.items() if str(v) == str(version)]
+    return held + ("" if mine else f" (v{version} holds no alias)")
 
 
 LINES: dict[str, Callable[[dict], list[str]]] = {
