@@ -13,13 +13,13 @@ version of each: two versions of one name stop `pip install --no-deps`. `--witho
 then keeps only what packtrain still reaches through the wheels' Requires-Dist once the group's requirements are
 cut (the cut group's own dependencies go too, unless something kept needs them).
 
-How: one `pip download --no-deps --only-binary=:all:` for the target Python and platforms over all pins (a pin with
-no such wheel is taken out and the batch retried), one `pip wheel --no-deps --no-build-isolation` over the pins
-that exist only as sdists (antlr4-python3-runtime, kfp-server-api, deepspeed, ...: pure Python; this interpreter's
-setuptools builds them, and its torch for deepspeed's setup.py), then every file is checked against the target's
-tags. Everything is built in a temporary folder beside `--out`, which appears only when all of it worked; a
-wheelhouse.json beside the wheels lists name, version, file, bytes and sha256. Exit 1 naming the package that
-could not be fetched or built, or a requirement that is neither pinned nor in the image.
+How: one `pip download --no-deps` for the target Python and platforms over all pins (a wheel where the index has
+one for the target, else the sdist: antlr4-python3-runtime, kfp-server-api, deepspeed, ... are pure Python), one
+`pip wheel --no-deps --no-build-isolation` over the sdists (this interpreter's setuptools builds them, its torch
+serves deepspeed's setup.py), then every file is checked against the target's tags. pip's own configuration
+(index, find-links, cache) applies. Everything is built in a temporary folder beside `--out`, which appears only
+when all of it worked; wheelhouse.json beside the wheels lists name, version, file, bytes and sha256 of each. Exit
+1 naming the package that could not be fetched or built, or a requirement neither pinned nor in the image.
 
 This is a build tool, not part of the library: pip is driven as a command, and packtrain never imports this file.
 """
@@ -228,6 +228,15 @@ def select(roots: Iterable[Requirement], wheels: Mapping[str, Wheel], image: Map
     return sel
 
 
+def packtrain_roots(own: Wheel, without: Iterable[str], env: Mapping[str, str]) -> list[Requirement]:
+    """packtrain's requirements with the extras of EXTRAS, minus the groups in `without` (plus their `keep`s).
+    E.g. without ("kfp", "mlflow-server"): no kfp, kfp-kubernetes, mlflow; mlflow-skinny, sqlalchemy, alembic."""
+    dropped = [GROUPS[g] for g in without]
+    cut = {normalize(n) for g in dropped for n in g.cut}
+    kept = own.needs([e for e in EXTRAS if e not in without], env)
+    return [r for r in kept if normalize(r.name) not in cut] + [Requirement(n) for g in dropped for n in g.keep]
+
+
 def _pip(args: list[str]) -> subprocess.CompletedProcess[str]:
     cmd = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--no-input", *args]
     return subprocess.run(cmd, capture_output=True, text=True)
@@ -237,41 +246,43 @@ def _progress(msg: str, t0: float) -> None:
     print(f"[{time.perf_counter() - t0:5.0f} s] {msg}", file=sys.stderr, flush=True)
 
 
-def fetch_binaries(pins: Mapping[str, str], dest: Path, target: Target) -> list[str]:
-    """Download a wheel of every pin into `dest`; returns the pins with no wheel for the target (sdist-only)."""
-    todo, no_wheel = dict(pins), list[str]()
-    while todo:
-        reqs = dest.parent / "binary-requirements.txt"
-        reqs.write_text("".join(f"{n}=={v}\n" for n, v in todo.items()), encoding="utf-8")
-        p = _pip(["download", "-q", "--no-deps", "--only-binary=:all:", "--progress-bar", "off",
-                  *target.pip_args(), "-d", str(dest), "-r", str(reqs)])
-        if p.returncode == 0:
-            return no_wheel
-        m = re.search(r"No matching distribution found for ([A-Za-z0-9._-]+)==", p.stderr)
-        if not m or normalize(m[1]) not in todo:
-            raise WheelhouseError(f"pip download failed:\n{p.stderr[-3000:]}")
-        name = normalize(m[1])
-        no_wheel.append(name)
-        del todo[name]
-        todo = {n: v for n, v in todo.items() if not any(_wheel_of(dest, n))}   # done ones are not asked again
-    return no_wheel
+def fetch(pins: Mapping[str, str], dest: Path, target: Target) -> list[Path]:
+    """Download every pin into `dest` in one pip call: its wheel for the target where the index has one, else its
+    sdist (`--no-deps` lifts pip's `--only-binary` rule for foreign targets; wheels of the pinned version rank
+    first). Returns the sdists. An sdist's metadata is read with this interpreter (`--no-build-isolation`: its
+    setuptools, and its torch, which deepspeed's setup.py imports). On a failure, one call per missing pin names it."""
+    args = ["download", "-q", "--no-deps", "--no-build-isolation", "--progress-bar", "off", *target.pip_args(),
+            "-d", str(dest)]
+    reqs = dest.parent / "requirements.txt"
+    reqs.write_text("".join(f"{n}=={v}\n" for n, v in pins.items()), encoding="utf-8")
+    if (p := _pip([*args, "-r", str(reqs)])).returncode != 0:
+        for n, v in pins.items():
+            if not _files_of(dest, n) and (q := _pip([*args, f"{n}=={v}"])).returncode != 0:
+                raise WheelhouseError(f"{n}=={v}: cannot be fetched for Python {target.python[0]}."
+                                      f"{target.python[1]} {target.platforms[0]}...:\n{q.stderr[-3000:]}")
+        raise WheelhouseError(f"pip download failed:\n{p.stderr[-3000:]}")
+    return sorted(f for f in dest.iterdir() if f.suffix != ".whl")
 
 
-def _wheel_of(folder: Path, name: str) -> list[Path]:
-    return [p for p in folder.glob("*.whl") if normalize(parse_wheel_filename(p.name)[0]) == name]
+def _files_of(folder: Path, name: str) -> list[Path]:
+    """The wheels and sdists of `name` in `folder` (sdist names: name-version.tar.gz, any separator and case)."""
+    def dist_name(f: Path) -> str:
+        if f.suffix == ".whl":
+            return str(parse_wheel_filename(f.name)[0])
+        return re.sub(r"-[^-]+(\.tar\.gz|\.zip)$", "", f.name)
+    return [f for f in folder.iterdir() if f.is_file() and normalize(dist_name(f)) == name]
 
 
-def build_sdists(pins: Mapping[str, str], dest: Path) -> None:
-    """`pip wheel` the sdist of each pin into `dest` (one call; on failure one call each, to name the package)."""
-    if not pins:
+def build_sdists(sdists: list[Path], dest: Path) -> None:
+    """`pip wheel` each downloaded sdist into `dest` (one call; on failure one each, to name the package)."""
+    if not sdists:
         return
-    base = ["wheel", "-q", "--no-deps", "--no-build-isolation", "--no-binary=:all:", "--progress-bar", "off",
-            "-w", str(dest)]
-    if _pip([*base, *(f"{n}=={v}" for n, v in pins.items())]).returncode == 0:
+    base = ["wheel", "-q", "--no-deps", "--no-build-isolation", "--no-index", "-w", str(dest)]
+    if _pip([*base, *map(str, sdists)]).returncode == 0:
         return
-    for n, v in pins.items():
-        if not _wheel_of(dest, n) and (p := _pip([*base, f"{n}=={v}"])).returncode != 0:
-            raise WheelhouseError(f"{n}=={v}: no wheel for the target and its sdist does not build:\n"
+    for s in sdists:
+        if (p := _pip([*base, str(s)])).returncode != 0:
+            raise WheelhouseError(f"{s.name}: the target has no wheel of it, and its sdist does not build here:\n"
                                   f"{p.stderr[-3000:]}")
 
 
@@ -285,7 +296,7 @@ def build_own_wheel(dest: Path, scratch: Path) -> Path:
             src.mkdir(parents=True, exist_ok=True)
             shutil.copy2(REPO / room, src / room)
     p = _pip(["wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(dest), str(src)])
-    if p.returncode != 0 or not (found := _wheel_of(dest, "packtrain")):
+    if p.returncode != 0 or not (found := [f for f in _files_of(dest, "packtrain") if f.suffix == ".whl"]):
         raise WheelhouseError(f"packtrain: its own wheel does not build:\n{p.stderr[-3000:]}")
     return found[0]
 
@@ -313,15 +324,15 @@ def build(constraints: Path, image_files: list[Path], out: Path, target: Target,
         image.update(read_image_packages(f))
     wanted = {n: v for n, v in pins.items() if n not in image and n not in NEVER}
     out.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=f".{out.name}-", dir=out.parent) as tmp:
+    with tempfile.TemporaryDirectory(prefix=f"{out.name}.tmp-", dir=out.parent) as tmp:
         scratch = Path(tmp)
         fetched = scratch / "wheels"
         fetched.mkdir()
         t0 = time.perf_counter()
         _progress(f"pip download: {len(wanted)} of {len(pins)} pins (the rest are in the image, or torch)", t0)
-        sdist_only = fetch_binaries(wanted, fetched, target)
-        _progress(f"pip wheel from sdists: {', '.join(sdist_only) or 'none'}", t0)
-        build_sdists({n: wanted[n] for n in sdist_only}, fetched)
+        sdists = fetch(wanted, fetched, target)
+        _progress(f"pip wheel from sdists: {', '.join(s.name for s in sdists) or 'none'}", t0)
+        build_sdists(sdists, fetched)
         _progress("packtrain's own wheel", t0)
         own = Wheel.read(build_own_wheel(fetched, scratch))
         _progress("checking tags, versions and requirements", t0)
@@ -329,17 +340,18 @@ def build(constraints: Path, image_files: list[Path], out: Path, target: Target,
         for path in sorted(fetched.glob("*.whl")):
             w = Wheel.read(path)
             if not target.tags & parse_wheel_filename(path.name)[3]:
+                built = any(f.suffix != ".whl" for f in _files_of(fetched, w.name))
                 raise WheelhouseError(f"{w.name} {w.version}: {path.name} does not install on cp"
-                                      f"{target.python[0]}{target.python[1]} {target.platforms[0]}")
+                                      f"{target.python[0]}{target.python[1]} {target.platforms[0]}..."
+                                      + (" (the index has no wheel for it; this one was built here from its sdist)"
+                                         if built else ""))
             if w.name in wheels:
                 raise WheelhouseError(f"{w.name}: two versions ({wheels[w.name].path.name}, {path.name})")
             wheels[w.name] = w
         if missing := sorted(set(wanted) - set(wheels)):
             raise WheelhouseError(f"{', '.join(missing)}: pinned but no wheel came back")
         env = target.markers
-        cut = {normalize(n) for g in without for n in GROUPS[g].cut}
-        own_roots = [r for r in own.needs([e for e in EXTRAS if e not in without], env)
-                     if normalize(r.name) not in cut] + [Requirement(n) for g in without for n in GROUPS[g].keep]
+        own_roots = packtrain_roots(own, without, env)
         full = select([*own_roots, *(Requirement(n) for n in wanted)], wheels, image, env)
         if full.unmet:
             raise WheelhouseError("needed but neither pinned in constraints.txt nor in the image: " + ", ".join(
