@@ -2,26 +2,18 @@
 """Build a wheelhouse: every wheel packtrain needs that a base image lacks, for a host with no package registry.
 
     python tools/wheelhouse.py --exclude tools/images/cuda-h200.txt --out .whl-h200 [--only-runtime]
-    # on the host, with no network (docs/install.md):
+    # there, with no network:
     python3 -m pip install --no-index --no-deps --upgrade --target /opt/packtrain-site .whl-h200/*.whl
     export PYTHONPATH=/opt/packtrain-site PATH=/opt/packtrain-site/bin:$PATH
 
-What goes in: each pin of constraints.txt (the closure `make setup` installs and `make lock` freezes), minus the
-packages the image already has (`--exclude`, names matched exactly after PEP 503 normalisation, so `requests` keeps
-`requests-oauthlib`), never torch (the image's CUDA build is the one to use), plus packtrain's own wheel. One
-version of each: two versions of one name stop `pip install --no-deps`. `--without GROUP` (or `--only-runtime`)
-then keeps only what packtrain still reaches through the wheels' Requires-Dist once the group's requirements are
-cut (the cut group's own dependencies go too, unless something kept needs them).
+Each pin of constraints.txt minus the image's packages (exact PEP 503 names: `requests` keeps `requests-oauthlib`),
+never torch, plus packtrain's own wheel; one version of each. One `pip download --no-deps` for the target's tags
+(a wheel, else the sdist), one `pip wheel --no-build-isolation` over the sdists; every file's tags and every
+requirement of what ships checked; `--without GROUP` keeps what packtrain still reaches once the group is cut.
+Built in a temporary folder beside `--out`, which appears only when all of it worked, with wheelhouse.json. Exit 1
+naming the package that could not be fetched or built. docs/install.md has the details and the sizes.
 
-How: one `pip download --no-deps` for the target Python and platforms over all pins (a wheel where the index has
-one for the target, else the sdist: antlr4-python3-runtime, kfp-server-api, deepspeed, ... are pure Python), one
-`pip wheel --no-deps --no-build-isolation` over the sdists (this interpreter's setuptools builds them, its torch
-serves deepspeed's setup.py), then every file is checked against the target's tags. pip's own configuration
-(index, find-links, cache) applies. Everything is built in a temporary folder beside `--out`, which appears only
-when all of it worked; wheelhouse.json beside the wheels lists name, version, file, bytes and sha256 of each. Exit
-1 naming the package that could not be fetched or built, or a requirement neither pinned nor in the image.
-
-This is a build tool, not part of the library: pip is driven as a command, and packtrain never imports this file.
+A build tool, not part of the library: pip is driven as a command, and packtrain never imports this file.
 """
 
 from __future__ import annotations
