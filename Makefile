@@ -95,10 +95,12 @@ bench-pack: $(STAMP)
 
 # The wheels an image lacks, for GPU hosts with no package registry (docs/install.md): IMAGE is the image's package
 # list, WHEELHOUSE_ARGS e.g. --only-runtime (44 MB for the H200 image instead of 118). Needs PyPI here, none there.
+# The venv only runs pip and the builds (what ships comes from constraints.txt and the source): order-only, so a
+# newer pyproject.toml does not reinstall it first.
 IMAGE           ?= tools/images/cuda-h200.txt
 WHEELHOUSE      ?= .whl-h200
 WHEELHOUSE_ARGS ?=
-wheelhouse: $(STAMP)
+wheelhouse: | $(STAMP)
 	$(PY) tools/wheelhouse.py --exclude $(IMAGE) --out $(WHEELHOUSE) $(WHEELHOUSE_ARGS)
 
 # Refresh the committed constraints from the current venv (after a deliberate upgrade).
