@@ -15,7 +15,7 @@ export MLFLOW_DISABLE_TELEMETRY := true
 export DO_NOT_TRACK := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: run test typecheck setup setup-airflow lint clean bench-pack lock repro chromium
+.PHONY: run test typecheck setup setup-airflow lint clean bench-pack lock repro chromium wheelhouse
 
 # `dvc repro` with the venv's packtrain on PATH (dvc.yaml calls the CLI)
 repro: $(STAMP)
@@ -88,10 +88,20 @@ typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check src tests components pipelines bench
+	$(VENV)/bin/ruff check src tests components pipelines bench tools
 
 bench-pack: $(STAMP)
 	$(PY) -m bench pack-speed --out bench/results/pack_speed.json
+
+# The wheels an image lacks, for GPU hosts with no package registry (docs/install.md): IMAGE is the image's package
+# list, WHEELHOUSE_ARGS e.g. --only-runtime (44 MB for the H200 image instead of 118). Needs PyPI here, none there.
+# The venv only runs pip and the builds (what ships comes from constraints.txt and the source): order-only, so a
+# newer pyproject.toml does not reinstall it first.
+IMAGE           ?= tools/images/cuda-h200.txt
+WHEELHOUSE      ?= .whl-h200
+WHEELHOUSE_ARGS ?=
+wheelhouse: | $(STAMP)
+	$(PY) tools/wheelhouse.py --exclude $(IMAGE) --out $(WHEELHOUSE) $(WHEELHOUSE_ARGS)
 
 # Refresh the committed constraints from the current venv (after a deliberate upgrade).
 lock: $(STAMP)

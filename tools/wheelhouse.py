@@ -1,0 +1,426 @@
+#!/usr/bin/env python3
+"""Build a wheelhouse: every wheel packtrain needs that a base image lacks, for a host with no package registry.
+
+    python tools/wheelhouse.py --exclude tools/images/cuda-h200.txt --out .whl-h200 [--only-runtime]
+    # there, with no network:
+    python3 -m pip install --no-index --no-deps --upgrade --target /opt/packtrain-site .whl-h200/*.whl
+    export PYTHONPATH=/opt/packtrain-site PATH=/opt/packtrain-site/bin:$PATH
+
+Each pin of constraints.txt minus the image's packages (exact PEP 503 names: `requests` keeps `requests-oauthlib`),
+never torch, plus packtrain's own wheel; one version of each. One `pip download --no-deps` for the target's tags
+(a wheel, else the sdist), one `pip wheel --no-build-isolation` over the sdists; every file's tags and every
+requirement of what ships checked; `--without GROUP` keeps what packtrain still reaches once the group is cut.
+Built in a temporary folder beside `--out`, which appears only when all of it worked, with wheelhouse.json. Exit 1
+naming the package that could not be fetched or built. docs/install.md has the details and the sizes.
+
+A build tool, not part of the library: pip is driven as a command, and packtrain never imports this file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from email.parser import HeaderParser
+from pathlib import Path
+from typing import Any
+
+from packaging.markers import default_environment
+from packaging.requirements import Requirement
+from packaging.tags import Tag, compatible_tags, cpython_tags
+from packaging.utils import canonicalize_name, parse_wheel_filename
+
+REPO = Path(__file__).resolve().parents[1]
+NEVER = frozenset({"torch"})
+"""Never carried: the image's own (CUDA) torch is the one packtrain must run on."""
+EXTRAS = ("dev", "deepspeed", "fp8")
+"""packtrain's extras that `make setup` installs, i.e. the ones constraints.txt pins (gpu and airflow are not)."""
+
+
+@dataclass(frozen=True)
+class Group:
+    """A part of packtrain's requirements that `--without` can cut (an extra's requirements come from the wheel)."""
+
+    why: str
+    """what it serves, for --help"""
+    cut: tuple[str, ...] = ()
+    """core requirements of packtrain it removes"""
+    keep: tuple[str, ...] = ()
+    """packages that become roots when it goes: the part of the cut packages packtrain still imports"""
+
+
+GROUPS: dict[str, Group] = {
+    "dev": Group("the dev extra: pytest, mypy, ruff, hadolint, the Kubeflow job models"),
+    "deepspeed": Group("the deepspeed extra: train.engine=deepspeed"),
+    "fp8": Group("the fp8 extra: torchao for train.precision=fp8"),
+    "lm-eval": Group("lm-eval and its closure: only .yaml task suites (evaluate.suites) import it", ("lm-eval",)),
+    "kfp": Group("kfp: --runner kfp, `pipeline compile|submit`; `packtrain run` runs in-process by default",
+                 ("kfp", "kfp-kubernetes")),
+    "mlflow-server": Group("the full mlflow wheel (its UI, 12 MB of JavaScript; `mlflow server`) and what only it "
+                           "needs; runs still log to sqlite through mlflow-skinny's store", ("mlflow",),
+                           ("mlflow-skinny", "sqlalchemy", "alembic")),
+}
+RUNTIME_DROPS = ("dev", "lm-eval", "kfp", "mlflow-server")
+"""`--only-runtime`: what `packtrain run` on a GPU host does without (deepspeed and fp8 stay: train engines)."""
+PLATFORMS = (*(f"manylinux_2_{n}_x86_64" for n in range(39, 16, -1)), "manylinux2014_x86_64",
+             "manylinux2010_x86_64", "manylinux1_x86_64")
+"""pip matches each manylinux_2_N exactly (no "N or older"), so the default names every N from glibc 2.39 (Ubuntu
+24.04, the CUDA image) down to 2.17, and the legacy aliases."""
+ROOMS = ("pyproject.toml", "README.md", "src", "recipes", "components", "pipelines")
+"""What packtrain's wheel is built from (the same list as docker/ and tests/pipelines/test_wheel_ir.py)."""
+
+
+class WheelhouseError(Exception):
+    """A package could not be fetched, built or placed; the message names it."""
+
+
+def normalize(name: str) -> str:
+    """PEP 503: `Ruamel.YAML` → `ruamel-yaml`, `typing_extensions` → `typing-extensions`."""
+    return canonicalize_name(name)
+
+
+def read_pins(path: Path) -> dict[str, str]:
+    """constraints.txt → {normalized name: version}; every line must be an exact `name==version` pin."""
+    pins: dict[str, str] = {}
+    for no, raw in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        m = re.fullmatch(r"([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;]+)", line)
+        if not m:
+            raise WheelhouseError(f"{path}:{no}: {raw.strip()!r} is not an exact pin (allowed: name==version)")
+        name = normalize(m[1])
+        if name in pins and pins[name] != m[2]:
+            raise WheelhouseError(f"{path}:{no}: {name} pinned twice ({pins[name]} and {m[2]}): keep one version")
+        pins[name] = m[2]
+    return pins
+
+
+def read_image_packages(path: Path) -> dict[str, str | None]:
+    """The image's package list → {normalized name: version or None}. Accepts one name a line, `pip freeze`
+    output (`Name==1.0`, `name @ file:///...`) and `pip list` output (a `Package Version` table, `name 1.0` rows);
+    `#` starts a comment. E.g. "requests\\nPyYAML==6.0.2\\n" → {"requests": None, "pyyaml": "6.0.2"}."""
+    packages: dict[str, str | None] = {}
+    for no, raw in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        line = raw.split("#", 1)[0].strip()
+        if not line or set(line) <= {"-", " "} or line.split()[:2] == ["Package", "Version"]:
+            continue
+        if "==" in line:
+            name, version = (s.strip() for s in line.split("==", 1))
+        elif " @ " in line:
+            name, version = line.split(" @ ", 1)[0].strip(), None
+        else:
+            name, *rest = line.split()
+            version = rest[0].strip("()") if rest else None
+        if not re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?", name):
+            raise WheelhouseError(f"{path}:{no}: {raw.strip()!r} is not a package name (allowed: one name a line, "
+                                  "`pip freeze` or `pip list` output)")
+        packages[normalize(name)] = version
+    return packages
+
+
+@dataclass(frozen=True)
+class Target:
+    """The interpreter and platforms the wheels are for."""
+
+    python: tuple[int, int]
+    platforms: tuple[str, ...]
+
+    @property
+    def tags(self) -> frozenset[Tag]:
+        abi = f"cp{self.python[0]}{self.python[1]}"
+        return frozenset([*cpython_tags(self.python, [abi], self.platforms),
+                          *compatible_tags(self.python, abi, self.platforms)])
+
+    @property
+    def markers(self) -> dict[str, str]:
+        """PEP 508 environment of the target (Linux CPython), for the wheels' Requires-Dist markers."""
+        version = f"{self.python[0]}.{self.python[1]}"
+        arch = self.platforms[0].split("_", 3)[-1] if self.platforms[0].startswith("manylinux_") else "x86_64"
+        return {**{k: str(v) for k, v in default_environment().items()}, "python_version": version, "python_full_version": f"{version}.0",
+                "implementation_name": "cpython", "platform_python_implementation": "CPython",
+                "sys_platform": "linux", "platform_system": "Linux", "os_name": "posix", "platform_machine": arch}
+
+    def pip_args(self) -> list[str]:
+        abi = f"cp{self.python[0]}{self.python[1]}"
+        return ["--python-version", f"{self.python[0]}.{self.python[1]}", "--implementation", "cp",
+                "--abi", abi, "--abi", "abi3", *(a for p in self.platforms for a in ("--platform", p))]
+
+
+@dataclass(frozen=True)
+class Wheel:
+    """One wheel file and what its METADATA says."""
+
+    path: Path
+    name: str
+    version: str
+    requires: tuple[Requirement, ...]
+
+    @classmethod
+    def read(cls, path: Path) -> Wheel:
+        with zipfile.ZipFile(path) as z:
+            meta = next(n for n in z.namelist() if n.count("/") == 1 and n.endswith(".dist-info/METADATA"))
+            headers = HeaderParser().parsestr(z.read(meta).decode("utf-8"))
+        return cls(path, normalize(headers["Name"]), headers["Version"],
+                   tuple(Requirement(r) for r in headers.get_all("Requires-Dist") or []))
+
+    def needs(self, extras: Iterable[str], env: Mapping[str, str]) -> list[Requirement]:
+        """Requirements active on the target when installed with `extras`."""
+        envs = [{**env, "extra": e} for e in ("", *extras)]
+        return [r for r in self.requires if r.marker is None or any(r.marker.evaluate(e) for e in envs)]
+
+
+@dataclass
+class Selection:
+    """What a set of roots reaches: wheels to ship, and requirements nothing provides."""
+
+    keep: dict[str, set[str]] = field(default_factory=dict)
+    """name → extras it is needed with"""
+    unmet: dict[str, str] = field(default_factory=dict)
+    """requirement name → who needs it (neither pinned nor in the image)"""
+    conflicts: list[str] = field(default_factory=list)
+    """`who needs name<spec>, the image has version`"""
+
+
+def select(roots: Iterable[Requirement], wheels: Mapping[str, Wheel], image: Mapping[str, str | None],
+           env: Mapping[str, str]) -> Selection:
+    """Walk Requires-Dist from `roots` through `wheels` (by normalized name); a name the image has stops the walk
+    (its version checked when known), torch too. E.g. roots [a], a → [b, requests], image {requests}: keep {a, b}."""
+    sel = Selection()
+    todo = [(r, "the roots") for r in roots]
+    while todo:
+        req, who = todo.pop()
+        name = normalize(req.name)
+        if name in NEVER:
+            continue
+        if name in image:
+            have = image[name]
+            if have is not None and not req.specifier.contains(have, prereleases=True):
+                sel.conflicts.append(f"{who} needs {name}{req.specifier}, the image has {have}")
+            continue
+        if name not in wheels:
+            sel.unmet.setdefault(name, who)
+            continue
+        known = sel.keep.get(name)
+        if known is not None and set(req.extras) <= known:
+            continue
+        extras = sel.keep.setdefault(name, set())
+        extras.update(req.extras)
+        w = wheels[name]
+        todo += [(r, f"{w.name} {w.version}") for r in w.needs(extras, env)]
+    return sel
+
+
+def packtrain_roots(own: Wheel, without: Iterable[str], env: Mapping[str, str]) -> list[Requirement]:
+    """packtrain's requirements with the extras of EXTRAS, minus the groups in `without` (plus their `keep`s).
+    E.g. without ("kfp", "mlflow-server"): no kfp, kfp-kubernetes, mlflow; mlflow-skinny, sqlalchemy, alembic."""
+    dropped = [GROUPS[g] for g in without]
+    cut = {normalize(n) for g in dropped for n in g.cut}
+    kept = own.needs([e for e in EXTRAS if e not in without], env)
+    return [r for r in kept if normalize(r.name) not in cut] + [Requirement(n) for g in dropped for n in g.keep]
+
+
+def _pip(args: list[str]) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--no-input", *args]
+    return subprocess.run(cmd, capture_output=True, text=True)
+
+
+def _progress(msg: str, t0: float) -> None:
+    print(f"[{time.perf_counter() - t0:5.0f} s] {msg}", file=sys.stderr, flush=True)
+
+
+def fetch(pins: Mapping[str, str], dest: Path, target: Target) -> list[Path]:
+    """Download every pin into `dest` in one pip call: its wheel for the target where the index has one, else its
+    sdist (`--no-deps` lifts pip's `--only-binary` rule for foreign targets; wheels of the pinned version rank
+    first). Returns the sdists. An sdist's metadata is read with this interpreter (`--no-build-isolation`: its
+    setuptools, and its torch, which deepspeed's setup.py imports). On a failure, one call per missing pin names it."""
+    args = ["download", "-q", "--no-deps", "--no-build-isolation", "--progress-bar", "off", *target.pip_args(),
+            "-d", str(dest)]
+    reqs = dest.parent / "requirements.txt"
+    reqs.write_text("".join(f"{n}=={v}\n" for n, v in pins.items()), encoding="utf-8")
+    if (p := _pip([*args, "-r", str(reqs)])).returncode != 0:
+        for n, v in pins.items():
+            if not _files_of(dest, n) and (q := _pip([*args, f"{n}=={v}"])).returncode != 0:
+                raise WheelhouseError(f"{n}=={v}: cannot be fetched for Python {target.python[0]}."
+                                      f"{target.python[1]} {target.platforms[0]}...:\n{q.stderr[-3000:]}")
+        raise WheelhouseError(f"pip download failed:\n{p.stderr[-3000:]}")
+    return sorted(f for f in dest.iterdir() if f.suffix != ".whl")
+
+
+def _files_of(folder: Path, name: str) -> list[Path]:
+    """The wheels and sdists of `name` in `folder` (sdist names: name-version.tar.gz, any separator and case)."""
+    def dist_name(f: Path) -> str:
+        if f.suffix == ".whl":
+            return str(parse_wheel_filename(f.name)[0])
+        return re.sub(r"-[^-]+(\.tar\.gz|\.zip)$", "", f.name)
+    return [f for f in folder.iterdir() if f.is_file() and normalize(dist_name(f)) == name]
+
+
+def build_sdists(sdists: list[Path], dest: Path) -> None:
+    """`pip wheel` each downloaded sdist into `dest` (one call; on failure one each, to name the package)."""
+    if not sdists:
+        return
+    base = ["wheel", "-q", "--no-deps", "--no-build-isolation", "--no-index", "-w", str(dest)]
+    if _pip([*base, *map(str, sdists)]).returncode == 0:
+        return
+    for s in sdists:
+        if (p := _pip([*base, str(s)])).returncode != 0:
+            raise WheelhouseError(f"{s.name}: the target has no wheel of it, and its sdist does not build here:\n"
+                                  f"{p.stderr[-3000:]}")
+
+
+def build_own_wheel(dest: Path, scratch: Path) -> Path:
+    """packtrain's wheel from a copy of its rooms (pip builds in-tree: a copy keeps build/ out of the checkout)."""
+    src = scratch / "packtrain-src"
+    for room in ROOMS:
+        if (REPO / room).is_dir():
+            shutil.copytree(REPO / room, src / room, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+        else:
+            src.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / room, src / room)
+    p = _pip(["wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(dest), str(src)])
+    if p.returncode != 0 or not (found := [f for f in _files_of(dest, "packtrain") if f.suffix == ".whl"]):
+        raise WheelhouseError(f"packtrain: its own wheel does not build:\n{p.stderr[-3000:]}")
+    return found[0]
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:.1f} MB"
+
+
+def build(constraints: Path, image_files: list[Path], out: Path, target: Target, without: tuple[str, ...]) -> dict[str, Any]:
+    """The whole build; returns the manifest written to out/wheelhouse.json."""
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise WheelhouseError(f"--out {out}: exists and is not an empty folder (choose a new one; nothing is "
+                              "overwritten)")
+    for f in (constraints, *image_files):
+        if not f.is_file():
+            raise WheelhouseError(f"{f}: no such file (--constraints / --exclude)")
+    pins = read_pins(constraints)
+    image: dict[str, str | None] = {}
+    for f in image_files:
+        image.update(read_image_packages(f))
+    wanted = {n: v for n, v in pins.items() if n not in image and n not in NEVER}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=f"{out.name}.tmp-", dir=out.parent) as tmp:
+        scratch = Path(tmp)
+        fetched = scratch / "wheels"
+        fetched.mkdir()
+        t0 = time.perf_counter()
+        _progress(f"pip download: {len(wanted)} of {len(pins)} pins (the rest are in the image, or torch)", t0)
+        sdists = fetch(wanted, fetched, target)
+        _progress(f"pip wheel from sdists: {', '.join(s.name for s in sdists) or 'none'}", t0)
+        build_sdists(sdists, fetched)
+        _progress("packtrain's own wheel", t0)
+        own = Wheel.read(build_own_wheel(fetched, scratch))
+        _progress("checking tags, versions and requirements", t0)
+        wheels: dict[str, Wheel] = {}
+        for path in sorted(fetched.glob("*.whl")):
+            w = Wheel.read(path)
+            if not target.tags & parse_wheel_filename(path.name)[3]:
+                built = any(f.suffix != ".whl" for f in _files_of(fetched, w.name))
+                raise WheelhouseError(f"{w.name} {w.version}: {path.name} does not install on cp"
+                                      f"{target.python[0]}{target.python[1]} {target.platforms[0]}..."
+                                      + (" (the index has no wheel for it; this one was built here from its sdist)"
+                                         if built else ""))
+            if w.name in wheels:
+                raise WheelhouseError(f"{w.name}: two versions ({wheels[w.name].path.name}, {path.name})")
+            wheels[w.name] = w
+        if missing := sorted(set(wanted) - set(wheels)):
+            raise WheelhouseError(f"{', '.join(missing)}: pinned but no wheel came back")
+        env = target.markers
+        roots = packtrain_roots(own, without, env)   # without a cut: every pin is a root as well
+        sel = select(roots if without else [*roots, *(Requirement(n) for n in wanted)], wheels, image, env)
+        if sel.unmet:
+            raise WheelhouseError("needed but neither pinned in constraints.txt nor in the image: " + ", ".join(
+                f"{n} (required by {who})" for n, who in sorted(sel.unmet.items())))
+        keep = sorted({*sel.keep, "packtrain"})
+        sizes = {n: w.path.stat().st_size for n, w in wheels.items()}
+        staged = scratch / "out"
+        staged.mkdir()
+        rows: list[dict[str, Any]] = []
+        for n in keep:
+            f = Path(shutil.move(wheels[n].path, staged / wheels[n].path.name))
+            rows.append({"name": n, "version": wheels[n].version, "file": f.name, "bytes": f.stat().st_size,
+                         "sha256": _sha256(f)})
+        manifest = {
+            "python": f"{target.python[0]}.{target.python[1]}", "platforms": list(target.platforms),
+            "constraints": str(constraints), "exclude": [str(f) for f in image_files], "without": list(without),
+            "wheels_count": len(rows), "total_bytes": sum(r["bytes"] for r in rows),
+            "all_groups": {"wheels_count": len(wheels), "total_bytes": sum(sizes.values())},
+            "dropped": sorted(set(wheels) - set(keep)), "conflicts": sorted(set(sel.conflicts)), "wheels": rows,
+        }
+        (staged / "wheelhouse.json").write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
+        if out.exists():
+            out.rmdir()   # checked empty above
+        shutil.move(staged, out)
+    return manifest
+
+
+def report(manifest: dict[str, Any], out: Path) -> str:
+    rows = manifest["wheels"]
+    lines = [f"wheelhouse {out}: {len(rows)} wheels, {_mb(manifest['total_bytes'])} (Python {manifest['python']}, "
+             f"{manifest['platforms'][0]}...)"]
+    if manifest["without"]:
+        full = manifest["all_groups"]
+        lines.append(f"  without {', '.join(manifest['without'])}: {len(manifest['dropped'])} wheels dropped; with "
+                     f"every group: {full['wheels_count']} wheels, {_mb(full['total_bytes'])}")
+    lines.append("  largest: " + ", ".join(f"{r['name']} {_mb(r['bytes'])}" for r in
+                                           sorted(rows, key=lambda r: -r["bytes"])[:10]))
+    lines.append("  missing: none (every requirement is in the image or here)")
+    for c in manifest["conflicts"]:
+        lines.append(f"  warning: {c} (the image's copy is used; carry this package to change that)")
+    lines.append(f"  install there: python3 -m pip install --no-index --no-deps --upgrade --target SITE {out}/*.whl"
+                 " && export PYTHONPATH=SITE")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--python", default="3.12", help="target interpreter, MAJOR.MINOR (default 3.12)")
+    ap.add_argument("--platform", action="append", help="wheel platform tag, repeatable (default: manylinux_2_39 "
+                    "... 2_17, manylinux2014/2010/1, x86_64)")
+    ap.add_argument("--exclude", action="append", type=Path, default=[], metavar="FILE",
+                    help="the image's packages: one name a line, or `pip list`/`pip freeze` output (repeatable)")
+    ap.add_argument("--constraints", type=Path, default=REPO / "constraints.txt", help="the pins (default: the "
+                    "repository's constraints.txt)")
+    ap.add_argument("--out", type=Path, required=True, help="new or empty folder for the wheels")
+    ap.add_argument("--without", nargs="+", default=[], choices=GROUPS, metavar="GROUP",
+                    help="drop a group and what only it needs: "
+                    + "; ".join(f"{n}: {g.why}" for n, g in GROUPS.items()))
+    ap.add_argument("--only-runtime", action="store_true", help=f"= --without {' '.join(RUNTIME_DROPS)}")
+    a = ap.parse_args(argv)
+    m = re.fullmatch(r"(\d+)\.(\d+)", a.python)
+    if not m:
+        ap.error(f"--python {a.python!r}: expected MAJOR.MINOR, e.g. 3.12")
+    target = Target((int(m[1]), int(m[2])), tuple(a.platform or PLATFORMS))
+    without = tuple(dict.fromkeys([*a.without, *(RUNTIME_DROPS if a.only_runtime else ())]))
+    try:
+        manifest = build(a.constraints, a.exclude, a.out, target, without)
+    except WheelhouseError as e:
+        print(f"wheelhouse: {e}", file=sys.stderr)
+        return 1
+    print(report(manifest, a.out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
