@@ -28,6 +28,7 @@ SUITES = {
     "data-memory": "bench.suites.data_memory",
     "gate-noise": "bench.suites.gate_noise",
     "cpu-run": "bench.suites.cpu_run",
+    "register-speed": "bench.suites.register_speed",
 }
 
 
