@@ -88,7 +88,8 @@ def log_once(model_dir: Path, way: str, exp_id: str) -> dict:
         log_s = time.perf_counter() - t0
     where = Path(MlflowClient().get_logged_model(info.model_id).artifact_location.removeprefix("file://"))
     size = sum(p.stat().st_size for p in where.rglob("*") if p.is_file())
-    same = filecmp.cmp(where / "model" / "model.safetensors", model_dir / "model.safetensors", shallow=False)
+    logged = where / "model" / "model.safetensors"   # the old way re-saves (fp32: maybe in shards)
+    same = logged.is_file() and filecmp.cmp(logged, model_dir / "model.safetensors", shallow=False)
     return {"way": way, "flavor": flavor, "seconds": round(load_s + log_s, 3), "load_s": round(load_s, 3),
             "log_s": round(log_s, 3), "logged_mib": round(size / 2**20, 1), "weights_byte_identical": same}
 
