@@ -8,6 +8,8 @@ directory with flavor=transformers (the in-memory re-save every earlier version 
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -29,6 +31,8 @@ def registered(tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("register-files")
     exported = build_tiny_model_dir(tmp_path / "model", TEXTS)
     AutoModelForCausalLM.from_pretrained(str(exported), dtype=torch.bfloat16).save_pretrained(str(exported))
+    gen = json.loads((exported / "generation_config.json").read_text())   # the model's own: 8 new tokens, not
+    (exported / "generation_config.json").write_text(json.dumps({**gen, "max_new_tokens": 8}))   # ~2,000 (14 s)
     before = {p.name: p.read_bytes() for p in exported.iterdir()}
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     with pytest.MonkeyPatch.context() as mp:   # module scope: the autouse isolation is not active yet
@@ -129,3 +133,26 @@ def test_packtrain_loaders_read_the_files_version(registered):
     got = {p.name for p in src.path.iterdir()} - {SOURCE_FILE}
     assert got == {p.name for p in registered["dir"].iterdir()}
     assert all((src.path / n).read_bytes() == (registered["dir"] / n).read_bytes() for n in got)
+
+
+def test_a_directory_the_files_flavor_cannot_take_is_loaded_and_re_saved(registered, tmp_path, monkeypatch):
+    import shutil
+
+    from packtrain.evaluate.register import register_model
+    from packtrain.evaluate.registry import load_registered
+    from packtrain.tracking.run import set_fluent_tracking_uri
+
+    d = shutil.copytree(registered["dir"], tmp_path / "no-arch")
+    cfg = json.loads((d / "config.json").read_text())
+    del cfg["architectures"]   # which class loads it: what the files flavor must name (AutoModel reads model_type)
+    (d / "config.json").write_text(json.dumps(cfg))
+    monkeypatch.chdir(registered["root"])
+    set_fluent_tracking_uri(registered["uri"])
+    try:
+        r = register_model(d, {"eval_loss": 3.0, "perplexity": 20.1}, None, RegisterConfig(model_name="lm-fallback"))
+    finally:
+        set_fluent_tracking_uri("")
+    assert r.flavor == "transformers" and r.flavor_note.startswith("files flavor not possible (model directory "
+                                                                   f"{d}: config.json has no `architectures`")
+    model, _ = load_registered("models:/lm-fallback/1", registered["uri"])
+    assert torch.equal(_logits(model), _logits(load_registered("models:/lm/1", registered["uri"])[0]))
