@@ -33,6 +33,7 @@ def registered(tmp_path_factory):
     AutoModelForCausalLM.from_pretrained(str(exported), dtype=torch.bfloat16).save_pretrained(str(exported))
     gen = json.loads((exported / "generation_config.json").read_text())   # the model's own: 8 new tokens, not
     (exported / "generation_config.json").write_text(json.dumps({**gen, "max_new_tokens": 8}))   # ~2,000 (14 s)
+    (exported / "notes.txt").write_text("not a model file: stays out of the registry\n")
     before = {p.name: p.read_bytes() for p in exported.iterdir()}
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     with pytest.MonkeyPatch.context() as mp:   # module scope: the autouse isolation is not active yet
@@ -74,7 +75,7 @@ def test_the_logged_files_are_the_exported_files(registered, tmp_path):
     assert (r.version, r.flavor, registered["old"].flavor) == ("1", "files", "transformers")
     assert r.version_tags["flavor"] == "files" and float(r.version_tags["log_model_s"]) == pytest.approx(r.log_model_s, abs=1e-3)
     local = Path(_download(registered["uri"], "models:/lm/1", tmp_path / "v1"))
-    weights = sorted(p.name for p in exported.iterdir())
+    weights = sorted(p.name for p in exported.iterdir() if p.name != "notes.txt")
     assert "model.safetensors" in weights and sorted(p.name for p in (local / "model").iterdir()) == weights
     for name in weights:   # byte for byte: nothing was loaded and saved again (bf16 stays bf16)
         assert (local / "model" / name).read_bytes() == (exported / name).read_bytes(), name
@@ -131,7 +132,7 @@ def test_packtrain_loaders_read_the_files_version(registered):
                                        f"tracking.tracking_uri={registered['uri']}", "model.init_from=models:/lm/1"])
     src = resolve_init(cfg, announce=False)
     got = {p.name for p in src.path.iterdir()} - {SOURCE_FILE}
-    assert got == {p.name for p in registered["dir"].iterdir()}
+    assert got == {p.name for p in registered["dir"].iterdir()} - {"notes.txt"}
     assert all((src.path / n).read_bytes() == (registered["dir"] / n).read_bytes() for n in got)
 
 

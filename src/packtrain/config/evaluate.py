@@ -138,7 +138,7 @@ class RegisterConfig(StrictModel):
     """Who takes the champion alias: the paired comparison of the evaluate stage (docs/validation.md)."""
     flavor: Literal["files", "auto", "transformers", "pytorch"] = "files"
     """How the model is logged. files → the exported directory's files copied as they are into MLflow's
-    transformers flavor (never loaded or re-saved: 0.4 s for a 350M model on the CPU, not 7.4 s; a directory without
+    transformers flavor (never loaded or re-saved: 0.4 s for a 350M model on the CPU, not 6.7 s; a directory without
     config.json + *.safetensors goes the auto way). auto → load the directory and log the in-memory model in the
     transformers flavor, falling back to the pytorch flavor (with the tokenizer as extra files) if that raises on
     the installed versions. transformers / pytorch → that in-memory flavor only. The choice and its reason are

@@ -6,8 +6,8 @@
 Flavor (RegisterConfig.flavor, measured with mlflow 3.17.2 + transformers 5.24, docs/evaluate.md):
 - files (default): the exported directory's files copied as they are into MLflow's transformers flavor
   (packtrain.evaluate.registry_files): nothing loaded, nothing re-saved; bf16 weights stay bf16 on disk. A
-  350M-parameter Llama saved in bf16, on the 2-core CPU machine: 0.36 s and 652 MiB logged, where load +
-  transformers re-save takes 7.4 s and logs 1,304 MiB (bench/results/register_speed.json; the register stage
+  350M-parameter Llama saved in bf16, on the 2-core CPU machine: 0.40 s and 652 MiB logged, where load +
+  transformers re-save takes 6.7 s and logs 1,304 MiB (bench/results/register_speed.json; the register stage
   took 39.8 s on a GPU host the old way). A directory without config.json + *.safetensors (a pickled
   pytorch_model.bin) goes the `auto` way, said in the note.
 - transformers, from the in-memory {"model", "tokenizer"} (task text-generation): loads the directory (fp32)

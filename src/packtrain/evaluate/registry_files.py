@@ -11,8 +11,9 @@ What gets logged is MLflow's own transformers flavor, laid out as `mlflow.transf
                                            model_binary model, components [tokenizer]
                              python_function: loader_module mlflow.transformers
                              signature: string → string (MLflow's default for text-generation)
-    model/                   every file at the top of the exported directory, byte for byte: config.json,
-                             model.safetensors (or its shards + index), generation_config.json, tokenizer files
+    model/                   the model's files of the exported directory, byte for byte: config.json,
+                             generation_config.json, *.safetensors (+ model.safetensors.index.json), tokenizer
+                             files (`model_files`: anything else there, a log or a stray file, stays out)
     components/tokenizer/    the tokenizer files (packtrain.data.tokenizer_files), byte for byte
     model_card.md, requirements.txt, conda.yaml, python_env.yaml
 
@@ -23,11 +24,11 @@ So a version logged this way is, to every reader, a transformers-flavor version:
 - packtrain reads `model/` and `components/tokenizer/` (packtrain.model.logged_model.hf_files), safetensors and
   tokenizer files only.
 
-Subdirectories of the exported directory are left out (a LoRA model/ registers its merged/ instead:
-packtrain.evaluate.adapter_registry). The staging copy MLflow logs from is hard-linked to the exported files when
-they share a file system (else copied): the artifact store's copy is then the only full copy made. A
-350M-parameter Llama saved in bf16 (652 MiB), on the 2-core CPU machine into a sqlite store: 0.36 s, against 7.4 s
-to load it and let mlflow.transformers re-save it in fp32 (1,304 MiB; bench/results/register_speed.json).
+Subdirectories are left out too (a LoRA model/ registers its merged/ instead: packtrain.evaluate.adapter_registry).
+The staging copy MLflow logs from is hard-linked to the exported files when they share a file system (else
+copied): the artifact store's copy is then the only full copy made. A 350M-parameter Llama saved in bf16
+(652 MiB), on the 2-core CPU machine into a sqlite store: 0.40 s, against 6.7 s to load it and let
+mlflow.transformers re-save it in fp32 (1,304 MiB; bench/results/register_speed.json).
 """
 
 from __future__ import annotations
@@ -57,6 +58,15 @@ def check_exported_dir(model_dir: Path) -> None:
     if not arch or not isinstance(arch, list):
         raise InputDataError(f"model directory {model_dir}: config.json has no `architectures` (which model "
                              "class loads it); save the model with save_pretrained")
+
+
+def model_files(model_dir: Path) -> list[Path]:
+    """The files of `model_dir` a version holds: config.json, generation_config.json, *.safetensors and their
+    index, the tokenizer files (packtrain.data.tokenizer_files.TOKENIZER_FILES); sorted by name."""
+    from packtrain.data.tokenizer_files import TOKENIZER_FILES
+
+    names = {"config.json", "generation_config.json", "model.safetensors.index.json", *TOKENIZER_FILES}
+    return sorted(p for p in model_dir.iterdir() if p.is_file() and (p.name in names or p.suffix == ".safetensors"))
 
 
 def _link_or_copy(src: Path, dst: Path) -> None:
@@ -95,7 +105,7 @@ def save_model(path: str, mlflow_model, model_dir: str, pip_requirements: list[s
     flavor = _flavor_config(src)
     (out / MODEL_BINARY).mkdir(parents=True)
     (out / TOKENIZER_COMPONENT).mkdir(parents=True)
-    for f in sorted(p for p in src.iterdir() if p.is_file()):
+    for f in model_files(src):
         _link_or_copy(f, out / MODEL_BINARY / f.name)
     for name in TOKENIZER_FILES:
         if (src / name).is_file():
