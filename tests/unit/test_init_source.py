@@ -52,7 +52,8 @@ def registry(tmp_path_factory):
         mp.chdir(root)                          # a new experiment's artifacts go under ./mlruns
         mp.delenv("MLFLOW_TRACKING_URI", raising=False)
         set_fluent_tracking_uri(uri)
-        r1 = register_model(dirs[1], {"eval_loss": 3.0, "perplexity": 20.1}, None, RegisterConfig(model_name="lm"))
+        r1 = register_model(dirs[1], {"eval_loss": 3.0, "perplexity": 20.1}, None,
+                            RegisterConfig(model_name="lm", flavor="transformers"))
         r2 = register_model(dirs[2], {"eval_loss": 2.0, "perplexity": 7.4}, None,
                             RegisterConfig(model_name="lm", flavor="pytorch"), verdict=_promoted_over("v1"))
     assert (r1.version, r1.flavor, r2.version, r2.flavor, r2.decision) == ("1", "transformers", "2", "pytorch",

@@ -2,7 +2,8 @@
 
 A real MLflow registry on sqlite in tmp holds model `lm`: v1 registered with the transformers flavor, v2 with
 the pytorch flavor (which now logs a save_pretrained copy next to MLflow's pickle), v3 a pytorch-flavor model
-logged by hand as a pickle only (what packtrain used to log, or anyone can). Every pickle load is seen by a
+logged by hand as a pickle only (what packtrain used to log, or anyone can), v4 with the default flavor (files:
+the exported directory as it is). Every pickle load is seen by a
 Python audit hook on `pickle.find_class` (raised by every Unpickler that resolves a class, torch.load's
 included; torch's weights_only loader and safetensors never raise it).
 """
@@ -54,12 +55,13 @@ def registry(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("registry")
     uri = f"sqlite:///{root / 'mlflow.db'}"
-    dirs = {v: build_tiny_family_dir(root / f"v{v}", "llama", vocab_size=V, seed=v) for v in (1, 2, 3)}
+    dirs = {v: build_tiny_family_dir(root / f"v{v}", "llama", vocab_size=V, seed=v) for v in (1, 2, 3, 4)}
     with pytest.MonkeyPatch.context() as mp:   # module scope: the autouse isolation is not active yet
         mp.chdir(root)
         mp.delenv("MLFLOW_TRACKING_URI", raising=False)
         set_fluent_tracking_uri(uri)
-        r1 = register_model(dirs[1], {"eval_loss": 3.0, "perplexity": 20.1}, None, RegisterConfig(model_name="lm"))
+        r1 = register_model(dirs[1], {"eval_loss": 3.0, "perplexity": 20.1}, None,
+                            RegisterConfig(model_name="lm", flavor="transformers"))
         r2 = register_model(dirs[2], {"eval_loss": 2.0, "perplexity": 7.4}, None,
                             RegisterConfig(model_name="lm", flavor="pytorch"))
         with mlflow.start_run(run_name="by-hand"):   # the pickle only, tokenizer as extra files
@@ -69,8 +71,10 @@ def registry(tmp_path_factory):
                                                          str(dirs[3] / "tokenizer_config.json")],
                                             pip_requirements=["torch"])
         v3 = mlflow.register_model(info.model_uri, "lm")
+        r4 = register_model(dirs[4], {"eval_loss": 2.5, "perplexity": 12.2}, None, RegisterConfig(model_name="lm"))
         set_fluent_tracking_uri("")
-    assert (r1.flavor, r2.flavor, str(v3.version)) == ("transformers", "pytorch", "3")
+    assert (r1.flavor, r2.flavor, str(v3.version), r4.version, r4.flavor) == ("transformers", "pytorch", "3", "4",
+                                                                              "files")
     return {"uri": uri, "dirs": dirs}
 
 
@@ -93,7 +97,7 @@ def _cfg(wd, uri, init_from, *extra):
 def test_registered_versions_load_without_unpickling(registry, tmp_path):
     from packtrain.evaluate.registry import load_registered
 
-    for v in (1, 2):
+    for v in (1, 2, 4):
         with unpickled() as seen:
             src = resolve_init(_cfg(tmp_path / "wd", registry["uri"], f"models:/lm/{v}"), announce=False)
             model, tok = load_registered(f"models:/lm/{v}", registry["uri"])

@@ -55,7 +55,7 @@ class RegisterResult:
     model_name: str
     version: str | None                   # the new version, e.g. "4" (None: deferred)
     model_uri: str | None                 # models:/<name>/<version>
-    flavor: str                           # transformers | pytorch
+    flavor: str                           # files | transformers | pytorch (register.flavor; auto → one of the last two)
     flavor_note: str                      # why this flavor
     decision: str                         # champion | challenger | deferred (store down: buffered)
     reason: str                           # one line: the suites that decided, with Δ and CI (or both versions)
@@ -102,7 +102,7 @@ def build_registration(model_dir: str | Path, eval_result, train_result_path: st
     """The registration op: everything `apply_registration` needs, JSON-able, no MLflow call.
 
     {"op": "register_model", "id": <uuid hex>, "path": "/abs/model", "name": "packtrain-lm",
-     "metric": "eval_loss", "candidate": 3.91, "margin": 0.0, "flavor": "auto", "pip_requirements": [...],
+     "metric": "eval_loss", "candidate": 3.91, "margin": 0.0, "flavor": "files", "pip_requirements": [...],
      "promotion": PromotionVerdict.to_dict() (None: no paired evaluation → never moves an existing champion),
      "gate": false, "gate_rules": null,
      "version_tags": {"eval_loss": "3.91", ..., "dataset_md5": ..., "tokens_md5": ..., "missing_tags": "none"},

@@ -2,7 +2,8 @@
 
     apply_registration(client, uri, run_id, op, model_dir)
       1. decision    packtrain.evaluate.champion: the paired verdict (op["promotion"]), then (op["gate"]) the gate
-      2. log model   once per op (the logged model carries tag packtrain.register_op=<op id>)
+      2. log model   once per op (the logged model carries tag packtrain.register_op=<op id>); register.flavor=files
+                     copies the exported files as they are (packtrain.evaluate.registry.log_model_dir)
       3. version     registered with tags: lineage, decision (+ reason), gate verdict, packtrain.train_run_id
       4. aliases     champion by compare-and-set, else challenger; packtrain.alias_set marks it done
       5. the run     metrics candidate_value/champion_value/promoted, packtrain.* tags, register_result.json,
@@ -59,8 +60,7 @@ def _log_model_once(client, run_id: str, op: dict, model_dir: Path, card: str) -
     """(model_id, flavor, note, seconds) of the op's logged model; logged only when no earlier attempt
     finished it (an attempt is finished once its model carries the packtrain.flavor tag)."""
     from packtrain.evaluate.adapter_registry import registry_model_dir
-    from packtrain.evaluate.loading import load_model_dir
-    from packtrain.evaluate.registry import ARTIFACT_NAME, log_model
+    from packtrain.evaluate.registry import ARTIFACT_NAME, log_model_dir
 
     exp = client.get_run(run_id).info.experiment_id
     found = client.search_logged_models([exp], filter_string=f"tags.`{OP_TAG}` = '{op['id']}'", max_results=1)
@@ -71,9 +71,8 @@ def _log_model_once(client, run_id: str, op: dict, model_dir: Path, card: str) -
     model_id = found[0].model_id if found else client.create_logged_model(
         exp, name=ARTIFACT_NAME, source_run_id=run_id, tags={OP_TAG: op["id"]}).model_id
     model_dir = registry_model_dir(model_dir)   # a LoRA model/: its merged/ (plain transformers)
-    model, tokenizer = load_model_dir(model_dir, "cpu")
-    _, flavor, note, log_s = log_model(model, tokenizer, model_dir, op["flavor"], op["pip_requirements"], card,
-                                       model_id=model_id, run_id=run_id)
+    _, flavor, note, log_s = log_model_dir(model_dir, op["flavor"], op["pip_requirements"], card,
+                                           model_id=model_id, run_id=run_id)
     client.set_logged_model_tags(model_id, {"packtrain.flavor": flavor, "packtrain.flavor_note": note[:4000],
                                             "packtrain.log_model_s": f"{log_s:.3f}"})
     return model_id, flavor, note, log_s

@@ -1,18 +1,27 @@
-"""Logging a model to MLflow in one of two flavors, and loading a registered version back.
+"""Logging a model to MLflow in one of three ways, and loading a registered version back.
+
+    log_model_dir(model_dir, flavor, pip_requirements, card, model_id=..., run_id=...)
+        → (ModelInfo, flavor used, note on the choice, seconds from the directory to the logged model)
 
 Flavor (RegisterConfig.flavor, measured with mlflow 3.17.2 + transformers 5.24, docs/evaluate.md):
-- transformers, from the in-memory {"model", "tokenizer"} (task text-generation): works; ~0.1–1 s for the
-  tiny model. Logging the *local checkpoint path* instead fails in mlflow 3.17.2
+- files (default): the exported directory's files copied as they are into MLflow's transformers flavor
+  (packtrain.evaluate.registry_files): nothing loaded, nothing re-saved; bf16 weights stay bf16 on disk. A
+  350M-parameter Llama saved in bf16, on the 2-core CPU machine: 0.40 s and 652 MiB logged, where load +
+  transformers re-save takes 6.7 s and logs 1,304 MiB (bench/results/register_speed.json; the register stage
+  took 39.8 s on a GPU host the old way). A directory without config.json + *.safetensors (a pickled
+  pytorch_model.bin) goes the `auto` way, said in the note.
+- transformers, from the in-memory {"model", "tokenizer"} (task text-generation): loads the directory (fp32)
+  and re-saves every weight. Logging the *local checkpoint path* instead fails in mlflow 3.17.2
   (`flavor_config.build_flavor_config_from_local_checkpoint` calls `.__name__` on the pipeline class, which
-  transformers 5 stores as a string: AttributeError), so we always pass the loaded components.
+  transformers 5 stores as a string: AttributeError); `files` writes that flavor config itself.
 - pytorch (fallback): `mlflow.pytorch.log_model(serialization_format="pickle")` (mlflow's default "pt2"
   needs an input example to trace) with, as `extra_files`, the model's save_pretrained files (config.json,
   model.safetensors) and the tokenizer files: a directory packtrain loads without unpickling.
 `auto` tries transformers and falls back to pytorch on any exception, recording the reason.
 
 Loading (`load_registered`, `load_champion`) reads only safetensors and tokenizer files
-(packtrain.model.logged_model); a pickle-only model (a pytorch-flavor version logged without the
-safetensors copy) is refused unless `allow_pickle` (the run's `model.allow_pickle`) is true.
+(packtrain.model.logged_model), in fp32 whatever the flavor; a pickle-only model (a pytorch-flavor version
+logged without the safetensors copy) is refused unless `allow_pickle` (the run's `model.allow_pickle`) is true.
 
 `pip_requirements` are always explicit: MLflow's inference takes ~7.5 s and pins `torch==2.13.0+cpu`.
 """
@@ -81,6 +90,35 @@ def log_model(model, tokenizer, model_dir: Path, flavor: str, pip_requirements: 
         info = mlflow.pytorch.log_model(model, name=ARTIFACT_NAME, pip_requirements=pip_requirements,
                                         extra_files=extra, serialization_format="pickle", **where)
     return info, "pytorch", note or "pytorch flavor requested", time.perf_counter() - t0
+
+
+def log_model_dir(model_dir: Path, flavor: str, pip_requirements: list[str], card_text: str = "",
+                  model_id: str | None = None, run_id: str | None = None) -> tuple[object, str, str, float]:
+    """Log the exported directory `model_dir` (a save_pretrained directory with its tokenizer) with `flavor`
+    (module doc) into run `run_id`, or into the existing logged model `model_id`. Returns (ModelInfo, flavor
+    used, note on the choice, seconds: the whole step, the load included for the in-memory flavors)."""
+    from packtrain.errors import InputDataError
+
+    t0 = time.perf_counter()
+    model_dir, note = Path(model_dir), ""
+    if flavor == "files":
+        from packtrain.evaluate.registry_files import check_exported_dir, log_model_files
+
+        try:
+            check_exported_dir(model_dir)
+        except InputDataError as e:   # e.g. only a pytorch_model.bin: loaded and re-saved as safetensors
+            note, flavor = f"files flavor not possible ({e})", "auto"
+        else:
+            info = log_model_files(model_dir, pip_requirements, card_text, name=ARTIFACT_NAME, model_id=model_id,
+                                   run_id=run_id)
+            return info, "files", "the exported files as they are, in MLflow's transformers flavor", \
+                time.perf_counter() - t0
+    from packtrain.evaluate.loading import load_model_dir
+
+    model, tokenizer = load_model_dir(model_dir, "cpu")
+    info, used, why, _ = log_model(model, tokenizer, model_dir, flavor, pip_requirements, card_text,
+                                   model_id=model_id, run_id=run_id)
+    return info, used, "; ".join(x for x in (note, why) if x), time.perf_counter() - t0
 
 
 def load_registered(model_uri: str, tracking_uri: str | None = None, allow_pickle: bool = False):

@@ -6,6 +6,7 @@ flavor the register stage logs (packtrain.evaluate.registry):
 
     transformers    <local>/model/ (MLmodel `model_binary`)     config.json, model.safetensors, ...
                     <local>/components/tokenizer/               tokenizer files
+                    (register.flavor files and transformers alike: files logs the exported files as they are)
     pytorch         <local>/data/model.pth                      the pickled nn.Module: never read by default
                     <local>/extra_files/                        config.json, model.safetensors, tokenizer files
                                                                 (the save_pretrained copy logged next to it)
@@ -88,11 +89,13 @@ def load_pickled(local: str | Path, what: str, allow_pickle: bool):
 
 
 def load_hf(files: HFFiles):
-    """(model, tokenizer) from safetensors/tokenizer files only (transformers refuses a pickled
-    pytorch_model.bin here: use_safetensors=True)."""
+    """(model in fp32, tokenizer) from safetensors/tokenizer files only (transformers refuses a pickled
+    pytorch_model.bin here: use_safetensors=True). fp32 whatever the files hold: a version logged as the exported
+    bf16 files (register.flavor=files) loads as the fp32 re-save of the in-memory flavors did."""
+    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     assert files.model_dir is not None, "pickle-only: see load_pickled"
-    model = AutoModelForCausalLM.from_pretrained(str(files.model_dir), use_safetensors=True)
+    model = AutoModelForCausalLM.from_pretrained(str(files.model_dir), use_safetensors=True, dtype=torch.float32)
     tok = AutoTokenizer.from_pretrained(str(files.tokenizer_dir or files.model_dir))
     return model.eval(), tok
