@@ -69,3 +69,37 @@ def test_data_md5_missing_path(tmp_path):
 
     with pytest.raises(MissingDataError, match="no such file"):
         data_md5(tmp_path / "nope")
+
+
+def test_md5_memo_reuses_a_settled_file_and_never_a_changed_or_fresh_one(tmp_path, monkeypatch):
+    """One run hashes the same model many times: a settled file (mtime ≥ 2 s old) is read once per version; a
+    rewrite (new mtime) and a fresh file (racy: mtime under 2 s old) are read again, so no stale md5 is ever
+    returned."""
+    import hashlib
+    import os
+    import time
+
+    from packtrain import versioning
+
+    reads = []
+    real = versioning._file_md5
+    monkeypatch.setattr(versioning, "_file_md5", lambda p: reads.append(p) or real(p))
+    f = tmp_path / "w.bin"
+    f.write_bytes(b"a" * 4096)
+    old = time.time() - 60
+    os.utime(f, (old, old))
+    first = versioning.file_md5(f)
+    assert versioning.file_md5(f) == first == hashlib.md5(b"a" * 4096).hexdigest() and len(reads) == 1
+    f.write_bytes(b"b" * 4096)                 # same size, new content
+    os.utime(f, (old + 1, old + 1))
+    assert versioning.file_md5(f) == hashlib.md5(b"b" * 4096).hexdigest() and len(reads) == 2
+    g = tmp_path / "fresh.bin"
+    g.write_bytes(b"c" * 10)
+    versioning.file_md5(g)
+    g.write_bytes(b"d" * 10)                   # within the timestamp granularity: still re-read
+    assert versioning.file_md5(g) == hashlib.md5(b"d" * 10).hexdigest() and len(reads) == 4
+    d = tmp_path / "dir"
+    d.mkdir()
+    (d / "x").write_bytes(b"x")
+    os.utime(d / "x", (old, old))
+    assert versioning.data_md5(d) == versioning.data_md5(d)
