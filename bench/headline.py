@@ -94,10 +94,27 @@ def table() -> list[str]:
     return lines
 
 
+PIPELINE = (("gpu_pipeline_350m.json", 0), ("gpu_pipeline_350m.json", 1), ("gpu_pipeline_350m_60.json", 0))
+"""(record, row) of the `python -m bench gpu-pipeline` runs quoted under the table, in that order."""
+
+
+def pipeline_table() -> list[str]:
+    """The whole `packtrain run` on the GPU: efficiency and non-step time of each recorded run."""
+    lines = ["", "| `packtrain run --recipe 350m-h200`, one H200 | GPU efficiency | train non-step | evaluate "
+             "non-step | register | eval ÷ train tok/s | record |", "|---|---:|---:|---:|---:|---:|---|"]
+    for file, k in PIPELINE:
+        doc = json.loads((RESULTS / file).read_text(encoding="utf-8"))
+        r = doc["rows"][k]
+        lines.append(f"| {r['steps']:,} steps ({doc['created'][:16].replace('T', ' ')}) | {r['efficiency']:.1%} | "
+                     f"{r['train_non_step_s']:.1f} s | {r['evaluate_non_step_s']:.1f} s | {r['register_s']:.1f} s | "
+                     f"{r['eval_over_train_tok_s']:.2f}× | [{file}](bench/results/{file}) |")
+    return lines
+
+
 def render_readme(text: str) -> str:
     """`text` (README.md) with the block between BEGIN and END replaced by the table (ValueError when the
     markers are missing)."""
     pattern = re.compile(re.escape(BEGIN) + r"\n.*?" + re.escape(END), re.S)
     if not pattern.search(text):
         raise ValueError(f"{README.name}: the headline markers are missing ({BEGIN!r} … {END!r})")
-    return pattern.sub(lambda _: "\n".join([BEGIN, *table(), END]), text, count=1)
+    return pattern.sub(lambda _: "\n".join([BEGIN, *table(), *pipeline_table(), END]), text, count=1)

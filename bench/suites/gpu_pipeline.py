@@ -113,6 +113,8 @@ def run(args, out: Path) -> Record:
            "evaluate_non_step_s": last["evaluate_non_step_s"] <= GOALS["evaluate_non_step_s"],
            "efficiency": last["efficiency"] >= GOALS["efficiency"],
            "eval_over_train_tok_s": (last["eval_over_train_tok_s"] or 0) >= GOALS["eval_over_train_tok_s"]}
+    if not args.smoke:
+        import torch  # noqa: F401 - so machine_info reads the CUDA device (the runs are subprocesses)
     return Record(suite="gpu-pipeline", study=f"`packtrain run --recipe {recipe}` end to end, "
                   f"{' then '.join(str(s) for s in steps)} steps in one working directory",
                   command=args.command, machine=machine_info(),
