@@ -124,18 +124,18 @@ class CompileCounter:
         return n
 
 
-def apply_compile(model, cfg: TrainConfig, backend: str = "inductor") -> CompileCounter | None:
+def apply_compile(model, cfg: TrainConfig, backend: str | None = None) -> CompileCounter | None:
     """`torch.compile` each decoder layer in place (`layer.compile()`, state_dict keys unchanged).
 
     Per-layer compile: one graph serves every layer (identical code; parameters are graph inputs), compiles
-    in seconds instead of minutes, and the loss/LM head stay eager. Returns a started CompileCounter (None when
-    cfg.compile is False)."""
+    in seconds instead of minutes, and the loss/LM head stay eager. `backend`: None → cfg.compile_backend.
+    Returns a started CompileCounter (None when cfg.compile is False)."""
     if not cfg.compile:
         return None
     _share_one_layer_graph(model)
     counter = CompileCounter().start()
     for layer in decoder_layers(model):
-        layer.compile(backend=backend)
+        layer.compile(backend=backend or cfg.compile_backend)
     return counter
 
 
