@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 
 @dataclass
@@ -51,10 +52,10 @@ class Hang:
 class Watchdog:
     def __init__(self, hang_s: float, on_hang: Callable[[Hang], None] | None = None, rank: int = 0,
                  heartbeat_dir: Path | None = None, exit_after_s: float | None = None, exit_code: int = 6,
-                 before_exit: Callable[[Hang], None] | None = None):
+                 before_exit: Callable[[Hang], None] | None = None, exit: Callable[[int], Any] = os._exit):
         self.hang_s, self.on_hang, self.rank = float(hang_s), on_hang, rank
         self.heartbeat_dir, self.exit_after_s, self.exit_code = heartbeat_dir, exit_after_s, exit_code
-        self.before_exit = before_exit
+        self.before_exit, self._exit = before_exit, exit
         self.poll_s = min(self.hang_s / 4, 1.0)
         self.beat_s = max(self.poll_s, 2.0)
         self.hangs: list[Hang] = []
@@ -129,7 +130,8 @@ class Watchdog:
             if self.before_exit is not None:
                 self.before_exit(h)
             sys.stderr.flush()
-            os._exit(self.exit_code)
+            self._stop.set()
+            self._exit(self.exit_code)
 
     def _beat(self, now: float) -> None:
         assert self.heartbeat_dir is not None
