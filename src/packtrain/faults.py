@@ -23,7 +23,9 @@ Points that take steps and a value, `name@STEPS=VALUE` with STEPS `N`, `N-M` or 
 `fault_arg(name, step)` (the utilization guard's tests, docs/guard.md):
 
     train.slow_data@N-=SEC   the loop waits SEC more for each micro-batch, as if the loader were throttled
-    train.slow_step@N=SEC    the step takes SEC longer (a stall inside the step: the hang watchdog)
+                             (train.slow_data_rankR: on rank R only, a straggler)
+    train.slow_step@N=SEC    the step takes SEC longer (a stall inside the step: the hang watchdog;
+                             train.slow_step_rankR: on rank R only)
     train.recompile@N        the step runs one extra forward without gradients first: a real dynamo guard
                              failure (grad mode) that recompiles the compiled layers (train.compile)
     train.alloc_retry@N      the guard reads one more CUDA allocator retry than torch counts at that step (a

@@ -148,12 +148,15 @@ def test_watchdog_flags_a_long_step_once_and_ignores_idle_time(tmp_path):
 
 
 def test_the_stuck_rank_is_named_from_the_heartbeats():
-    beats = [{"rank": 0, "step": 13, "phase": "step", "open_s": 12.0}, {"rank": 1, "step": 13, "phase": "data",
-                                                                        "open_s": 12.1}]
-    assert Hang(13, "step", 12.0, 0, beats).stuck() == "rank 1 in data at step 13 for 12.1 s (ranks 0 in step 13)"
-    behind = [{"rank": 0, "step": 14, "phase": "step", "open_s": 9.0}, {"rank": 1, "step": 13, "phase": "step",
-                                                                        "open_s": 30.0}]
-    assert Hang(14, "step", 9.0, 0, behind).stuck().startswith("rank 1 in step at step 13")
+    beats = [{"rank": 0, "step": 13, "phase": "sync", "open_s": 12.0, "done_step": 13},
+             {"rank": 1, "step": 13, "phase": "data", "open_s": 12.1, "done_step": 12}]
+    assert Hang(13, "sync", 12.0, 0, beats).stuck() == ("rank 1 in data at step 13 for 12.1 s, last step done 12 "
+                                                        "(ranks 0 in sync 13)")
+    behind = [{"rank": 0, "step": 14, "phase": "step", "open_s": 9.0, "done_step": 13},
+              {"rank": 1, "step": 13, "phase": "step", "open_s": 30.0, "done_step": 12},
+              {"rank": 2, "step": 14, "phase": "step", "open_s": 9.0, "done_step": 13}]
+    assert Hang(14, "step", 9.0, 0, behind).stuck() == ("rank 1 in step at step 13 for 30.0 s, last step done 12 "
+                                                        "(ranks 0, 2 in step 14)")
 
 
 def test_a_step_stuck_past_exit_after_ends_the_process_with_the_guard_code(tmp_path):

@@ -55,6 +55,8 @@ class IntervalStats:
     sm_clock_mhz: float | None = None    # median NVML SM clock over the interval (None: no NVML)
     util: float | None = None       # mean sampler utilization 0..1 over the interval
     hung_step: float | None = None  # a step of this interval the watchdog flagged (gathered, so all ranks act)
+    hung_s: float | None = None     # ... open this long when flagged
+    hung_in_data: float | None = None   # ... 1.0: while waiting for its micro-batches, 0.0: in the step
 
     def vector(self) -> list[float]:
         """The numbers as floats (None → nan), in field order: what ranks all-gather."""
@@ -95,7 +97,8 @@ def combine(ranks: Sequence[IntervalStats]) -> IntervalStats:
                          max(r.wait_share for r in ranks), max(r.alloc_retries for r in ranks),
                          max(r.ooms for r in ranks), _opt([r.fragmentation for r in ranks], max),
                          _opt([r.compiles for r in ranks], max), _opt([r.sm_clock_mhz for r in ranks], min),
-                         _opt([r.util for r in ranks], min), _opt([r.hung_step for r in ranks], min))
+                         _opt([r.util for r in ranks], min), _opt([r.hung_step for r in ranks], min),
+                         _opt([r.hung_s for r in ranks], max), _opt([r.hung_in_data for r in ranks], max))
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,7 +211,8 @@ class Guard:
                        f"{share:.0%} of the step time waiting for input, {c.wait_s:.3f} of {c.step_s:.3f} s a step "
                        f"(> max_data_wait {self.cfg.max_data_wait:.0%}{steady_share})",
                        {"wait_share": share, "wait_s": c.wait_s, "step_s": c.step_s,
-                        "steady_wait_share": s.wait_share if s is not None else None})
+                        "steady_wait_share": s.wait_share if s is not None else None},
+                       rank=max(range(len(ranks)), key=lambda r: ranks[r].wait_share) if len(ranks) > 1 else None)
         if s is None:
             if not any(e.signal != "data_wait" for e in out):   # an interval with a hard signal is not steady
                 self._learning.append(c)
@@ -247,10 +251,10 @@ class Guard:
         return self._streak[signal] >= self.cfg.consecutive and signal not in self._open
 
     def _streaked(self, out: list[GuardEvent], signal: str, on: bool, c: IntervalStats, value: float, cause: str,
-                  detail: str, measured: dict) -> None:
+                  detail: str, measured: dict, rank: int | None = None) -> None:
         if self._streak_of(signal, on):
             self._open.add(signal)
-            out.append(GuardEvent(c.last_step, signal, cause, detail, float(value), measured))
+            out.append(GuardEvent(c.last_step, signal, cause, detail, float(value), measured, rank=rank))
 
     def _cause(self, c: IntervalStats, d_compiles: float, d_alloc: float, lag: tuple | None
                ) -> tuple[str, str, dict]:

@@ -1,16 +1,17 @@
 """`Watchdog`: a daemon thread that flags a training step running longer than `hang_s`.
 
 The loop marks where it is (`begin(step, "data")` before it fetches a step's micro-batches, `begin(step, "step")`
-before forward/backward, `idle()` around checkpoints and evaluations, which are not steps); each mark is two
+before forward/backward, `done(step)` when its numbers are recorded, `phase("sync")` while the guard waits for the
+other ranks' numbers, `idle()` around checkpoints and evaluations, which are not steps); each mark is one or two
 attribute writes. The thread wakes every min(hang_s / 4, 1 s) and, when the open step is older than `hang_s`,
 records a `Hang` (once per step) and calls `on_hang`; with `exit_after_s` set, a step still open after that long
 ends the process (`os._exit(exit_code)`: a stuck collective or kernel cannot be checkpointed; the last checkpoint is
 the resume point).
 
 Several ranks: each rank's thread writes its heartbeat, `<dir>/rank-<r>.json` = {"rank", "step", "phase",
-"open_s", "done_step", "time"}, every `beat_s`, so the rank that reports a hang names every rank's last step and
-phase (the stuck one: a rank still in "data" while the others wait in "step", or the one a step behind), even when
-no collective can run. On one node the ranks share the directory; on several, each node sees its own ranks.
+"open_s", "done_step", "time"}, every poll and when it flags a hang, so the rank that reports a hang names
+every rank's last step and phase (the stuck one: the rank with the fewest steps done, or still in "data" while the
+others wait), even when no collective can run. On one node the ranks share the directory; on several, each node sees its own ranks.
 """
 
 from __future__ import annotations
@@ -38,15 +39,22 @@ class Hang:
     ranks: list[dict] = field(default_factory=list)   # every rank's heartbeat (several ranks)
 
     def stuck(self) -> str:
-        """Which rank holds the run, from the heartbeats: 'rank 1 in data at step 13 for 12.0 s (ranks 0 wait
-        in step 13)'; this rank's own phase when there is no other rank."""
+        """Which rank holds the run, from the heartbeats: 'rank 1 in data at step 13 for 12.0 s, last step done 12
+        (ranks 0 in sync 13)'; this rank's own phase when there is no other rank."""
         if len(self.ranks) < 2:
             return f"rank {self.rank} in {self.phase} at step {self.step} for {self.open_s:.1f} s"
-        low = min(self.ranks, key=lambda b: (b.get("step", 0), b.get("phase") != "data", -b.get("open_s", 0)))
+        low = min(self.ranks, key=stuck_order)
         rest = [b for b in self.ranks if b is not low]
-        return (f"rank {low['rank']} in {low.get('phase')} at step {low.get('step')} for {low.get('open_s', 0):.1f} s"
-                f" (ranks {', '.join(str(b['rank']) for b in rest)} in "
+        return (f"rank {low['rank']} in {low.get('phase')} at step {low.get('step')} for {low.get('open_s', 0):.1f} s,"
+                f" last step done {low.get('done_step')} (ranks {', '.join(str(b['rank']) for b in rest)} in "
                 f"{', '.join(sorted({str(b.get('phase')) + ' ' + str(b.get('step')) for b in rest}))})")
+
+
+def stuck_order(beat: dict) -> tuple:
+    """Heartbeats sort stuck-first: the fewest steps done, then the lowest open step, then one still fetching its
+    input, then one not waiting for the others ("sync"), then the longest open."""
+    return (beat.get("done_step", 0), beat.get("step", 0), beat.get("phase") != "data", beat.get("phase") == "sync",
+            -beat.get("open_s", 0))
 
 
 class Watchdog:
@@ -57,7 +65,7 @@ class Watchdog:
         self.heartbeat_dir, self.exit_after_s, self.exit_code = heartbeat_dir, exit_after_s, exit_code
         self.before_exit, self._exit = before_exit, exit
         self.poll_s = min(self.hang_s / 4, 1.0)
-        self.beat_s = max(self.poll_s, 2.0)
+        self.beat_s = self.poll_s   # a file of ~100 bytes a second per rank
         self.hangs: list[Hang] = []
         self._step, self._phase, self._t = 0, "idle", 0.0
         self._done = 0
@@ -68,12 +76,20 @@ class Watchdog:
     # -- the loop's marks (main thread) --------------------------------------------------------------------
     def begin(self, step: int, phase: str) -> None:
         if phase == "data":
-            self._done = step - 1
             self._t = time.monotonic()
         self._step, self._phase = step, phase
 
     def idle(self) -> None:
         self._phase = "idle"
+
+    def done(self, step: int) -> None:
+        """Step `step`'s numbers are recorded (its heartbeat's `done_step`)."""
+        self._done = step
+
+    def phase(self, phase: str) -> str:
+        """Mark the open step's phase ("sync": waiting for the other ranks' interval numbers); returns the last."""
+        last, self._phase = self._phase, phase if self._phase != "idle" else "idle"
+        return last
 
     def take(self) -> list[Hang]:
         """The hangs flagged since the last call (main thread)."""

@@ -42,7 +42,7 @@ from packtrain.telemetry.guard import (
     fallback_change,
     interval_stats,
 )
-from packtrain.telemetry.watchdog import Hang, Watchdog
+from packtrain.telemetry.watchdog import Hang, Watchdog, stuck_order
 
 if TYPE_CHECKING:
     from packtrain.config import TelemetryConfig
@@ -70,7 +70,7 @@ class RunGuard:
         self._fake_retries = 0                 # fault point train.alloc_retry
         self._seen_failures: dict[Any, int] = {}
         self._eager = False
-        self._hung: int | None = None          # several ranks: a flagged step, gathered at the next interval
+        self._hung: Hang | None = None         # several ranks: this rank's flagged step, gathered at the next interval
         self.watchdog: Watchdog | None = None
         if self.on and cfg.hang_s > 0:
             stop = cfg.actions.hang == "checkpoint_and_stop"
@@ -88,12 +88,25 @@ class RunGuard:
         if self.watchdog is not None:
             self.watchdog.idle()
 
+    def global_sum(self, x: float) -> float:
+        """s.global_sum, marked "sync" for the watchdog on several ranks: a rank waiting here for the others is
+        not the stuck one (its heartbeat says so)."""
+        if self.watchdog is None or self.s.dist.world_size == 1:
+            return self.s.global_sum(x)
+        was = self.watchdog.phase("sync")
+        try:
+            return self.s.global_sum(x)
+        finally:
+            self.watchdog.phase(was)
+
     # ------------------------------------------------------------------------------------------ per step
     def observe(self, step: int) -> None:
         """Step `step` is recorded (its numbers are in the meter): at interval ends, check."""
         if not self.on or step < self.armed_at:
             return
         t0 = time.perf_counter()
+        if self.watchdog is not None:
+            self.watchdog.done(step)
         if fault_arg("train.alloc_retry", step) is not None:   # fault-injection test hook (packtrain.faults)
             self._fake_retries += 1
         if not self._armed:
@@ -103,8 +116,8 @@ class RunGuard:
         for h in self.watchdog.take() if self.watchdog is not None else []:
             if self.s.dist.world_size == 1:
                 self.pending.append(self._hang_event(h))
-            else:
-                self._hung = h.step if self._hung is None else min(self._hung, h.step)
+            elif self._hung is None or h.step < self._hung.step:
+                self._hung = h
         if step > self.armed_at and (step - self.armed_at) % self.cfg.interval_steps == 0:
             self._interval(step)
         self.overhead_s += time.perf_counter() - t0
@@ -120,7 +133,9 @@ class RunGuard:
                     "sm_clock_mhz": clock, "util": util}
         if not records:
             return IntervalStats(step, 0.0, 0.0, 0.0, 0.0, **counters)
-        return interval_stats(records, hung_step=self._hung, **counters)
+        h = self._hung
+        return interval_stats(records, hung_step=h.step if h else None, hung_s=h.open_s if h else None,
+                              hung_in_data=float(h.phase == "data") if h else None, **counters)
 
     def _interval(self, step: int) -> None:
         from packtrain.train.runtime import gather_floats
@@ -128,18 +143,28 @@ class RunGuard:
         recs = [r for r in self.s.telemetry.meter.records[-self.cfg.interval_steps:]
                 if r["step"] > step - self.cfg.interval_steps]
         mine = self._stats(step, recs)
-        self._hung = None
-        ranks = [mine] if self.s.dist.world_size == 1 else \
-            [IntervalStats.from_vector(v) for v in gather_floats(mine.vector(), self.s.dist)]
+        local, self._hung = self._hung, None
+        if self.s.dist.world_size == 1:
+            ranks = [mine]
+        else:
+            was = self.watchdog.phase("sync") if self.watchdog is not None else ""
+            try:
+                ranks = [IntervalStats.from_vector(v) for v in gather_floats(mine.vector(), self.s.dist)]
+            finally:
+                if self.watchdog is not None:
+                    self.watchdog.phase(was)
         for f in self.fallbacks:
             if f["after"] is None and f["step"] < step:   # the fallback's change, measured over this interval
                 f["after"] = {"tok_s": mine.tok_s, "step_s": mine.step_s, "fragmentation": mine.fragmentation,
                               "alloc_retries": mine.alloc_retries, "compiles": mine.compiles}
         events = self.guard.check(ranks, new_guard_failures(self._seen_failures))
-        hung = [r.hung_step for r in ranks if r.hung_step is not None]
-        if hung:   # several ranks: a rank's watchdog flagged a step; every rank acts on it together
-            h = Hang(int(min(hung)), "step", self.cfg.hang_s, self.s.dist.rank)
-            events.append(self._hang_event(h, ranks=[i for i, r in enumerate(ranks) if r.hung_step is not None]))
+        flagged = [i for i, r in enumerate(ranks) if r.hung_step is not None]
+        if flagged:   # several ranks: a rank's watchdog flagged a step; every rank acts on it together
+            first = min(flagged, key=lambda i: (ranks[i].hung_step or 0, -(ranks[i].hung_s or 0)))
+            r = ranks[first]
+            h = local if local is not None and local.step == r.hung_step else \
+                Hang(int(r.hung_step or 0), "data" if r.hung_in_data else "step", r.hung_s or 0.0, first)
+            events.append(self._hang_event(h, flagged=flagged))
         for e in events:
             e.action = getattr(self.cfg.actions, e.signal)
         self.pending += events
@@ -150,28 +175,35 @@ class RunGuard:
         print(f"guard: rank {h.rank} step {h.step} has been running {h.open_s:.1f} s > hang_s {self.cfg.hang_s:g} s "
               f"(in {h.phase}; {h.stuck()})", file=sys.stderr, flush=True)
 
-    def _hang_event(self, h: Hang, ranks: list[int] | None = None) -> GuardEvent:
+    def _hang_event(self, h: Hang, flagged: list[int] | None = None) -> GuardEvent:
         cause = "data_wait" if h.phase == "data" else "slow_step"
         rec = next((r for r in reversed(self.s.telemetry.meter.records) if r["step"] == h.step), None)
-        took = f", {rec['step_time_s']:.1f} s in all" if rec else ""
-        who = f"flagged by rank(s) {ranks}" if ranks else h.stuck()
+        took = f", {rec['step_time_s']:.1f} s in all" if rec and self.s.dist.world_size == 1 else ""
+        who = h.stuck() + (f"; flagged by rank(s) {', '.join(map(str, flagged))}" if flagged else "")
         return GuardEvent(h.step, "hang", cause, f"step {h.step} ran {h.open_s:.1f} s > hang_s {self.cfg.hang_s:g} s"
                           f"{took} ({who})", h.open_s,
                           {"open_s": h.open_s, "hang_s": self.cfg.hang_s, "phase": h.phase, "heartbeats": h.ranks,
                            "step_time_s": rec["step_time_s"] if rec else None,
                            "data_wait_s": rec["data_wait_s"] if rec else None},
-                          action=self.cfg.actions.hang, rank=h.rank if not ranks else None)
+                          action=self.cfg.actions.hang, rank=_stuck_rank(h))
 
     def _before_exit(self, h: Hang) -> None:
         """The watchdog, when a step is still stuck after 2 × hang_s under checkpoint_and_stop: say so, dump every
         thread's stack, keep the events; the process then exits 6 (no checkpoint can be saved from here)."""
         import faulthandler
+        import os
+
+        from packtrain.error_record import ERROR_FILE_ENV, write_error_record
 
         e = self._hang_event(h)
         last = self.s.checkpoints.last
-        e.outcome = (f"process ended (exit 6) after {h.open_s:.1f} s: a stuck step cannot be checkpointed; "
-                     + (f"`--resume` continues from {last}" if last else "no checkpoint was saved before it"))
+        resume = f"`packtrain train --resume` continues from {last}" if last else "no checkpoint was saved before it"
+        e.outcome = f"process ended (exit 6) after {h.open_s:.1f} s: a stuck step cannot be checkpointed; {resume}"
         print(e.line(), file=sys.stderr, flush=True)
+        with contextlib.suppress(Exception):   # a launcher or KFP component waiting for this process: exit 6, why
+            write_error_record(os.environ.get(ERROR_FILE_ENV), GuardStopped(
+                f"the utilization guard ended the process: step {h.step} stuck for {h.open_s:.1f} s (hang_s "
+                f"{self.cfg.hang_s:g}; {h.stuck()}); {resume}"), "train")
         faulthandler.dump_traceback(all_threads=True)
         self.events.append(e)
         self.stopped = {"step": h.step, "signal": "hang", "checkpoint": str(last) if last else None}
@@ -314,6 +346,13 @@ class RunGuard:
         if self.nvml is not None:
             self.nvml.close()
             self.nvml = None
+
+
+def _stuck_rank(h: Hang) -> int:
+    """The rank a hang names: from the heartbeats (the one a step behind, or still in data), else the flagging one."""
+    if len(h.ranks) < 2:
+        return h.rank
+    return int(min(h.ranks, key=stuck_order)["rank"])
 
 
 def _previous_events(path: Path, start: int) -> list[dict]:

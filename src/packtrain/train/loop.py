@@ -111,11 +111,12 @@ def train(model_cfg, train_cfg, pack_cfg, telemetry_cfg, packs_dir, tokenizer_di
             guard.begin(step, "data")
             t0 = time.perf_counter()
             window = [next(batches) for _ in range(ga)]                     # ga × (1, rows·budget)
-            if (delay := fault_arg("train.slow_data", step)) is not None:    # fault-injection test hook
+            delay = fault_arg("train.slow_data", step) or fault_arg(f"train.slow_data_rank{s.dist.rank}", step)
+            if delay:                                                        # fault-injection test hook
                 time.sleep(float(delay) * ga)
             data_wait = time.perf_counter() - t0
             guard.begin(step, "step")
-            n_labels = s.global_sum(sum(b.n_label_tokens for b in window))  # window label tokens, all ranks
+            n_labels = guard.global_sum(sum(b.n_label_tokens for b in window))   # window label tokens, all ranks
             lr = m.scheduler.get_last_lr()[0]
             if fault_arg("train.recompile", step) is not None:              # fault-injection test hook
                 inject_recompile(s, window[0], train_cfg.compile)
@@ -123,7 +124,8 @@ def train(model_cfg, train_cfg, pack_cfg, telemetry_cfg, packs_dir, tokenizer_di
                 loss_sum, info = run_step(m, window, n_labels / world, s.device, train_cfg.compile)
             except torch.OutOfMemoryError as e:
                 raise s.oom(step) from e
-            if (stall := fault_arg("train.slow_step", step)) is not None:    # fault-injection test hook
+            stall = fault_arg("train.slow_step", step) or fault_arg(f"train.slow_step_rank{s.dist.rank}", step)
+            if stall:                                                        # fault-injection test hook
                 time.sleep(float(stall))
             if not info.skipped:
                 m.scheduler.step()
@@ -254,7 +256,7 @@ def _finish(s: TrainSession, bar: Any, d: StepDone, world: int, last_end: float,
     now = time.perf_counter()
     step_time = now - last_end
     d.info.grad_norm = norm
-    loss = s.global_sum(loss_sum) / max(d.n_labels, 1)
+    loss = guard.global_sum(loss_sum) / max(d.n_labels, 1)
     if active(f"train.nan_loss@{d.step}"):   # fault-injection test hook (packtrain.faults)
         loss = float("nan")
     s.check_step_finite(d.step, loss, norm, bool(d.info.skipped))   # before it is logged as a good step
