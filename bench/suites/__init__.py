@@ -29,6 +29,7 @@ SUITES = {
     "gate-noise": "bench.suites.gate_noise",
     "cpu-run": "bench.suites.cpu_run",
     "gpu-pipeline": "bench.suites.gpu_pipeline",
+    "guard": "bench.suites.guard",
 }
 
 
