@@ -279,9 +279,11 @@ class Guard:
             return "throttle", (f"SM clock {clock or 0:.0f} MHz (steady {s.sm_clock_mhz or 0:.0f}); NVML throttle "
                                 f"reasons: {why}; power {nv.get('power_w', math.nan):.0f} of "
                                 f"{nv.get('power_limit_w', math.nan):.0f} W"), {"nvml": nv}
+        util = f"; GPU util {c.util:.0%} (steady {s.util:.0%})" if c.util is not None and s.util else ""
         return "compute", (f"the step's own time (without data wait) grew {grew - waited:.3f} s to "
                            f"{c.step_s - c.wait_s:.3f} s with no recompile, allocator retry, data wait or throttling"
-                           " measured (another process on the device? a slower kernel?)"), {"nvml": nv}
+                           f" measured{util} (another process on the device? a slower kernel?)"),\
+            {"nvml": nv, "util": c.util, "steady_util": s.util}
 
 
 def straggler(ranks: Sequence[IntervalStats], drop: float) -> tuple[int, float, str, dict] | None:

@@ -43,6 +43,7 @@ from packtrain.telemetry.guard import (
     interval_stats,
 )
 from packtrain.telemetry.watchdog import Hang, Watchdog, stuck_order
+from packtrain.train.techniques import guard_failure_reasons
 
 if TYPE_CHECKING:
     from packtrain.config import TelemetryConfig
@@ -112,7 +113,7 @@ class RunGuard:
         if not self._armed:
             self._armed = True
             self.guard.arm(self._stats(step, []))
-            new_guard_failures(self._seen_failures)   # what compiled during the warm-up is not an event
+            guard_failure_reasons(self._seen_failures)   # what compiled during the warm-up is not an event
         for h in self.watchdog.take() if self.watchdog is not None else []:
             if self.s.dist.world_size == 1:
                 self.pending.append(self._hang_event(h))
@@ -157,7 +158,7 @@ class RunGuard:
             if f["after"] is None and f["step"] < step:   # the fallback's change, measured over this interval
                 f["after"] = {"tok_s": mine.tok_s, "step_s": mine.step_s, "fragmentation": mine.fragmentation,
                               "alloc_retries": mine.alloc_retries, "compiles": mine.compiles}
-        events = self.guard.check(ranks, new_guard_failures(self._seen_failures))
+        events = self.guard.check(ranks, guard_failure_reasons(self._seen_failures))
         flagged = [i for i, r in enumerate(ranks) if r.hung_step is not None]
         if flagged:   # several ranks: a rank's watchdog flagged a step; every rank acts on it together
             first = min(flagged, key=lambda i: (ranks[i].hung_step or 0, -(ranks[i].hung_s or 0)))
@@ -371,24 +372,6 @@ def _previous_events(path: Path, start: int) -> list[dict]:
         return [e for e in json.loads(path.read_text(encoding="utf-8")).get("events", []) if e["step"] <= start]
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return []
-
-
-def new_guard_failures(seen: dict[Any, int]) -> list[str]:
-    """dynamo's guard-failure reasons recorded since the last call ('forward (modeling_llama.py:261): tensor
-    'hidden_states' size mismatch at index 1. expected 512, actual 256'); [] when torch has none to give."""
-    try:
-        from torch._dynamo.utils import guard_failures
-    except Exception:
-        return []
-    out = []
-    for code, reasons in list(guard_failures.items()):
-        n = seen.get(code, 0)
-        if len(reasons) > n:
-            where = f"{getattr(code, 'co_name', '?')} ({Path(getattr(code, 'co_filename', '?')).name}:" \
-                    f"{getattr(code, 'co_firstlineno', '?')})"
-            out += [f"{where}: {str(r).strip()}" for r in reasons[n:]]
-            seen[code] = len(reasons)
-    return out
 
 
 def inject_recompile(s: TrainSession, batch: Any, compiled: bool) -> None:
