@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -140,6 +141,29 @@ def test_a_step_past_hang_s_checkpoints_exits_6_and_resume_is_bit_exact(data, st
     assert r["setup"]["resumed_from"] == 12
     assert r["loss_curve"] == _result(straight[0])["loss_curve"] and _weights_equal(out, straight[0])
     assert [e["signal"] for e in r["guard"]["events"]] == ["hang"]               # the first attempt's, kept
+
+
+def test_a_step_stuck_past_twice_hang_s_ends_the_process_with_exit_6_and_says_why(data, tmp_path, monkeypatch):
+    """A step that does not return cannot be checkpointed: after 2 × hang_s the watchdog writes the event and the error
+    record (what a launcher or KFP reads) and ends the process, exit 6. Here os._exit records the code instead, so
+    the stalled step returns later and the loop stops it as a slow step too."""
+    import os
+
+    from packtrain.error_record import ERROR_FILE_ENV
+
+    exits: list[int] = []
+    monkeypatch.setattr(os, "_exit", exits.append)
+    monkeypatch.setenv(ERROR_FILE_ENV, str(tmp_path / "error.json"))
+    monkeypatch.setenv("PACKTRAIN_FAULT", "train.slow_step@12=3.5")
+    out = tmp_path / "train"
+    hang = ("telemetry.guard.hang_s=1", "telemetry.guard.actions.hang=checkpoint_and_stop")
+    assert main(_args(data, out, sets=hang)) == 6
+    assert exits == [6]
+    ended = json.loads((out / "guard_events.json").read_text())["events"][0]
+    assert ended["signal"] == "hang" and re.match(r"process ended \(exit 6\) after [23]\.\d s", ended["outcome"])
+    assert f"`packtrain train --resume` continues from {out / 'checkpoints' / 'step_000010'}" in ended["outcome"]
+    record = json.loads((tmp_path / "error.json").read_text())
+    assert (record["type"], record["exit_code"]) == ("GuardStopped", 6) and "step 12 stuck for " in record["message"]
 
 
 def test_fallback_finishes_with_the_event_and_change_in_mlflow_and_the_same_tokens(data, straight, tmp_path,

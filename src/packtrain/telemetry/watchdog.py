@@ -60,7 +60,7 @@ def stuck_order(beat: dict) -> tuple:
 class Watchdog:
     def __init__(self, hang_s: float, on_hang: Callable[[Hang], None] | None = None, rank: int = 0,
                  heartbeat_dir: Path | None = None, exit_after_s: float | None = None, exit_code: int = 6,
-                 before_exit: Callable[[Hang], None] | None = None, exit: Callable[[int], Any] = os._exit):
+                 before_exit: Callable[[Hang], None] | None = None, exit: Callable[[int], Any] | None = None):
         self.hang_s, self.on_hang, self.rank = float(hang_s), on_hang, rank
         self.heartbeat_dir, self.exit_after_s, self.exit_code = heartbeat_dir, exit_after_s, exit_code
         self.before_exit, self._exit = before_exit, exit
@@ -147,7 +147,7 @@ class Watchdog:
                 self.before_exit(h)
             sys.stderr.flush()
             self._stop.set()
-            self._exit(self.exit_code)
+            (self._exit or os._exit)(self.exit_code)
 
     def _beat(self, now: float) -> None:
         assert self.heartbeat_dir is not None
