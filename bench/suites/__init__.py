@@ -30,6 +30,7 @@ SUITES = {
     "cpu-run": "bench.suites.cpu_run",
     "gpu-pipeline": "bench.suites.gpu_pipeline",
     "register-speed": "bench.suites.register_speed",
+    "guard": "bench.suites.guard",
 }
 
 

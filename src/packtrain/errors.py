@@ -3,7 +3,9 @@
 Every stage raises `PacktrainError` (or a subclass) for bad input; the CLI prints the message and exits with
 `exit_code`. Exit codes: 2 bad config/usage, 3 bad input data, 4 validation failed, 5 missing data,
 1 regression (gate) / generic failure, 7 the workdir or output directory is in use by another run (retry later),
-8 training diverged (non-finite loss, gradient norm or weights; the last good checkpoint is kept).
+6 the utilization guard stopped training on an event (telemetry.guard.actions ... checkpoint_and_stop: a checkpoint
+of that step is saved, `--resume` continues from it), 8 training diverged (non-finite loss, gradient norm or
+weights; the last good checkpoint is kept).
 """
 
 from __future__ import annotations
@@ -59,6 +61,13 @@ class TrainingDiverged(PacktrainError):
     """The loss, gradient norm or weights became non-finite; nothing after the last good checkpoint is saved."""
 
     exit_code = 8
+
+
+class GuardStopped(PacktrainError):
+    """The utilization guard stopped training (action checkpoint_and_stop); the message names the event (step,
+    signal, cause) and the checkpoint `--resume` continues from. packtrain.telemetry.guard, docs/guard.md."""
+
+    exit_code = 6
 
 
 class StageFailed(PacktrainError):

@@ -18,6 +18,18 @@ The points in the code:
     replay.before_record@N / replay.after_record@N   SIGKILL around recording the N-th applied op id
                          (packtrain.tracking.replay)
     register.model_logged  SIGKILL after a buffered registration logged its model, before the version exists
+
+Points that take steps and a value, `name@STEPS=VALUE` with STEPS `N`, `N-M` or `N-` (N on), read by
+`fault_arg(name, step)` (the utilization guard's tests, docs/guard.md):
+
+    train.slow_data@N-=SEC   the loop waits SEC more for each micro-batch, as if the loader were throttled
+                             (train.slow_data_rankR: on rank R only, a straggler)
+    train.slow_step@N=SEC    the step takes SEC longer (a stall inside the step: the hang watchdog;
+                             train.slow_step_rankR: on rank R only)
+    train.recompile@N        the step runs one extra forward without gradients first: a real dynamo guard
+                             failure (grad mode) that recompiles the compiled layers (train.compile)
+    train.alloc_retry@N      the guard reads one more CUDA allocator retry than torch counts at that step (a
+                             CPU run has no caching allocator to make retry)
 """
 
 from __future__ import annotations
@@ -37,3 +49,33 @@ def kill_point(name: str) -> None:
     """Die here, as `kill -9` would, when the test asked for this point."""
     if active(name):
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+
+def fault_arg(name: str, step: int | None = None) -> str | None:
+    """The value of the entry `name[@STEPS][=VALUE]` that applies at `step`: the text after `=` ("" without one),
+    None when no entry does. STEPS: `N` (step N), `N-M` (N to M), `N-` (N on); no STEPS: every step.
+
+    >>> os.environ[FAULT_ENV] = "train.slow_data@10-12=0.5,train.recompile@7,train.alloc_retry@3-"
+    >>> fault_arg("train.slow_data", 11), fault_arg("train.slow_data", 13), fault_arg("train.recompile", 7)
+    ('0.5', None, '')
+    >>> fault_arg("train.alloc_retry", 2), fault_arg("train.alloc_retry", 300)
+    (None, '')
+    >>> del os.environ[FAULT_ENV]
+    """
+    spec = os.environ.get(FAULT_ENV)
+    if not spec:
+        return None
+    for entry in spec.split(","):
+        point, _, value = entry.partition("=")
+        key, at, steps = point.partition("@")
+        if key != name:
+            continue
+        if not at:
+            return value
+        lo, dash, hi = steps.partition("-")
+        first = int(lo)
+        last = (int(hi) if hi else None) if dash else first
+        if step is not None and first <= step and (last is None or step <= last):
+            return value
+    return None

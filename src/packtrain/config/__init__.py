@@ -15,7 +15,7 @@ from packtrain.config.evaluate import EvalConfig, RegisterConfig
 from packtrain.config.messages import format_validation_error
 from packtrain.config.packing import PackConfig
 from packtrain.config.pipeline import PipelineConfig, PlanConfig
-from packtrain.config.tracking import TelemetryConfig, TrackingConfig
+from packtrain.config.tracking import GuardActions, GuardConfig, TelemetryConfig, TrackingConfig
 from packtrain.config.train import (
     CheckpointConfig,
     DeepSpeedOptions,
@@ -30,7 +30,7 @@ from packtrain.errors import ConfigError
 __all__ = [
     "RunConfig", "load_run_config", "recipe_dir", "list_recipes", "IngestConfig", "ValidateConfig",
     "TokenizeConfig", "PackConfig", "ModelConfig", "TrainConfig", "CheckpointConfig", "DeepSpeedOptions",
-    "TelemetryConfig", "TrackingConfig", "EvalConfig", "RegisterConfig", "PipelineConfig", "PlanConfig",
+    "TelemetryConfig", "GuardConfig", "GuardActions", "TrackingConfig", "EvalConfig", "RegisterConfig", "PipelineConfig", "PlanConfig",
     "Fp8Options", "FsdpOptions", "RopeScaling",
     "flatten",
 ]

@@ -280,6 +280,10 @@ class TrainConfig(StrictModel):
     activation_checkpointing: Literal["none", "full", "every_k"] = "none"
     ac_every_k: PositiveInt = 2
     compile: bool = False
+    compile_backend: Literal["inductor", "aot_eager", "eager"] = "inductor"
+    """torch.compile backend of train.compile: inductor (the fast one); aot_eager / eager trace with dynamo only
+    (no speed-up, seconds instead of a minute on a CPU): debugging, and CPU tests of the compile counter and the
+    guard's recompile signal."""
     fused_optimizer: bool = True
     """Fused AdamW where the device supports it (CUDA); ignored on CPU."""
     rows: PositiveInt | Literal["auto"] = 4

@@ -5,6 +5,7 @@
       validate   passed (11/11 expectations)
       pack       fill 99.7% (padding 0.3%)
       train      12,340 tok/s · CPU util 87% · MFU 0.40% · peak RSS 1.21 GiB
+      guard      1 event(s): throughput at step 40 (data_wait) → warned        (only when the guard saw any)
       evaluate   perplexity 58.1 (loss 4.06)
       register   packtrain-lm v3 → champion
       dvc        documents md5 3f1c… in DVC remote /abs/data/dvc-remote
@@ -47,6 +48,7 @@ FIELDS: dict[str, tuple[str, str]] = {
     "peak_cpu_gib": ("train", "memory.cpu_peak_rss_gib"),
     "init": ("train", "init"),                        # the resolved model.init_from (warm start)
     "init_eval_loss": ("train", "init_eval_loss"),    # held-out loss of the starting weights
+    "guard_events": ("train", "guard.events"),        # the utilization guard's events (docs/guard.md)
     "perplexity": ("evaluate", "perplexity"),
     "eval_loss": ("evaluate", "eval_loss"),
     "model_name": ("register", "model_name"),
@@ -162,7 +164,20 @@ def _train(s: dict) -> list[str]:
         lines.append("  train      " + " · ".join(parts))
     if s.get("mfu") is not None and s.get("mfu_note"):   # its own line: the numbers line reads the same either way
         lines.append(f"             MFU unreliable: {s['mfu_note']}")
-    return lines
+    return lines + _guard(s)
+
+
+def _guard(s: dict) -> list[str]:
+    """`  guard      2 events: data_wait at step 14 → warned; recompile at step 22 → fallback compile_off` (the
+    utilization guard's events, when there are any; the last 3, with how many came before)."""
+    events = [e for e in s.get("guard_events") or [] if isinstance(e, dict)]
+    if not events:
+        return []
+    shown = "; ".join(f"{e.get('signal')} at step {e.get('step')}"
+                      + (f" ({e['cause']})" if e.get("cause") not in (None, e.get("signal")) else "")
+                      + f" → {e.get('outcome') or e.get('action')}" for e in events[-3:])
+    more = f" ({len(events) - 3} earlier)" if len(events) > 3 else ""
+    return [f"  guard      {len(events)} event(s){more}: {shown}"]
 
 
 def _evaluate(s: dict) -> list[str]:

@@ -253,6 +253,7 @@ class TrainResult(StageResult):
     init: dict[str, Any] | None = None        # the resolved model.init_from, tokenizer check, step-0 eval
     packing_fill: float | None = None         # train fill of the packs trained on (their pack_stats.json)
     evaluation: dict[str, Any] | None = None  # train.eval_every_steps: curve, best_step, exported_step, early_stopped
+    guard: dict[str, Any] | None = None       # telemetry.guard: steady state, events, fallbacks (docs/guard.md)
 
     @property
     def peak_memory_gib(self) -> float | None:

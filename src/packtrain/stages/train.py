@@ -16,6 +16,9 @@
       MLflow  run "train" (rank 0 only): params train.* and model.*, per-step metrics with step= (loss, lr,
               grad_norm, tokens/s, MFU, step time, data wait), the summary as metrics (summary.*, throughput.*,
               memory.*), threshold violations as tags, the files above as artifacts
+      guard   telemetry.guard (docs/guard.md): events as metrics at their step (guard.events, guard.<signal>),
+              tags packtrain.guard.events / packtrain.guard.fallbacks, out_dir/guard_events.json (artifact),
+              train_result.json `guard`; a checkpoint_and_stop ends the run with GuardStopped (exit 6)
       eval    train.eval_every_steps N > 0 (packtrain.train.evaluation): eval_loss / eval_perplexity every N
               steps (MLflow metrics at the step, train_log.jsonl), train.early_stopping, and model/ = the
               lowest-eval_loss checkpoint; train_result.json `evaluation` (curve, best_step, exported_step,
@@ -105,6 +108,11 @@ def summary_metrics(d: dict) -> dict[str, float]:
     """The scalar summary of a TrainResult dict, for MLflow (per-step series are logged during training)."""
     out = {"final_loss": d["final_loss"], "steps": d["steps"], "tokens": d["tokens"],
            "skipped_steps": d["skipped_steps"], "recompiles": d["recompiles"], "compiles": d["compiles"]}
+    guard = d.get("guard") or {}
+    if guard.get("enabled"):
+        out.update({"guard.events_total": len(guard.get("events") or []),
+                    "guard.fallbacks_total": len(guard.get("fallbacks") or []),
+                    "guard.overhead_frac": guard.get("overhead_frac")})
     for section in ("throughput", "memory", "timings", "system"):
         for k, v in flatten(d.get(section) or {}).items():
             out[f"{section}.{k}"] = v
@@ -190,7 +198,8 @@ def _run_train(cfg: RunConfig, packs_dir: Path, tokens_dir: Path, out_dir: Path,
                       "packtrain.train.resumed_from": stats["setup"]["resumed_from"],
                       "packtrain.train.peak_source": stats["throughput"].get("peak_source"),
                       "packtrain.train.peak_note": stats["throughput"].get("peak_note")})   # MFU caveat, if any
-        for name in ("train_result.json", "train_log.jsonl", "deepspeed_config.json", "init_eval.json"):
+        for name in ("train_result.json", "train_log.jsonl", "deepspeed_config.json", "init_eval.json",
+                     "guard_events.json"):
             run.log_artifact(out_dir / name)
     return typed
 

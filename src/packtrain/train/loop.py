@@ -14,13 +14,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from packtrain.faults import active
+from packtrain.faults import active, fault_arg
 
 if TYPE_CHECKING:
     import torch
 
     from packtrain.packing.batches import PackedBatch
     from packtrain.train.evaluation import Evaluator
+    from packtrain.train.guard_run import RunGuard
     from packtrain.train.parts import ModelParts
     from packtrain.train.runtime import StepInfo
     from packtrain.train.session import TrainSession
@@ -53,6 +54,7 @@ class TrainResult:
     model_dir: str | None
     checkpoint: str | None
     evaluation: dict | None = None  # train.eval_every_steps: curve, best, early stop (packtrain.train.evaluation)
+    guard: dict | None = None       # telemetry.guard: steady state, events, fallbacks (packtrain.train.guard_run)
     history: list[dict] = field(default_factory=list, repr=False)
     report: Any = field(default=None, repr=False)   # packtrain.telemetry.report.TelemetryReport (rank 0)
 
@@ -75,12 +77,14 @@ def train(model_cfg, train_cfg, pack_cfg, telemetry_cfg, packs_dir, tokenizer_di
     run with TrainingDiverged (exit 8) before anything of that step is saved.
     eval_cfg: the evaluate config train.eval_every_steps evaluates with (packtrain.train.evaluation; None →
     EvalConfig()); with it on, model/ holds the lowest-eval_loss checkpoint and train.early_stopping may end
-    the run before max_steps.
+    the run before max_steps. telemetry_cfg.guard: the utilization guard watches each interval and may checkpoint
+    and stop (GuardStopped, exit 6) or fall back (packtrain.train.guard_run).
     """
     import torch
     from tqdm import tqdm
 
     from packtrain.train.evaluation import build_evaluator
+    from packtrain.train.guard_run import RunGuard, inject_recompile
     from packtrain.train.session import TrainSession
 
     t_start = time.perf_counter()
@@ -90,6 +94,8 @@ def train(model_cfg, train_cfg, pack_cfg, telemetry_cfg, packs_dir, tokenizer_di
         m, ga, world = s.parts, s.data.shape.grad_accum, s.dist.world_size
         start = s.restore(resume, overwrite)
         s.release_setup_memory()
+        guard = RunGuard(s, telemetry_cfg, start)
+        s.on_close(guard.close)   # the watchdog thread, NVML, a compile_off stance: gone however the run ends
         batches = s.data.start(s.device)
         last_end = time.perf_counter()     # when the previous step's numbers reached the host
         bar = tqdm(total=train_cfg.max_steps, initial=start, desc="train", unit="step", file=sys.stderr,
@@ -102,29 +108,46 @@ def train(model_cfg, train_cfg, pack_cfg, telemetry_cfg, packs_dir, tokenizer_di
         pending: StepDone | None = None
         last_step, stopped = start, False
         for step in range(start + 1, train_cfg.max_steps + 1):
+            guard.begin(step, "data")
             t0 = time.perf_counter()
             window = [next(batches) for _ in range(ga)]                     # ga × (1, rows·budget)
+            delay = fault_arg("train.slow_data", step) or fault_arg(f"train.slow_data_rank{s.dist.rank}", step)
+            if delay:                                                        # fault-injection test hook
+                time.sleep(float(delay) * ga)
             data_wait = time.perf_counter() - t0
-            n_labels = s.global_sum(sum(b.n_label_tokens for b in window))  # window label tokens, all ranks
+            guard.begin(step, "step")
+            n_labels = guard.global_sum(sum(b.n_label_tokens for b in window))   # window label tokens, all ranks
             lr = m.scheduler.get_last_lr()[0]
+            if fault_arg("train.recompile", step) is not None:              # fault-injection test hook
+                inject_recompile(s, window[0], train_cfg.compile)
             try:
                 loss_sum, info = run_step(m, window, n_labels / world, s.device, train_cfg.compile)
             except torch.OutOfMemoryError as e:
                 raise s.oom(step) from e
+            stall = fault_arg("train.slow_step", step) or fault_arg(f"train.slow_step_rank{s.dist.rank}", step)
+            if stall:                                                        # fault-injection test hook
+                time.sleep(float(stall))
             if not info.skipped:
                 m.scheduler.step()
             done = StepDone(step, window, n_labels, loss_sum, lr, info, data_wait, s.device if deferred else None)
             if pending is not None:
-                last_end = _finish(s, bar, pending, world, last_end)
+                last_end = _finish(s, bar, pending, world, last_end, guard)
             pending = done
             evaluate = evaluator is not None and evaluator.due(step)
             if not deferred or s.checkpoint_due(step) or step == train_cfg.max_steps or evaluate:
-                last_end = _finish(s, bar, pending, world, last_end, evaluator if evaluate else None)
+                last_end = _finish(s, bar, pending, world, last_end, guard, evaluator if evaluate else None)
                 pending = None
+            guard.idle()
             state = evaluator.state(s) if evaluate and evaluator is not None else None
             if s.checkpoint_due(step) or (state is not None and state.best_step == step):   # a new lowest eval_loss
                 s.save_checkpoint(step)
                 last_end = time.perf_counter()   # saving is not part of the next step's time
+            if guard.pending:   # events of the steps recorded so far: report; checkpoint + stop or fall back
+                if pending is not None:
+                    last_end = _finish(s, bar, pending, world, last_end, guard)
+                    pending = None
+                guard.act(step)
+                last_end = time.perf_counter()
             last_step = step
             if state is not None and state.stop:
                 stopped = True
@@ -143,6 +166,7 @@ def train(model_cfg, train_cfg, pack_cfg, telemetry_cfg, packs_dir, tokenizer_di
         result.timings.update(non_step_timings(result.history, t_start, t_loop, t_steps_end, time.perf_counter()))
         if evaluator is not None:
             result.evaluation = _evaluation(s, evaluator, exported, stopped)
+        result.guard = guard.finish()
         return result
 
 
@@ -222,7 +246,7 @@ class StepDone:
         return float(self.loss_sum.item()), (float(g) if g is not None else None)
 
 
-def _finish(s: TrainSession, bar: Any, d: StepDone, world: int, last_end: float,
+def _finish(s: TrainSession, bar: Any, d: StepDone, world: int, last_end: float, guard: RunGuard,
             evaluator: Evaluator | None = None) -> float:
     """Read a step's numbers on the host and record them; returns when that happened. The step time is the time
     between the host seeing consecutive steps complete, which in steady state is the GPU's step time. With an
@@ -232,12 +256,15 @@ def _finish(s: TrainSession, bar: Any, d: StepDone, world: int, last_end: float,
     now = time.perf_counter()
     step_time = now - last_end
     d.info.grad_norm = norm
-    loss = s.global_sum(loss_sum) / max(d.n_labels, 1)
+    loss = guard.global_sum(loss_sum) / max(d.n_labels, 1)
     if active(f"train.nan_loss@{d.step}"):   # fault-injection test hook (packtrain.faults)
         loss = float("nan")
     s.check_step_finite(d.step, loss, norm, bool(d.info.skipped))   # before it is logged as a good step
+    if evaluator is not None:
+        guard.idle()   # an evaluation is not a step the hang watchdog should time
     ev = evaluator.evaluate(s) if evaluator is not None else None
     m = s.record(d.step, d.window, d.n_labels, loss, d.lr, d.info, step_time, d.data_wait, extra=ev)
+    guard.observe(d.step)
     if ev is not None and evaluator is not None:
         evaluator.log(s, d.step, ev)
         now = time.perf_counter()

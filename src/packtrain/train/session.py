@@ -129,6 +129,10 @@ class TrainSession:
         (idempotent)."""
         self._undo.close()
 
+    def on_close(self, fn: Any) -> None:
+        """Call `fn()` when the session closes (before what setup registered: last in, first out)."""
+        self._undo.callback(fn)
+
     def release_setup_memory(self) -> None:
         """Set-up is over (model built, optimizer made, checkpoint restored): give its cached blocks back to
         the device and restart the peak counters, so the recorded peak and its fragmentation are the training

@@ -2,6 +2,7 @@
 
     apply_activation_checkpointing(model, cfg)   none | full | every_k decoder layers recomputed in backward
     apply_compile(model, cfg) -> CompileCounter  torch.compile per decoder layer; counts (re)compiles
+    guard_failure_reasons(seen)                  dynamo's reasons for the recompiles since the last call
     set_allocator_env(cfg)                       PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True before CUDA init
     autocast(precision, device)                  bf16 / fp16 autocast (fp8: bf16), or nothing for fp32
     make_grad_scaler(precision, device)          GradScaler for fp16 (None otherwise)
@@ -124,18 +125,36 @@ class CompileCounter:
         return n
 
 
-def apply_compile(model, cfg: TrainConfig, backend: str = "inductor") -> CompileCounter | None:
+def guard_failure_reasons(seen: dict[Any, int]) -> list[str]:
+    """dynamo's guard-failure reasons recorded since the last call ('forward (modeling_llama.py:261): tensor
+    'hidden_states' size mismatch at index 1. expected 512, actual 256'); [] when torch has none to give."""
+    try:
+        from torch._dynamo.utils import guard_failures
+    except Exception:
+        return []
+    out = []
+    for code, reasons in list(guard_failures.items()):
+        n = seen.get(code, 0)
+        if len(reasons) > n:
+            where = f"{getattr(code, 'co_name', '?')} ({os.path.basename(getattr(code, 'co_filename', '?'))}:" \
+                    f"{getattr(code, 'co_firstlineno', '?')})"
+            out += [f"{where}: {str(r).strip()}" for r in reasons[n:]]
+            seen[code] = len(reasons)
+    return out
+
+
+def apply_compile(model, cfg: TrainConfig, backend: str | None = None) -> CompileCounter | None:
     """`torch.compile` each decoder layer in place (`layer.compile()`, state_dict keys unchanged).
 
     Per-layer compile: one graph serves every layer (identical code; parameters are graph inputs), compiles
-    in seconds instead of minutes, and the loss/LM head stay eager. Returns a started CompileCounter (None when
-    cfg.compile is False)."""
+    in seconds instead of minutes, and the loss/LM head stay eager. `backend`: None → cfg.compile_backend.
+    Returns a started CompileCounter (None when cfg.compile is False)."""
     if not cfg.compile:
         return None
     _share_one_layer_graph(model)
     counter = CompileCounter().start()
     for layer in decoder_layers(model):
-        layer.compile(backend=backend)
+        layer.compile(backend=backend or cfg.compile_backend)
     return counter
 
 
