@@ -1,14 +1,13 @@
 """`make run` (= `packtrain run --recipe tiny-cpu`) on this machine: a first run in a fresh directory (its default
-workdir `data/` is new), a second one on unchanged data (evaluate and register run again: the champion is now
-this very model, scored once with Δ = 0 and not promoted), and a third (every stage from the stage cache). The README and
+workdir `data/` is new), then a second one on unchanged data (every stage from the stage cache). The README and
 docs/pipeline.md quote their times and output from the record this writes, nowhere else
 (tests/pipelines/test_docs_numbers.py checks it).
 
     python -m bench cpu-run --out bench/results/cpu_run_tiny.json     # ~2 min on 2 cores
     python -m bench cpu-run --smoke --out /tmp/cr                     # `packtrain --help` twice instead
 
-Writes the record with {"recorded", "machine", "command", "runs": [{"name": "first"|"rerun"|"cached", "seconds" (the
-summary's own figure; --smoke: the wall time), "wall_s", "stdout": [lines]}]} and the same three as its rows.
+Writes the record with {"recorded", "machine", "command", "runs": [{"name": "first"|"cached", "seconds" (the
+summary's own figure; --smoke: the wall time), "wall_s", "stdout": [lines]}]} and the same two as its rows.
 """
 
 from __future__ import annotations
@@ -24,7 +23,7 @@ from pathlib import Path
 
 from bench.harness import Record, machine_info
 
-SUMMARY = "`make run` on the CPU: a first run in a fresh directory, a rerun judged against itself, a cached one"
+SUMMARY = "`make run` on the CPU: a first run in a fresh directory and a second, cached one"
 DEVICE = "cpu"
 PACKTRAIN = Path(sys.executable).with_name("packtrain")
 
@@ -34,7 +33,7 @@ def add_arguments(p) -> None:
 
 
 def record_runs(cwd: Path, cmd: list[str]) -> list[dict]:
-    """`cmd` three times in `cwd`: (first, rerun, cached) with the summary's seconds, the wall time and the output."""
+    """`cmd` twice in `cwd`: (first, cached) with the summary's seconds, the wall time and the output."""
     from packtrain.pipeline.cache import code_version, source_md5
 
     runs = []
@@ -42,7 +41,7 @@ def record_runs(cwd: Path, cmd: list[str]) -> list[dict]:
     # the stage cache's code part, computed once as `make run` computes it: an edit elsewhere in a shared
     # checkout between the two runs must not turn the second run into a first one
     env.setdefault("PACKTRAIN_CODE_VERSION", f"{code_version()}:{source_md5()}")
-    for name in ("first", "rerun", "cached"):
+    for name in ("first", "cached"):
         t0 = time.perf_counter()
         r = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=3600)
         wall = time.perf_counter() - t0
@@ -67,7 +66,7 @@ def run(args, out: Path) -> Record:
         else:
             shutil.rmtree(cwd, ignore_errors=True)
     print(" · ".join(f"{r['name']} {r['seconds']} s" for r in runs), file=sys.stderr)
-    return Record(suite="cpu-run", study="`make run` on the CPU: first, rerun and cached", command=args.command,
+    return Record(suite="cpu-run", study="`make run` on the CPU, first and cached", command=args.command,
                   machine=machine_info(), settings={"run": " ".join(["packtrain", *cmd[1:]])},
                   rows=[{k: v for k, v in r.items() if k != "stdout"} for r in runs],
                   extra={"recorded": time.strftime("%Y-%m-%dT%H:%M:%S%z"),

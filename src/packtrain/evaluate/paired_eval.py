@@ -131,7 +131,10 @@ def evaluate_identity(cfg: RunConfig, model_md5: str | None = None) -> dict:
                 cfg.register_.model_name, "champion")
             champion = f"models:/{cfg.register_.model_name}/{mv.version}"
             if model_md5 and (mv.tags or {}).get("model_md5") == model_md5:
-                champion = "this very model"   # scored once, Δ = 0 (resolve_against): any version of it is the same
+                # the champion is this very model: keyed as with none, so a rerun on unchanged data restores the
+                # first run's evaluation (and its registration) from the cache instead of registering the same
+                # weights again; evaluated afresh (no cache) it is scored once with Δ = 0 (resolve_against)
+                champion = None
         except MlflowException as e:
             champion = None if e.error_code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE") else \
                 f"unresolved {time.time_ns()}"
