@@ -2,7 +2,7 @@
 pipeline GPU efficiency.
 
     python -m bench gpu-pipeline --out bench/results/gpu_pipeline_350m.json [--recipe 350m-h200] [--steps 60,2000]
-    python -m bench gpu-pipeline --smoke --out /tmp/gp      # CPU: the tiny-cpu recipe, 4 then 8 steps
+    python -m bench gpu-pipeline --smoke --out /tmp/gp      # CPU: tiny-cpu on a 40-document corpus, 2 then 3 steps
 
 The runs share one working directory, in order: the first (e.g. 60 steps) runs every stage from scratch and
 registers the first champion; each later one re-uses the cached data stages (ingest … pack) and trains,
@@ -91,9 +91,13 @@ def one_run(cwd: Path, recipe: str, steps: int, sets: list[str], k: int) -> dict
 def run(args, out: Path) -> Record:
     recipe, sets = args.recipe, list(args.set)
     steps = [int(s) for s in str(args.steps).split(",") if s]
-    if args.smoke:
-        recipe, steps = "tiny-cpu", [4, 8]
     cwd = Path(tempfile.mkdtemp(prefix="packtrain-gpu-pipeline-"))
+    if args.smoke:   # the same code path in seconds: the tests' tiny corpus and settings (train.max_steps after)
+        from packtrain.data.tiny_corpus import tiny_corpus, tiny_settings
+
+        recipe, steps = "tiny-cpu", [2, 3]
+        sets = [s for s in tiny_settings(cwd / "data", tiny_corpus(cwd / "corpus", n_docs=40))
+                if not s.startswith("train.max_steps=")] + sets
     rows = []
     try:
         for k, n in enumerate(steps):

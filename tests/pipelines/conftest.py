@@ -8,6 +8,8 @@ import time
 import pytest
 from pipeline_helpers import PINNED_CODE, as_args, run_main, tiny_corpus, tiny_settings
 
+from packtrain.data.tiny_corpus import WORDORDER_SUITE
+
 
 @pytest.fixture
 def pinned_code(monkeypatch):
@@ -41,7 +43,7 @@ def tiny_pipeline(tmp_path_factory):
         fcntl.flock(lock, fcntl.LOCK_EX)
         record = root / "record.json"
         corpus, workdir = root / "corpus", root / "wd"
-        settings = tiny_settings(workdir, corpus)
+        settings = [*tiny_settings(workdir, corpus), WORDORDER_SUITE]   # the recipe's task suite, as make run has
         if not record.exists():
             tiny_corpus(corpus)
             t0 = time.perf_counter()

@@ -31,10 +31,16 @@ def tiny_corpus(folder: Path, n_docs: int = 60, seed: int = 0) -> Path:
 
 def tiny_settings(workdir: Path, corpus: Path) -> list[str]:
     """--set overrides of the tiny-cpu recipe: ~30k tokens, 2 train steps, 1 eval batch, 3 samples of 4
-    tokens (3 × 32 greedy tokens were ~1–2 s of every evaluate)."""
+    tokens (3 × 32 greedy tokens were ~1–2 s of every evaluate), no eval suites beyond "recent" (the shipped
+    lm-eval task was ~15 s of every evaluate on 2 cores: `WORDORDER_SUITE` adds it back where a test needs it)."""
     return [
         f"workdir={workdir}", f"ingest.source={corpus}", "validate.min_rows=10",
         "tokenize.vocab_size=300", "tokenize.train_chars=60000", "tokenize.eval_fraction=0.2",
         "tokenize.workers=1", "pack.budget=64", "train.rows=2", "train.max_steps=2", "train.warmup_steps=1",
         "evaluate.rows=2", "evaluate.max_batches=1", "evaluate.sample_tokens=4", "tracking.system_metrics=false",
+        "evaluate.suites=[]",
     ]
+
+
+WORDORDER_SUITE = "evaluate.suites=[{name: wordorder, role: task, path: '@recipes/tasks/wordorder/wordorder.yaml'}]"
+"""The tiny-cpu recipe's own suite (the shipped lm-eval task), as a --set after `tiny_settings`."""
