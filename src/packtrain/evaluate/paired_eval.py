@@ -125,10 +125,13 @@ def evaluate_identity(cfg: RunConfig, model_md5: str | None = None) -> dict:
 
         from packtrain.tracking import resolve_tracking_uri
 
+        from packtrain.tracking.transport import short_http
+
         uri = resolve_tracking_uri(cfg)
         try:
-            mv = MlflowClient(tracking_uri=uri, registry_uri=uri).get_model_version_by_alias(
-                cfg.register_.model_name, "champion")
+            with short_http(uri, 10):   # a store that is down answers at once: no MLflow retries (~2 min)
+                mv = MlflowClient(tracking_uri=uri, registry_uri=uri).get_model_version_by_alias(
+                    cfg.register_.model_name, "champion")
             champion = f"models:/{cfg.register_.model_name}/{mv.version}"
             if model_md5 and (mv.tags or {}).get("model_md5") == model_md5:
                 # the champion is this very model: keyed as with none, so a rerun on unchanged data restores the

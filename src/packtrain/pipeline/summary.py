@@ -214,8 +214,11 @@ def registry_now(tracking_uri: str, name: str, version: str) -> str:
     try:
         from mlflow import MlflowClient
 
+        from packtrain.tracking.transport import short_http
+
         client = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
-        aliases = client.get_registered_model(name).aliases or {}
+        with short_http(tracking_uri, 10):   # a store that is down answers at once, without MLflow's retries
+            aliases = client.get_registered_model(name).aliases or {}
     except Exception as e:   # the summary must not fail the finished run
         return f"unreadable ({type(e).__name__})"
     if not aliases:
