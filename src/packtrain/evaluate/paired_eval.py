@@ -124,7 +124,6 @@ def evaluate_identity(cfg: RunConfig, model_md5: str | None = None) -> dict:
         from mlflow.exceptions import MlflowException
 
         from packtrain.tracking import resolve_tracking_uri
-
         from packtrain.tracking.transport import short_http
 
         uri = resolve_tracking_uri(cfg)
