@@ -66,8 +66,9 @@ def run_evaluate(cfg: RunConfig, model_dir: str | Path, packs_dir: str | Path, o
 
         t0 = time.perf_counter()
         loaded = load_for_eval(model_dir, cfg.evaluate)   # once, for the held-out loss and the suites
+        load_s = time.perf_counter() - t0
         result = evaluate(model_dir, split, cfg.evaluate, loaded=loaded)
-        result.timings["load_s"] = round(time.perf_counter() - t0, 3)
+        result.timings["load_s"] = round(load_s, 3)
         t_suites = time.perf_counter()
         manifest = score_against(cfg, model_dir, split, tmp, run, loaded)
         del loaded
