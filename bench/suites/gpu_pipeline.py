@@ -11,7 +11,8 @@ evaluates (against the champion: two models scored) and registers again — a sc
 Per run, from the run's own output (`--json`): every stage's wall time (the runner's "success in X s"), and
 
     train steps     train_result.json timings.train_s (the optimizer steps, first one included)
-    eval steps      eval_result.json seconds (the timed held-out epoch)
+    eval steps      eval_result.json seconds (the timed held-out epoch) + timings.suites_text_forward_s (the
+                    text suites' forwards, both models: evaluation steps as much as the held-out epoch)
     GPU-stage time  train + evaluate + register walls (the GPU is held from the first step to the registered
                     model: on a cluster the job keeps its node for the whole tail)
     efficiency      (train steps + eval steps) / GPU-stage time
@@ -67,7 +68,7 @@ def one_run(cwd: Path, recipe: str, steps: int, sets: list[str], k: int) -> dict
     stats = json.loads(out_json.read_text())["stages"]
     tr, ev, rg = stats["train"], stats["evaluate"], stats["register"]
     train_steps = float(tr["timings"]["train_s"])
-    eval_steps = float(ev["seconds"])
+    eval_steps = float(ev["seconds"]) + float(ev.get("timings", {}).get("suites_text_forward_s") or 0.0)
     gpu_s = walls["train"] + walls["evaluate"] + walls["register"]
     train_tok_s = float(tr["throughput"].get("real_tokens_per_s") or 0.0)
     return {
@@ -80,7 +81,7 @@ def one_run(cwd: Path, recipe: str, steps: int, sets: list[str], k: int) -> dict
         "train_tok_s": round(train_tok_s), "eval_tok_s": round(float(ev["tokens_per_s"])),
         "eval_over_train_tok_s": round(float(ev["tokens_per_s"]) / train_tok_s, 2) if train_tok_s else None,
         "train_timings": tr["timings"], "eval_timings": ev.get("timings", {}),
-        "eval": {k: ev.get(k) for k in ("precision", "attention", "rows", "n_real_tokens", "eval_loss")},
+        "eval": {k: ev.get(k) for k in ("precision", "attention", "rows", "n_real_tokens", "eval_loss", "compiled")},
         "train_memory": {k: (tr.get("memory") or {}).get(k) for k in ("peak_alloc_gib", "peak_reserved_gib",
                                                                        "fragmentation")},
         "useful_mfu": tr["throughput"].get("useful_mfu"), "decision": rg.get("decision"),

@@ -58,3 +58,42 @@ def test_bf16_varlen_default_agrees_with_fp32(trained):
     assert ref.n_label_tokens == auto.n_label_tokens and auto.complete
     assert math.isfinite(auto.eval_loss)
     assert abs(auto.eval_loss - ref.eval_loss) / ref.eval_loss < BF16_REL_TOL
+
+
+def test_compiled_scoring_matches_eager_with_one_graph(trained):
+    """evaluate.compile auto (on under CUDA): the held-out loss and a suite's per-document NLL agree with the
+    eager forward, and the held-out epoch plus the suite (the same tokens per forward) compile no second graph."""
+    import numpy as np
+
+    from packtrain.config import EvalConfig
+    from packtrain.config.evaluate import forward_rows
+    from packtrain.evaluate.docscore import score_documents
+    from packtrain.evaluate.loading import load_for_eval
+    from packtrain.evaluate.perplexity import evaluate
+    from packtrain.evaluate.suites import recent_suite
+    from packtrain.train.techniques import CompileCounter
+
+    model_dir, split = trained
+    eager = evaluate(model_dir, split, EvalConfig(compile=False, prompts=["a"], sample_tokens=2))
+    cfg = EvalConfig(prompts=["a"], sample_tokens=4)
+    torch._dynamo.reset()
+    counter = CompileCounter().start()
+    try:
+        ld = load_for_eval(model_dir, cfg)
+        comp = evaluate(model_dir, split, cfg, loaded=ld)
+        suite = recent_suite("primary", split, ld.tokenizer, 64)
+        rows = forward_rows(cfg.rows, "cuda", cfg.suite_budget)
+        args = (ld.model, ld.tokenizer, suite.docs, cfg.suite_budget, rows, "bf16", ld.backend, ld.device)
+        sc = score_documents(*args, compiled=True)
+        with ld.eager():
+            sc_eager = score_documents(*args)
+    finally:
+        counter.stop()
+    print(json.dumps({"test": "eval_compiled_vs_eager", "eager_loss": eager.eval_loss, "compiled_loss": comp.eval_loss,
+                      "eager_tok_s": eager.tokens_per_s, "compiled_tok_s": comp.tokens_per_s,
+                      "compiles": counter.ids, "timings": comp.timings}))
+    assert ld.compiled and comp.compiled and not eager.compiled
+    assert comp.n_label_tokens == eager.n_label_tokens
+    assert abs(comp.eval_loss - eager.eval_loss) / eager.eval_loss < 2e-3
+    assert counter.recompiles == 0, counter.ids
+    assert np.allclose(sc.nll, sc_eager.nll, rtol=5e-3) and (sc.tokens == sc_eager.tokens).all()

@@ -102,3 +102,32 @@ def _flip_byte(path):
     data = bytearray(path.read_bytes())
     data[len(data) // 2] ^= 0xFF
     path.write_bytes(bytes(data))
+
+
+def test_sha256_tree_is_the_hash_of_the_piece_hashes(tmp_path):
+    import hashlib
+
+    data = np.random.default_rng(0).bytes(10_000)
+    f = tmp_path / "blob"
+    f.write_bytes(data)
+    pieces = [hashlib.sha256(data[i: i + 4096]).digest() for i in range(0, len(data), 4096)]
+    expect = hashlib.sha256(b"".join(pieces)).hexdigest()
+    assert ck.sha256_tree_file(f, 4096) == ck.sha256_tree_file(f, 4096, workers=1) == expect
+    (tmp_path / "empty").write_bytes(b"")
+    assert ck.sha256_tree_file(tmp_path / "empty") == hashlib.sha256(hashlib.sha256(b"").digest()).hexdigest()
+
+
+def test_version_1_manifest_still_verifies(tmp_path):
+    """A checkpoint written before the checksum tree (whole-file sha256) verifies, and a flipped byte in it is
+    still caught."""
+    model, opt = _model_and_opt()
+    path = _save(tmp_path, 4, model, opt)
+    manifest = json.loads((path / "manifest.json").read_text())
+    assert manifest["version"] == 2 and all("sha256_tree" in v for v in manifest["files"].values())
+    manifest["version"] = 1
+    manifest["files"] = {rel: {"bytes": v["bytes"], "sha256": ck.sha256_file(path / rel)}
+                         for rel, v in manifest["files"].items()}
+    (path / "manifest.json").write_text(json.dumps(manifest))
+    assert ck.verify_checkpoint(path) is None
+    _flip_byte(path / "model.safetensors")
+    assert "model.safetensors fails its sha256" in ck.verify_checkpoint(path)

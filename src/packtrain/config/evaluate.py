@@ -97,6 +97,11 @@ class EvalConfig(StrictModel):
     refuses sdpa)."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """auto → cuda when available, else cpu."""
+    compile: Literal["auto"] | bool = "auto"
+    """`torch.compile` each decoder layer for the scoring forwards (held-out loss, text suites), as training does:
+    one graph for every layer and every forward (the token count per forward is fixed, rows × budget). auto → on
+    CUDA, off on the CPU (where the eager forward is the exact reference). Generation samples and lm-eval tasks
+    (a shape per call) run eagerly either way."""
     seed: Seed = 0
     """Order of the eval packs (the loss sum does not depend on it)."""
     suites: list[SuiteConfig] = []
@@ -141,6 +146,11 @@ def eval_precision(precision: str, device_type: str) -> str:
     if precision != "auto":
         return precision
     return "bf16" if device_type == "cuda" else "fp32"
+
+
+def eval_compile(compile: bool | str, device_type: str) -> bool:
+    """evaluate.compile with auto resolved for a device type (on for "cuda", off elsewhere)."""
+    return device_type == "cuda" if compile == "auto" else bool(compile)
 
 
 def forward_rows(rows: int | str, device_type: str, budget: int) -> int:

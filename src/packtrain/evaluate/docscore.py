@@ -21,6 +21,7 @@ documents give the same numbers bit for bit on the CPU (fp32).
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -39,6 +40,7 @@ class DocScores:
     nll: np.ndarray       # float64 [n_docs] nats
     tokens: np.ndarray    # int64 [n_docs]
     bytes: np.ndarray     # int64 [n_docs]
+    seconds: float = 0.0  # wall time of the forwards (batch building on the host included), device synchronized
 
 
 def encode_doc(doc: SuiteDoc, tokenizer) -> tuple[list[int], list[int]]:
@@ -87,9 +89,40 @@ def _rows(chunks: list[tuple[int, np.ndarray, np.ndarray]], budget: int):
              np.concatenate([m for _, _, m in r]), [d for d, _, _ in r]) for r in rows]
 
 
-def score_documents(model, tokenizer, docs: list[SuiteDoc], budget: int, rows: int, precision: str = "fp32",
-                    backend: str = "sdpa", device=None, suite: str = "") -> DocScores:
-    """Per-document NLL, scored-token and byte counts (module doc)."""
+@dataclass
+class PackedDocs:
+    """A suite's documents encoded with one tokenizer and packed into rows of `budget` (CPU only): the part of
+    scoring that depends on the tokenizer, not on the model — two models with the same tokenizer share it."""
+
+    rows: list            # [(tokens, seg_lens, mask, doc index per segment)] (`_rows`)
+    tokens: np.ndarray    # int64 [n_docs] scored tokens
+    bytes: np.ndarray     # int64 [n_docs] UTF-8 bytes
+    budget: int
+    pad_id: int
+
+
+def pack_documents(docs: list[SuiteDoc], tokenizer, budget: int, suite: str = "") -> PackedDocs:
+    """Encode (encode_doc), chunk and pack the documents (module doc)."""
+    n = len(docs)
+    tokens = np.zeros(n, np.int64)
+    chunks = []
+    for d, doc in enumerate(docs):
+        ids, mask = encode_doc(doc, tokenizer)
+        tokens[d] = int(sum(mask))
+        chunks += [(d, c, m) for c, m in chunk(ids, mask, budget)]
+    if int(tokens.sum()) == 0:
+        raise InputDataError(f"suite {suite!r}: its {n} documents tokenize to no scored token with this model's "
+                             "tokenizer (empty texts or completions?)")
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    return PackedDocs(_rows(chunks, budget), tokens, np.array([doc.n_bytes for doc in docs], np.int64), budget,
+                      int(pad))
+
+
+def score_packed(model, packed: PackedDocs, rows: int, precision: str = "fp32", backend: str = "sdpa",
+                 device=None, compiled: bool = False) -> DocScores:
+    """Per-document NLL of packed documents, `rows` rows per forward. The scored positions and their documents
+    are found on the host before each batch is copied, and the per-token losses stay on the device until the
+    end: one device→host sync per suite, not per batch."""
     import contextlib
 
     import torch
@@ -100,29 +133,19 @@ def score_documents(model, tokenizer, docs: list[SuiteDoc], budget: int, rows: i
     from packtrain.train.loss import softcap_logits
 
     device = device or next(model.parameters()).device
-    n = len(docs)
-    nll = torch.zeros(n, dtype=torch.float64)
-    tokens = np.zeros(n, np.int64)
-    chunks = []
-    for d, doc in enumerate(docs):
-        ids, mask = encode_doc(doc, tokenizer)
-        tokens[d] = int(sum(mask))
-        chunks += [(d, c, m) for c, m in chunk(ids, mask, budget)]
-    if int(tokens.sum()) == 0:
-        raise InputDataError(f"suite {suite!r}: its {n} documents tokenize to no scored token with this model's "
-                             "tokenizer (empty texts or completions?)")
-    packed = _rows(chunks, budget)
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    budget, n = packed.budget, len(packed.tokens)
     base, head = model.base_model, model.get_output_embeddings()
     cap = getattr(model.config, "final_logit_softcapping", None) or None
     amp = (torch.autocast(device.type, dtype=getattr(torch, _DTYPES[precision]))
            if precision in _DTYPES else contextlib.nullcontext())
+    losses, owners = [], []
+    t0 = time.perf_counter()
     with torch.inference_mode(), amp:
-        for i in range(0, len(packed), rows):
-            group = packed[i: i + rows]
+        for i in range(0, len(packed.rows), rows):
+            group = packed.rows[i: i + rows]
             group += [(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.uint8), [])] * (rows - len(group))
-            b = build_batch([g[0] for g in group], [g[1] for g in group], budget, pad_id=pad,
-                            rows_masks=[g[2] for g in group]).to(device)
+            b = build_batch([g[0] for g in group], [g[1] for g in group], budget, pad_id=packed.pad_id,
+                            rows_masks=[g[2] for g in group])
             # document index of every slot: segments in row order, padding → −1
             seg_doc = np.full(rows * budget, -1, np.int64)
             for r, g in enumerate(group):
@@ -130,14 +153,25 @@ def score_documents(model, tokenizer, docs: list[SuiteDoc], budget: int, rows: i
                 for d, ln in zip(g[3], g[1], strict=True):
                     seg_doc[off: off + ln] = d
                     off += ln
-            hidden = base(**model_inputs(b, backend)).last_hidden_state      # (rows, B, H) or (1, T, H)
-            hidden = hidden.reshape(1, -1, hidden.shape[-1])                  # (1, T, H)
-            target = b.labels[:, 1:]                                          # (1, T-1)
-            keep = (target != IGNORE)[0]
-            if not bool(keep.any()):
+            keep = (b.labels[0, 1:] != IGNORE).numpy()
+            if not keep.any():
                 continue
-            logits = softcap_logits(head(hidden[0, :-1][keep]).float(), cap)  # (N, V)
-            ce = F.cross_entropy(logits, target[0][keep], reduction="none").double().cpu()
-            where = torch.from_numpy(seg_doc[1:][keep.cpu().numpy()])
-            nll.index_add_(0, where, ce)
-    return DocScores(nll.numpy(), tokens, np.array([doc.n_bytes for doc in docs], np.int64))
+            index = torch.from_numpy(np.flatnonzero(keep))
+            owners.append(seg_doc[1:][keep])
+            b, index = b.to(device), index.to(device, non_blocking=True)
+            hidden = base(**model_inputs(b, backend, compiled)).last_hidden_state   # (rows, B, H) or (1, T, H)
+            hidden = hidden.reshape(-1, hidden.shape[-1])                         # (T, H)
+            target = b.labels[0, 1:]                                               # (T-1,)
+            logits = softcap_logits(head(hidden[:-1].index_select(0, index)).float(), cap)   # (N, V)
+            losses.append(F.cross_entropy(logits, target.index_select(0, index), reduction="none").double())
+    nll = torch.zeros(n, dtype=torch.float64)
+    if losses:
+        nll.index_add_(0, torch.from_numpy(np.concatenate(owners)), torch.cat(losses).cpu())   # syncs
+    return DocScores(nll.numpy(), packed.tokens, packed.bytes, time.perf_counter() - t0)
+
+
+def score_documents(model, tokenizer, docs: list[SuiteDoc], budget: int, rows: int, precision: str = "fp32",
+                    backend: str = "sdpa", device=None, suite: str = "", compiled: bool = False) -> DocScores:
+    """Per-document NLL, scored-token and byte counts (module doc): pack_documents then score_packed."""
+    return score_packed(model, pack_documents(docs, tokenizer, budget, suite), rows, precision, backend, device,
+                        compiled)

@@ -30,19 +30,32 @@ if TYPE_CHECKING:
 
 @dataclass
 class Loaded:
-    """A model loaded for evaluation: in eval mode on `device`, with the isolated attention `backend`."""
+    """A model loaded for evaluation: in eval mode on `device`, with the isolated attention `backend`;
+    `compiled`: its decoder layers are `torch.compile`d (evaluate.compile) for the fixed-shape scoring forwards —
+    run anything of varying shape (generation, lm-eval tasks) under `eager()`."""
 
     model: Any
     tokenizer: Any
     backend: str
     device: Any
+    compiled: bool = False
+
+    def eager(self):
+        """A context in which the compiled layers run eagerly (no graph per generation length)."""
+        import contextlib
+
+        if not self.compiled:
+            return contextlib.nullcontext()
+        import torch
+
+        return torch.compiler.set_stance("force_eager")
 
 
 def load_for_eval(model_dir: Path, cfg: EvalConfig, dev=None) -> Loaded:
     """The model and tokenizer of `model_dir` on evaluate's device, with the attention backend its family allows
     for evaluate.attention and evaluate.precision (auto resolved for the device): Gemma2's soft-caps refuse
     sdpa; auto on CUDA in bf16 → varlen. The held-out perplexity and the suites use the same load."""
-    from packtrain.config.evaluate import eval_precision
+    from packtrain.config.evaluate import eval_compile, eval_precision
     from packtrain.model.families import pick_attention
 
     dev = resolve_device(cfg.device) if dev is None else dev
@@ -50,7 +63,22 @@ def load_for_eval(model_dir: Path, cfg: EvalConfig, dev=None) -> Loaded:
                              read_model_config(model_dir), training=False, key="evaluate.attention",
                              where=f"model directory {model_dir}")
     model, tok = load_model_dir(model_dir, dev, backend)
-    return Loaded(model, tok, backend, dev)
+    compiled = eval_compile(cfg.compile, dev.type)
+    if compiled:
+        compile_layers(model)
+    return Loaded(model, tok, backend, dev, compiled)
+
+
+def compile_layers(model) -> None:
+    """`torch.compile` each decoder layer in place with static shapes: the scoring forwards all have the same
+    token count (rows × budget), so one graph serves every layer, every batch, both models and the suites
+    (cu_seqlens is marked dynamic by `model_inputs(..., compiled=True)`)."""
+    layers = getattr(getattr(model, "model", model), "layers", None)
+    if layers is None:
+        raise ConfigError(f"evaluate.compile: {type(model).__name__} has no decoder layers at .model.layers "
+                          "(allowed: evaluate.compile=false)")
+    for layer in layers:
+        layer.compile(dynamic=False)
 
 
 def resolve_device(device: str = "auto"):

@@ -146,16 +146,20 @@ def evaluate_identity(cfg: RunConfig, model_md5: str | None = None) -> dict:
 
 
 def score_suites(models: list[tuple[str, Path]], suites: list[Suite], cfg: EvalConfig,
-                 recent_packs: Path | None = None, challenger: Loaded | None = None
-                 ) -> tuple[list[dict], list[dict], dict]:
+                 recent_packs: Path | None = None, challenger: Loaded | None = None,
+                 timings: dict | None = None) -> tuple[list[dict], list[dict], dict]:
     """Score every suite with every model ((label, directory), challenger first): (table rows, task metrics
     [{"suite", "model", "metric", "value", "stderr"}], the suites as scored (with "recent" first when
     `recent_packs` is given)). The recent suite is decoded with the first model's tokenizer (the packs' own).
-    `challenger`: the first model already loaded (loading.load_for_eval), used as it is."""
+    `challenger`: the first model already loaded (loading.load_for_eval), used as it is. `timings`, when given,
+    gets the seconds of the text suites' forwards (`text_forward_s`), the task suites (`tasks_s`) and the loads
+    of the other models (`load_s`)."""
     import gc
+    import time
 
     from packtrain.config.evaluate import eval_precision, forward_rows
-    from packtrain.evaluate.docscore import score_documents
+    from packtrain.data.tokenizer_files import tokenizer_hash
+    from packtrain.evaluate.docscore import pack_documents, score_packed
     from packtrain.evaluate.loading import load_for_eval
     from packtrain.evaluate.suite_types import TextSuite
     from packtrain.evaluate.suites import recent_suite
@@ -163,28 +167,41 @@ def score_suites(models: list[tuple[str, Path]], suites: list[Suite], cfg: EvalC
     rows: list[dict] = []
     metrics: list[dict] = []
     scored = list(suites)
+    encoded: dict[tuple, object] = {}   # (suite, tokenizer hash) → PackedDocs: a tokenizer's work done once
+    spent = {"text_forward_s": 0.0, "tasks_s": 0.0, "load_s": 0.0}
     for k, (label, model_dir) in enumerate(models):
+        t_load = time.perf_counter()
         ld = challenger if k == 0 and challenger is not None else load_for_eval(model_dir, cfg)
+        spent["load_s"] += time.perf_counter() - t_load
         model, tok, backend, dev = ld.model, ld.tokenizer, ld.backend, ld.device
         precision, n_rows = eval_precision(cfg.precision, dev.type), forward_rows(cfg.rows, dev.type, cfg.suite_budget)
         if k == 0 and recent_packs is not None and cfg.recent_role != "off":
             scored.insert(0, recent_suite(cfg.recent_role, recent_packs, tok, cfg.recent_max_documents))
+        tok_key = tokenizer_hash(model_dir) or f"model {k}"
         for s in scored:
             if isinstance(s, TextSuite):
-                sc = score_documents(model, tok, s.docs, cfg.suite_budget, n_rows, precision, backend, dev,
-                                     suite=s.name)
+                key = (s.name, tok_key)
+                if key not in encoded:
+                    encoded[key] = pack_documents(s.docs, tok, cfg.suite_budget, suite=s.name)
+                sc = score_packed(model, encoded[key], n_rows, precision, backend, dev, ld.compiled)  # type: ignore[arg-type]
+                spent["text_forward_s"] += sc.seconds
                 rows += [{"suite": s.name, "role": s.role, "kind": "text", "model": label, "doc_id": d.doc_id,
                           "nll": float(sc.nll[i]), "tokens": int(sc.tokens[i]), "bytes": int(sc.bytes[i]),
                           "acc": None} for i, d in enumerate(s.docs)]
             else:
                 from packtrain.evaluate.tasks import score_task
 
-                res = score_task(model, tok, s, dev)
+                t_task = time.perf_counter()
+                with ld.eager():   # lm-eval's batches have a shape each: no graph per shape
+                    res = score_task(model, tok, s, dev)
+                spent["tasks_s"] += time.perf_counter() - t_task
                 metrics.append({"suite": s.name, "model": label, **res.metric})
                 rows += [{"suite": s.name, "role": s.role, "kind": "task", "model": label, "doc_id": str(doc),
                           "nll": None, "tokens": 0, "bytes": 0, "acc": float(a)} for doc, a in res.per_doc]
         del model, ld
         gc.collect()
+    if timings is not None:
+        timings.update({k: round(v, 3) for k, v in spent.items()})
     return rows, metrics, {"suites": [s.describe() for s in scored]}
 
 
@@ -270,16 +287,23 @@ def paired_manifest(challenger: Path, against: Against | None, note: str, cfg: E
 
 
 def paired_evaluation(cfg: RunConfig, challenger: Path, ref: str, out_dir: Path,
-                      recent_packs: Path | None = None, loaded: Loaded | None = None) -> tuple[dict, list[dict]]:
+                      recent_packs: Path | None = None, loaded: Loaded | None = None,
+                      timings: dict | None = None) -> tuple[dict, list[dict]]:
     """Resolve `ref`, load the suites, score both models, write suite_scores.parquet + suites.json into
-    `out_dir`; returns (manifest, task metrics). `loaded`: the challenger already loaded (the evaluate stage)."""
+    `out_dir`; returns (manifest, task metrics). `loaded`: the challenger already loaded (the evaluate stage);
+    `timings` (given) gets score_suites' seconds and the champion's resolution and download (`against_s`)."""
+    import time
+
     from packtrain.evaluate.suites import load_suites
 
     suites = load_suites(cfg.evaluate)   # bad suites fail before any model is loaded or downloaded
+    t0 = time.perf_counter()
     against, note = resolve_against(cfg, ref, Path(challenger))
+    if timings is not None:
+        timings["against_s"] = round(time.perf_counter() - t0, 3)
     models = [("challenger", Path(challenger))] + ([("champion", against.model_dir)] if against and not against.same
                                                    else [])
-    rows, metrics, scored = score_suites(models, suites, cfg.evaluate, recent_packs, loaded)
+    rows, metrics, scored = score_suites(models, suites, cfg.evaluate, recent_packs, loaded, timings)
     if against is not None and against.same:   # identical weights: identical scores, without a second pass
         rows += [{**r, "model": "champion"} for r in rows]
         metrics += [{**m, "model": "champion"} for m in metrics]

@@ -65,6 +65,7 @@ class EvalResult:
     attention: str                # isolated attention backend: sdpa | eager | flex | varlen
     rows: int
     budget: int
+    compiled: bool = False        # evaluate.compile: the decoder layers ran compiled (loading.compile_layers)
     samples: list[dict] = field(default_factory=list)   # [{"prompt", "completion", "n_new_tokens"}]
     timings: dict = field(default_factory=dict)         # load_s, warmup_s (CUDA), samples_s; the stage adds
                                                         # suites_s and total_s
@@ -80,14 +81,16 @@ class EvalResult:
         return cls(**{k: v for k, v in d.items() if k in names})
 
 
-def batch_loss_sum(model, model_kwargs: dict, labels, chunk: int = 4096):
+def batch_loss_sum(model, model_kwargs: dict, labels, chunk: int = 4096, index=None):
     """Σ cross-entropy over one packed batch (fp64 scalar tensor) and its label-token count.
 
     model_kwargs: `packtrain.model.attention.model_inputs(batch, backend)` — input_ids/position_ids as
     (rows, budget) for sdpa/eager or (1, T) plus the backend's mask/cu_seqlens, always use_cache=False.
     labels: int64 (1, T), HF-convention unshifted. Hidden states are flattened back to (1, T, H) (rows are
     contiguous in T; a row's first label is -100, so no target crosses a row). Only label positions go
-    through the LM head: (N, H) → logits (≤ chunk, V).
+    through the LM head: (N, H) → logits (≤ chunk, V). `index`: those positions in labels[0, 1:] (int64, on the
+    model's device), found on the host before the batch was copied — the same rows as the boolean mask, without
+    the device→host sync a mask's count costs.
     """
     import torch
     import torch.nn.functional as F
@@ -100,9 +103,11 @@ def batch_loss_sum(model, model_kwargs: dict, labels, chunk: int = 4096):
     hidden = base(**model_kwargs).last_hidden_state                  # (rows, L, H) or (1, T, H)
     hidden = hidden.reshape(1, -1, hidden.shape[-1])                  # (1, T, H)
     target = labels[:, 1:]                                            # (1, T-1)
-    keep = target != IGNORE_INDEX
-    h = hidden[:, :-1][keep]                                          # (N, H)
-    y = target[keep]                                                  # (N,)
+    if index is None:
+        keep = target != IGNORE_INDEX
+        h, y = hidden[:, :-1][keep], target[keep]                     # (N, H), (N,)
+    else:
+        h, y = hidden[0, :-1].index_select(0, index), target[0].index_select(0, index)
     total = torch.zeros((), dtype=torch.float64, device=labels.device)
     cap = getattr(model.config, "final_logit_softcapping", None) or None   # Gemma2: as its own forward
     for i in range(0, y.numel(), chunk):
@@ -112,11 +117,13 @@ def batch_loss_sum(model, model_kwargs: dict, labels, chunk: int = 4096):
 
 
 def evaluate_batches(model, batches: Iterable, device, precision: str = "fp32", total: int | None = None,
-                     backend: str = "sdpa") -> dict[str, Any]:
+                     backend: str = "sdpa", compiled: bool = False) -> dict[str, Any]:
     """Loss sums over PackedBatches (packtrain.packing.batches) with the isolated attention `backend`.
 
     Returns {"loss_sum", "n_label_tokens", "n_real_tokens", "n_slot_tokens", "n_segments", "n_batches",
-    "seconds", "budget"}. Runs under torch.inference_mode(), autocast when precision is bf16/fp16.
+    "seconds", "budget"}. Runs under torch.inference_mode(), autocast when precision is bf16/fp16; one
+    device→host sync at the end (label positions are found on the host). `compiled`: the model's layers are
+    compiled (loading.Loaded.compiled): cu_seqlens is marked dynamic.
     """
     import contextlib
 
@@ -133,8 +140,9 @@ def evaluate_batches(model, batches: Iterable, device, precision: str = "fp32", 
     t0 = time.perf_counter()
     with torch.inference_mode(), amp:
         for b in tqdm(batches, total=total, desc="evaluate", unit="batch", file=sys.stderr, leave=False):
-            b = b.to(device)
-            s, n = batch_loss_sum(model, model_inputs(b, backend), b.labels)
+            index = torch.nonzero(b.labels[0, 1:] != IGNORE_INDEX).squeeze(1)   # on the host: no sync
+            b, index = b.to(device), index.to(device, non_blocking=True)
+            s, n = batch_loss_sum(model, model_inputs(b, backend, compiled), b.labels, index=index)
             loss_sum += s
             out["n_label_tokens"] += n
             out["n_real_tokens"] += int(b.n_real_tokens)
@@ -199,8 +207,8 @@ def evaluate(model_dir: str | Path, eval_split_dir: str | Path, cfg: EvalConfig,
     tokens scored; None → the train.loss_on recorded in `model_dir` (an adapter directory loads as base +
     adapter merged). `loaded`: the model already loaded by `loading.load_for_eval` (the evaluate stage loads it
     once for this and the suites); it is left with its isolated backend after the samples.
-    On CUDA one forward of the first batch runs before the timed epoch (kernel selection, allocator warm-up):
-    `warmup_s`; `load_s` is the model's load.
+    On CUDA one forward of the first batch runs before the timed epoch (kernel selection, allocator warm-up,
+    the layers' compile under evaluate.compile): `warmup_s`; `load_s` is the model's load.
     """
     import torch
 
@@ -230,10 +238,12 @@ def evaluate(model_dir: str | Path, eval_split_dir: str | Path, cfg: EvalConfig,
     if dev.type == "cuda":
         t_warm = time.perf_counter()
         warm = open_eval_loader(eval_split_dir, loader.rows, cfg.seed, loss_on, dev.type)   # (iterating `loader`
-        evaluate_batches(model, itertools.islice(iter(warm), 1), dev, precision, total=1, backend=backend)  # resumes)
+        evaluate_batches(model, itertools.islice(iter(warm), 1), dev, precision, total=1, backend=backend,
+                         compiled=loaded.compiled)   # (resumes); with evaluate.compile also the layers' compile
         warmup_s = time.perf_counter() - t_warm
         torch.cuda.reset_peak_memory_stats(dev)
-    sums = evaluate_batches(model, itertools.islice(iter(loader), n), dev, precision, total=n, backend=backend)
+    sums = evaluate_batches(model, itertools.islice(iter(loader), n), dev, precision, total=n, backend=backend,
+                            compiled=loaded.compiled)
     peak, kind = _peak_memory(dev)
     if sums["n_label_tokens"] == 0:
         raise MissingDataError(f"eval packs {eval_split_dir}: no label tokens in {sums['n_batches']} batches")
@@ -243,7 +253,8 @@ def evaluate(model_dir: str | Path, eval_split_dir: str | Path, cfg: EvalConfig,
         # sdpa, or eager for a family refused on sdpa (Gemma2) — the family's first of AUTO_ORDER["cpu"]
         model.set_attn_implementation(pick_attention("auto", "cpu", "fp32", model.config, training=False))
     try:
-        samples = generate_samples(model, tokenizer, cfg.prompts, cfg.sample_tokens, dev)
+        with loaded.eager():   # a shape per generated token: no graph for each
+            samples = generate_samples(model, tokenizer, cfg.prompts, cfg.sample_tokens, dev)
     finally:
         if backend not in ("sdpa", "eager"):
             model.set_attn_implementation(HF_NAMES[backend])
@@ -255,6 +266,6 @@ def evaluate(model_dir: str | Path, eval_split_dir: str | Path, cfg: EvalConfig,
         n_batches_epoch=n_epoch, complete=sums["n_batches"] == n_epoch, seconds=sums["seconds"],
         tokens_per_s=sums["n_real_tokens"] / max(sums["seconds"], 1e-9), peak_memory_gib=peak,
         memory_kind=kind, device=str(dev), precision=precision, attention=backend, rows=loader.rows,
-        budget=sums["budget"], samples=samples, model_dir=str(model_dir), eval_split_dir=str(eval_split_dir),
+        budget=sums["budget"], compiled=loaded.compiled, samples=samples, model_dir=str(model_dir), eval_split_dir=str(eval_split_dir),
         timings={"load_s": round(load_s, 3), "warmup_s": round(warmup_s, 3), "samples_s": round(samples_s, 3)},
     )

@@ -70,9 +70,11 @@ def run_evaluate(cfg: RunConfig, model_dir: str | Path, packs_dir: str | Path, o
         result = evaluate(model_dir, split, cfg.evaluate, loaded=loaded)
         result.timings["load_s"] = round(load_s, 3)
         t_suites = time.perf_counter()
-        manifest = score_against(cfg, model_dir, split, tmp, run, loaded)
+        suite_timings: dict = {}
+        manifest = score_against(cfg, model_dir, split, tmp, run, loaded, suite_timings)
         del loaded
         result.timings["suites_s"] = round(time.perf_counter() - t_suites, 3)
+        result.timings.update({f"suites_{k}": v for k, v in suite_timings.items()})
         result.timings["total_s"] = round(time.perf_counter() - t0, 3)
         lib = result.to_dict()
         samples = lib.pop("samples")
@@ -98,16 +100,17 @@ def run_evaluate(cfg: RunConfig, model_dir: str | Path, packs_dir: str | Path, o
     return typed
 
 
-def score_against(cfg: RunConfig, model_dir: Path, split: Path, out: Path, run, loaded=None) -> dict:
+def score_against(cfg: RunConfig, model_dir: Path, split: Path, out: Path, run, loaded=None,
+                  timings: dict | None = None) -> dict:
     """Score the challenger and (evaluate.against) the champion on every suite into `out`; log the per-suite
-    numbers. Returns suites.json."""
+    numbers. Returns suites.json; `timings` (given) gets the seconds of its parts (paired_evaluation)."""
     import math
     import sys
 
     from packtrain.evaluate.paired_eval import SCORES_FILE, paired_evaluation
 
     manifest, _ = paired_evaluation(cfg, model_dir, "champion" if cfg.evaluate.against == "champion" else "none",
-                                    out, recent_packs=split, loaded=loaded)
+                                    out, recent_packs=split, loaded=loaded, timings=timings)
     print(f"[packtrain] evaluate: {manifest['note']}", file=sys.stderr, flush=True)
     import pyarrow.parquet as pq
 

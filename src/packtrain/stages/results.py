@@ -292,6 +292,7 @@ class EvaluateResult(StageResult):
     model_dir: str
     eval_split_dir: str
     timings: dict = dataclasses.field(default_factory=dict)   # load_s, warmup_s, samples_s, suites_s, total_s (seconds)
+    compiled: bool = False                    # evaluate.compile: the decoder layers ran compiled
 
 
 @dataclass(kw_only=True)
