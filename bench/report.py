@@ -158,7 +158,7 @@ def lora(*names: str) -> list[str]:
 RENDER = {"throughput": throughput, "families": families, "memory": memory, "train-smoke": train_smoke,
           "scaling": scaling, "lora": lora, "long-context": lambda f: studies.long_context(_load(f)),
           "fp8": lambda f, log=None: studies.fp8(_load(f), RESULTS / log if log else None),
-          "fsdp2": lambda f: studies.fsdp2(_load(f))}
+          "fsdp2": lambda f: studies.fsdp2(_load(f)), "guard": lambda f: studies.guard(_load(f))}
 
 
 def render(template: str) -> str:

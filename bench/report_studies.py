@@ -156,6 +156,22 @@ def fsdp2(rec: dict) -> list[str]:
     return lines
 
 
+def guard(rec: dict) -> list[str]:
+    """The guard table: each run's tok/s, step time, the guard's own share and its events; then the verdict."""
+    lines = ["| run | real tok/s | step p50 s | guard's own time | data-wait share | events |",
+             "|---|---:|---:|---:|---:|---|"]
+    for r in rec["rows"]:
+        ev = "; ".join(f"step {e['step']}: {e['signal']} ({e.get('cause')})" for e in r.get("events") or []) or "–"
+        lines.append(f"| {r['label']} | {_f(r.get('real_tokens_per_s'))} | {_f(r.get('step_time_p50_s'), '.4f')} | "
+                     f"{_f(r.get('guard_overhead_frac'), '.3%')} | {_f(r.get('data_wait_frac'), '.1%')} | {ev} |")
+    s = rec.get("summary", rec)
+    met = ", ".join(f"{k} {'met' if v else '**not met**'}" for k, v in rec["goal_met"].items())
+    lines += ["", f"Guard-on ÷ guard-off tok/s {_f(s.get('tok_s_on_vs_off'), '.4f')}; the throttled loader "
+              f"(+{_f(s.get('slowdown_delay_s'), '.3f')} s a step from step {rec['settings']['fault_step']}) detected "
+              f"at step {s.get('detected_at_step')} as {s.get('detected_as')}. Goals: {met}."]
+    return lines
+
+
 def _name(name: str, r: dict) -> str:
     return f"{name}, **cut at step {r['cut_at_step']}** by the timeout" if r.get("cut") else name
 

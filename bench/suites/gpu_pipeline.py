@@ -10,7 +10,8 @@ evaluates (against the champion: two models scored) and registers again — a sc
 
 Per run, from the run's own output (`--json`): every stage's wall time (the runner's "success in X s"), and
 
-    train steps     train_result.json timings.train_s (the optimizer steps, first one included)
+    train steps     train_result.json timings.train_s − timings.checkpoint_s (the optimizer steps, first one
+                    included; the loop's checkpoint saves are not steps)
     eval steps      eval_result.json seconds (the timed held-out epoch) + timings.suites_text_forward_s (the
                     text suites' forwards, both models: evaluation steps as much as the held-out epoch)
     GPU-stage time  train + evaluate + register walls (the GPU is held from the first step to the registered
@@ -67,7 +68,7 @@ def one_run(cwd: Path, recipe: str, steps: int, sets: list[str], k: int) -> dict
     walls = {m[1]: float(m[2]) for m in (STAGE_LINE.match(ln) for ln in r.stdout.splitlines()) if m}
     stats = json.loads(out_json.read_text())["stages"]
     tr, ev, rg = stats["train"], stats["evaluate"], stats["register"]
-    train_steps = float(tr["timings"]["train_s"])
+    train_steps = float(tr["timings"]["train_s"]) - float(tr["timings"].get("checkpoint_s") or 0.0)
     eval_steps = float(ev["seconds"]) + float(ev.get("timings", {}).get("suites_text_forward_s") or 0.0)
     gpu_s = walls["train"] + walls["evaluate"] + walls["register"]
     train_tok_s = float(tr["throughput"].get("real_tokens_per_s") or 0.0)
