@@ -47,12 +47,24 @@ def run_dag(cfg, run_dir: str | Path, *, cache_dir: Path | None = None, on_event
             code_version: str = "", data_version: str = "", stages: Sequence[StageSpec] = STAGES) -> dict[str, dict]:
     """Run `stages` (default: the whole table) on `cfg` into `run_dir` (module docstring); returns each stage's
     stats dict. Raises StageFailed at the first failing stage (the stages after it do not run)."""
-    from packtrain.pipeline.runtime import run_stage
+    import gc
 
     run_dir = Path(run_dir)
     emit = on_event or (lambda ev: None)
     outputs: dict[str, Path] = {}
     results: dict[str, dict] = {}
+    try:
+        return _walk(cfg, run_dir, stages, emit, outputs, results, cache_dir, output, capture_fds, progress_s,
+                     code_version, data_version)
+    finally:
+        gc.unfreeze()   # what own_process froze goes back to the collector's oldest generation
+
+
+def _walk(cfg, run_dir: Path, stages: Sequence[StageSpec], emit, outputs: dict[str, Path], results: dict[str, dict],
+          cache_dir: Path | None, output: TextIO | None, capture_fds: bool, progress_s: float, code_version: str,
+          data_version: str) -> dict[str, dict]:
+    from packtrain.pipeline.runtime import run_stage
+
     for i, spec in enumerate(stages, 1):
         inputs = {a: outputs[a] for a in spec.inputs}
         out_dir = run_dir / spec.name / spec.output
@@ -221,9 +233,8 @@ def _torch_exit(state: dict[str, Any] | None) -> None:
     """Put torch's settings back (a stage that imported torch first leaves them at torch's defaults) and free
     what the stage left: compiled graphs, cached GPU memory."""
     if "torch" not in sys.modules:
+        _collect()
         return
-    import gc
-
     import torch
 
     if state is not None:
@@ -232,9 +243,21 @@ def _torch_exit(state: dict[str, Any] | None) -> None:
         torch.set_grad_enabled(state["grad"])
     if "torch._dynamo" in sys.modules:
         torch._dynamo.reset()
-    gc.collect()
+    _collect()
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.cuda.empty_cache()
+
+
+def _collect() -> None:
+    """Collect what the stage left (its model, its graphs: cycles refcounting does not free), then freeze the
+    survivors — imported modules, caches — so the next stage's collection walks only what that stage made: a full
+    collection over torch + transformers + mlflow cost ~0.5 s per stage on 2 cores, ~3.5 s of every run. Objects
+    alive at a stage boundary are no longer collected as cycles while the walk lasts; run_dag unfreezes them at the
+    end."""
+    import gc
+
+    gc.collect()
+    gc.freeze()
 
 
 def _end_fluent_runs() -> None:
