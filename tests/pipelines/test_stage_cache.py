@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from packtrain.config import load_run_config
 from packtrain.pipeline.cache import StageCache, dir_md5, stage_cache_key
-from packtrain.pipeline.runtime import STAGE_INPUTS, config_parts, metadata_of, runner_args
+from packtrain.pipeline.runtime import config_parts, metadata_of, read_inputs, runner_args
 
 
 def _tree(root: Path, files: dict[str, bytes]) -> Path:
@@ -100,8 +100,31 @@ def test_store_then_restore_gives_the_same_tree_and_stats(tmp_path):
     ("register", {"model": "/a/train", "evaluation": "/a/ev"}, ["/a/train/model", "/a/ev", "/a/train"]),
 ])
 def test_runner_args_follow_the_stage_contract(stage, inputs, expected):
-    assert set(inputs) == set(STAGE_INPUTS[stage])
+    from packtrain.stages.table import stage_spec
+
+    assert set(inputs) == set(stage_spec(stage).inputs)
     assert runner_args(stage, inputs) == [Path(p) for p in expected]
+
+
+def test_a_train_outputs_checkpoints_key_nothing_downstream(tmp_path):
+    """evaluate and register read the saved model (and register the train result), never checkpoints/: a
+    checkpoint written or pruned leaves their cache keys as they were, and the keys do not hash its bytes."""
+    cfg = load_run_config("tiny-cpu")
+    train = _tree(tmp_path / "train", {"model/w.bin": b"w", "train_result.json": b"{}",
+                                       "checkpoints/step_000001/optimizer.pt": b"o"})
+    ev, packs = _tree(tmp_path / "ev", {"eval_result.json": b"{}"}), _tree(tmp_path / "packs", {"p.bin": b"p"})
+    assert set(read_inputs("register", {"model": str(train), "evaluation": str(ev)})) == {
+        "model/model", "evaluation", "model/train_result.json"}
+    keys = [stage_cache_key(stage, read_inputs(stage, inputs), config_parts(stage, cfg), "v1")[0]
+            for stage, inputs in (("evaluate", {"model": str(train), "packs": str(packs)}),
+                                  ("register", {"model": str(train), "evaluation": str(ev)}))]
+    (train / "checkpoints" / "step_000001" / "optimizer.pt").write_bytes(b"another")
+    assert keys == [stage_cache_key(stage, read_inputs(stage, inputs), config_parts(stage, cfg), "v1")[0]
+                    for stage, inputs in (("evaluate", {"model": str(train), "packs": str(packs)}),
+                                          ("register", {"model": str(train), "evaluation": str(ev)}))]
+    (train / "train_result.json").write_bytes(b'{"steps": 2}')   # what register does read changes its key
+    assert stage_cache_key("register", read_inputs("register", {"model": str(train), "evaluation": str(ev)}),
+                           config_parts("register", cfg), "v1")[0] != keys[1]
 
 
 def test_runner_args_name_a_missing_input():

@@ -5,7 +5,8 @@ a changed source file behind an unchanged config would be served stale). `packtr
 process and `--runner kfp`) therefore keys every stage on what actually determines its output:
 
     key = sha256( stage,
-                  md5 of every input directory (file names + contents, like DVC's directory md5),
+                  md5 of what the stage reads of its inputs (StageSpec.read_paths: file names + contents,
+                  like DVC's directory md5; a train output's checkpoints/ are read by no later stage),
                   the config sections the stage declares in the stage table (packtrain.stages.table;
                   packtrain.pipeline.runtime.config_parts; JSON, sorted keys),
                   packtrain version + md5 of the packtrain source files (+ git sha when available) )

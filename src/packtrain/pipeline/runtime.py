@@ -42,7 +42,7 @@ from typing import Any
 
 from packtrain.error_record import ERROR_FILE_ENV, write_error_record
 from packtrain.errors import ConfigError, MissingDataError, PacktrainError
-from packtrain.stages.table import STAGES, stage_spec
+from packtrain.stages.table import stage_spec
 from packtrain.tracking.context import PARENT_ENV  # noqa: F401  (re-exported: pipeline.local imports it from here)
 
 CACHE_ENV = "PACKTRAIN_STAGE_CACHE_DIR"
@@ -52,7 +52,6 @@ ERROR_ENV = ERROR_FILE_ENV
 """Where a KFP component writes the error record of a failed stage (`packtrain run --runner kfp` sets it)."""
 CODE_ENV = "PACKTRAIN_CODE_VERSION"
 
-STAGE_INPUTS: dict[str, tuple[str, ...]] = {s.name: s.inputs for s in STAGES}
 """Artifact names each stage consumes, from the stage table: {'train': ('packs', 'tokens'), ...}."""
 
 
@@ -133,6 +132,20 @@ def _source_fingerprint(src: str | None) -> str:
     return dir_md5(src)
 
 
+def read_inputs(stage: str, inputs: dict[str, str]) -> dict[str, Path]:
+    """{`artifact[/path]`: path} of what the stage's runner reads (StageSpec.read_paths): the stage cache key's
+    inputs. A train output's checkpoints/ key nothing downstream.
+
+    >>> read_inputs("evaluate", {"model": "/a/model", "packs": "/a/packs"})
+    {'model/model': PosixPath('/a/model/model'), 'packs': PosixPath('/a/packs')}
+    """
+    out = {}
+    for arg in stage_spec(stage).read_paths:
+        name, _, sub = arg.partition("/")
+        out[arg] = Path(inputs[name]) / sub if sub else Path(inputs[name])
+    return out
+
+
 def runner_args(stage: str, inputs: dict[str, str]) -> list[Path]:
     """Positional input directories of `run_<stage>` from the named artifact paths (`StageSpec.args`).
 
@@ -188,8 +201,7 @@ def _run_cached(stage, cfg, inputs, args, out_dir, cache_dir: Path, code_version
     # PACKTRAIN_CODE_VERSION pins the code part (set in the images; tests pin it too), else the package
     # version + git sha + md5 of the package source, so an uncommitted edit also invalidates the cache
     code = os.environ.get(CODE_ENV) or f"{code_version or cur_code()}:{source_md5()}"
-    key, parts = stage_cache_key(stage, {n: inputs[n] for n in STAGE_INPUTS[stage]},
-                                 config_parts(stage, cfg, inputs), code)
+    key, parts = stage_cache_key(stage, read_inputs(stage, inputs), config_parts(stage, cfg, inputs), code)
     cache = StageCache(cache_dir)
     hit = None if os.environ.get(REFRESH_ENV) == "1" else cache.lookup(stage, key)
     if hit is not None:

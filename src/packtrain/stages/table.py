@@ -69,6 +69,10 @@ class StageSpec:
     runner_args: tuple[str, ...] = ()
     """Positional input directories of the runner, as `artifact[/subdir]`; empty → `inputs` in order.
     evaluate reads `model/model` (the saved model inside the train output) and `packs`."""
+    reads: tuple[str, ...] = ()
+    """What of its inputs the runner reads, as `artifact[/path]` (a directory or a file); the stage cache key
+    hashes exactly these. Empty → `args`. evaluate and register read the saved model, not the train output's
+    checkpoints/ (the 350M model's AdamW state is 5.6 GB: hashing it cost the evaluate stage ~8 s)."""
     cli_flags: tuple[str, ...] = ()
     """The stage command's flag for each runner arg (same order); empty → `--<input>` per input."""
     after: tuple[str, ...] = ()
@@ -105,6 +109,11 @@ class StageSpec:
     def args(self) -> tuple[str, ...]:
         """Runner inputs as `artifact[/subdir]` (`runner_args`, or the inputs)."""
         return self.runner_args or self.inputs
+
+    @property
+    def read_paths(self) -> tuple[str, ...]:
+        """What the stage cache key hashes (`reads`, or `args`)."""
+        return self.reads or self.args
 
     @property
     def flags(self) -> tuple[str, ...]:
@@ -189,6 +198,7 @@ STAGES: tuple[StageSpec, ...] = (
         code=("src/packtrain/evaluate", "src/packtrain/tracking", "src/packtrain/stages/register.py"),
         help="log + register the model in MLflow, move champion/challenger alias",
         stats_file="register_result.json", runner_args=("model/model", "evaluation", "model"),
+        reads=("model/model", "evaluation", "model/train_result.json"),   # of the train dir: its result only
         cli_flags=("--model", "--eval", "--train"), transient=True,
         metrics=(("version", "version"),),
     ),
