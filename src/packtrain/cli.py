@@ -22,8 +22,8 @@ COMMANDS: dict[str, str] = {
     "pipeline": "compile or submit the Kubeflow pipeline",
     "gate": "fail when a candidate run regresses against a baseline",
     "compare": "side-by-side table and HTML report of MLflow runs",
-    "plan": "predict peak GPU memory and choose the token budget",
-    "mlflow": "MLflow helpers (replay buffered metrics)",
+    "plan": "predict the peak GPU memory of a training step and choose rows per micro-batch",
+    "mlflow": "MLflow helpers: replay buffered ops, resolve a run reference",
 }
 
 

@@ -30,23 +30,34 @@ from typing import Any
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("action", choices=["replay", "resolve"],
-                        help="replay: send buffered metrics/params/tags/artifacts and deferred model registrations; "
-                             "resolve REF: print the full run id REF names")
-    parser.add_argument("ref", nargs="?", metavar="REF",
-                        help="(resolve) run id, ≥ 6-character prefix, NAME@ALIAS or models:/NAME/VERSION")
-    parser.add_argument("--stage", metavar="STAGE", help="(resolve) the run of this stage in the same pipeline run")
-    parser.add_argument("--buffer", default=None, metavar="DIR",
-                        help="buffer directory (default: tracking.buffer_dir or <workdir>/mlflow-buffer)")
-    parser.add_argument("--tracking-uri", default=None, metavar="URI",
-                        help="send every op to this store instead of the one it was recorded for (may carry "
-                             "the credentials the buffer does not record)")
+    from packtrain.commands import nested_common
+
+    sub = parser.add_subparsers(dest="action", metavar="ACTION")
+    text = ("send buffered metrics/params/tags/artifacts and deferred model registrations to the store, each op "
+            "exactly once")
+    rp = sub.add_parser("replay", help=text, description=text)
+    rp.add_argument("--buffer", default=None, metavar="DIR",
+                    help="buffer directory (default: tracking.buffer_dir or <workdir>/mlflow-buffer)")
+    rp.add_argument("--tracking-uri", default=None, metavar="URI",
+                    help="send every op to this store instead of the one it was recorded for (may carry "
+                         "the credentials the buffer does not record)")
+    text = "print the full run id a reference names (and, on stderr, its name and where to open it)"
+    rs = sub.add_parser("resolve", help=text, description=text)
+    rs.add_argument("ref", metavar="REF",
+                    help="run id, ≥ 6-character prefix, runs:/ID, NAME@ALIAS, models:/NAME@ALIAS or models:/NAME/VERSION")
+    rs.add_argument("--stage", metavar="STAGE", help="the run of this stage in the same pipeline run")
+    for p in (rp, rs):
+        nested_common(p)
 
 
 def run(cfg, args) -> int:
+    from packtrain.errors import ConfigError
+
     if args.action == "resolve":
         return resolve(cfg, args)
-    return replay(cfg, args)
+    if args.action == "replay":
+        return replay(cfg, args)
+    raise ConfigError("packtrain mlflow: choose an action: replay or resolve REF")
 
 
 def resolve(cfg, args) -> int:

@@ -19,38 +19,36 @@ from packtrain.stages.table import STAGE_NAMES
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from packtrain.commands import nested_common
+
     sub = parser.add_subparsers(dest="action", metavar="ACTION")
-    c = sub.add_parser("compile", help="compile the KFP pipeline to IR YAML")
+
+    def action(name: str, text: str) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=text, description=text)
+
+    c = action("compile", "compile the KFP pipeline of the recipe to IR YAML (upload it in the KFP UI)")
     c.add_argument("--out", default="pipelines/packtrain_pipeline.yaml", help="output YAML path")
-    s = sub.add_parser("submit", help="submit one run, or a recurring run with --schedule, to a KFP cluster")
+    s = action("submit", "submit one run, or a recurring run with --schedule, to a KFP cluster")
     s.add_argument("--host", help="KFP API endpoint (default: pipeline.kfp_host of the recipe)")
     s.add_argument("--schedule", nargs="?", const="", default=None, metavar="CRON",
                    help="6-field cron, seconds first, e.g. '0 0 3 * * 1' (bare --schedule: pipeline.schedule)")
     s.add_argument("--experiment", help="KFP experiment (default: tracking.experiment)")
     s.add_argument("--data-version", default="", help="DVC md5 of the source data (part of the cache key)")
     s.add_argument("--namespace", default=None, help="Kubernetes namespace of the KFP profile")
-    j = sub.add_parser("pytorchjob", help="emit a multi-node PyTorchJob / TrainJob YAML running packtrain train")
+    j = action("pytorchjob", "write a multi-node PyTorchJob / TrainJob YAML that runs packtrain train")
     j.add_argument("--nodes", type=int, default=None, help="nodes (default: pipeline.nodes)")
     j.add_argument("--gpus-per-node", type=int, default=None, help="GPUs (ranks) per node (default: train.gpus)")
     j.add_argument("--kind", choices=["pytorchjob", "trainjob"], default="pytorchjob",
                    help="kubeflow.org/v1 PyTorchJob or Kubeflow Trainer v2 TrainJob")
-    j.add_argument("--namespace", default="kubeflow")
+    j.add_argument("--namespace", default="kubeflow", help="Kubernetes namespace of the job (default: kubeflow)")
     j.add_argument("--out", default="-", help="output path ('-' = stdout)")
-    e = sub.add_parser("export", help="write metrics/<stage>.json (+ plots/train_steps.csv) for dvc.yaml")
-    e.add_argument("stage", choices=list(STAGE_NAMES))
+    e = action("export", "write metrics/<stage>.json (+ plots/train_steps.csv) of a stage's output for dvc.yaml")
+    e.add_argument("stage", choices=list(STAGE_NAMES), help="the stage whose output to export")
     e.add_argument("--dir", default=None, help="the stage's output directory (default <workdir>/<stage>)")
-    e.add_argument("--metrics-dir", default="metrics")
-    e.add_argument("--plots-dir", default="plots")
+    e.add_argument("--metrics-dir", default="metrics", help="where metrics/<stage>.json goes (default: metrics)")
+    e.add_argument("--plots-dir", default="plots", help="where the plot CSVs go (default: plots)")
     for p in (c, s, j, e):
-        _common(p)
-
-
-def _common(p: argparse.ArgumentParser) -> None:
-    """--recipe/--set also after the action (`packtrain pipeline export pack --recipe params.yaml`);
-    SUPPRESS keeps the value given before the action when they are absent here."""
-    p.add_argument("--recipe", default=argparse.SUPPRESS, help="recipe name in recipes/ or a YAML path")
-    p.add_argument("--set", dest="overrides", action="append", default=argparse.SUPPRESS, metavar="KEY=VALUE",
-                   help="override a config value (repeatable)")
+        nested_common(p)
 
 
 def run(cfg, args: argparse.Namespace) -> int:

@@ -66,6 +66,7 @@ def run(cfg, args) -> int:
 
     from packtrain.errors import ConfigError
     from packtrain.planner import choose_shape, plan_shape
+    from packtrain.planner.plan import device_memory_source
     from packtrain.publish import write_json
 
     if args.device_memory_gib is not None and args.device_memory_gib <= 0:
@@ -85,7 +86,9 @@ def run(cfg, args) -> int:
                               "drop --budget or re-pack")
     shape = choose_shape(cfg.model, cfg.train, budget, cfg.plan, vocab, device_memory_gib=args.device_memory_gib)
     plan = plan_shape(cfg.model, cfg.train, shape, cfg.plan, vocab, device_memory_gib=args.device_memory_gib)
-    doc = {**plan.to_dict(), "rows_source": shape.source}
+    gib, source = device_memory_source(cfg.plan, args.device_memory_gib)
+    doc = {**plan.to_dict(), "rows_source": shape.source, "device_memory_gib": round(gib, 2),
+           "device_memory_source": source}
     if args.out:
         write_json(Path(args.out) / "plan.json", doc)
     if args.json:
@@ -94,5 +97,26 @@ def run(cfg, args) -> int:
         rows = f"train.rows=auto → {shape.rows} rows" if shape.source == "auto" else f"{shape.rows} rows"
         print(f"memory plan: recipe {cfg.name}, {rows} × {shape.budget} tokens per pack, grad_accum "
               f"{shape.grad_accum}, {shape.gpus} GPU: {shape.tokens_per_step} tokens per step")
+        note = assumptions(cfg, args, plan)
+        if note:
+            print(note)
         print(plan.table())
     return 0
+
+
+def assumptions(cfg, args, plan) -> str:
+    """A line saying what the plan assumed that this machine did not tell it: the device memory (no CUDA device
+    here and none given) and the attention backend train.attention auto resolves to on CUDA; "" when nothing was
+    assumed."""
+    from packtrain.planner.plan import DEFAULT_DEVICE_MEMORY_GIB, device_memory_source
+
+    gib, source = device_memory_source(cfg.plan, args.device_memory_gib)
+    said = []
+    if source == "default":
+        said.append(f"no CUDA device here: planned for one GPU of {DEFAULT_DEVICE_MEMORY_GIB:.0f} GiB "
+                    "(--device-memory-gib G or plan.device_memory_gib to plan for another)")
+    if cfg.train.attention == "auto":
+        said.append(f"attention {plan.attention} is what train.attention auto picks on CUDA in {plan.precision} "
+                    "(--set train.attention=... to plan another)")
+    return ("assumed: " + "; ".join(said)) if said else ""
+

@@ -162,18 +162,29 @@ def _loss_chunk(train_cfg: TrainConfig) -> int | None:
 
 def resolve_device_memory_gib(plan_cfg: PlanConfig, device_memory_gib: float | None = None) -> float:
     """Argument > plan.device_memory_gib > the current CUDA device > 80 GiB."""
+    return device_memory_source(plan_cfg, device_memory_gib)[0]
+
+
+DEFAULT_DEVICE_MEMORY_GIB = 80.0
+"""What the planner plans for with no argument, no plan.device_memory_gib and no CUDA device (an 80 GB GPU)."""
+
+
+def device_memory_source(plan_cfg: PlanConfig, device_memory_gib: float | None = None) -> tuple[float, str]:
+    """(GiB, where it came from): "--device-memory-gib", "plan.device_memory_gib", the CUDA device's name, or
+    "default" (no CUDA device here: DEFAULT_DEVICE_MEMORY_GIB)."""
     if device_memory_gib:
-        return float(device_memory_gib)
+        return float(device_memory_gib), "--device-memory-gib"
     if plan_cfg.device_memory_gib:
-        return float(plan_cfg.device_memory_gib)
+        return float(plan_cfg.device_memory_gib), "plan.device_memory_gib"
     try:
         import torch
 
         if torch.cuda.is_available():
-            return torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory / GIB
+            props = torch.cuda.get_device_properties(torch.cuda.current_device())
+            return props.total_memory / GIB, f"this machine's {props.name}"
     except Exception:  # noqa: BLE001 - no usable CUDA → the documented default
         pass
-    return 80.0
+    return DEFAULT_DEVICE_MEMORY_GIB, "default"
 
 
 def plan_memory(model_cfg: ModelConfig, train_cfg: TrainConfig, budget: int, plan_cfg: PlanConfig,
