@@ -91,7 +91,7 @@ def _walk(cfg, run_dir: Path, stages: Sequence[StageSpec], emit, outputs: dict[s
         emit(StageEvent("end", spec.name, i, len(stages), "success", time.perf_counter() - t0,
                         cached=stats.get("cache") == "hit"))
         outputs[spec.output] = out_dir
-        results[spec.name] = stats
+        results[spec.name] = {**stats, "output_dir": str(out_dir)}   # where this run's output is (the summary)
     return results
 
 

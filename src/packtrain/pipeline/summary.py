@@ -6,8 +6,11 @@
       pack       fill 99.7% (padding 0.3%)
       train      12,340 tok/s · CPU util 87% · MFU 0.40% · peak RSS 1.21 GiB
       guard      1 event(s): throughput at step 40 (data_wait) → warned        (only when the guard saw any)
-      evaluate   perplexity 58.1 (loss 4.06)
+      evaluate   perplexity 58.1 (loss 4.06) on 88 of 88 held-out batches
       register   packtrain-lm v3 → champion
+                 first champion: no version held the champion alias (the challenger was scored alone)
+      outputs    /abs/data/kfp/packtrain-2026-12-02-10-00-00-000000/
+                 model train/model/model · checkpoints train/model/checkpoints · train log … · samples …
       dvc        documents md5 3f1c… in DVC remote /abs/data/dvc-remote
       MLflow     .venv/bin/mlflow ui --backend-store-uri sqlite:////abs/data/mlflow.db
 
@@ -15,7 +18,9 @@ Each line reads declared keys of the stages' typed results (packtrain.stages.res
 never a guess among aliases), and the lines come in the order of the stage table (packtrain.stages.table):
 a stage without a line (tokenize: its numbers join the data line) prints nothing. An MFU whose peak estimate is
 unreliable (packtrain.telemetry.mfu.peak_note) says why on the line after the train line:
-`             MFU unreliable: peak measured under contention: load 5.0 on 2 cores while probing`.
+`             MFU unreliable: peak measured under contention: load 5.0 on 2 cores while probing`; on the CPU, when
+other processes used ≥ 25% of the machine's CPU while it trained (telemetry: system_cpu_mean − this process'),
+`             machine busy: other processes used 48% of its CPU while this run trained: ...`.
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ FIELDS: dict[str, tuple[str, str]] = {
     "tokens_per_s": ("train", "throughput.real_tokens_per_s"),
     "utilization": ("train", "system.utilization_mean"),
     "utilization_kind": ("train", "system.kind"),
+    "others_cpu": ("train", "system.others_cpu_mean"),   # CPU the machine's other processes used while training
     "mfu": ("train", "throughput.useful_mfu"),
     "mfu_note": ("train", "throughput.peak_note"),   # why the peak MFU is against is unreliable (None: it is not)
     "peak_gpu_gib": ("train", "memory.peak_alloc_gib"),
@@ -51,6 +57,10 @@ FIELDS: dict[str, tuple[str, str]] = {
     "guard_events": ("train", "guard.events"),        # the utilization guard's events (docs/guard.md)
     "perplexity": ("evaluate", "perplexity"),
     "eval_loss": ("evaluate", "eval_loss"),
+    "eval_batches": ("evaluate", "n_batches"),
+    "eval_batches_epoch": ("evaluate", "n_batches_epoch"),
+    "train_dir": ("train", "output_dir"),             # this run's output directories (run_dag: in process)
+    "evaluate_dir": ("evaluate", "output_dir"),
     "model_name": ("register", "model_name"),
     "version": ("register", "version"),
     "alias": ("register", "decision"),
@@ -164,7 +174,14 @@ def _train(s: dict) -> list[str]:
         lines.append("  train      " + " · ".join(parts))
     if s.get("mfu") is not None and s.get("mfu_note"):   # its own line: the numbers line reads the same either way
         lines.append(f"             MFU unreliable: {s['mfu_note']}")
+    if (s.get("others_cpu") or 0.0) >= BUSY and s.get("utilization_kind") != "nvml":
+        lines.append(f"             machine busy: other processes used {float(s['others_cpu']):.0%} of its CPU while "
+                     "this run trained: tok/s and MFU are lower than on an idle machine")
     return lines + _guard(s)
+
+
+BUSY = 0.25
+"""Share of the machine's CPU other processes used during training above which the summary says so."""
 
 
 def _guard(s: dict) -> list[str]:
@@ -183,8 +200,27 @@ def _guard(s: dict) -> list[str]:
 def _evaluate(s: dict) -> list[str]:
     if s.get("perplexity") is None:
         return []
-    return [f"  evaluate   perplexity {_fmt(s['perplexity'], '.2f')}"
-            + (f" (loss {_fmt(s['eval_loss'], '.3f')})" if s.get("eval_loss") is not None else "")]
+    line = (f"  evaluate   perplexity {_fmt(s['perplexity'], '.2f')}"
+            + (f" (loss {_fmt(s['eval_loss'], '.3f')})" if s.get("eval_loss") is not None else ""))
+    n, of = s.get("eval_batches"), s.get("eval_batches_epoch")
+    if n is not None and of:   # how much of the held-out split the number is: all of it, or a capped part
+        line += f" on {n:,} of {of:,} held-out batches" + (" (evaluate.max_batches)" if n < of else "")
+    return [line]
+
+
+def _outputs(s: dict) -> list[str]:
+    """Where this run's model, checkpoints, train log and samples are (the in-process runner's run directory):
+    `  outputs    /abs/data/kfp/packtrain-…/` then the files under it."""
+    train, ev = s.get("train_dir"), s.get("evaluate_dir")
+    if not train:
+        return []
+    root = Path(train).parent.parent
+    found = [(what, Path(train) / rel) for what, rel in (("model", "model"), ("checkpoints", "checkpoints"),
+                                                         ("train log", "train_log.jsonl"))]
+    if ev:
+        found.append(("samples", Path(ev) / "samples.json"))
+    parts = [f"{what} {p.relative_to(root)}" for what, p in found if p.exists()]
+    return [f"  outputs    {root}/", f"             {' · '.join(parts)}"] if parts else []
 
 
 def _register(s: dict) -> list[str]:
@@ -242,6 +278,7 @@ def format_summary(name: str, summary: dict, seconds: float, n_stages: int, trac
              + (f" ({len(cached)} from cache: {', '.join(cached)})" if cached else "")]
     for stage in STAGE_NAMES:
         lines += LINES.get(stage, lambda _s: [])(s)
+    lines += _outputs(s)
     ds = s.get("dataset")
     if ds:
         lines.append(f"  dvc        documents md5 {ds['md5']} in DVC remote {ds['remote']}")

@@ -250,6 +250,8 @@ class SystemSampler:
         {"kind": "nvml", "n_samples": 60, "utilization": 0.97 (median), "utilization_mean": 0.95,
          "utilization_min": 0.41, "mem_used_max_gib": 61.2, "power_mean_w": 600.0, "sm_clock_mean_mhz": 1980,
          "fragmentation_max": 0.09 (when CUDA memory was sampled),
+         "system_cpu_mean": 0.99, "others_cpu_mean": 0.49 (CPU kind: the machine's CPU and what other processes
+         used of it),
          "per_gpu": [{"index": 0, "utilization": 0.98, "mem_used_max_gib": 30.1}, ...] (when > 1 GPU)}
         """
         with self._lock:
@@ -262,6 +264,10 @@ class SystemSampler:
         out.update(utilization=statistics.median(util), utilization_mean=statistics.fmean(util),
                    utilization_min=min(util), mem_used_max_gib=max(r["mem_used_gib"] for r in recs),
                    duration_s=recs[-1]["t"] - recs[0]["t"])
+        sys_util = [r["sys_util"] / 100.0 for r in recs if r.get("sys_util") is not None]
+        if sys_util:   # CPU kind: the whole machine's CPU beside this process' own share of it
+            out["system_cpu_mean"] = statistics.fmean(sys_util)
+            out["others_cpu_mean"] = max(0.0, out["system_cpu_mean"] - out["utilization_mean"])
         if self.kind == "nvml":
             out["power_mean_w"] = statistics.fmean(r["power_w"] for r in recs)
             out["sm_clock_mean_mhz"] = statistics.fmean(r["sm_clock_mhz"] for r in recs)

@@ -1,0 +1,42 @@
+"""The run summary says how much of the held-out split the perplexity is, where the run's files are, and that the
+machine was busy when other processes took its CPU while training."""
+
+from __future__ import annotations
+
+from packtrain.pipeline.summary import format_summary
+from packtrain.telemetry.sampler import SystemSampler
+
+
+def _summary(**s) -> str:
+    return format_summary("tiny-cpu", {"cached": [], **s}, 1.0, 7, None)
+
+
+def test_evaluate_line_says_how_many_held_out_batches():
+    capped = _summary(perplexity=10.0, eval_loss=2.3, eval_batches=1, eval_batches_epoch=24)
+    assert "perplexity 10.00 (loss 2.300) on 1 of 24 held-out batches (evaluate.max_batches)" in capped
+    whole = _summary(perplexity=10.0, eval_loss=2.3, eval_batches=24, eval_batches_epoch=24)
+    assert "on 24 of 24 held-out batches" in whole and "max_batches" not in whole
+
+
+def test_outputs_line_names_model_checkpoints_log_and_samples(tmp_path):
+    train = tmp_path / "run" / "train" / "model"
+    ev = tmp_path / "run" / "evaluate" / "evaluation"
+    for p in (train / "model", train / "checkpoints", ev):
+        p.mkdir(parents=True)
+    (train / "train_log.jsonl").write_text("{}\n")
+    (ev / "samples.json").write_text("[]")
+    text = _summary(train_dir=str(train), evaluate_dir=str(ev))
+    assert f"  outputs    {tmp_path / 'run'}/" in text
+    assert ("model train/model/model · checkpoints train/model/checkpoints · train log train/model/train_log.jsonl · "
+            "samples evaluate/evaluation/samples.json") in text
+
+
+def test_busy_machine_is_said_from_the_samplers_numbers():
+    s = SystemSampler(1.0, backend="cpu")
+    s.samples = [{"t": float(t), "util": 50.0, "sys_util": 99.0, "mem_used_gib": 1.0} for t in range(4)]
+    sys_ = s.summary()
+    assert abs(sys_["system_cpu_mean"] - 0.99) < 1e-9 and abs(sys_["others_cpu_mean"] - 0.49) < 1e-9
+    busy = _summary(tokens_per_s=2000.0, utilization=0.5, utilization_kind="cpu", others_cpu=sys_["others_cpu_mean"])
+    assert "machine busy: other processes used 49% of its CPU while this run trained" in busy
+    idle = _summary(tokens_per_s=2000.0, utilization=0.95, utilization_kind="cpu", others_cpu=0.03)
+    assert "machine busy" not in idle
