@@ -59,8 +59,6 @@ FIELDS: dict[str, tuple[str, str]] = {
     "eval_loss": ("evaluate", "eval_loss"),
     "eval_batches": ("evaluate", "n_batches"),
     "eval_batches_epoch": ("evaluate", "n_batches_epoch"),
-    "train_dir": ("train", "output_dir"),             # this run's output directories (run_dag: in process)
-    "evaluate_dir": ("evaluate", "output_dir"),
     "model_name": ("register", "model_name"),
     "version": ("register", "version"),
     "alias": ("register", "decision"),
@@ -92,6 +90,8 @@ def build_summary(stages: dict) -> dict:
     stats = {name: as_dict(r) for name, r in stages.items()}
     out: dict[str, Any] = {field: pick(stats.get(stage) or {}, key) for field, (stage, key) in FIELDS.items()}
     out["cached"] = [s for s in STAGE_NAMES if (stats.get(s) or {}).get("cache") == "hit"]
+    for stage in ("train", "evaluate"):   # this run's output directories: the runner's (run_dag), not a result's
+        out[f"{stage}_dir"] = (stats.get(stage) or {}).get("output_dir")
     return out
 
 
