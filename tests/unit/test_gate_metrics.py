@@ -120,3 +120,16 @@ def test_last_is_the_final_value_median_is_over_the_history():
                      series={"train.throughput.real_tokens_per_s": [10.0, 90.0, 95.0, 300.0]})
     assert s.value("train.throughput.real_tokens_per_s") == 100.0            # the steady-state summary
     assert s.value("train.throughput.real_tokens_per_s", "median") == 92.5   # of the per-step series
+
+
+def test_the_rule_column_is_the_effective_threshold():
+    """A rule with an absolute allowance says it, and a pass that only the allowance explains says why (a tiny
+    data-wait share rising +61% passed under "rise ≤ 10%" with no word)."""
+    from packtrain.gate.gate import check
+    from packtrain.gate.rules import Rule
+
+    rule = Rule("*data_wait*", "lower", max_rise=0.10, abs_tol=0.01, required=False)
+    assert rule.describe() == "rise ≤ 10% or 0.01 absolute"
+    verdict, change, reason = check(rule, 0.0031, 0.0050)
+    assert verdict == "pass" and change > 0.6 and reason == "|Δ| 0.0019 ≤ 0.01 absolute"
+    assert check(rule, 0.0031, 0.0032)[2] == ""   # within the relative rule: nothing to explain

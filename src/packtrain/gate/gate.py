@@ -147,8 +147,11 @@ def check(rule: Rule, base: float | None, cand: float) -> tuple[str, float | Non
         return PASS, None, ""
     assert base is not None   # change is None without a baseline
     diff = cand - base
-    if abs(diff) <= rule.abs_tol:
-        return PASS, change, ""
+    if abs(diff) <= rule.abs_tol:   # a large relative change of a tiny number: said, so a pass is not a puzzle
+        relative_ok = not ((rule.direction == "higher" and rule.max_drop is not None and -change > rule.max_drop)
+                           or (rule.direction == "lower" and rule.max_rise is not None and change > rule.max_rise)
+                           or (rule.direction == "equal" and abs(change) > rule.tolerance))
+        return PASS, change, "" if relative_ok else f"|Δ| {abs(diff):.3g} ≤ {rule.abs_tol:g} absolute"
     if rule.direction == "higher" and rule.max_drop is not None and -change > rule.max_drop + 1e-12:
         return REGRESSION, change, f"dropped {_pct(-change)} > {_pct(rule.max_drop)}"
     if rule.direction == "lower" and rule.max_rise is not None and change > rule.max_rise + 1e-12:

@@ -70,14 +70,17 @@ class Rule:
             (self.direction == "lower" and self.max_rise is not None) or self.direction == "equal"
 
     def describe(self) -> str:
-        """'drop ≤ 5%, ≥ 0.99', 'rise ≤ 2%', '= baseline' — the rule column of the gate table."""
+        """'drop ≤ 5%, ≥ 0.99', 'rise ≤ 2%', 'rise ≤ 10% or 0.01 absolute', '= baseline' — the rule column of the
+        gate table: the effective threshold, the absolute allowance included."""
         parts = []
+        # a change within abs_tol passes whatever its relative size (tiny baselines): the effective threshold says so
+        absolute = f" or {self.abs_tol:g} absolute" if self.abs_tol else ""
         if self.direction == "higher" and self.max_drop is not None:
-            parts.append(f"drop ≤ {_pct(self.max_drop)}")
+            parts.append(f"drop ≤ {_pct(self.max_drop)}{absolute}")
         elif self.direction == "lower" and self.max_rise is not None:
-            parts.append(f"rise ≤ {_pct(self.max_rise)}")
+            parts.append(f"rise ≤ {_pct(self.max_rise)}{absolute}")
         elif self.direction == "equal":
-            parts.append("= baseline" if not self.tolerance else f"within ±{_pct(self.tolerance)}")
+            parts.append(("= baseline" if not self.tolerance else f"within ±{_pct(self.tolerance)}") + absolute)
         if self.min is not None:
             parts.append(f"≥ {self.min:g}")
         if self.max is not None:
