@@ -57,6 +57,8 @@ def report(tmp_path_factory):
                   Metric("real_tokens_per_s", 8000 - 1500 * i + 40 * (step % 4), t0 + step, step),
                   Metric("useful_mfu", 0.022 - 0.004 * i + 0.001 * (step % 3), t0 + step, step),
                   Metric("dense_mfu", 0.026 - 0.004 * i, t0 + step, step)]
+            if step % 5 == 0:   # evaluation during training (train.eval_every_steps)
+                m.append(Metric("eval_loss", 5.2 / (1 + (0.18 - 0.05 * i) * step), t0 + step, step))
         for k in range(12):   # system series: step = ms since the sampler started
             m.append(Metric("system.utilization_pct", 40 + 30 * (k % 2) - 10 * i, t0 + k, 250 * k))
         # one memory sample per run (a train stage shorter than two telemetry intervals): drawn as dots + a note
@@ -151,6 +153,9 @@ def test_report_renders_in_headless_chromium(report, tmp_path, request, capsys):
             return {title: document.title, h1: document.querySelector('h1').innerText,
                     text: document.body.innerText.length, height: document.documentElement.scrollHeight,
                     tables: document.querySelectorAll('table').length,
+                    headline: [...[...document.querySelectorAll('h2')].find(h => h.innerText === 'Headline')
+                                .nextElementSibling.querySelectorAll('th')].map(th => th.innerText),
+                    cells: [...document.querySelectorAll('td')].map(td => td.innerText),
                     gate: [...document.querySelectorAll('p.gate')].map(p => p.innerText),
                     notes: [...document.querySelectorAll('.curves p.note')].map(p => p.innerText),
                     images: [...document.images].map(i => {const r = i.getBoundingClientRect();
@@ -179,7 +184,9 @@ def test_report_renders_in_headless_chromium(report, tmp_path, request, capsys):
     assert dom["tables"] >= 4 and dom["text"] > 500 and dom["height"] > 600
     assert len(dom["gate"]) == 1 and dom["gate"][0].startswith("REGRESSION")   # the 2nd run is 19% slower (GPU-tagged runs: the H200 noise rules gate throughput)
     assert [im["alt"] for im in dom["images"]] == [f"{g} curves" for g in
-                                                   ("loss", "tokens/s", "MFU", "utilization", "memory")]
+                                                   ("loss", "eval loss", "tokens/s", "MFU", "utilization", "memory")]
+    assert dom["headline"][-1].startswith("Δ ") and dom["headline"][-1].endswith(" vs baseline"), dom["headline"]
+    assert not any("inf" in c for c in dom["cells"]), [c for c in dom["cells"] if "inf" in c]
     assert dom["notes"] == ["memory: one system.memory_used_gib point per run (the train stage took less than two "
                             "telemetry samples, telemetry.interval_s)"]
     for im in dom["images"]:

@@ -41,10 +41,13 @@ STAGE_FILTER = "tags.packtrain.kind = 'stage'"
 # (title, metric-name pattern, preferred names first); ≤ MAX_CURVES metrics per group, each a subplot
 CURVES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("loss", r"(^|[./])loss$", ("loss",)),
+    ("eval loss", r"(^|[./])eval_loss$", ("eval_loss",)),
     ("tokens/s", r"tokens?_per_s$", ("real_tokens_per_s", "slot_tokens_per_s")),
     ("MFU", r"mfu$", ("useful_mfu", "dense_mfu")),
     ("utilization", r"util", ("system.utilization_pct",)),
-    ("memory", r"gib$|megabytes$|memory", ("system.memory_used_gib", "system.allocated_gib", "system.reserved_gib")),
+    # memory, not disk: MLflow's system/disk_* series are disk space
+    ("memory", r"^(?!.*disk).*(gib$|megabytes$|memory)", ("system.memory_used_gib", "system.allocated_gib",
+                                                         "system.reserved_gib")),
 )
 MAX_CURVES = 3
 # single values logged once per run (a "curve" of one point); never fetched as histories
@@ -56,7 +59,8 @@ HEADLINE: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("eval loss", ("evaluate.eval_loss", "eval_loss")),
     ("real tokens/s, median", ("train.throughput.real_tokens_per_s", "train.tokens_per_s")),
     ("useful MFU, median", ("train.throughput.useful_mfu", "train.useful_mfu")),
-    ("utilization, mean", ("train.system.utilization", "train.gpu_utilization")),
+    ("utilization, median", ("train.system.utilization", "train.gpu_utilization")),
+    ("utilization, mean", ("train.system.utilization_mean",)),
     ("peak allocated GiB", ("train.memory.peak_alloc_gib", "train.peak_alloc_gib")),
     ("peak RSS GiB", ("train.memory.cpu_peak_rss_gib",)),
     ("step time p50 s", ("train.throughput.step_time_p50_s",)),
@@ -219,7 +223,7 @@ def curve_metrics(names: set[str]) -> dict[str, list[str]]:
     """Group title → the metric names to draw (preferred first, ≤ MAX_CURVES after fetching).
 
     >>> curve_metrics({"loss", "final_loss", "summary.useful_mfu", "useful_mfu", "system.utilization_pct"})
-    {'loss': ['loss'], 'tokens/s': [], 'MFU': ['useful_mfu'], 'utilization': ['system.utilization_pct'], 'memory': []}
+    {'loss': ['loss'], 'eval loss': [], 'tokens/s': [], 'MFU': ['useful_mfu'], 'utilization': ['system.utilization_pct'], 'memory': []}
     """
     out = {}
     for title, pattern, preferred in CURVES:
@@ -263,10 +267,45 @@ def fetch_curves(client, curve_runs: list) -> tuple[dict[str, list[str]], dict[s
 
 
 def history(client, run_id: str, name: str) -> list[tuple[float, float]]:
-    """[(x, value)] in step order; x = step, or seconds for packtrain's system.* series (step = ms)."""
+    """[(x, value)] in step order; x = step for training series, seconds for system series: packtrain's
+    system.* (step = ms since its sampler started) and MLflow's own system/* (step = sample index, so x is the
+    sample's timestamp in seconds since the first one), so both kinds of system plot share one x."""
     hist = sorted(client.get_metric_history(run_id, name), key=lambda m: (m.step, m.timestamp))
+    if name.startswith("system/") and hist:
+        t0 = hist[0].timestamp
+        return [((m.timestamp - t0) / 1000.0, float(m.value)) for m in hist]
     scale = 1e-3 if name.startswith("system.") else 1.0
     return [(m.step * scale, float(m.value)) for m in hist]
+
+
+def x_label(name: str) -> str:
+    """The x axis of a curve: 'step' for training series, 'seconds' for system series."""
+    return "seconds" if name.startswith(("system.", "system/")) else "step"
+
+
+def y_label(name: str) -> str:
+    """The y axis (the quantity and its unit) from the metric's name.
+
+    >>> [y_label(n) for n in ("loss", "eval_loss", "real_tokens_per_s", "useful_mfu", "system.utilization_pct",
+    ...                       "system.memory_used_gib", "system/system_memory_usage_megabytes")]
+    ['loss (nats/token)', 'eval loss (nats/token)', 'tokens/s', 'MFU (fraction of peak)', 'utilization (%)', 'GiB', 'MB']
+    """
+    n = name.lower()
+    if n.endswith("eval_loss"):
+        return "eval loss (nats/token)"
+    if n.endswith("loss"):
+        return "loss (nats/token)"
+    if re.search(r"tokens?_per_s$", n):
+        return "tokens/s"
+    if n.endswith("mfu"):
+        return "MFU (fraction of peak)"
+    if "util" in n:
+        return "utilization (%)" if n.endswith(("pct", "percentage")) else "utilization (fraction)"
+    if n.endswith("gib"):
+        return "GiB"
+    if n.endswith("megabytes"):
+        return "MB"
+    return name
 
 
 def headline_rows(metrics: dict[str, list[float | None]]) -> list[tuple[str, str, list[float | None]]]:

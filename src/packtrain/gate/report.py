@@ -3,8 +3,9 @@
     format_table(comp)    runs, params that differ by stage, headline numbers, gate verdicts, curves drawn
     render_markdown(comp) the same as Markdown tables
     write_report(comp, out_dir) -> {"html", "json", "md": Path}   the three files in out_dir
-    render_html(comp)     the same + one figure per curve group (loss, tokens/s, MFU, utilization, memory):
-                          a subplot per metric (≤ 3), a line per run; PNGs base64-embedded
+    render_html(comp)     the same + one figure per curve group (loss, eval loss, tokens/s, MFU, utilization,
+                          memory): a subplot per metric (≤ 3), a line per run (its own dash style), axes labelled
+                          with their unit, one x range per group; PNGs base64-embedded
                           (`data:image/png;base64,…`), so the file opens from an MLflow artifact view, a CI
                           artifact or a mail attachment with nothing next to it (~40 KB a figure at 90 dpi)
 
@@ -56,8 +57,32 @@ def param_rows(comp: Comparison) -> list[tuple[str, list[list[str]]]]:
             for stage, params in comp.params_differ.items()]
 
 
+def delta(base: float | None, v: float | None) -> str:
+    """A candidate's change against the baseline: '+1,200 (+15.0%)'; from 0 the absolute change alone
+    ('+0.0102 (from 0)'), never '+inf'.
+
+    >>> delta(8000.0, 9200.0), delta(0.0, 0.0102), delta(0.5, 0.5), delta(None, 1.0)
+    ('+1,200 (+15.0%)', '+0.0102 (from 0)', '0 (+0.0%)', '–')
+    """
+    if base is None or v is None or not (math.isfinite(base) and math.isfinite(v)):
+        return "–"
+    d = v - base
+    absolute = "0" if d == 0 else (f"{d:+,.0f}" if abs(d) >= 1000 else f"{d:+.4g}")
+    if base == 0:
+        return absolute if d == 0 else f"{absolute} (from 0)"
+    return f"{absolute} ({d / abs(base):+.1%})"
+
+
+def headline_header(comp: Comparison) -> list[str]:
+    """["metric", label per run, "Δ <label>" per run after the baseline]."""
+    labels = [r.label for r in comp.runs]
+    return ["metric", *labels, *(f"Δ {lab} vs baseline" for lab in labels[1:])]
+
+
 def headline_cells(comp: Comparison) -> list[list[str]]:
-    return [[f"{label} [{name}]", *(_num(v) for v in vals)] for label, name, vals in comp.headline]
+    """A row per headline number: each run's value, then each candidate's change against the baseline."""
+    return [[f"{label} [{name}]", *(_num(v) for v in vals), *(delta(vals[0], v) for v in vals[1:])]
+            for label, name, vals in comp.headline]
 
 
 def gate_line(comp: Comparison, i: int) -> str:
@@ -75,11 +100,13 @@ def gate_line(comp: Comparison, i: int) -> str:
 
 def gate_rows(g) -> list[list[str]]:
     """The gate's rows (GateRow: metric, baseline, candidate, change, rule, verdict, reason) with a header."""
-    def change(v):
-        return "–" if v is None else (f"{v:+.2%}" if math.isfinite(v) else str(v))
+    def change(r):
+        if r.change is None:
+            return "–"
+        return f"{r.change:+.2%}" if math.isfinite(r.change) else delta(r.baseline, r.candidate)   # from 0
 
     return [["metric", "baseline", "candidate", "change", "rule", "verdict", "why"],
-            *([r.metric, _num(r.baseline), _num(r.candidate), change(r.change), r.rule, r.verdict, r.reason or ""]
+            *([r.metric, _num(r.baseline), _num(r.candidate), change(r), r.rule, r.verdict, r.reason or ""]
               for r in g.rows)]
 
 
@@ -93,7 +120,7 @@ def format_table(comp: Comparison) -> str:
         out += _grid(rows, "    ")
     if comp.headline:
         out.append("headline (the gate's metric names):")
-        out += _grid(headline_cells(comp), "  ")
+        out += _grid([headline_header(comp), *headline_cells(comp)], "  ")
     out += [f"gate {gate_line(comp, i)}" for i in range(len(comp.gates))]
     drawn = " · ".join(f"{t}: {', '.join(ms) or 'none'}" for t, ms in comp.curves.items())
     out.append(f"curves: {drawn}")
@@ -114,7 +141,7 @@ def render_markdown(comp: Comparison) -> str:
     for stage, rows in param_rows(comp):
         out += ["", f"**{stage}**", ""] + _md_table([["param", *labels], *rows])
     if comp.headline:
-        out += ["", "### Headline", ""] + _md_table([["metric", *labels], *headline_cells(comp)])
+        out += ["", "### Headline", ""] + _md_table([headline_header(comp), *headline_cells(comp)])
     if comp.gates:
         out += ["", "### Gate", ""] + [f"- {gate_line(comp, i)}" for i in range(len(comp.gates))]
     out += [""] + [f"- note: {n}" for n in comp.notes]
@@ -132,14 +159,20 @@ def curve_figure(comp: Comparison, title: str) -> str | None:
         return None
     fig = Figure(figsize=(4.2 * len(names), 3.2), dpi=90)
     FigureCanvasAgg(fig)
-    axes = fig.subplots(1, len(names), squeeze=False)[0]
+    from packtrain.gate.compare import x_label, y_label
+
+    # one x range for the whole group (the runs' series side by side, not each subplot zoomed on its own)
+    axes = fig.subplots(1, len(names), squeeze=False, sharex=len({x_label(n) for n in names}) == 1)[0]
+    styles = ("-", "--", ":", "-.")   # a later run's line never hides an earlier one's completely
     for ax, name in zip(axes, names, strict=True):
-        for run, hist in zip(comp.runs, comp.histories[name], strict=True):
+        for k, (run, hist) in enumerate(zip(comp.runs, comp.histories[name], strict=True)):
             if hist:
                 xs, ys = zip(*hist, strict=True)
-                ax.plot(xs, ys, marker="o" if len(hist) == 1 else "." if len(hist) < 40 else None, label=run.label)
+                ax.plot(xs, ys, linestyle=styles[k % len(styles)], alpha=0.85, linewidth=1.6 if k else 2.2,
+                        marker="o" if len(hist) == 1 else "." if len(hist) < 40 else None, label=run.label)
         ax.set_title(name, fontsize=9)
-        ax.set_xlabel("seconds" if name.startswith("system.") else "step")
+        ax.set_xlabel(x_label(name), fontsize=8)
+        ax.set_ylabel(y_label(name), fontsize=8)
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=7)
     fig.tight_layout()
@@ -172,7 +205,7 @@ def render_html(comp: Comparison) -> str:
     for stage, rows in param_rows(comp):
         parts += [f"<h3>{html.escape(stage)}</h3>", _table([["param", *labels], *rows])]
     if comp.headline:
-        parts += ["<h2>Headline</h2>", _table([["metric", *labels], *headline_cells(comp)])]
+        parts += ["<h2>Headline</h2>", _table([headline_header(comp), *headline_cells(comp)])]
     if comp.gates:
         parts.append("<h2>Gate</h2>")
         for i, g in enumerate(comp.gates):
