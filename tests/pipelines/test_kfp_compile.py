@@ -21,8 +21,12 @@ def _docs(path):
 
 
 def test_committed_ir_matches_a_fresh_compile(tmp_path):
+    """The committed IR is the tiny-cpu recipe's with the package version as code_version's default (a checkout's
+    own compile stamps its git sha instead)."""
+    from packtrain import __version__
+
     out = tmp_path / "p.yaml"
-    r = run_cli(["pipeline", "compile", "--out", str(out)], cwd=tmp_path)
+    r = run_cli(["pipeline", "compile", "--out", str(out), "--code-version", __version__], cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert out.read_text() == COMMITTED.read_text(), (
         "pipelines/packtrain_pipeline.yaml is stale: run `packtrain pipeline compile` and commit it")
@@ -52,13 +56,44 @@ def test_ir_has_every_stage_in_dag_order_with_artifacts():
     for s in STAGES:
         assert comps[f"comp-{s}"]["outputDefinitions"]["artifacts"]["metrics"]["artifactType"]["schemaTitle"] \
             == "system.Metrics"
-        assert tasks[s]["cachingOptions"]["enableCache"] is True
+        # cached unless the output depends on the registry now (evaluate) or changes it (register)
+        assert tasks[s]["cachingOptions"].get("enableCache", False) is (s not in ("evaluate", "register"))
         # the run id reaches every component (→ KFP_RUN_ID → MLflow tag kfp.run_id)
         assert tasks[s]["inputs"]["parameters"]["kfp_run_id"]["runtimeValue"]["constant"] == "{{$.pipeline_job_uuid}}"
 
 
-def test_ir_resources_images_retries_secret_shm():
+def test_the_committed_cpu_recipe_runs_from_the_ui_without_a_gpu():
+    """tiny-cpu (train.device cpu): config defaults to the recipe (nothing to paste in the KFP UI), no task asks
+    for a GPU or the GPU stages' 8 CPU / 64 Gi, every task runs the CPU image."""
+    import json
+
+    from packtrain.config import load_run_config
+
     spec, platform = _docs(COMMITTED)
+    params = spec["root"]["inputDefinitions"]["parameters"]
+    assert json.loads(params["config"]["defaultValue"]) == load_run_config("tiny-cpu").to_dict()
+    pc = PipelineConfig()
+    for s in STAGES:
+        c = spec["deploymentSpec"]["executors"][f"exec-{s}"]["container"]
+        assert c["image"] == pc.cpu_image and "accelerator" not in c["resources"], (s, c)
+        assert c["resources"]["resourceCpuRequest"] == pc.cpu_request
+        assert "emptyDirMounts" not in platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"][f"exec-{s}"]
+
+
+def test_a_checkouts_compile_stamps_its_git_sha_and_images_by_digest(tmp_path):
+    from packtrain.pipeline.cache import code_version
+
+    digest = "sha256:" + "ab" * 32
+    cfg = RunConfig(pipeline={"base_image_digest": digest, "cpu_image_digest": digest})
+    spec, _ = _docs(compile_pipeline(tmp_path / "p.yaml", cfg))
+    assert spec["root"]["inputDefinitions"]["parameters"]["code_version"]["defaultValue"] == code_version()
+    execs = spec["deploymentSpec"]["executors"]
+    assert execs["exec-train"]["container"]["image"] == f"ghcr.io/packtrain/packtrain@{digest}"
+    assert execs["exec-ingest"]["container"]["image"] == f"ghcr.io/packtrain/packtrain-cpu@{digest}"
+
+
+def test_ir_resources_images_retries_secret_shm(tmp_path):
+    spec, platform = _docs(compile_pipeline(tmp_path / "gpu.yaml", RunConfig()))   # train.device auto: a GPU
     pc = PipelineConfig()
     execs = spec["deploymentSpec"]["executors"]
     k8s = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
@@ -107,7 +142,8 @@ def test_compile_follows_the_pipeline_config(tmp_path):
 def test_compile_cli_reads_train_gpus(tmp_path):
     """One GPU count: train.gpus is the train task's accelerator limit; train.device=cpu requests none."""
     out, cpu = tmp_path / "gpu8.yaml", tmp_path / "cpu.yaml"
-    r = run_cli(["pipeline", "compile", "--out", str(out), "--set", "train.gpus=8"], cwd=tmp_path)
+    r = run_cli(["pipeline", "compile", "--out", str(out), "--set", "train.gpus=8", "--set", "train.device=auto"],
+                cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     execs = _docs(out)[0]["deploymentSpec"]["executors"]
     assert execs["exec-train"]["container"]["resources"]["accelerator"]["resourceCount"] == "8"

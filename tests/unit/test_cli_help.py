@@ -58,10 +58,14 @@ def test_mlflow_subcommands_have_their_own_help(capsys):
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="the assumption is made without a CUDA device")
 def test_plan_says_what_it_assumed_without_a_gpu(capsys):
-    assert main(["plan"]) == 0
+    assert main(["plan", "--set", "train.device=auto"]) == 0
     out = capsys.readouterr().out
     assert "assumed: no CUDA device here: planned for one GPU of 80 GiB" in out
     assert "attention flex is what train.attention auto picks on CUDA" in out
+    assert main(["plan"]) == 0   # the CPU recipe says it plans a CPU process
+    out = capsys.readouterr().out
+    assert "assumed: train.device cpu: one CPU process's step, against the default 80 GiB" in out
+    assert "attention sdpa is what train.attention auto picks on the CPU" in out
     assert main(["plan", "--device-memory-gib", "40", "--set", "train.attention=sdpa"]) == 0
     out = capsys.readouterr().out
     assert "assumed:" not in out and "of 40.0 GiB" in out

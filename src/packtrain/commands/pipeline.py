@@ -28,6 +28,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     c = action("compile", "compile the KFP pipeline of the recipe to IR YAML (upload it in the KFP UI)")
     c.add_argument("--out", default="pipelines/packtrain_pipeline.yaml", help="output YAML path")
+    c.add_argument("--code-version", default=None, metavar="VERSION",
+                   help="default of the code_version parameter (default: this checkout's, e.g. 0.1.0+g<sha>; "
+                        "the committed pipelines/packtrain_pipeline.yaml pins the package version)")
     s = action("submit", "submit one run, or a recurring run with --schedule, to a KFP cluster")
     s.add_argument("--host", help="KFP API endpoint (default: pipeline.kfp_host of the recipe)")
     s.add_argument("--schedule", nargs="?", const="", default=None, metavar="CRON",
@@ -57,7 +60,7 @@ def run(cfg, args: argparse.Namespace) -> int:
     if args.action == "compile":
         from packtrain.pipeline.kfp_ops import compile_pipeline
 
-        path = compile_pipeline(args.out, cfg)
+        path = compile_pipeline(args.out, cfg, args.code_version)
         print(f"compiled {path}")
         return 0
     if args.action == "submit":

@@ -111,12 +111,14 @@ def assumptions(cfg, args, plan) -> str:
     from packtrain.planner.plan import DEFAULT_DEVICE_MEMORY_GIB, device_memory_source
 
     gib, source = device_memory_source(cfg.plan, args.device_memory_gib)
+    cpu = cfg.train.device == "cpu"
     said = []
     if source == "default":
-        said.append(f"no CUDA device here: planned for one GPU of {DEFAULT_DEVICE_MEMORY_GIB:.0f} GiB "
-                    "(--device-memory-gib G or plan.device_memory_gib to plan for another)")
+        said.append((f"train.device cpu: one CPU process's step, against the default {DEFAULT_DEVICE_MEMORY_GIB:.0f} "
+                     "GiB" if cpu else f"no CUDA device here: planned for one GPU of {DEFAULT_DEVICE_MEMORY_GIB:.0f} "
+                     "GiB") + " (--device-memory-gib G or plan.device_memory_gib to plan for another)")
     if cfg.train.attention == "auto":
-        said.append(f"attention {plan.attention} is what train.attention auto picks on CUDA in {plan.precision} "
-                    "(--set train.attention=... to plan another)")
+        said.append(f"attention {plan.attention} is what train.attention auto picks on {'the CPU' if cpu else 'CUDA'} "
+                    f"in {plan.precision} (--set train.attention=... to plan another)")
     return ("assumed: " + "; ".join(said)) if said else ""
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field, field_validator
 
@@ -20,6 +20,7 @@ from packtrain.config.base import (
     Text,
     Word,
 )
+from packtrain.config.messages import Allowed
 
 
 class PipelineConfig(StrictModel):
@@ -31,6 +32,13 @@ class PipelineConfig(StrictModel):
     """CUDA image (docker/Dockerfile) the GPU stages (train, evaluate) run in on a cluster."""
     cpu_image: Word = "ghcr.io/packtrain/packtrain-cpu:0.1.0"
     """CPU image (docker/Dockerfile.cpu) the other stages run in on a cluster."""
+    base_image_digest: Annotated[str, Allowed("sha256: and 64 hex digits")] | None = Field(
+        None, pattern=r"^sha256:[0-9a-f]{64}$")
+    """The GPU image's digest when known (`docker buildx imagetools inspect`): the compiled pipeline then names
+    the image by digest (`ghcr.io/packtrain/packtrain@sha256:…`), so a moved tag cannot change what runs."""
+    cpu_image_digest: Annotated[str, Allowed("sha256: and 64 hex digits")] | None = Field(
+        None, pattern=r"^sha256:[0-9a-f]{64}$")
+    """The CPU image's digest when known (as base_image_digest)."""
     gpu_type: Word = "nvidia.com/gpu"
     """Kubernetes accelerator resource name requested by train (train.gpus of them) and evaluate (one); none
     when train.device is cpu."""
@@ -64,6 +72,20 @@ class PipelineConfig(StrictModel):
     """`packtrain pipeline pytorchjob`: nodes of the multi-node training job."""
     data_pvc: K8sName = "packtrain-data"
     """PersistentVolumeClaim holding the workdir (packs, tokens, outputs) for the multi-node job."""
+
+    def image(self, gpu: bool) -> str:
+        """The image a task runs: by digest when it is known, else by tag.
+
+        >>> PipelineConfig(cpu_image_digest="sha256:" + "a" * 64).image(False)[:45]
+        'ghcr.io/packtrain/packtrain-cpu@sha256:aaaaaaa'
+        """
+        name, digest = (self.base_image, self.base_image_digest) if gpu else (self.cpu_image, self.cpu_image_digest)
+        if not digest:
+            return name
+        repo = name.split("@", 1)[0]
+        if repo.rsplit("/", 1)[-1].count(":"):   # drop the tag: name:tag → name
+            repo = repo.rsplit(":", 1)[0]
+        return f"{repo}@{digest}"
 
     @field_validator("schedule")
     @classmethod

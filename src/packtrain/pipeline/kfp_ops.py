@@ -29,30 +29,45 @@ def accelerators(cfg) -> int:
     return 0 if cfg.train.device == "cpu" else cfg.train.gpus
 
 
-def load_pipeline(cfg=None):
-    """The `@dsl.pipeline` for a RunConfig (its pipeline section + accelerators), or for a PipelineConfig alone
-    (one train GPU: what a local kfp run ignores anyway); None → defaults."""
+def load_pipeline(cfg=None, code_version: str | None = None):
+    """The `@dsl.pipeline` for a RunConfig (its pipeline section + accelerators; the config itself and
+    `code_version` as the parameters' defaults), or for a PipelineConfig alone (one train GPU: what a local kfp
+    run ignores anyway, no config default); None → defaults."""
+    from packtrain import __version__
     from packtrain.config import PipelineConfig
     from packtrain.pipelines.kfp_pipeline import build_pipeline
 
     if cfg is None or isinstance(cfg, PipelineConfig):
-        return build_pipeline(cfg)
-    return build_pipeline(cfg.pipeline, accelerators(cfg))
+        return build_pipeline(cfg, code_version=code_version or __version__)
+    return build_pipeline(cfg.pipeline, accelerators(cfg), config=config_json(cfg),
+                          code_version=code_version or _code_version())
 
 
-def compile_pipeline(out: str | Path, cfg=None) -> Path:
+def config_json(cfg) -> str:
+    """The RunConfig as the pipeline's `config` parameter: one JSON string, sorted keys."""
+    return json.dumps(cfg.to_dict(), separators=(",", ":"), sort_keys=True)
+
+
+def _code_version() -> str:
+    from packtrain.pipeline.cache import code_version
+
+    return code_version()
+
+
+def compile_pipeline(out: str | Path, cfg=None, code_version: str | None = None) -> Path:
     """Compile the pipeline for the RunConfig `cfg` (None → defaults) to KFP IR YAML at `out` (temp + rename).
 
-    The IR depends only on the component sources, the pipeline section and the train task's accelerators
-    (train.gpus, train.device), never on the rest of the recipe: the RunConfig is the run-time parameter
-    `config`.
+    The IR's tasks depend only on the component sources, the pipeline section and the train task's accelerators
+    (train.gpus, train.device); the recipe itself is the default of the run-time parameter `config` (a run from
+    the KFP UI needs no pasted JSON), `code_version` (None → this checkout's `0.1.0+g<sha>`) the default of
+    `code_version`.
     """
     from kfp import compiler
 
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.stem}.tmp.yaml")  # kfp insists on a .yaml suffix
-    compiler.Compiler().compile(load_pipeline(cfg), str(tmp))
+    compiler.Compiler().compile(load_pipeline(cfg, code_version), str(tmp))
     tmp.replace(out)
     return out
 
@@ -61,8 +76,7 @@ def pipeline_arguments(cfg, data_version: str = "") -> dict:
     """The run-time parameters of the pipeline for a RunConfig: one JSON config string + versions."""
     from packtrain.pipeline.cache import code_version
 
-    return {"config": json.dumps(cfg.to_dict(), separators=(",", ":"), sort_keys=True),
-            "data_version": data_version, "code_version": code_version()}
+    return {"config": config_json(cfg), "data_version": data_version, "code_version": code_version()}
 
 
 def submit(host: str, schedule: str | None = None, *, cfg=None, experiment: str | None = None,

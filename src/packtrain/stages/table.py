@@ -81,7 +81,10 @@ class StageSpec:
     """Sections read only when `model.init_from` is not scratch (train's step-0 evaluation): in the
     cache key only then."""
     gpu: bool = False
-    """Runs on the GPU image with an accelerator request on a cluster."""
+    """Runs on the GPU image with an accelerator request on a cluster (when the recipe trains on a GPU)."""
+    cluster_cache: bool = True
+    """KFP may reuse its outputs when its inputs are unchanged. Off where the output depends on the registry as it
+    is now, or the step changes it: evaluate (the champion it is compared with), register (it moves an alias)."""
     transient: bool = False
     """Its failures can be transient (preemption, network, MLflow server): retried on a cluster. The
     deterministic stages are not: a retry would fail the same way."""
@@ -189,6 +192,7 @@ STAGES: tuple[StageSpec, ...] = (
         code=("src/packtrain/evaluate", "src/packtrain/model", "src/packtrain/stages/evaluate.py"),
         help="held-out loss/perplexity on packed batches, generation samples",
         stats_file="eval_result.json", runner_args=("model/model", "packs"), gpu=True, transient=True,
+        cluster_cache=False,
         metrics=(("ppl", "perplexity"),),
     ),
     StageSpec(
@@ -199,7 +203,7 @@ STAGES: tuple[StageSpec, ...] = (
         help="log + register the model in MLflow, move champion/challenger alias",
         stats_file="register_result.json", runner_args=("model/model", "evaluation", "model"),
         reads=("model/model", "evaluation", "model/train_result.json"),   # of the train dir: its result only
-        cli_flags=("--model", "--eval", "--train"), transient=True,
+        cli_flags=("--model", "--eval", "--train"), transient=True, cluster_cache=False,
         metrics=(("version", "version"),),
     ),
 )
