@@ -204,7 +204,7 @@ def _evaluate(s: dict) -> list[str]:
             + (f" (loss {_fmt(s['eval_loss'], '.3f')})" if s.get("eval_loss") is not None else ""))
     n, of = s.get("eval_batches"), s.get("eval_batches_epoch")
     if n is not None and of:   # how much of the held-out split the number is: all of it, or a capped part
-        line += f" on {n:,} of {of:,} held-out batches" + (" (evaluate.max_batches)" if n < of else "")
+        line += f" on {n:,} of {of:,} held-out batches"   # fewer than all: evaluate.max_batches capped it
     return [line]
 
 
