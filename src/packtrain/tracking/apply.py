@@ -119,10 +119,18 @@ def experiment_id(bc, name: str) -> str:
             if bc.uri.startswith("sqlite:///"):
                 location = (Path(bc.uri[len("sqlite:///"):]).parent / "mlartifacts").resolve().as_uri()
             with contextlib.suppress(Exception):  # lost a creation race with another process
-                c.create_experiment(name, artifact_location=location)
+                c.create_experiment(name, artifact_location=location, tags={EXPERIMENT_KIND: TRAINING_KIND})
             exp = c.get_experiment_by_name(name)
+        if EXPERIMENT_KIND not in (exp.tags or {}):   # an experiment made before packtrain set it, or by hand
+            with contextlib.suppress(Exception):
+                c.set_experiment_tag(exp.experiment_id, EXPERIMENT_KIND, TRAINING_KIND)
         bc._experiments[name] = exp.experiment_id
     return bc._experiments[name]
+
+
+EXPERIMENT_KIND, TRAINING_KIND = "mlflow.experimentKind", "custom_model_development"
+"""The experiment tag the MLflow 3 UI reads to choose its view: packtrain's experiments open in the training
+view (runs, metrics, models), not the GenAI traces view it otherwise infers. A kind the user chose is kept."""
 
 
 def run_id_of(bc, run_id: str) -> str:
