@@ -116,7 +116,7 @@ def _candidates(path: str, value, places: dict[str, str]) -> list:
     # None: a value of the field's other type
     return [*opts, places["corpus"] if path == "ingest.source" else places["init"], 1024, 2, 0.5, "x",
             "sqlite:///other.db", ["x==1"], True, {"type": "linear", "factor": 2.0},
-            {"patience": 2, "min_delta": 0.0}]
+            {"patience": 2, "min_delta": 0.0}, "sha256:" + "0" * 64]
 
 
 COMPANIONS = {"train.deepspeed.offload_params": {"train.deepspeed.zero_stage": 3},
