@@ -185,7 +185,7 @@ def test_more_gpus_than_the_machine_has_is_a_config_error(data, tmp_path, capsys
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    args = _args(data, tmp_path / "o", "--gpus", "2")
+    args = _args(data, tmp_path / "o", "--gpus", "2", "--set", "train.device=auto")   # (the CPU recipe says cpu)
     assert main(args) == 2
     err = capsys.readouterr().err
     assert "train.gpus=2: this machine has 1 CUDA device(s)" in err and "Traceback" not in err
