@@ -54,8 +54,8 @@ def candidate_metrics(cfg) -> dict:
     plan = pack_lengths(synthetic_lengths(), pack.budget, pack.strategy, window=pack.window,
                         overlong=pack.overlong)
     vocab = cfg.plan.vocab_size or cfg.tokenize.vocab_size
-    shape = choose_shape(cfg.model, cfg.train, pack.budget, cfg.plan, vocab, device_memory_gib=80.0)
-    mplan = plan_shape(cfg.model, cfg.train, shape, cfg.plan, vocab, device_memory_gib=80.0)
+    shape = choose_shape(cfg.model, cfg.train, pack.budget, cfg.plan, vocab, device="cuda", device_memory_gib=80.0)
+    mplan = plan_shape(cfg.model, cfg.train, shape, cfg.plan, vocab, device="cuda", device_memory_gib=80.0)
     tokens_per_step = shape.tokens_per_step
     return {
         "pack.fill": round(plan.fill, 6),
