@@ -50,7 +50,8 @@ def run_tokenize(cfg: RunConfig, docs_dir: str | Path | None = None, out_dir: st
     MLflow tags: `dvc.md5.documents`, `dvc.md5.tokenizer`, `dvc.md5.tokens`.
     """
     from packtrain.data.contamination import contaminated_ids, write_without
-    from packtrain.data.tokenize import check_tokenizer_dir, tokenize_documents
+    from packtrain.data.tokenize import tokenize_documents
+    from packtrain.data.tokenizer_setup import check_tokenizer_dir
     from packtrain.data.validate import resolve_documents
     from packtrain.tracking import stage_run
     from packtrain.versioning import data_md5
@@ -115,7 +116,7 @@ def tokenizer_of_init(cfg: RunConfig):
 def _check_store(staged: Path, stats) -> None:
     """The staged store must open, agree with the stats, and its tokenizer must load; else nothing is published."""
     from packtrain.data.token_store import TokenStore
-    from packtrain.data.tokenize import load_tokenizer
+    from packtrain.data.tokenizer_setup import load_tokenizer
     from packtrain.errors import PacktrainError
 
     store = TokenStore.open(staged)
