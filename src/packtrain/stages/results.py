@@ -297,7 +297,7 @@ class EvaluateResult(StageResult):
 
 @dataclass(kw_only=True)
 class RegisterResult(StageResult):
-    """packtrain.evaluate.register.RegisterResult: the registered version and the alias decision."""
+    """packtrain.evaluate.registration.RegisterResult: the registered version and the alias decision."""
 
     STAGE: ClassVar[str] = "register"
     FILE: ClassVar[str] = "register_result.json"
