@@ -17,7 +17,7 @@ challenger is scored alone and suites.json says so. The register stage decides f
 (docs/validation.md).
 
 Both files are written into a staging directory next to out_dir, read back and published together
-(packtrain.paths.staged_output): a failed or killed evaluation leaves the previous out_dir byte-identical.
+(packtrain.publish.staged_output): a failed or killed evaluation leaves the previous out_dir byte-identical.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from pathlib import Path
 
 from packtrain.config import RunConfig
 from packtrain.errors import MissingDataError
-from packtrain.paths import check_replaceable, staged_output, write_json
+from packtrain.publish import check_replaceable, staged_output, write_json
 from packtrain.stages.results import (
     EvaluateResult,
     Lineage,

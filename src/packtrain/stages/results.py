@@ -102,7 +102,7 @@ class StageResult:
 
     def write(self, out_dir: str | Path) -> Path:
         """Write `to_dict()` to out_dir/FILE (atomic) and return the path."""
-        from packtrain.paths import write_json
+        from packtrain.publish import write_json
 
         path = Path(out_dir) / self.FILE
         write_json(path, self.to_dict())

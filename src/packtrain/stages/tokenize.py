@@ -3,7 +3,7 @@
 
 The token store, its tokenizer/ and stats.json are built in a staging directory next to `out_dir`, checked
 (the store opens with consistent shapes, the tokenizer loads, the counts match the stats) and published
-together (packtrain.paths.staged_output): a failed or killed tokenize leaves the previous out_dir
+together (packtrain.publish.staged_output): a failed or killed tokenize leaves the previous out_dir
 byte-identical, a successful one replaces it whole.
 
 The tokenizer travels with the model: when `model.init_from` (resolved like the train stage does it,
@@ -27,7 +27,8 @@ import tempfile
 from pathlib import Path
 
 from packtrain.config import RunConfig
-from packtrain.paths import RunPaths, staged_output
+from packtrain.paths import RunPaths
+from packtrain.publish import staged_output
 from packtrain.stages.results import (
     IngestResult,
     TokenizeResult,

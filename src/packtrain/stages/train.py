@@ -45,7 +45,7 @@ from pathlib import Path
 
 from packtrain.config import RunConfig, flatten
 from packtrain.errors import ConfigError, MissingDataError
-from packtrain.paths import write_json
+from packtrain.publish import write_json
 from packtrain.stages.results import (
     Lineage,
     PackResult,
