@@ -35,7 +35,6 @@ from pathlib import Path
 from typing import Any
 
 from packtrain.publish import staged_output, write_json
-from packtrain.versioning import code_version  # noqa: F401  (re-exported: the one code-version string)
 
 
 def dir_md5(path: str | Path) -> str:

@@ -196,7 +196,7 @@ def run_stage_component(stage: str, config_text: str, inputs: dict[str, str], ou
 
 def _run_cached(stage, cfg, inputs, args, out_dir, cache_dir: Path, code_version: str, data_version: str) -> dict:
     from packtrain.pipeline.cache import StageCache, source_md5, stage_cache_key
-    from packtrain.pipeline.cache import code_version as cur_code
+    from packtrain.versioning import code_version as cur_code
 
     # PACKTRAIN_CODE_VERSION pins the code part (set in the images; tests pin it too), else the package
     # version + git sha + md5 of the package source, so an uncommitted edit also invalidates the cache
