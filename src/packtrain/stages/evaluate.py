@@ -27,14 +27,8 @@ from pathlib import Path
 from packtrain.config import RunConfig
 from packtrain.errors import MissingDataError
 from packtrain.publish import check_replaceable, staged_output, write_json
-from packtrain.stages.results import (
-    EvaluateResult,
-    Lineage,
-    PackResult,
-    TrainResult,
-    from_library,
-    make_lineage,
-)
+from packtrain.stages.lineage import Lineage, make_lineage
+from packtrain.stages.results import EvaluateResult, PackResult, TrainResult, from_library
 
 OUTPUTS = (EvaluateResult.FILE, "samples.json", "suite_scores.parquet", "suites.json")
 
@@ -133,7 +127,7 @@ def evaluate_lineage(model_dir: Path, packs_dir: Path) -> Lineage:
     a trained model: <train out>/model → <train out>/train_result.json), then of the packs' pack_stats.json;
     the hash of the model's tokenizer."""
     from packtrain.data.tokenizer_files import tokenizer_hash
-    from packtrain.stages.results import upstream_lineage
+    from packtrain.stages.lineage import upstream_lineage
     from packtrain.versioning import data_md5
 
     return make_lineage({"model": data_md5(model_dir), "packs": data_md5(packs_dir / "eval")},

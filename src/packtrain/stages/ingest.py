@@ -14,7 +14,8 @@ from typing import cast
 from packtrain.config import RunConfig
 from packtrain.paths import RunPaths
 from packtrain.publish import staged_output
-from packtrain.stages.results import IngestResult, from_library, make_lineage
+from packtrain.stages.lineage import make_lineage
+from packtrain.stages.results import IngestResult, from_library
 
 STATS_FILE = IngestResult.FILE
 OUTPUTS = ("documents.parquet", STATS_FILE)

@@ -14,7 +14,8 @@ from pathlib import Path
 from packtrain.config import RunConfig
 from packtrain.paths import RunPaths
 from packtrain.publish import staged_output
-from packtrain.stages.results import PackResult, TokenizeResult, from_library, make_lineage, upstream_lineage
+from packtrain.stages.lineage import make_lineage, upstream_lineage
+from packtrain.stages.results import PackResult, TokenizeResult, from_library
 
 STATS_FILE = PackResult.FILE
 

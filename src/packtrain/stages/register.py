@@ -25,14 +25,8 @@ from pathlib import Path
 
 from packtrain.config import RunConfig
 from packtrain.errors import ConfigError, InputDataError
-from packtrain.stages.results import (
-    EvaluateResult,
-    RegisterResult,
-    TrainResult,
-    from_library,
-    make_lineage,
-    upstream_lineage,
-)
+from packtrain.stages.lineage import make_lineage, upstream_lineage
+from packtrain.stages.results import EvaluateResult, RegisterResult, TrainResult, from_library
 
 
 def run_register(cfg: RunConfig, model_dir: str | Path, eval_dir: str | Path, train_dir: str | Path,

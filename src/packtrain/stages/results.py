@@ -41,14 +41,7 @@ from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
 from packtrain.errors import InputDataError
-from packtrain.stages.lineage import (  # noqa: F401 - re-exported: results is where callers import them
-    Lineage,
-    _check_keys,
-    _refuse,
-    make_lineage,
-    read_json_file,
-    upstream_lineage,
-)
+from packtrain.stages.lineage import Lineage, _check_keys
 
 R = TypeVar("R", bound="StageResult")
 

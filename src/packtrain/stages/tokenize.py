@@ -29,13 +29,8 @@ from pathlib import Path
 from packtrain.config import RunConfig
 from packtrain.paths import RunPaths
 from packtrain.publish import staged_output
-from packtrain.stages.results import (
-    IngestResult,
-    TokenizeResult,
-    from_library,
-    make_lineage,
-    upstream_lineage,
-)
+from packtrain.stages.lineage import make_lineage, upstream_lineage
+from packtrain.stages.results import IngestResult, TokenizeResult, from_library
 
 STATS_FILE = TokenizeResult.FILE
 REQUIRED = ("tokens.bin", "offsets.npy", "doc_ids.npy", "split.npy", "meta.json", "tokenizer", STATS_FILE)

@@ -46,14 +46,8 @@ from pathlib import Path
 from packtrain.config import RunConfig, flatten
 from packtrain.errors import ConfigError, MissingDataError
 from packtrain.publish import write_json
-from packtrain.stages.results import (
-    Lineage,
-    PackResult,
-    TokenizeResult,
-    TrainResult,
-    from_library,
-    make_lineage,
-)
+from packtrain.stages.lineage import Lineage, make_lineage
+from packtrain.stages.results import PackResult, TokenizeResult, TrainResult, from_library
 
 
 def check_inputs(cfg: RunConfig, packs_dir: Path, tokens_dir: Path) -> tuple[Path, str]:
@@ -208,7 +202,7 @@ def train_lineage(packs_dir: Path, tokens_dir: Path, tokenizer_dir: Path) -> Lin
     """md5 of the train split and of tokens.bin, the upstream chain (pack_stats.json, then the token store's
     stats.json) and the hash of the tokenizer copied next to the model."""
     from packtrain.data.tokenizer_files import tokenizer_hash
-    from packtrain.stages.results import upstream_lineage
+    from packtrain.stages.lineage import upstream_lineage
     from packtrain.versioning import data_md5
 
     tokens_bin = tokens_dir / "tokens.bin"

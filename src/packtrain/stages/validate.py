@@ -14,7 +14,8 @@ from pathlib import Path
 from packtrain.config import RunConfig
 from packtrain.paths import RunPaths
 from packtrain.publish import check_replaceable, output_target, publish_dir, staged_output
-from packtrain.stages.results import IngestResult, ValidateResult, make_lineage, upstream_lineage
+from packtrain.stages.lineage import make_lineage, upstream_lineage
+from packtrain.stages.results import IngestResult, ValidateResult
 
 STATS_FILE = ValidateResult.FILE
 OUTPUTS = ("report.json", "data_docs", STATS_FILE)
