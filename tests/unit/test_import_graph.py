@@ -59,10 +59,7 @@ KNOWN_SHIMS: set[str] = set()
 
 # Names a plain module imports from another packtrain module only to hand them on (it does not use them; another
 # module imports them from it, or its __all__ lists them): the partial shims. (module, name); may only shrink.
-# Left: the ones whose importers are in rooms being rewritten now (stages/, pipeline/, train/).
-KNOWN_REEXPORTS: set[tuple[str, str]] = {
-    ("train.runtime", "choose_shape"),                  # packtrain.planner's, for train.parts
-}
+KNOWN_REEXPORTS: set[tuple[str, str]] = set()
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,8 @@ import pytest
 
 from packtrain.config import load_run_config
 from packtrain.errors import ConfigError
-from packtrain.train.runtime import Shape, choose_shape, dist_info, oom_error
+from packtrain.planner.micro_batch import Shape, choose_shape
+from packtrain.train.runtime import dist_info, oom_error
 
 
 @pytest.mark.parametrize("rows, grad_accum", [(4, 1), (1, 1), (3, 2)])
