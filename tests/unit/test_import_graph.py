@@ -49,8 +49,6 @@ ROOT_PACKAGE = "packtrain"
 KNOWN_CYCLES: set[frozenset[str]] = {
     # in-process run path (being rewritten): the train stage runner and the launcher call each other
     frozenset({"stages.train", "train.launch"}),
-    # train/ (being rewritten): Checkpointing's methods take the TrainSession (a TYPE_CHECKING import)
-    frozenset({"train.resume", "train.session"}),
 }
 
 # Modules (not package __init__ files) whose body is only imports / `__all__`: importers should import from the
