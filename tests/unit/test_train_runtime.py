@@ -52,7 +52,7 @@ def test_launch_command_and_rank_env(monkeypatch):
 
     assert torchrun_command(4, Path("/t/run.yaml"), Path("p"), Path("t"), Path("o"), resume=True) == [
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=4", "-m",
-        "packtrain.train.launch", "--config", "/t/run.yaml", "--packs", "p", "--tokens", "t", "--out", "o", "--resume"]
+        "packtrain.stages.train", "--config", "/t/run.yaml", "--packs", "p", "--tokens", "t", "--out", "o", "--resume"]
     for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):
         monkeypatch.delenv(k, raising=False)
     assert (dist_info().rank, dist_info().world_size, dist_info().is_main) == (0, 1, True)
