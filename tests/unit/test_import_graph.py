@@ -30,7 +30,7 @@ imports, the shim check below reports it.
 The ratchets
 ------------
 `KNOWN_CYCLES`, `KNOWN_SHIMS` and `KNOWN_REEXPORTS` (names a plain module imports only to hand them on) name
-what is left to fix in rooms being rewritten now. They may only shrink: the tests fail on an entry not listed,
+what is left to fix (all empty now). They may only shrink: the tests fail on an entry not listed,
 and also on a listed one that is gone (remove it from the set), so the sets cannot go stale. A cycle is listed
 as its whole strongly connected component: breaking one edge of a three-module cycle changes the entry.
 """
