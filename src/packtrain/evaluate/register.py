@@ -69,7 +69,7 @@ def build_registration(model_dir: str | Path, eval_result, train_result_path: st
     """
     from packtrain.evaluate.lineage import collect_lineage, read_optional_json
     from packtrain.evaluate.registry import default_pip_requirements
-    from packtrain.tracking.context import git_sha
+    from packtrain.versioning import git_sha
 
     ev = _eval_dict(eval_result)
     candidate = as_float(ev.get(cfg.metric))

@@ -42,7 +42,8 @@ from typing import Literal, TextIO, cast
 
 from packtrain.errors import PacktrainError, StageFailed
 from packtrain.paths import patched_env
-from packtrain.pipeline.runtime import PARENT_ENV, REFRESH_ENV
+from packtrain.pipeline.runtime import REFRESH_ENV
+from packtrain.tracking.context import PARENT_ENV
 
 PROGRESS_S = 10.0
 """Default seconds between two progress lines of a running stage (`packtrain run --progress S`)."""

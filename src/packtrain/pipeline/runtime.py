@@ -43,7 +43,7 @@ from typing import Any
 from packtrain.error_record import ERROR_FILE_ENV, write_error_record
 from packtrain.errors import ConfigError, MissingDataError, PacktrainError
 from packtrain.stages.table import stage_spec
-from packtrain.tracking.context import PARENT_ENV  # noqa: F401  (re-exported: pipeline.local imports it from here)
+from packtrain.tracking.context import PARENT_ENV
 
 CACHE_ENV = "PACKTRAIN_STAGE_CACHE_DIR"
 REFRESH_ENV = "PACKTRAIN_STAGE_CACHE_REFRESH"
