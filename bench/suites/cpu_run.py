@@ -34,7 +34,8 @@ def add_arguments(p) -> None:
 
 def record_runs(cwd: Path, cmd: list[str]) -> list[dict]:
     """`cmd` twice in `cwd`: (first, cached) with the summary's seconds, the wall time and the output."""
-    from packtrain.pipeline.cache import code_version, source_md5
+    from packtrain.pipeline.cache import source_md5
+    from packtrain.versioning import code_version
 
     runs = []
     env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "PACKTRAIN_PARENT_RUN_ID")}

@@ -12,7 +12,7 @@ The points in the code:
     checkpoint.renamed   step_N in place, before the retention policy prunes older ones
     model.saved          model/ written into .model.tmp, before the rename to model/
     train.nan_loss@N     (not a kill) step N's loss is NaN, as if the run diverged there
-    publish@N            SIGKILL at the N-th point of a stage's publish (packtrain.paths.publish_dir: staged,
+    publish@N            SIGKILL at the N-th point of a stage's publish (packtrain.publish.publish_dir: staged,
                          synced, moved-old, swapped, removing-old); publish.raise@N raises there instead;
                          publish.no_exchange forces the two-rename fallback
     replay.before_record@N / replay.after_record@N   SIGKILL around recording the N-th applied op id

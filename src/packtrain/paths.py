@@ -20,7 +20,7 @@ Paths read from files (a buffer line's `buffered_path`, a cache entry's output) 
 unless they lie inside the directory that holds them.
 
 Publishing (every stage writes its outputs into a staging directory and swaps it in as one unit; files are
-written by temp file + rename) lives in packtrain.publish; its names are re-exported here.
+written by temp file + rename) lives in packtrain.publish.
 """
 
 from __future__ import annotations
@@ -32,19 +32,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from packtrain.errors import InputDataError
-from packtrain.publish import (  # noqa: F401  (re-exported: `from packtrain.paths import write_json` etc.)
-    FAULT_ENV,
-    STAGING_TAG,
-    atomic_write_text,
-    check_replaceable,
-    clean_stale,
-    output_target,
-    publish_dir,
-    replace_dir,
-    staged_output,
-    staging_dir,
-    write_json,
-)
 
 
 @dataclass(frozen=True)

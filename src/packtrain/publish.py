@@ -12,7 +12,7 @@ whole directory is replaced, a stage refuses an output directory holding files t
     staged_output(dst, outputs, what)                       a stage's directory: build in `tmp`, check, publish
     staging_dir(dst) + publish_dir(tmp, dst)                the same, by hand (stores, downloads, the stage cache)
 
-The one owner of the temp-then-rename pattern: packtrain.paths re-exports every name here.
+The one owner of the temp-then-rename pattern.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The one publish helper (packtrain.paths.staged_output / publish_dir) under faults: SIGKILL at every point of
+"""The one publish helper (packtrain.publish.staged_output / publish_dir) under faults: SIGKILL at every point of
 a publish, in both the atomic-exchange and the two-rename fallback mode, an exception at every point, stale
 staging directories, foreign files, a symlinked output directory. Every case asserts the exact end state:
 the complete previous output or the complete new one, never a mix, and a rerun that succeeds."""
@@ -27,7 +27,7 @@ COMMITTED = {"swapped", "removing-old"}   # from here on the new output is in pl
 WRITER = textwrap.dedent("""
     import sys
     from pathlib import Path
-    from packtrain.paths import staged_output
+    from packtrain.publish import staged_output
     dst, tag = Path(sys.argv[1]), sys.argv[2]
     with staged_output(dst, ("a.txt", "sub"), "demo") as tmp:
         (tmp / "a.txt").write_text(tag)

@@ -4,7 +4,7 @@ For each stage, starting from a previous output directory (hash of every file ta
 - a natural failure (bad input, failed suite, no training documents...) and an injected exception at the last
   moment before the commit leave the previous output byte-identical, with no staging directory left;
 - the real `packtrain <stage>` executable SIGKILLed at a seeded random point of its publish step
-  (PACKTRAIN_FAULT=publish@N, packtrain.paths.publish_dir) ends with exactly the complete previous output or
+  (PACKTRAIN_FAULT=publish@N, packtrain.publish.publish_dir) ends with exactly the complete previous output or
   the complete new one, as the point it died at says; a rerun then succeeds and removes the leftovers.
 Seeds are in the test ids (`pack-seed9`): point = random.Random(seed).randrange(number of publish points).
 """

@@ -111,7 +111,8 @@ def test_outage_with_secrets_then_replay(tmp_path, monkeypatch, capfd, caplog, f
     (tmp_path / "eval").mkdir()
     held = tmp_path / "held.txt"
     held.write_text("def f(x):\n    return x + 1\n\ndef g(y):\n    return y\n")
-    from packtrain.stages.results import EvaluateResult, make_lineage
+    from packtrain.stages.lineage import make_lineage
+    from packtrain.stages.results import EvaluateResult
 
     EvaluateResult(   # what `packtrain evaluate` writes (register refuses anything else)
         eval_loss=3.25, perplexity=25.79, n_label_tokens=95, n_real_tokens=100, n_slot_tokens=160, n_segments=5,

@@ -13,7 +13,8 @@ from pipeline_helpers import tiny_corpus, tiny_settings
 
 from packtrain.config import load_run_config
 from packtrain.errors import ConfigError, TrainingDiverged, ValidationFailed
-from packtrain.pipeline.runtime import ERROR_ENV, PARENT_ENV, config_from_text, run_stage_component
+from packtrain.pipeline.runtime import ERROR_ENV, config_from_text, run_stage_component
+from packtrain.tracking.context import PARENT_ENV
 
 
 def test_config_text_roundtrip_and_empty():

@@ -21,8 +21,8 @@ from packtrain.telemetry.report import build_report
 from packtrain.telemetry.sampler import SystemSampler
 from packtrain.telemetry.thresholds import TelemetryWarning
 from packtrain.tracking import PARENT_ENV, end_pipeline_run, stage_run, start_pipeline_run
-from packtrain.tracking.context import git_sha
 from packtrain.tracking.run import _clients, _close_clients
+from packtrain.versioning import git_sha
 
 
 @pytest.fixture(autouse=True)

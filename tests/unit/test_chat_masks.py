@@ -19,7 +19,8 @@ from packtrain.config.packing import PackConfig
 from packtrain.data.chat import CHECKS, record_checks, render_builtin
 from packtrain.data.ingest import ingest_documents
 from packtrain.data.token_store import TokenStore, write_token_store
-from packtrain.data.tokenize import tokenize_documents, train_tokenizer
+from packtrain.data.tokenize import tokenize_documents
+from packtrain.data.tokenizer_setup import train_tokenizer
 from packtrain.packing.batches import IGNORE, PackedLoader
 from packtrain.packing.dataset import pack_dataset
 from packtrain.packing.store import PackStore

@@ -30,7 +30,7 @@ imports, the shim check below reports it.
 The ratchets
 ------------
 `KNOWN_CYCLES`, `KNOWN_SHIMS` and `KNOWN_REEXPORTS` (names a plain module imports only to hand them on) name
-what is left to fix in rooms being rewritten now. They may only shrink: the tests fail on an entry not listed,
+what is left to fix (all empty now). They may only shrink: the tests fail on an entry not listed,
 and also on a listed one that is gone (remove it from the set), so the sets cannot go stale. A cycle is listed
 as its whole strongly connected component: breaking one edge of a three-module cycle changes the entry.
 """
@@ -46,14 +46,7 @@ ROOT_PACKAGE = "packtrain"
 
 # Import cycles still present (strongly connected components, module names relative to `packtrain.`).
 # This set may only shrink: fix a cycle, then delete its entry (the test fails while a fixed cycle stays here).
-KNOWN_CYCLES: set[frozenset[str]] = {
-    # promotion (being rewritten): register_model and the registration helpers call each other
-    frozenset({"evaluate.register", "evaluate.registration"}),
-    # in-process run path (being rewritten): the train stage runner and the launcher call each other
-    frozenset({"stages.train", "train.launch"}),
-    # train/ (being rewritten): Checkpointing's methods take the TrainSession (a TYPE_CHECKING import)
-    frozenset({"train.resume", "train.session"}),
-}
+KNOWN_CYCLES: set[frozenset[str]] = set()
 
 # Modules (not package __init__ files) whose body is only imports / `__all__`: importers should import from the
 # real module. May only shrink, like KNOWN_CYCLES.
@@ -61,17 +54,7 @@ KNOWN_SHIMS: set[str] = set()
 
 # Names a plain module imports from another packtrain module only to hand them on (it does not use them; another
 # module imports them from it, or its __all__ lists them): the partial shims. (module, name); may only shrink.
-# Left: the ones whose importers are in rooms being rewritten now (stages/, pipeline/, train/).
-KNOWN_REEXPORTS: set[tuple[str, str]] = {
-    ("data.tokenize", "check_tokenizer_dir"),           # imported from here by stages.tokenize
-    *(("evaluate.register", n) for n in ("ALIAS_SET_TAG", "CHALLENGER", "CHAMPION", "OP_TAG", "current_champion")),
-    # packtrain.publish's names, imported through packtrain.paths by stages/, pipeline/, train/
-    *(("paths", n) for n in ("atomic_write_text", "check_replaceable", "output_target", "publish_dir", "replace_dir",
-                             "staged_output", "write_json")),
-    ("pipeline.cache", "code_version"),                 # packtrain.versioning's, for pipeline/
-    *(("stages.results", n) for n in ("make_lineage", "read_json_file", "upstream_lineage")),   # stages.lineage's
-    ("train.runtime", "choose_shape"),                  # packtrain.planner's, for train.parts
-}
+KNOWN_REEXPORTS: set[tuple[str, str]] = set()
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """`model.init_from` from the Model Registry (packtrain.model.registry_source): resolution, the local cache,
 the champion fallback and every refusal; the tokenizer hash (packtrain.data.tokenizer_files) and the BOS/EOS
-rule read off a tokenizer (packtrain.data.tokenize.special_tokens_rule).
+rule read off a tokenizer (packtrain.data.tokenizer_setup.special_tokens_rule).
 
 A real MLflow registry on sqlite in tmp holds model `lm`: v1 logged with the transformers flavor, v2 (lower
 eval loss → champion) with the pytorch flavor, so both download paths run.
@@ -197,7 +197,7 @@ def test_tokenizer_hash_is_what_decides_the_ids(tmp_path):
 
 @pytest.mark.parametrize("family,prefix", [("llama", [BOS]), ("gemma2", [BOS]), ("qwen3", []), ("mistral", [BOS])])
 def test_special_tokens_rule_follows_the_tokenizer(tmp_path, family, prefix):
-    from packtrain.data.tokenize import _document_ids, load_tokenizer, special_tokens_rule
+    from packtrain.data.tokenizer_setup import _document_ids, load_tokenizer, special_tokens_rule
 
     d = build_tiny_family_dir(tmp_path / family, family, vocab_size=V)
     tok = load_tokenizer(d)

@@ -16,17 +16,15 @@ import pytest
 
 from packtrain.config import load_run_config
 from packtrain.errors import InputDataError, MissingDataError
+from packtrain.stages.lineage import Lineage, make_lineage, upstream_lineage
 from packtrain.stages.results import (
     RESULTS,
     EvaluateResult,
     IngestResult,
-    Lineage,
     PackResult,
     TokenizeResult,
     TrainResult,
     as_dict,
-    make_lineage,
-    upstream_lineage,
 )
 from packtrain.versioning import data_md5, file_md5, git_sha
 

@@ -9,7 +9,8 @@ import pytest
 
 from packtrain.config import load_run_config
 from packtrain.errors import ConfigError
-from packtrain.train.runtime import Shape, choose_shape, dist_info, oom_error
+from packtrain.planner.micro_batch import Shape, choose_shape
+from packtrain.train.runtime import dist_info, oom_error
 
 
 @pytest.mark.parametrize("rows, grad_accum", [(4, 1), (1, 1), (3, 2)])
@@ -51,7 +52,7 @@ def test_launch_command_and_rank_env(monkeypatch):
 
     assert torchrun_command(4, Path("/t/run.yaml"), Path("p"), Path("t"), Path("o"), resume=True) == [
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=4", "-m",
-        "packtrain.train.launch", "--config", "/t/run.yaml", "--packs", "p", "--tokens", "t", "--out", "o", "--resume"]
+        "packtrain.stages.train", "--config", "/t/run.yaml", "--packs", "p", "--tokens", "t", "--out", "o", "--resume"]
     for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):
         monkeypatch.delenv(k, raising=False)
     assert (dist_info().rank, dist_info().world_size, dist_info().is_main) == (0, 1, True)

@@ -52,7 +52,7 @@ def run_against(cfg, model_dir, packs_dir, out, ref: str) -> int:
     from packtrain.evaluate.paired import verdict_markdown
     from packtrain.evaluate.paired_eval import paired_evaluation
     from packtrain.evaluate.register import promotion_verdict
-    from packtrain.paths import staged_output
+    from packtrain.publish import staged_output
 
     check_model_dir(model_dir)
     split = packs_dir / "eval"

@@ -25,7 +25,7 @@ The train stage refuses a store whose `tokenizer_hash` differs from the init mod
 `max_token_id` does not fit the model's vocabulary (packtrain.model.warm_start.check_store_matches_model).
 
 Written with `write_token_store` / `TokenStoreWriter` into a staging dir and published as one unit
-(packtrain.paths.publish_dir), so a crash never leaves a half-written store; `TokenStore.open` checks shapes
+(packtrain.publish.publish_dir), so a crash never leaves a half-written store; `TokenStore.open` checks shapes
 and bounds and names the broken file.
 """
 

@@ -55,13 +55,9 @@ from packtrain.data.chat import encode_row, record_batches, row_problem
 from packtrain.data.ingest import length_summary
 from packtrain.data.token_store import SPLIT_EVAL, SPLIT_TRAIN, TokenStoreWriter
 from packtrain.data.tokenizer_files import tokenizer_hash
-from packtrain.data.tokenizer_setup import (  # noqa: F401 - re-exported: tokenize is where callers import them
-    EOS_TOKEN,
-    PAD_TOKEN,
-    PROBE,
+from packtrain.data.tokenizer_setup import (
     _document_ids,
     _ship_tokenizer,
-    check_tokenizer_dir,
     load_tokenizer,
     special_tokens_rule,
     tokenizer_threads,

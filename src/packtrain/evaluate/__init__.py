@@ -2,6 +2,7 @@
 
     evaluate(model_dir, eval_split_dir, cfg: EvalConfig) -> EvalResult          perplexity.py
     register_model(model_dir, eval_result, train_result_path, cfg) -> RegisterResult   register.py
+    RegisterResult: what register_model did (register_result.json)              registration.py
     load_champion(name, tracking_uri) -> (model, tokenizer)                     registry.py
     build_tiny_model_dir(out_dir, texts)                                       tiny.py (tests, smoke runs)
 
@@ -14,7 +15,7 @@ import importlib
 
 _EXPORTS = {
     "evaluate": "perplexity", "EvalResult": "perplexity", "evaluate_batches": "perplexity",
-    "batch_loss_sum": "perplexity", "register_model": "register", "RegisterResult": "register",
+    "batch_loss_sum": "perplexity", "register_model": "register", "RegisterResult": "registration",
     "decide_alias": "register", "load_champion": "registry", "load_registered": "registry",
     "generate_samples": "samples", "build_tiny_model_dir": "tiny", "collect_lineage": "lineage",
 }

@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from packtrain.errors import InputDataError
-from packtrain.stages.results import EvaluateResult, Lineage, TrainResult, read_json_file
+from packtrain.stages.lineage import Lineage, read_json_file
+from packtrain.stages.results import EvaluateResult, TrainResult
 
 LINEAGE_TAGS = ("dataset_md5", "git_sha", "code_version", "tokenizer_hash", "packing_fill", "mfu",
                 "peak_memory_gib")

@@ -209,7 +209,7 @@ def write_scores(out_dir: Path, rows: list[dict], manifest: dict) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from packtrain.paths import write_json
+    from packtrain.publish import write_json
 
     out_dir.mkdir(parents=True, exist_ok=True)
     types = {"nll": pa.float64(), "acc": pa.float64(), "tokens": pa.int64(), "bytes": pa.int64()}

@@ -13,9 +13,10 @@ version, token store md5, git sha, packing fill, MFU, peak memory: packtrain.eva
 `dataset_tags`), `missing_tags` and packtrain.train_run_id (the training run, for `packtrain gate`); the
 register run holds validation/validation.md and validation/validation.json.
 
-    register.py       this: the result, the op (`build_registration`), `register_model`
+    register.py       this: the op (`build_registration`), `register_model`
     champion.py       the decision: verdict → alias, gate against the champion, compare-and-set of the alias
-    registration.py   `apply_registration`: the op applied to MLflow (model, version, aliases, run logging)
+    registration.py   `apply_registration`: the op applied to MLflow (model, version, aliases, run logging);
+                      `RegisterResult`, what it did
 
 One registration is one op (`build_registration`) applied by `apply_registration`, live or from the MLflow
 buffer when the store was down (packtrain.tracking.buffer; the stage then reports decision "deferred").
@@ -28,56 +29,14 @@ import contextlib
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from packtrain.config import RegisterConfig
 from packtrain.errors import ConfigError, InputDataError
-from packtrain.evaluate.champion import (
-    CHALLENGER,
-    CHAMPION,
-    DEFERRED,
-    as_float,
-    current_champion,
-)
-from packtrain.evaluate.registration import ALIAS_SET_TAG, OP_TAG, apply_registration
+from packtrain.evaluate.champion import DEFERRED, as_float
+from packtrain.evaluate.registration import RegisterResult, apply_registration
 
-__all__ = ["ALIAS_SET_TAG", "CHALLENGER", "CHAMPION", "DEFERRED", "OP_TAG", "RegisterResult", "apply_registration",
-           "build_registration", "current_champion", "deferred_result", "parent_tags",
-           "promotion_verdict", "register_model"]
-_as_float = as_float
-
-
-@dataclass
-class RegisterResult:
-    """What `register_model` did. `to_dict()` is register_result.json."""
-
-    model_name: str
-    version: str | None                   # the new version, e.g. "4" (None: deferred)
-    model_uri: str | None                 # models:/<name>/<version>
-    flavor: str                           # files | transformers | pytorch (register.flavor; auto → one of the last two)
-    flavor_note: str                      # why this flavor
-    decision: str                         # champion | challenger | deferred (store down: buffered)
-    reason: str                           # one line: the suites that decided, with Δ and CI (or both versions)
-    metric: str                           # "bits_per_byte:<primary suite>" (paired), else register.metric
-    candidate_value: float                # the challenger's value of `metric`
-    champion_value: float | None          # the champion's, on the same documents (None: no champion scored)
-    previous_champion_version: str | None
-    champion_version: str | None          # who holds the champion alias now
-    margin: float                         # register.promotion.delta (bits/byte)
-    threshold: float | None               # −delta: the primary suite's upper CI bound of Δ must be below it
-    version_tags: dict[str, str] = field(default_factory=dict)
-    lineage_origin: dict[str, str] = field(default_factory=dict)
-    missing_tags: list[str] = field(default_factory=list)
-    log_model_s: float = 0.0
-    register_s: float = 0.0
-    run_id: str | None = None
-    tracking_uri: str = ""                # redacted: https://user:***@host
-    op_id: str | None = None              # the registration op (tag packtrain.register_op)
-    buffer: str | None = None             # deferred: the buffer directory holding the op and a model copy
-
-    def to_dict(self) -> dict:
-        return asdict(self)
+__all__ = ["build_registration", "deferred_result", "parent_tags", "promotion_verdict", "register_model"]
 
 
 def _eval_dict(eval_result) -> dict:
@@ -110,10 +69,10 @@ def build_registration(model_dir: str | Path, eval_result, train_result_path: st
     """
     from packtrain.evaluate.lineage import collect_lineage, read_optional_json
     from packtrain.evaluate.registry import default_pip_requirements
-    from packtrain.tracking.context import git_sha
+    from packtrain.versioning import git_sha
 
     ev = _eval_dict(eval_result)
-    candidate = _as_float(ev.get(cfg.metric))
+    candidate = as_float(ev.get(cfg.metric))
     if candidate is None:
         raise InputDataError(f"eval result: field {cfg.metric!r} is missing or not a number "
                              f"(got {ev.get(cfg.metric)!r}); register.metric allows eval_loss, perplexity")

@@ -23,6 +23,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from packtrain.evaluate.adapter_registry import log_adapter
@@ -43,6 +44,38 @@ OP_TAG = "packtrain.register_op"
 """Tag on the logged model and the model version: the id of the registration op that made them."""
 ALIAS_SET_TAG = "packtrain.alias_set"
 """Version tag written once its alias (champion or challenger) is set: a repeat of the op leaves aliases alone."""
+
+
+@dataclass
+class RegisterResult:
+    """What `register_model` did. `to_dict()` is register_result.json."""
+
+    model_name: str
+    version: str | None                   # the new version, e.g. "4" (None: deferred)
+    model_uri: str | None                 # models:/<name>/<version>
+    flavor: str                           # files | transformers | pytorch (register.flavor; auto → one of the last two)
+    flavor_note: str                      # why this flavor
+    decision: str                         # champion | challenger | deferred (store down: buffered)
+    reason: str                           # one line: the suites that decided, with Δ and CI (or both versions)
+    metric: str                           # "bits_per_byte:<primary suite>" (paired), else register.metric
+    candidate_value: float                # the challenger's value of `metric`
+    champion_value: float | None          # the champion's, on the same documents (None: no champion scored)
+    previous_champion_version: str | None
+    champion_version: str | None          # who holds the champion alias now
+    margin: float                         # register.promotion.delta (bits/byte)
+    threshold: float | None               # −delta: the primary suite's upper CI bound of Δ must be below it
+    version_tags: dict[str, str] = field(default_factory=dict)
+    lineage_origin: dict[str, str] = field(default_factory=dict)
+    missing_tags: list[str] = field(default_factory=list)
+    log_model_s: float = 0.0
+    register_s: float = 0.0
+    run_id: str | None = None
+    tracking_uri: str = ""                # redacted: https://user:***@host
+    op_id: str | None = None              # the registration op (tag packtrain.register_op)
+    buffer: str | None = None             # deferred: the buffer directory holding the op and a model copy
+
+    def to_dict(self) -> dict:
+        return asdict(self)
 
 
 def _version_of_op(client, name: str, oid: str):
@@ -120,7 +153,6 @@ def apply_registration(client, tracking_uri: str, run_id: str, op: dict, model_d
     from mlflow.entities import Metric, RunTag
 
     from packtrain.errors import MissingDataError
-    from packtrain.evaluate.register import RegisterResult
     from packtrain.secrets import redact_uri
     from packtrain.tracking.run import set_fluent_tracking_uri
 

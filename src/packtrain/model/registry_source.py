@@ -14,7 +14,7 @@ A registry version is downloaded once into
     <workdir>/models/<name>/v<version>/    config.json, model.safetensors, generation_config.json,
                                            tokenizer files, packtrain_source.json (what it is, written last)
 
-built in a staging directory and published by one rename (packtrain.paths.publish_dir): a killed download
+built in a staging directory and published by one rename (packtrain.publish.publish_dir): a killed download
 leaves nothing half-written, and a directory holding packtrain_source.json is complete and reused (registered
 versions are immutable). What the registry holds is the MLflow model the register stage logged
 (packtrain.evaluate.registry): with the transformers flavor the HF directory is its `model/` (MLmodel

@@ -6,7 +6,7 @@
       pack_stats.json   PackStats.to_dict()
 
 Train and eval documents are packed separately (no eval token ever shares a pack with training). The whole
-`dst` is built in a staging directory and published as one unit (packtrain.paths.staged_output): a crash or
+`dst` is built in a staging directory and published as one unit (packtrain.publish.staged_output): a crash or
 a bad input leaves the previous output (or nothing) behind, never half of one. `write_packs` writes into a
 directory the caller publishes (the pack stage adds its lineage first). Same token store + same PackConfig →
 byte-identical output.

@@ -23,7 +23,7 @@ Example, budget 8, documents 7 (len 5), 9 (len 2), 4 (len 6)::
     seg_offsets.npy   [0, 2, 3]
     segments.npy      [[7, 0, 5], [9, 0, 2], [4, 0, 6]]
 
-`write_pack_store` writes into a staging directory and publishes it as one unit (packtrain.paths.publish_dir),
+`write_pack_store` writes into a staging directory and publishes it as one unit (packtrain.publish.publish_dir),
 so a crash never leaves a half-written store. `PackStore.open` checks every file's checksum (tokens.bin's by default only when it is at
 most `VERIFY_TOKENS_MAX_BYTES`; crc32 reads ~1 GB/s), shapes, offsets and the budget, and raises
 `InputDataError` naming the broken file.

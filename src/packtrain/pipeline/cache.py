@@ -34,8 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from packtrain.paths import staged_output, write_json
-from packtrain.versioning import code_version  # noqa: F401  (re-exported: the one code-version string)
+from packtrain.publish import staged_output, write_json
 
 
 def dir_md5(path: str | Path) -> str:
@@ -128,7 +127,7 @@ class StageCache:
         """Materialize a cached output at `out_dir` (hard links; copies across file systems). The entry is
         checked again (see `lookup`) right before copying."""
         self._check_confined(hit.entry_dir)
-        # built next to out_dir, then swapped in as one unit (packtrain.paths.publish_dir)
+        # built next to out_dir, then swapped in as one unit (packtrain.publish.publish_dir)
         with staged_output(out_dir, what=f"{hit.entry_dir.parent.name} cache restore") as tmp:
             shutil.copytree(hit.entry_dir / "out", tmp, dirs_exist_ok=True, copy_function=_link_or_copy)
 

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from packtrain.errors import MissingDataError
-from packtrain.paths import atomic_write_text, write_json
+from packtrain.publish import atomic_write_text, write_json
 from packtrain.stages.table import ARTIFACTS, STAGE_NAMES, STAGES, StageSpec, stage_spec
 
 STATS_FILES = {s.name: s.stats_file for s in STAGES}

@@ -74,7 +74,7 @@ def compile_pipeline(out: str | Path, cfg=None, code_version: str | None = None)
 
 def pipeline_arguments(cfg, data_version: str = "") -> dict:
     """The run-time parameters of the pipeline for a RunConfig: one JSON config string + versions."""
-    from packtrain.pipeline.cache import code_version
+    from packtrain.versioning import code_version
 
     return {"config": config_json(cfg), "data_version": data_version, "code_version": code_version()}
 

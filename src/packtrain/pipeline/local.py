@@ -42,7 +42,8 @@ from typing import Literal, TextIO, cast
 
 from packtrain.errors import PacktrainError, StageFailed
 from packtrain.paths import patched_env
-from packtrain.pipeline.runtime import PARENT_ENV, REFRESH_ENV
+from packtrain.pipeline.runtime import REFRESH_ENV
+from packtrain.tracking.context import PARENT_ENV
 
 PROGRESS_S = 10.0
 """Default seconds between two progress lines of a running stage (`packtrain run --progress S`)."""
@@ -59,9 +60,9 @@ def _start_parent(cfg, runner: str) -> str | None:
     PACKTRAIN_PARENT_RUN_ID so every component's stage run nests under it)."""
     import mlflow  # noqa: F401  (imported first: its import resets the "mlflow" logger to INFO)
 
-    from packtrain.pipeline.cache import code_version
     from packtrain.tracking import StageRun, start_pipeline_run
     from packtrain.tracking.run import get_client
+    from packtrain.versioning import code_version
 
     logging.getLogger("mlflow").setLevel(logging.WARNING)  # not "Creating initial MLflow database tables"
     parent = start_pipeline_run(cfg)
@@ -271,9 +272,9 @@ def _run_in_process(cfg, workdir: Path, log: TextIO, out: TextIO, verbose: bool,
                     progress_s: float) -> dict[str, dict]:
     """packtrain.pipeline.dag.run_dag into <workdir>/kfp/<run name>/: the stages print into the log (fds 1/2
     too); the terminal gets the stage lines (--verbose: the log itself, stage lines among it)."""
-    from packtrain.pipeline.cache import code_version
     from packtrain.pipeline.dag import run_dag, terminal
     from packtrain.pipeline.progress import StageEvent, StageLines
+    from packtrain.versioning import code_version
 
     with terminal(out) as term:
         output = cast(TextIO, _Tee(log, term)) if verbose else log

@@ -257,7 +257,7 @@ def registered_model(cfg) -> dict:
 def record_version(cfg, version: str, registered: dict | None) -> Path:
     """Remember the version trained on (after a successful run only), and keep its held-out documents as the
     next run's replay suite."""
-    from packtrain.paths import write_json
+    from packtrain.publish import write_json
 
     write_replay(cfg, validate_dir(cfg, version) / "ingest" / "documents.parquet")
     p = state_path(cfg)

@@ -43,7 +43,7 @@ from typing import Any
 from packtrain.error_record import ERROR_FILE_ENV, write_error_record
 from packtrain.errors import ConfigError, MissingDataError, PacktrainError
 from packtrain.stages.table import stage_spec
-from packtrain.tracking.context import PARENT_ENV  # noqa: F401  (re-exported: pipeline.local imports it from here)
+from packtrain.tracking.context import PARENT_ENV
 
 CACHE_ENV = "PACKTRAIN_STAGE_CACHE_DIR"
 REFRESH_ENV = "PACKTRAIN_STAGE_CACHE_REFRESH"
@@ -196,7 +196,7 @@ def run_stage_component(stage: str, config_text: str, inputs: dict[str, str], ou
 
 def _run_cached(stage, cfg, inputs, args, out_dir, cache_dir: Path, code_version: str, data_version: str) -> dict:
     from packtrain.pipeline.cache import StageCache, source_md5, stage_cache_key
-    from packtrain.pipeline.cache import code_version as cur_code
+    from packtrain.versioning import code_version as cur_code
 
     # PACKTRAIN_CODE_VERSION pins the code part (set in the images; tests pin it too), else the package
     # version + git sha + md5 of the package source, so an uncommitted edit also invalidates the cache

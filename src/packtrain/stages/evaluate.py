@@ -17,7 +17,7 @@ challenger is scored alone and suites.json says so. The register stage decides f
 (docs/validation.md).
 
 Both files are written into a staging directory next to out_dir, read back and published together
-(packtrain.paths.staged_output): a failed or killed evaluation leaves the previous out_dir byte-identical.
+(packtrain.publish.staged_output): a failed or killed evaluation leaves the previous out_dir byte-identical.
 """
 
 from __future__ import annotations
@@ -26,15 +26,9 @@ from pathlib import Path
 
 from packtrain.config import RunConfig
 from packtrain.errors import MissingDataError
-from packtrain.paths import check_replaceable, staged_output, write_json
-from packtrain.stages.results import (
-    EvaluateResult,
-    Lineage,
-    PackResult,
-    TrainResult,
-    from_library,
-    make_lineage,
-)
+from packtrain.publish import check_replaceable, staged_output, write_json
+from packtrain.stages.lineage import Lineage, make_lineage
+from packtrain.stages.results import EvaluateResult, PackResult, TrainResult, from_library
 
 OUTPUTS = (EvaluateResult.FILE, "samples.json", "suite_scores.parquet", "suites.json")
 
@@ -133,7 +127,7 @@ def evaluate_lineage(model_dir: Path, packs_dir: Path) -> Lineage:
     a trained model: <train out>/model → <train out>/train_result.json), then of the packs' pack_stats.json;
     the hash of the model's tokenizer."""
     from packtrain.data.tokenizer_files import tokenizer_hash
-    from packtrain.stages.results import upstream_lineage
+    from packtrain.stages.lineage import upstream_lineage
     from packtrain.versioning import data_md5
 
     return make_lineage({"model": data_md5(model_dir), "packs": data_md5(packs_dir / "eval")},

@@ -2,7 +2,7 @@
 (`packtrain.stages.results.IngestResult`, also returned).
 
 Both files are built in a staging directory next to `out_dir`, checked (the table's row count equals the
-stats' `documents`) and published together (packtrain.paths.staged_output): a failed or killed ingest leaves
+stats' `documents`) and published together (packtrain.publish.staged_output): a failed or killed ingest leaves
 the previous out_dir byte-identical, a successful one replaces it whole.
 """
 
@@ -12,8 +12,10 @@ from pathlib import Path
 from typing import cast
 
 from packtrain.config import RunConfig
-from packtrain.paths import RunPaths, staged_output
-from packtrain.stages.results import IngestResult, from_library, make_lineage
+from packtrain.paths import RunPaths
+from packtrain.publish import staged_output
+from packtrain.stages.lineage import make_lineage
+from packtrain.stages.results import IngestResult, from_library
 
 STATS_FILE = IngestResult.FILE
 OUTPUTS = ("documents.parquet", STATS_FILE)

@@ -3,7 +3,7 @@
 
 Both pack stores and pack_stats.json (with the lineage md5) are built in a staging directory next to
 `out_dir`, checked (each store opens with its checksums verified) and published together
-(packtrain.paths.staged_output): a failed or killed pack leaves the previous out_dir byte-identical, a
+(packtrain.publish.staged_output): a failed or killed pack leaves the previous out_dir byte-identical, a
 successful one replaces it whole.
 """
 
@@ -12,8 +12,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from packtrain.config import RunConfig
-from packtrain.paths import RunPaths, staged_output
-from packtrain.stages.results import PackResult, TokenizeResult, from_library, make_lineage, upstream_lineage
+from packtrain.paths import RunPaths
+from packtrain.publish import staged_output
+from packtrain.stages.lineage import make_lineage, upstream_lineage
+from packtrain.stages.results import PackResult, TokenizeResult, from_library
 
 STATS_FILE = PackResult.FILE
 

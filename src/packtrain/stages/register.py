@@ -25,14 +25,8 @@ from pathlib import Path
 
 from packtrain.config import RunConfig
 from packtrain.errors import ConfigError, InputDataError
-from packtrain.stages.results import (
-    EvaluateResult,
-    RegisterResult,
-    TrainResult,
-    from_library,
-    make_lineage,
-    upstream_lineage,
-)
+from packtrain.stages.lineage import make_lineage, upstream_lineage
+from packtrain.stages.results import EvaluateResult, RegisterResult, TrainResult, from_library
 
 
 def run_register(cfg: RunConfig, model_dir: str | Path, eval_dir: str | Path, train_dir: str | Path,
@@ -40,8 +34,8 @@ def run_register(cfg: RunConfig, model_dir: str | Path, eval_dir: str | Path, tr
     from packtrain.data.tokenizer_files import tokenizer_hash
     from packtrain.evaluate.adapter_registry import registry_model_dir
     from packtrain.evaluate.loading import check_model_dir
-    from packtrain.evaluate.register import RegisterResult as LibraryResult
     from packtrain.evaluate.register import build_registration, deferred_result, promotion_verdict
+    from packtrain.evaluate.registration import RegisterResult as LibraryResult
     from packtrain.tracking import stage_run
     from packtrain.versioning import data_md5, file_md5
 

@@ -41,14 +41,7 @@ from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
 from packtrain.errors import InputDataError
-from packtrain.stages.lineage import (  # noqa: F401 - re-exported: results is where callers import them
-    Lineage,
-    _check_keys,
-    _refuse,
-    make_lineage,
-    read_json_file,
-    upstream_lineage,
-)
+from packtrain.stages.lineage import Lineage, _check_keys
 
 R = TypeVar("R", bound="StageResult")
 
@@ -102,7 +95,7 @@ class StageResult:
 
     def write(self, out_dir: str | Path) -> Path:
         """Write `to_dict()` to out_dir/FILE (atomic) and return the path."""
-        from packtrain.paths import write_json
+        from packtrain.publish import write_json
 
         path = Path(out_dir) / self.FILE
         write_json(path, self.to_dict())
@@ -297,7 +290,7 @@ class EvaluateResult(StageResult):
 
 @dataclass(kw_only=True)
 class RegisterResult(StageResult):
-    """packtrain.evaluate.register.RegisterResult: the registered version and the alias decision."""
+    """packtrain.evaluate.registration.RegisterResult: the registered version and the alias decision."""
 
     STAGE: ClassVar[str] = "register"
     FILE: ClassVar[str] = "register_result.json"

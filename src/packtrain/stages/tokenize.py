@@ -3,7 +3,7 @@
 
 The token store, its tokenizer/ and stats.json are built in a staging directory next to `out_dir`, checked
 (the store opens with consistent shapes, the tokenizer loads, the counts match the stats) and published
-together (packtrain.paths.staged_output): a failed or killed tokenize leaves the previous out_dir
+together (packtrain.publish.staged_output): a failed or killed tokenize leaves the previous out_dir
 byte-identical, a successful one replaces it whole.
 
 The tokenizer travels with the model: when `model.init_from` (resolved like the train stage does it,
@@ -27,14 +27,10 @@ import tempfile
 from pathlib import Path
 
 from packtrain.config import RunConfig
-from packtrain.paths import RunPaths, staged_output
-from packtrain.stages.results import (
-    IngestResult,
-    TokenizeResult,
-    from_library,
-    make_lineage,
-    upstream_lineage,
-)
+from packtrain.paths import RunPaths
+from packtrain.publish import staged_output
+from packtrain.stages.lineage import make_lineage, upstream_lineage
+from packtrain.stages.results import IngestResult, TokenizeResult, from_library
 
 STATS_FILE = TokenizeResult.FILE
 REQUIRED = ("tokens.bin", "offsets.npy", "doc_ids.npy", "split.npy", "meta.json", "tokenizer", STATS_FILE)
@@ -50,7 +46,8 @@ def run_tokenize(cfg: RunConfig, docs_dir: str | Path | None = None, out_dir: st
     MLflow tags: `dvc.md5.documents`, `dvc.md5.tokenizer`, `dvc.md5.tokens`.
     """
     from packtrain.data.contamination import contaminated_ids, write_without
-    from packtrain.data.tokenize import check_tokenizer_dir, tokenize_documents
+    from packtrain.data.tokenize import tokenize_documents
+    from packtrain.data.tokenizer_setup import check_tokenizer_dir
     from packtrain.data.validate import resolve_documents
     from packtrain.tracking import stage_run
     from packtrain.versioning import data_md5
@@ -115,7 +112,7 @@ def tokenizer_of_init(cfg: RunConfig):
 def _check_store(staged: Path, stats) -> None:
     """The staged store must open, agree with the stats, and its tokenizer must load; else nothing is published."""
     from packtrain.data.token_store import TokenStore
-    from packtrain.data.tokenize import load_tokenizer
+    from packtrain.data.tokenizer_setup import load_tokenizer
     from packtrain.errors import PacktrainError
 
     store = TokenStore.open(staged)

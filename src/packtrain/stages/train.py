@@ -36,24 +36,25 @@ Warm start (`model.init_from` not scratch; packtrain.model.registry_source, pack
       tags      packtrain.init_from, packtrain.init_resolved, packtrain.init_fallback_reason,
                 packtrain.parent_model_version / packtrain.parent_model (the register stage copies them onto
                 the new version)
+
+One rank of a `train.gpus` > 1 launch (packtrain.train.launch.launch_ranks) runs `main` here, as
+`python -m packtrain.stages.train --config run.yaml --packs P --tokens T --out O [--resume] [--overwrite]`:
+run_train sees RANK and does not launch again; rank 0's PacktrainError goes to the launcher's error file.
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
+import os
+import sys
 from pathlib import Path
 
 from packtrain.config import RunConfig, flatten
-from packtrain.errors import ConfigError, MissingDataError
-from packtrain.paths import write_json
-from packtrain.stages.results import (
-    Lineage,
-    PackResult,
-    TokenizeResult,
-    TrainResult,
-    from_library,
-    make_lineage,
-)
+from packtrain.errors import ConfigError, MissingDataError, PacktrainError
+from packtrain.publish import write_json
+from packtrain.stages.lineage import Lineage, make_lineage
+from packtrain.stages.results import PackResult, TokenizeResult, TrainResult, from_library
 
 
 def check_inputs(cfg: RunConfig, packs_dir: Path, tokens_dir: Path) -> tuple[Path, str]:
@@ -208,7 +209,7 @@ def train_lineage(packs_dir: Path, tokens_dir: Path, tokenizer_dir: Path) -> Lin
     """md5 of the train split and of tokens.bin, the upstream chain (pack_stats.json, then the token store's
     stats.json) and the hash of the tokenizer copied next to the model."""
     from packtrain.data.tokenizer_files import tokenizer_hash
-    from packtrain.stages.results import upstream_lineage
+    from packtrain.stages.lineage import upstream_lineage
     from packtrain.versioning import data_md5
 
     tokens_bin = tokens_dir / "tokens.bin"
@@ -251,3 +252,33 @@ def log_system_series(run, report) -> None:
     for step, metrics in system_series(report.samples):
         run.log_step(metrics, step)
     run.flush()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """One rank: load the run config, train (run_train sees RANK and does not launch again)."""
+    p = argparse.ArgumentParser(prog="python -m packtrain.stages.train",
+                                description="one rank of a data-parallel train stage (started by launch_ranks)")
+    p.add_argument("--config", required=True)
+    p.add_argument("--packs", required=True)
+    p.add_argument("--tokens", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--resume", action="store_true")
+    p.add_argument("--overwrite", action="store_true")
+    a = p.parse_args(argv)
+    try:
+        from packtrain.config import load_run_config
+
+        cfg = load_run_config(a.config)
+        run_train(cfg, a.packs, a.tokens, a.out, resume=a.resume, overwrite=a.overwrite)
+        return 0
+    except PacktrainError as e:
+        from packtrain.secrets import redact_text
+        from packtrain.train.launch import record_error
+
+        record_error(e)
+        print(f"error (rank {os.environ.get('RANK', '0')}): {redact_text(str(e))}", file=sys.stderr)
+        return e.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -2,7 +2,7 @@
 (`packtrain.stages.results.ValidateResult`, also returned).
 
 The outputs are built in a staging directory next to `out_dir` and published together only when the suite
-passes (packtrain.paths.staged_output): a failed or killed validation leaves the previous out_dir
+passes (packtrain.publish.staged_output): a failed or killed validation leaves the previous out_dir
 byte-identical. The report of a failed suite is published instead to `<out_dir>.failed/` (same files), so
 it can be inspected without passing for a validated dataset; the next passing run removes that directory.
 """
@@ -12,8 +12,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from packtrain.config import RunConfig
-from packtrain.paths import RunPaths, check_replaceable, output_target, publish_dir, staged_output
-from packtrain.stages.results import IngestResult, ValidateResult, make_lineage, upstream_lineage
+from packtrain.paths import RunPaths
+from packtrain.publish import check_replaceable, output_target, publish_dir, staged_output
+from packtrain.stages.lineage import make_lineage, upstream_lineage
+from packtrain.stages.results import IngestResult, ValidateResult
 
 STATS_FILE = ValidateResult.FILE
 OUTPUTS = ("report.json", "data_docs", STATS_FILE)

@@ -11,7 +11,7 @@ Each kind, and why applying it twice leaves one copy (checked against a real sql
     log_artifact    the same artifact path is overwritten
     log_input       MLflow reuses the (name, digest) dataset and the existing run → dataset link
     set_terminated  sets the same status and end time
-    register_model  packtrain.evaluate.register.apply_registration: the logged model and the model version
+    register_model  packtrain.evaluate.registration.apply_registration: the logged model and the model version
                     carry tag packtrain.register_op=<op id> and are looked up before being created
 
 Buffered files (artifacts, a model to register) are referenced as `buffered_path`, relative to the buffer
@@ -40,7 +40,7 @@ PENDING = "pending-"
 PENDING_TAG = "packtrain.pending_id"
 ARTIFACTS = "artifacts"   # <buffer>/artifacts/<op id>/<name>: the buffer's copies of the files ops carry
 # op kinds implemented outside the tracking room (imported when first replayed)
-HANDLERS = {"register_model": "packtrain.evaluate.register:apply_registration"}
+HANDLERS = {"register_model": "packtrain.evaluate.registration:apply_registration"}
 
 
 def buffered_file(buffer_dir: Path, op: dict) -> Path | None:

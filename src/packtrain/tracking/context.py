@@ -6,7 +6,7 @@ import functools
 import os
 import socket
 
-from packtrain.versioning import git_sha  # noqa: F401  (the one git-HEAD lookup; re-exported for callers)
+from packtrain.versioning import git_sha  # the one git-HEAD lookup
 
 PARENT_ENV = "PACKTRAIN_PARENT_RUN_ID"
 """The MLflow run id of the pipeline's parent run: set by `packtrain run`/Airflow (packtrain.tracking.run.

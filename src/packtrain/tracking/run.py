@@ -34,7 +34,7 @@ from typing import Any
 from packtrain.config import RunConfig, flatten
 from packtrain.tracking.apply import PENDING
 from packtrain.tracking.buffer import BufferedClient
-from packtrain.tracking.context import PARENT_ENV, base_tags, git_sha, is_rank_zero  # noqa: F401 (re-exported)
+from packtrain.tracking.context import PARENT_ENV, base_tags, is_rank_zero
 from packtrain.tracking.transport import short_http
 
 log = logging.getLogger(__name__)

@@ -4,7 +4,7 @@
     session.py          TrainSession: its parts built in order, per-step records, checks, final save
     parts.py            DataParts, ModelParts, Telemetry: declared fields (slots) + one builder each
     resume.py           Checkpointing: restore (resume / refuse / overwrite) and each checkpoint save
-    runtime.py          ranks/devices, micro-batch shape (planner's choose_shape), TorchStepper, OOM error
+    runtime.py          ranks/devices, TorchStepper, OOM error (the micro-batch shape: planner's choose_shape)
     techniques.py       activation checkpointing, compile (+ recompile counter), AMP, AdamW, LR schedule
     loss.py             standard / chunked LM loss on packed batches
     checkpoint.py       atomic, checksummed, keep-last-K checkpoints; newest valid one for --resume

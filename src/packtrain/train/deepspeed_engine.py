@@ -136,7 +136,7 @@ class DeepSpeedStepper:
 
         self.config = build_deepspeed_config(train_cfg, world_size, rows, grad_accum)
         if out_dir is not None and int(os.environ.get("RANK", "0")) == 0:
-            from packtrain.paths import write_json
+            from packtrain.publish import write_json
 
             write_json(Path(out_dir) / "deepspeed_config.json", self.config)
         self.engine, self.optimizer, _, _ = deepspeed.initialize(model=module, optimizer=optimizer,

@@ -7,7 +7,7 @@ adapter, because the launch happens inside the train stage runner itself:
                                                                                            ▼
     train.gpus > 1 and not already a rank: launch_ranks(cfg, packs, tokens, out)
       python -m torch.distributed.run --standalone --nproc_per_node N \\
-             -m packtrain.train.launch --config <tmp>/run.yaml --packs P --tokens T --out O [--resume] [--overwrite]
+             -m packtrain.stages.train --config <tmp>/run.yaml --packs P --tokens T --out O [--resume] [--overwrite]
       → N processes, each back in run_train with RANK set: DDP (NCCL on CUDA, gloo on the CPU) or DeepSpeed
         (deepspeed.initialize reads torchrun's RANK/WORLD_SIZE/MASTER_ADDR)
 
@@ -19,12 +19,11 @@ temp dir, and raised again in the launching process with the same message and ex
 (packtrain.pipeline.multinode) starts its ranks with an outer torchrun: RANK is set, nothing is relaunched.
 
     >>> torchrun_command(2, Path("/t/run.yaml"), Path("p"), Path("t"), Path("o"), resume=True)[3:9]
-    ['--standalone', '--nproc_per_node=2', '-m', 'packtrain.train.launch', '--config', '/t/run.yaml']
+    ['--standalone', '--nproc_per_node=2', '-m', 'packtrain.stages.train', '--config', '/t/run.yaml']
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from pathlib import Path
@@ -62,9 +61,10 @@ def check_devices(gpus: int, device: str) -> None:
 
 def torchrun_command(gpus: int, config: Path, packs_dir: Path, tokens_dir: Path, out_dir: Path, *,
                      resume: bool = False, overwrite: bool = False) -> list[str]:
-    """The command line of one node's N ranks, each running `main` below (this interpreter: the same venv)."""
+    """The command line of one node's N ranks, each running packtrain.stages.train's `main` (this interpreter:
+    the same venv)."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={gpus}",
-           "-m", "packtrain.train.launch", "--config", str(config), "--packs", str(packs_dir),
+           "-m", "packtrain.stages.train", "--config", str(config), "--packs", str(packs_dir),
            "--tokens", str(tokens_dir), "--out", str(out_dir)]
     return cmd + ["--resume"] * resume + ["--overwrite"] * overwrite
 
@@ -108,33 +108,3 @@ def record_error(err: PacktrainError) -> None:
     if os.environ.get("RANK", "0") != "0":
         return
     write_error_record(os.environ.get(EXIT_FILE_ENV), err, "train")
-
-
-def main(argv: list[str] | None = None) -> int:
-    """One rank: load the run config, train (run_train sees RANK and does not launch again)."""
-    p = argparse.ArgumentParser(prog="python -m packtrain.train.launch",
-                                description="one rank of a data-parallel train stage (started by launch_ranks)")
-    p.add_argument("--config", required=True)
-    p.add_argument("--packs", required=True)
-    p.add_argument("--tokens", required=True)
-    p.add_argument("--out", required=True)
-    p.add_argument("--resume", action="store_true")
-    p.add_argument("--overwrite", action="store_true")
-    a = p.parse_args(argv)
-    try:
-        from packtrain.config import load_run_config
-        from packtrain.stages.train import run_train
-
-        cfg = load_run_config(a.config)
-        run_train(cfg, a.packs, a.tokens, a.out, resume=a.resume, overwrite=a.overwrite)
-        return 0
-    except PacktrainError as e:
-        from packtrain.secrets import redact_text
-
-        record_error(e)
-        print(f"error (rank {os.environ.get('RANK', '0')}): {redact_text(str(e))}", file=sys.stderr)
-        return e.exit_code
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from packtrain.train.runtime import DistInfo, Shape, choose_shape
+from packtrain.planner.micro_batch import Shape, choose_shape
+from packtrain.train.runtime import DistInfo
 
 if TYPE_CHECKING:
     import torch
@@ -45,7 +46,7 @@ class DataParts:
     vocab_size: int
     pad_id: int | None
     eos_id: int | None
-    shape: Shape                       # rows × budget per micro-batch, grad_accum (runtime.choose_shape)
+    shape: Shape                       # rows × budget per micro-batch, grad_accum (planner.choose_shape)
     loader: PackedLoader
     batches: Iterator[PackedBatch] | None = None   # set by start(): a Prefetcher on CUDA, iter(loader) on CPU
 

@@ -1,6 +1,7 @@
 """The checkpointing part of a `TrainSession`: where a run starts (`restore`) and each save (`save_checkpoint`).
 
-    Checkpointing   checkpoints/ root, train_log.jsonl, the per-step history, start step, the newest checkpoint
+    Checkpointing        checkpoints/ root, train_log.jsonl, the per-step history, start step, the newest checkpoint
+    CheckpointedSession  what `restore` / `save_checkpoint` read of the session (a TrainSession is one)
 
 Nothing is deleted implicitly: `--resume` falls back past checkpoints that fail verification (quarantined by
 checkpoint.py), a fresh run into a directory with checkpoints is refused unless `--overwrite`, and a killed
@@ -17,14 +18,15 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from packtrain.errors import ConfigError, PacktrainError
 from packtrain.train import checkpoint as ckpt
 from packtrain.train.runtime import DistInfo, barrier, broadcast_object
 
 if TYPE_CHECKING:
-    from packtrain.train.session import TrainSession
+    from packtrain.config import TrainConfig
+    from packtrain.train.parts import DataParts, ModelParts
 
 T = TypeVar("T")
 
@@ -45,7 +47,20 @@ class Checkpointing:
         return cls(out_dir / "checkpoints", out_dir / "train_log.jsonl")
 
 
-def restore(s: TrainSession, resume: bool, overwrite: bool = False) -> int:
+class CheckpointedSession(Protocol):
+    """The parts of a TrainSession (packtrain.train.session) that restoring and saving a checkpoint use."""
+
+    checkpoints: Checkpointing
+    cfg: TrainConfig
+    dist: DistInfo
+    data: DataParts
+    parts: ModelParts
+    timings: dict[str, float]
+
+    def check_finite_weights(self, step: int) -> None: ...
+
+
+def restore(s: CheckpointedSession, resume: bool, overwrite: bool = False) -> int:
     """Where this run starts; returns the first step. Nothing is deleted implicitly:
 
     - resume: the newest checkpoint that verifies (broken newer ones are quarantined and named); no
@@ -92,7 +107,7 @@ def on_main(dist: DistInfo, root: Path, fn: Callable[[], T]) -> T:
     return out   # rank 0's fn() result, broadcast
 
 
-def _resume(s: TrainSession) -> int:
+def _resume(s: CheckpointedSession) -> int:
     c, m = s.checkpoints, s.parts
     path = on_main(s.dist, c.root, lambda: ckpt.find_latest_checkpoint(c.root, quarantine=True))
     if path is None:
@@ -131,7 +146,7 @@ def keep_old_log(log_path: Path, step: int) -> None:
     log_path.rename(dst)
 
 
-def save_checkpoint(s: TrainSession, step: int) -> None:
+def save_checkpoint(s: CheckpointedSession, step: int) -> None:
     """Checkpoint `step` (atomic, verified on resume) after checking the weights are finite, so the newest
     checkpoint is always one training can continue from; then the retention policy (checkpoint.py)."""
     t0 = time.perf_counter()

@@ -1,9 +1,8 @@
-"""Small builders the loop stands on: ranks and devices, the micro-batch shape, the torch optimizer step, OOM.
+"""Small builders the loop stands on: ranks and devices, the torch optimizer step, OOM.
 
     dist_info()                 rank / local_rank / world_size from torchrun or the DeepSpeed launcher env
     init_distributed(d, dev)    NCCL (CUDA) or gloo (CPU) process group when world_size > 1 (+ a gloo host group)
     resolve_device(cfg, d)      cuda:LOCAL_RANK, or cpu
-    Shape, choose_shape         the micro-batch shape (packtrain.planner.micro_batch, the one place it is decided)
     TorchStepper                backward per micro-batch (DDP no_sync until the last), clip, step, GradScaler
     oom_error(...)              the OutOfMemory error naming planned and observed peaks
 """
@@ -17,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from packtrain.errors import ConfigError, PacktrainError
-from packtrain.planner.micro_batch import Shape, choose_shape  # noqa: F401 - re-exported for the train parts
+from packtrain.planner.micro_batch import Shape
 
 if TYPE_CHECKING:
     from packtrain.config import ModelConfig, PlanConfig, TrainConfig

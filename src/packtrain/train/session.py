@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from packtrain.errors import MissingDataError, TrainingDiverged
 from packtrain.faults import kill_point
-from packtrain.paths import replace_dir
+from packtrain.publish import replace_dir
 from packtrain.train import resume as resume_mod
 from packtrain.train.parts import (
     DataParts,
