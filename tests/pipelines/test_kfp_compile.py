@@ -81,7 +81,7 @@ def test_the_committed_cpu_recipe_runs_from_the_ui_without_a_gpu():
 
 
 def test_a_checkouts_compile_stamps_its_git_sha_and_images_by_digest(tmp_path):
-    from packtrain.pipeline.cache import code_version
+    from packtrain.versioning import code_version
 
     digest = "sha256:" + "ab" * 32
     cfg = RunConfig(pipeline={"base_image_digest": digest, "cpu_image_digest": digest})

@@ -16,7 +16,7 @@ import importlib
 _EXPORTS = {
     "evaluate": "perplexity", "EvalResult": "perplexity", "evaluate_batches": "perplexity",
     "batch_loss_sum": "perplexity", "register_model": "register", "RegisterResult": "registration",
-    "decide_alias": "register", "load_champion": "registry", "load_registered": "registry",
+    "decide_from_verdict": "champion", "load_champion": "registry", "load_registered": "registry",
     "generate_samples": "samples", "build_tiny_model_dir": "tiny", "collect_lineage": "lineage",
 }
 __all__ = sorted(_EXPORTS)

@@ -30,6 +30,7 @@ import os
 import shutil
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -61,7 +62,7 @@ def source_md5() -> str:
     return h.hexdigest()
 
 
-def stage_cache_key(stage: str, inputs: dict[str, str | Path], config_parts: dict[str, Any],
+def stage_cache_key(stage: str, inputs: Mapping[str, str | Path], config_parts: dict[str, Any],
                     code: str) -> tuple[str, dict]:
     """Return (sha256 hex, the parts it was computed from) for one stage invocation.
 

@@ -49,7 +49,7 @@ def config_json(cfg) -> str:
 
 
 def _code_version() -> str:
-    from packtrain.pipeline.cache import code_version
+    from packtrain.versioning import code_version
 
     return code_version()
 
