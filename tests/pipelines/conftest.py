@@ -28,7 +28,9 @@ def tiny_pipeline(tmp_path_factory):
     Runs once per test session even under pytest-xdist: the first worker that needs it runs it under a file
     lock in the directory all workers share; the others wait and reuse its record.
 
-    Returns {"root", "workdir", "corpus", "settings", "result" (CompletedProcess), "seconds"}.
+    Returns {"root", "workdir", "corpus", "settings", "result" (CompletedProcess), "seconds", "json" (the run's
+    `--json` record: stats, summary, parent run id, as they were right after this run; later tests run again in
+    the same workdir)}.
     """
     import fcntl
     import json
@@ -47,10 +49,11 @@ def tiny_pipeline(tmp_path_factory):
         if not record.exists():
             tiny_corpus(corpus)
             t0 = time.perf_counter()
-            r = run_main(["run", *as_args(settings), "--progress", "0"], cwd=root)   # every progress line
+            r = run_main(["run", *as_args(settings), "--progress", "0", "--json", str(root / "run.json")],
+                         cwd=root)   # every progress line
             record.write_text(json.dumps({"returncode": r.returncode, "stdout": r.stdout, "stderr": r.stderr,
                                           "args": r.args, "seconds": time.perf_counter() - t0}))
         rec = json.loads(record.read_text())
     result = subprocess.CompletedProcess(rec["args"], rec["returncode"], rec["stdout"], rec["stderr"])
     return {"root": root, "workdir": workdir, "corpus": corpus, "settings": settings, "result": result,
-            "seconds": rec["seconds"]}
+            "seconds": rec["seconds"], "json": root / "run.json"}

@@ -1,9 +1,12 @@
 """`packtrain run --runner kfp`: the compiled KFP DAG through kfp.local, each component in its own process as a pod
 runs it — the runner's own tests (every other test of a whole run uses the default in-process runner).
 
-1. Both runners give the same stage results on the tiny recipe, each in its own workdir without the stage cache:
-   the same tokenizer and token ids, the same packs, the same model weights, the same losses and held-out loss to
-   the last bit (CPU), and v1 → champion; the kfp run leaves no `tmp.*` folder in $TMPDIR.
+1. Both runners give the same stage results on the tiny recipe (its task suite included), each in its own
+   workdir, every stage computed (none restored from a stage cache): the same tokenizer and token ids, the same
+   packs, the same model weights, the same losses and held-out loss to the last bit (CPU), and v1 → champion;
+   the kfp run leaves no `tmp.*` folder in $TMPDIR. The in-process side is the session's shared `tiny_pipeline`
+   (tests/pipelines/conftest.py: the first run in a fresh workdir, its `--json` record taken right after it),
+   not a second in-process run of the same settings.
 2. A failing validation under kfp comes back through the component's error record: exit 4, the stage's own
    message, nothing after validate ran.
 3. A component's command removes the folder it writes the program into, whatever the program's exit status.
@@ -16,38 +19,40 @@ import os
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import yaml
-from pipeline_helpers import REPO, as_args, run_main, tiny_corpus, tiny_settings
-
-
-def _stats(path: Path) -> dict:
-    return json.loads(path.read_text())["stages"]
+from pipeline_helpers import REPO, as_args, run_main, tiny_settings
 
 
 @pytest.fixture(scope="module")
-def both(tmp_path_factory):
+def both(tiny_pipeline, tmp_path_factory):
+    """The in-process run: the shared tiny pipeline's; the kfp run: the same settings in a workdir of its own."""
+    assert tiny_pipeline["result"].returncode == 0, tiny_pipeline["result"].stderr[-3000:]
     root = tmp_path_factory.mktemp("runners")
-    corpus = tiny_corpus(root / "corpus", n_docs=40)
-    out = {}
-    for runner in ("in-process", "kfp"):
-        tmp = root / f"tmp-{runner}"
-        tmp.mkdir()
-        settings = tiny_settings(root / runner, corpus)
-        r = run_main(["run", "--runner", runner, "--no-cache", *as_args(settings), "--json", str(root / f"{runner}.json")],
-                     cwd=root, env={"TMPDIR": str(tmp)})
-        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-        out[runner] = {"result": r, "stats": _stats(root / f"{runner}.json"), "tmp": tmp, "wd": root / runner}
-    return {"root": root, "corpus": corpus, **out}
+    record = json.loads(tiny_pipeline["json"].read_text())
+    out = {"in-process": {"result": tiny_pipeline["result"], "stats": record["stages"],
+                          "wd": tiny_pipeline["workdir"], "parent_run_id": record["parent_run_id"]}}
+    assert record["runner"] == "in-process"
+    tmp = root / "tmp-kfp"
+    tmp.mkdir()
+    settings = [f"workdir={root / 'kfp'}" if s.startswith("workdir=") else s for s in tiny_pipeline["settings"]]
+    assert settings != tiny_pipeline["settings"] and len(settings) == len(tiny_pipeline["settings"])
+    r = run_main(["run", "--runner", "kfp", "--no-cache", *as_args(settings), "--json", str(root / "kfp.json")],
+                 cwd=root, env={"TMPDIR": str(tmp)})
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    record = json.loads((root / "kfp.json").read_text())
+    out["kfp"] = {"result": r, "stats": record["stages"], "tmp": tmp, "wd": root / "kfp",
+                  "parent_run_id": record["parent_run_id"]}
+    return {"root": root, "corpus": tiny_pipeline["corpus"], **out}
 
 
 @pytest.mark.slow
 def test_both_runners_give_the_same_stage_results(both):
     a, b = both["in-process"]["stats"], both["kfp"]["stats"]
     assert list(a) == list(b) == ["ingest", "validate", "tokenize", "pack", "train", "evaluate", "register"]
-    assert a["ingest"]["documents"] == b["ingest"]["documents"] == 40
+    assert [s["cache"] for s in (*a.values(), *b.values())] == ["miss"] * 14   # every stage computed, both runs
+    assert a["ingest"]["documents"] == b["ingest"]["documents"] == len(list(both["corpus"].glob("*.txt"))) == 60
     for key in ("tokens_md5", "tokenizer_hash", "tokens", "vocab_size"):
         assert a["tokenize"][key] == b["tokenize"][key], key
     assert a["pack"]["n_packs"] == b["pack"]["n_packs"] and a["pack"]["fill"] == b["pack"]["fill"]
@@ -68,9 +73,11 @@ def test_both_runners_give_the_same_stage_results(both):
 
     for runner, tag in (("in-process", "in-process"), ("kfp", "kfp.local")):
         client = mlflow.MlflowClient(f"sqlite:///{both[runner]['wd'] / 'mlflow.db'}")
-        (parent,) = client.search_runs([client.get_experiment_by_name("packtrain").experiment_id],
-                                       "tags.`packtrain.kind` = 'pipeline'")
+        parents = client.search_runs([client.get_experiment_by_name("packtrain").experiment_id],
+                                     "tags.`packtrain.kind` = 'pipeline'")
+        (parent,) = [p for p in parents if p.info.run_id == both[runner]["parent_run_id"]]
         assert parent.data.tags["packtrain.runner"] == tag
+    assert len(parents) == 1   # the kfp workdir's one run (the shared workdir has later tests' runs too)
 
 
 @pytest.mark.slow

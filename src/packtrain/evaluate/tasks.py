@@ -3,15 +3,17 @@
     suite YAML (data-only: no `!function`, local files only)         lm-eval, on the loaded model
       task: packtrain_wordorder                                      HFLM(pretrained=model, tokenizer=tok)
       dataset_path: json                                             simple_evaluate(tasks=[task],
-      dataset_kwargs: {data_files: {test: wordorder.jsonl}}              task_manager=TaskManager(include_path=tmp),
-      test_split: test                                                   log_samples=True)
-      output_type: multiple_choice                                   → acc ± stderr, and acc per doc_id
-      doc_to_text: "{{context}}"  doc_to_choice: "{{choices}}"  doc_to_target: "{{label}}"
+      dataset_kwargs: {data_files: {test: wordorder.jsonl}}              task_manager=TaskManager(include_path=tmp,
+      test_split: test                                                       include_defaults=False),
+      output_type: multiple_choice                                       log_samples=True)
+      doc_to_text: "{{context}}"  doc_to_choice: "{{choices}}"       → acc ± stderr, and acc per doc_id
+      doc_to_target: "{{label}}"
 
 `data_files` are resolved against the YAML's directory, checked to exist and hashed (the suite's md5 covers the
 YAML and every data file); lm-eval then reads a rewritten copy of the YAML with absolute paths from a temporary
-include directory, so the run does not depend on the working directory. Nothing is downloaded (HF_HUB_OFFLINE,
-HF_DATASETS_OFFLINE during the call). Supported output types: multiple_choice (metric acc) and generate_until
+include directory, so the run does not depend on the working directory; lm-eval's own shipped tasks are not
+indexed (include_defaults=False: that index parses ~14,000 YAMLs, ≈14 s a call on a 2-core CPU). Nothing is
+downloaded (HF_HUB_OFFLINE, HF_DATASETS_OFFLINE during the call). Supported output types: multiple_choice (metric acc) and generate_until
 (metric exact_match); per-document results feed the paired decision like any suite's.
 """
 
@@ -132,7 +134,10 @@ def score_task(model, tokenizer, suite: TaskSuite, device, batch_size: int = 16)
                              f"is not installed ({e}): pip install lm-eval") from None
     with _include_dir(suite) as inc:
         lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size, device=str(device))
-        res = simple_evaluate(model=lm, tasks=[suite.task], task_manager=TaskManager(include_path=str(inc)),
+        # include_defaults=False: index only our include directory, not lm-eval's ~14,000 shipped task YAMLs
+        # (≈14 s of YAML parsing per call on a 2-core CPU); a suite YAML is self-contained (data only, checked).
+        tm = TaskManager(include_path=str(inc), include_defaults=False)
+        res = simple_evaluate(model=lm, tasks=[suite.task], task_manager=tm,
                               num_fewshot=0, limit=suite.max_documents, log_samples=True, bootstrap_iters=0,
                               random_seed=0, numpy_random_seed=0, torch_random_seed=0, fewshot_random_seed=0)
     if res is None or suite.task not in res.get("results", {}):
