@@ -66,13 +66,13 @@ def prepare_cpu(root: Path, sets: list[str]) -> tuple[Path, Path, list[str]]:
     return root / "pack", root / "tokenize", settings
 
 
-def prepare_synthetic(root: Path, recipe: str, sets: list[str]) -> tuple[Path, Path, list[str]]:
+def prepare_synthetic(root: Path, recipe: str, sets: list[str], n_docs: int = 6000) -> tuple[Path, Path, list[str]]:
     from packtrain.config import load_run_config
     from packtrain.train.synthetic import make_synthetic_inputs
 
     settings = [f"workdir={root / 'wd'}", *sets]
     cfg = load_run_config(recipe, settings)
-    make_synthetic_inputs(root, n_docs=6000, vocab_size=cfg.tokenize.vocab_size, budget=cfg.pack.budget)
+    make_synthetic_inputs(root, n_docs=n_docs, vocab_size=cfg.tokenize.vocab_size, budget=cfg.pack.budget)
     return root / "pack", root / "tokenize", settings
 
 
@@ -193,7 +193,8 @@ def _worst(sessions: list[dict], name: str) -> dict:
 
 def measure_trains(root: Path, a) -> tuple[list[dict], list[float], list[str], str]:
     """`a.repeats` `packtrain train` processes on the same packs (tiny corpus, or --synthetic)."""
-    packs, tokens, settings = (prepare_synthetic(root, a.recipe, a.set) if a.synthetic
+    n_docs = SMOKE_DOCS if a.smoke else 6000
+    packs, tokens, settings = (prepare_synthetic(root, a.recipe, a.set, n_docs) if a.synthetic
                                else prepare_cpu(root, a.set))
     track = ["tracking.enabled=false"] if a.no_tracking else [f"tracking.tracking_uri=sqlite:///{root}/mlflow.db",
                                                              "tracking.system_metrics=false"]
@@ -226,7 +227,9 @@ def add_arguments(ap) -> None:
 
 
 SMOKE = ["train.max_steps=2", "evaluate.max_batches=1"]
-"""--smoke: 2 repeats of 2 steps on synthetic packs of the recipe, tracking off."""
+SMOKE_DOCS = 400
+"""--smoke: 2 repeats of 2 steps on synthetic packs of the recipe (SMOKE_DOCS documents: ~150 packs, for 8 a
+run), tracking off."""
 
 
 def run(a, out: Path):

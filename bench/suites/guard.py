@@ -102,6 +102,21 @@ def _child(specs: list[dict], timeout: int) -> list[dict]:
         result.unlink(missing_ok=True)
 
 
+def slowdown_delay(rows: list[dict], delay_factor: float) -> float:
+    """The loader delay of the slowdown run: `delay_factor` × the guard-on runs' median step time per micro-batch."""
+    on = [r for r in rows if r.get("guard") and "error" not in r]
+    step_s = _median(on, "step_time_p50_s") or 0.0
+    grad_accum = (on[0]["grad_accum"] if on else 1) or 1
+    return round(delay_factor * step_s / grad_accum, 6)
+
+
+def slow_spec(spec: dict, delay: float) -> dict:
+    """`spec` (its "fault_step" given) as the slowdown run: the guard on, the loader `delay` s slower from then on."""
+    spec = dict(spec)
+    return {**spec, "label": "slowdown", "guard": True, "delay_s": delay,
+            "fault": f"train.slow_data@{spec.pop('fault_step')}-={delay}"}
+
+
 def child_main(argv: list[str] | None = None) -> int:
     """`python -m bench.suites.guard --run-one SPECS --result FILE`: the specs in this interpreter, mlflow and kfp
     made unimportable first (an `import mlflow` anywhere on the path fails the run)."""
@@ -115,7 +130,11 @@ def child_main(argv: list[str] | None = None) -> int:
     rows = []
     for spec in json.loads(a.run_one):
         try:
+            if "slow_from_on" in spec:   # the slowdown run after the on/off runs of this interpreter (--smoke)
+                spec = slow_spec(spec, slowdown_delay(rows, spec.pop("slow_from_on")))
             rows.append(run_spec(spec))
+            if "delay_s" in spec:
+                rows[-1]["delay_s"] = spec["delay_s"]
         except Exception:  # noqa: BLE001 - recorded, the next run goes on
             rows.append({**spec, "error": traceback.format_exc()[-3000:]})
     Path(a.result).write_text(json.dumps(rows))
@@ -164,16 +183,19 @@ def run(a, out: Path) -> Record:
                               "delay_factor": a.delay_factor, "docs": a.docs, "blocked_imports": list(BLOCKED)},
                     goals={"guard_overhead_frac_max": MAX_OVERHEAD, "tok_s_on_vs_off_min": 1 - MAX_OVERHEAD,
                            "detect_within_intervals": DETECT_INTERVALS, "classified_as": "data_wait"})
-    # --smoke: every run in one interpreter (one start-up); the GPU: one interpreter per run (its own CUDA state)
-    rows = _child(specs, a.timeout * len(specs)) if a.smoke else [r for s in specs for r in _child([s], a.timeout)]
-    on = [r for r in rows if r.get("guard") and "error" not in r]
-    off = [r for r in rows if r.get("guard") is False and "error" not in r]
-    step_s = _median(on, "step_time_p50_s") or 0.0
-    grad_accum = (on[0]["grad_accum"] if on else 1) or 1
-    delay = round(a.delay_factor * step_s / grad_accum, 6)
-    slow = {**base, "label": "slowdown", "guard": True, "out": str(work / "run-slow"),
-            "fault": f"train.slow_data@{a.fault_step}-={delay}"}
-    rows += _child([slow], a.timeout)
+    slow = {**base, "out": str(work / "run-slow"), "fault_step": a.fault_step}
+    # --smoke: every run in one interpreter (one start-up), the slowdown's delay from its on runs; the GPU: one
+    # interpreter per run (its own CUDA state), the slowdown's delay from the on runs before it
+    if a.smoke:
+        rows = _child([*specs, {**slow, "slow_from_on": a.delay_factor}], a.timeout * (len(specs) + 1))
+        delay = rows[-1].get("delay_s", slowdown_delay(rows[:-1], a.delay_factor))
+    else:
+        rows = [r for s in specs for r in _child([s], a.timeout)]
+        delay = slowdown_delay(rows, a.delay_factor)
+        rows += _child([slow_spec(slow, delay)], a.timeout)
+        rows[-1].setdefault("delay_s", delay)
+    on = [r for r in rows[:-1] if r.get("guard") and "error" not in r]
+    off = [r for r in rows[:-1] if r.get("guard") is False and "error" not in r]
     record.rows = rows
     for r in rows:
         print(json.dumps({k: r.get(k) for k in ("label", "real_tokens_per_s", "guard_overhead_frac", "n_events",

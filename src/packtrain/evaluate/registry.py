@@ -32,6 +32,8 @@ import time
 from importlib import metadata
 from pathlib import Path
 
+from packtrain.model.saving import no_deepspeed_probe, save_pretrained
+
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
                    "merges.txt", "chat_template.jinja")
 ARTIFACT_NAME = "model"
@@ -70,10 +72,11 @@ def log_model(model, tokenizer, model_dir: Path, flavor: str, pip_requirements: 
     where = {"model_id": model_id, "run_id": run_id} if model_id or run_id else {}
     if flavor in ("auto", "transformers"):
         try:
-            info = mlflow.transformers.log_model(
-                transformers_model={"model": model, "tokenizer": tokenizer}, name=ARTIFACT_NAME,
-                task="text-generation", pip_requirements=pip_requirements, model_card=_model_card(card_text),
-                **where)
+            with no_deepspeed_probe():   # the flavor save_pretrained's the in-memory model
+                info = mlflow.transformers.log_model(
+                    transformers_model={"model": model, "tokenizer": tokenizer}, name=ARTIFACT_NAME,
+                    task="text-generation", pip_requirements=pip_requirements, model_card=_model_card(card_text),
+                    **where)
             return info, "transformers", "transformers flavor from in-memory components", \
                 time.perf_counter() - t0
         except Exception as e:   # auto: any rejection of the installed versions → pytorch flavor
@@ -84,7 +87,7 @@ def log_model(model, tokenizer, model_dir: Path, flavor: str, pip_requirements: 
 
     with tempfile.TemporaryDirectory(prefix="packtrain-hf-") as hf:
         # the safetensors copy every loader reads (packtrain.model.logged_model); the pickle is MLflow's own
-        model.save_pretrained(hf, safe_serialization=True)
+        save_pretrained(model, hf, safe_serialization=True)
         extra = [str(p) for p in sorted(Path(hf).iterdir()) if p.is_file()]
         extra += [str(model_dir / f) for f in TOKENIZER_FILES if (model_dir / f).is_file()]
         info = mlflow.pytorch.log_model(model, name=ARTIFACT_NAME, pip_requirements=pip_requirements,

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from packtrain.errors import ConfigError
+from packtrain.model.saving import save_pretrained
 
 if TYPE_CHECKING:
     import torch
@@ -113,7 +114,7 @@ def save_adapter_model(peft_model: Any, out: Path, *, init_from: str, base_dir: 
     lm.config._attn_implementation = "sdpa"   # plain transformers must load the configs without our registry
     try:
         if base_dir is None:   # scratch base: its frozen weights exist only here
-            lm.save_pretrained(out / "base", state_dict=_base_state_dict(peft_model), safe_serialization=True)
+            save_pretrained(lm, out / "base", state_dict=_base_state_dict(peft_model), safe_serialization=True)
             base_ref = "base"
         else:
             base_ref = str(Path(base_dir).resolve())
@@ -127,7 +128,7 @@ def save_adapter_model(peft_model: Any, out: Path, *, init_from: str, base_dir: 
         if merged:
             peft_model.to(torch.float32)
             plain = peft_model.merge_and_unload()
-            plain.save_pretrained(out / "merged", safe_serialization=True)
+            save_pretrained(plain, out / "merged", safe_serialization=True)
     finally:
         lm.config._attn_implementation = impl
     (out / ADAPTER_META).write_text(json.dumps(meta, indent=1) + "\n")

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from packtrain.errors import InputDataError, MissingDataError
+from packtrain.model.saving import save_pretrained
 from packtrain.model.source import init_from_value, is_registry_source, resolve_init_source
 
 if TYPE_CHECKING:
@@ -314,7 +315,7 @@ def _unpack(local: Path, out: Path, what: str, allow_pickle: bool = False) -> st
     if not hasattr(model, "save_pretrained"):
         raise InputDataError(f"{what}: the pytorch-flavor model is a {type(model).__name__}, not a "
                              "transformers model packtrain can continue")
-    model.save_pretrained(str(out), safe_serialization=True)
+    save_pretrained(model, str(out), safe_serialization=True)
     extra = local / "extra_files"
     for name in TOKENIZER_FILES:
         if (extra / name).is_file():

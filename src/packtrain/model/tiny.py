@@ -19,6 +19,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from packtrain.model.saving import save_pretrained
+
 SPECIALS = ("<pad>", "<eos>", "<unk>", "<bos>")
 PAD, EOS, UNK, BOS = range(4)
 WINDOW = 4
@@ -99,6 +101,6 @@ def build_tiny_family_dir(out_dir: str | Path, family: str, vocab_size: int = 97
     """save_pretrained a tiny random-init model of `family` + its tokenizer into `out_dir`; returns it."""
     out_dir = Path(out_dir)
     model = tiny_family_model(family, vocab_size, seed, **overrides)
-    model.save_pretrained(str(out_dir))
+    save_pretrained(model, str(out_dir))
     write_family_tokenizer(out_dir, vocab_size, add_bos=family in ADDS_BOS)
     return out_dir

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from packtrain.errors import MissingDataError, TrainingDiverged
 from packtrain.faults import kill_point
+from packtrain.model.saving import save_pretrained
 from packtrain.publish import replace_dir
 from packtrain.train import resume as resume_mod
 from packtrain.train.parts import (
@@ -248,7 +249,7 @@ class TrainSession:
             if self.cfg.loss_on != "all":   # evaluation scores the same tokens (evaluate.loading.model_loss_on)
                 lm.config.packtrain_loss_on = self.cfg.loss_on
             try:
-                lm.save_pretrained(tmp, state_dict=state, safe_serialization=True)
+                save_pretrained(lm, tmp, state_dict=state, safe_serialization=True)
             finally:
                 lm.config._attn_implementation = impl
         src = self.tokenizer_dir / "tokenizer" if (self.tokenizer_dir / "tokenizer").is_dir() else self.tokenizer_dir
