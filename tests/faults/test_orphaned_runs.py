@@ -64,8 +64,11 @@ def _runs(work: Path) -> dict:
 def test_a_sigkilled_train_run_is_marked_killed_when_the_next_run_starts(data, empty_store, tmp_path, capsys):
     work = tmp_path / "work"
     _store(empty_store, work)                                   # sqlite:///<workdir>/mlflow.db, the default
+    # step 6 stalls (fault point train.slow_step) after checkpoint 5 is written: the kill lands mid-run however fast
+    # the machine trains the other steps
     proc = subprocess.Popen([sys.executable, "-m", "packtrain.cli", *_train(data, work)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env={**os.environ, "PACKTRAIN_FAULT": "train.slow_step@6=120"})
     try:
         deadline = time.monotonic() + 300
         while not (work / "train" / "checkpoints" / "step_000005").is_dir() and time.monotonic() < deadline:

@@ -40,7 +40,7 @@ from packtrain.config import load_run_config, recipe_dir
 from packtrain.pipeline.kfp_ops import compile_pipeline, pipeline_arguments
 cfg = load_run_config("tiny-cpu", json.loads(sys.argv[1]))
 compile_pipeline("ir.yaml", cfg)
-compile_pipeline("ir-default.yaml")
+compile_pipeline("ir-default.yaml", load_run_config("tiny-cpu"), packtrain.__version__)   # as committed
 json.dump({"args": pipeline_arguments(cfg), "packtrain": packtrain.__file__, "recipes": str(recipe_dir()),
            "components": packtrain.components.__file__, "sys_path": sys.path}, open("compiled.json", "w"))
 '''
