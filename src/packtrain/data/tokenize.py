@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -54,6 +53,7 @@ from packtrain.config import TokenizeConfig
 from packtrain.data.chat import encode_row, record_batches, row_problem
 from packtrain.data.ingest import length_summary
 from packtrain.data.token_store import SPLIT_EVAL, SPLIT_TRAIN, TokenStoreWriter
+from packtrain.data.tokenize_stats import TokenizeStats
 from packtrain.data.tokenizer_files import tokenizer_hash
 from packtrain.data.tokenizer_setup import (
     _document_ids,
@@ -65,42 +65,6 @@ from packtrain.data.tokenizer_setup import (
 )
 from packtrain.data.validate import resolve_documents
 from packtrain.errors import ConfigError, InputDataError
-
-
-@dataclass
-class TokenizeStats:
-    """What tokenize wrote. `length_tokens`: min/p50/p90/p99/max/mean tokens per document (EOS included)."""
-
-    documents: int
-    tokens: int
-    train_documents: int
-    eval_documents: int
-    train_tokens: int
-    eval_tokens: int
-    chars: int
-    chars_per_token: float
-    vocab_size: int
-    eos_id: int | None
-    pad_id: int | None
-    append_eos: bool
-    tokenizer: str  # "trained" or the directory it was loaded from
-    tokenizer_train_chars: int
-    length_tokens: dict[str, float] = field(default_factory=dict)
-    train_seconds: float = 0.0
-    encode_seconds: float = 0.0
-    tokens_per_second: float = 0.0
-    seconds: float = 0.0
-    output: str = ""
-    tokenizer_hash: str | None = None           # packtrain.data.tokenizer_files.tokenizer_hash
-    tokenizer_from: str | None = None           # model.init_from when the tokenizer came with the init model
-    special_prefix: list[int] = field(default_factory=list)   # ids the tokenizer puts before a text (BOS)
-    special_suffix: list[int] = field(default_factory=list)   # ... and after it (before the appended EOS)
-    loss_mask: bool = False                 # loss_mask.bin written (chat / prompt-completion records)
-    loss_tokens: int | None = None          # tokens with mask 1 (None without a mask: all of them)
-    chat_template: str | None = None        # "tokenizer" (its own chat_template) | "builtin" | None (no chat)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 def _splitmix64(x: np.ndarray) -> np.ndarray:

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
+from packtrain.data.tokenize_stats import TokenizeStats
 from packtrain.errors import InputDataError
 from packtrain.stages.lineage import Lineage, _check_keys
 
@@ -151,40 +152,14 @@ class ValidateResult(StageResult):
 
 
 @dataclass(kw_only=True)
-class TokenizeResult(StageResult):
-    """packtrain.data.tokenize.TokenizeStats + paths and the md5 of the ids written."""
+class TokenizeResult(StageResult, TokenizeStats):
+    """packtrain.data.tokenize_stats.TokenizeStats (its fields, inherited) + the documents read, the md5 of the
+    ids written and the contamination policy's drops."""
 
     STAGE: ClassVar[str] = "tokenize"
     FILE: ClassVar[str] = "stats.json"
-    documents: int
-    tokens: int
-    train_documents: int
-    eval_documents: int
-    train_tokens: int
-    eval_tokens: int
-    chars: int
-    chars_per_token: float
-    vocab_size: int
-    eos_id: int | None
-    pad_id: int | None
-    append_eos: bool
-    tokenizer: str                            # "trained" or the directory it was loaded from
-    tokenizer_train_chars: int
-    length_tokens: dict[str, float]           # min/p50/p90/p99/max/mean tokens per document
-    train_seconds: float
-    encode_seconds: float
-    tokens_per_second: float
-    seconds: float
-    output: str
-    tokenizer_hash: str | None
-    tokenizer_from: str | None                # model.init_from when the tokenizer came with the init model
-    special_prefix: list[int]
-    special_suffix: list[int]
     input: str
     tokens_md5: str                           # DVC md5 of tokens.bin: equal across runs ⇔ same ids
-    loss_mask: bool = False                   # loss_mask.bin written (chat / prompt-completion records)
-    loss_tokens: int | None = None            # tokens with mask 1 (None: no mask, every token learned)
-    chat_template: str | None = None          # "tokenizer" | "builtin" | None (no chat records)
     contamination_dropped: list[int] = dataclasses.field(default_factory=list)
                                               # doc_ids left out (validate.contamination.policy drop)
 
