@@ -96,21 +96,23 @@ def pytest_sessionfinish(session):
         stop_group(json.loads(record.read_text())["pid"])
 
 
-# The slow test files go first so the two xdist workers (`-n 2 --dist loadfile`) finish together instead of one
-# waiting out a long file at the end: longest first, by the seconds each file's tests
-# took in the fresh-clone `-n 2` run of 2026-12-02 04:45 (bench_suites 69, dvc 69, kfp_runner 64 — it builds the
-# session's shared `tiny_pipeline` —, wheel_ir 50, train_deepspeed 49, gate_champion 46, promotion 30, train_stage 26,
-# guard_ranks 23, train_faults 21, ...; the other ~1,700 tests a few seconds each at most).
-_SLOW_FIRST = ("test_bench_suites.py", "test_dvc.py", "test_kfp_runner.py", "test_wheel_ir.py",
-               "test_train_deepspeed.py", "test_gate_champion.py", "test_promotion.py", "test_train_stage.py",
-               "test_guard_ranks.py", "test_train_faults.py", "test_secrets_full_run.py", "test_fsdp2_train.py",
-               "test_airflow_dag.py", "test_component_runtime.py", "test_register_champion.py",
-               "test_tracking_server.py", "test_local_task.py", "test_local_pipeline.py", "test_publish_stages.py",
-               "test_sft_lora.py", "test_warm_start_run.py", "test_secrets_outage.py", "test_orphaned_runs.py",
-               "test_lora_train.py", "test_run_server.py", "test_compare_mlflow.py", "test_replay_idempotent.py",
-               "test_kfp_compile.py", "test_family_isolation.py", "test_train_eval.py", "test_registry_no_pickle.py",
-               "test_family_attention_stages.py", "test_contamination_stages.py", "test_data_record_rules.py",
-               "test_stage_table.py")
+# Under pytest-xdist (`make test` runs `-n 2 --dist loadfile`) the slowest files start first, so the two workers
+# finish together instead of one waiting out a long file at the end: longest first (wall seconds of each file in a
+# whole `-n 2` run on the 2-core machine, 2026-12-01 12:05: warm_start_run 173, local_pipeline 150, sft_lora 117,
+# dvc 105, wheel_ir 69, secrets_full_run 58, gate_champion 51, run_server 46, airflow 43, train_stage 40,
+# train_faults 39, fsdp2_train 28, ...; the ~1,500 other tests ~100 s together), except that local_pipeline leads:
+# it runs the session's `tiny_pipeline`, which run_server and airflow wait for (file lock). Replaying that run's
+# per-test times through xdist's loadfile scheduler: this order ends the workers at 591/590 s, the previous one at
+# 604/576 s.
+_SLOW_FIRST = ("test_kfp_runner.py", "test_promotion.py", "test_local_pipeline.py", "test_bench_suites.py",
+               "test_local_task.py", "test_warm_start_run.py", "test_sft_lora.py", "test_dvc.py",
+               "test_wheel_ir.py", "test_secrets_full_run.py", "test_gate_champion.py", "test_run_server.py",
+               "test_airflow_dag.py", "test_train_stage.py", "test_train_faults.py", "test_fsdp2_train.py",
+               "test_publish_stages.py", "test_compare_mlflow.py", "test_replay_idempotent.py",
+               "test_tracking_server.py", "test_component_runtime.py", "test_train_deepspeed.py",
+               "test_kfp_compile.py", "test_secrets_outage.py", "test_lora_train.py", "test_family_isolation.py",
+               "test_orphaned_runs.py", "test_train_eval.py", "test_registry_no_pickle.py",
+               "test_family_attention_stages.py", "test_contamination_stages.py", "test_data_record_rules.py")
 
 
 def pytest_collection_modifyitems(config, items):
