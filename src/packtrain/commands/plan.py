@@ -97,20 +97,19 @@ def run(cfg, args) -> int:
         rows = f"train.rows=auto → {shape.rows} rows" if shape.source == "auto" else f"{shape.rows} rows"
         print(f"memory plan: recipe {cfg.name}, {rows} × {shape.budget} tokens per pack, grad_accum "
               f"{shape.grad_accum}, {shape.gpus} GPU: {shape.tokens_per_step} tokens per step")
-        note = assumptions(cfg, args, plan)
+        note = assumptions(cfg, plan, source)
         if note:
             print(note)
         print(plan.table())
     return 0
 
 
-def assumptions(cfg, args, plan) -> str:
+def assumptions(cfg, plan, source: str) -> str:
     """A line saying what the plan assumed that this machine did not tell it: the device memory (no CUDA device
-    here and none given) and the attention backend train.attention auto resolves to on CUDA; "" when nothing was
-    assumed."""
-    from packtrain.planner.plan import DEFAULT_DEVICE_MEMORY_GIB, device_memory_source
+    here and none given: `source` "default", planner.plan.device_memory_source) and the attention backend
+    train.attention auto resolves to; "" when nothing was assumed."""
+    from packtrain.planner.plan import DEFAULT_DEVICE_MEMORY_GIB
 
-    gib, source = device_memory_source(cfg.plan, args.device_memory_gib)
     cpu = cfg.train.device == "cpu"
     said = []
     if source == "default":
