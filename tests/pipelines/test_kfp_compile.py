@@ -168,3 +168,12 @@ def test_compile_cli_bad_override_is_a_clear_error(tmp_path):
     assert r.returncode == 2
     assert "train.gpus: -1 is not allowed: must be an integer ≥ 1" in r.stderr and "Traceback" not in r.stderr
     assert not (tmp_path / "x.yaml").exists()
+
+
+def test_a_bad_image_digest_is_a_clear_error_and_writes_nothing(tmp_path):
+    out = tmp_path / "x.yaml"
+    r = run_cli(["pipeline", "compile", "--out", str(out), "--set", "pipeline.base_image_digest=sha256:abc"],
+                cwd=tmp_path)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "pipeline.base_image_digest" in r.stderr and "sha256: and 64 hex digits" in r.stderr, r.stderr
+    assert not out.exists()
