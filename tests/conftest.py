@@ -13,6 +13,9 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("DO_NOT_TRACK", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("GX_ANALYTICS_ENABLED", "False")
+# as packtrain.cli sets it: CPU matmuls independent of buffer alignment, so "an unchanged rerun gives the same loss,
+# bit for bit" holds for trainings run in this process too
+os.environ.setdefault("MKL_CBWR", "AUTO")
 
 # Property tests: random exploration on developer machines; in CI (.ci/run sets HYPOTHESIS_PROFILE=ci) the same
 # examples every run, so a counterexample found by chance fails a developer's run, not an unrelated merge.

@@ -82,6 +82,7 @@ def one_run(cwd: Path, recipe: str, steps: int, sets: list[str], k: int) -> dict
         "train_tok_s": round(train_tok_s), "eval_tok_s": round(float(ev["tokens_per_s"])),
         "eval_over_train_tok_s": round(float(ev["tokens_per_s"]) / train_tok_s, 2) if train_tok_s else None,
         "train_timings": tr["timings"], "eval_timings": ev.get("timings", {}),
+        "cache_key_s": {k: v.get("cache_key_s") for k, v in stats.items() if isinstance(v, dict)},
         "eval": {k: ev.get(k) for k in ("precision", "attention", "rows", "n_real_tokens", "eval_loss", "compiled")},
         "train_memory": {k: (tr.get("memory") or {}).get(k) for k in ("peak_alloc_gib", "peak_reserved_gib",
                                                                        "fragmentation")},

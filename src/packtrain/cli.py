@@ -66,6 +66,9 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     os.environ.setdefault("DO_NOT_TRACK", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    # MKL's conditional numerical reproducibility: without it a CPU matmul's result may depend on how its buffers
+    # happen to be aligned, so an unchanged rerun could differ in the last bits (read when MKL first runs)
+    os.environ.setdefault("MKL_CBWR", "AUTO")
     # MLflow prints "View run NAME at: <store URI>/#/..." with the URI as given, credentials included
     os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
     from packtrain.errors import PacktrainError

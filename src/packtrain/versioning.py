@@ -42,21 +42,29 @@ CHUNK = 1 << 20
 
 
 _HASHED: dict[tuple, Any] = {}
-"""Hashes computed in this process, by (device, inode, size, mtime): what DVC's own state database keys on.
-One `packtrain run` hashes the same model directory for the stage cache, lineage, the evaluate identity and the
-registered version's tag (~1.2 s per 700 MB each time, ~10 times a run); a file changed since gets a new entry."""
+"""Hashes computed in this process, by (device, inode, size, mtime, ctime): what DVC's own state database keys
+on. One `packtrain run` hashes the same model directory for the stage cache, lineage, the evaluate identity and
+the registered version's tag (~1.2 s per 700 MB each time, ~10 times a run); a file changed since gets a new
+entry."""
+
+SETTLE_NS = 50_000_000
+"""A file whose timestamps carry sub-second digits is memoized once its mtime is this old: its file system
+stamps at least every jiffy (≤ 10 ms), so any later write gives it another mtime."""
+COARSE_SETTLE_NS = 2_000_000_000
+"""… and one whose mtime is a whole second (FAT's 2 s, ext3's or a network file system's 1 s stamps): 2 s."""
 
 
 def _stat_key(path: str | Path, kind: str) -> tuple | None:
-    """The memo key of a file, None while its mtime is under 2 s old: a rewrite of the same size within the
-    file system's timestamp granularity would keep the key (git's "racy" rule), so a fresh file is hashed
-    every time until it has settled."""
+    """The memo key of a file, None while its mtime is too fresh to trust: a rewrite of the same size within the
+    file system's timestamp granularity would keep the key (git's "racy" rule). A model saved a second ago by the
+    train stage is therefore hashed once, not once per reader."""
     import time
 
     st = os.stat(path)
-    if time.time_ns() - st.st_mtime_ns < 2_000_000_000:
+    settle = COARSE_SETTLE_NS if st.st_mtime_ns % 1_000_000_000 == 0 else SETTLE_NS
+    if time.time_ns() - st.st_mtime_ns < settle:
         return None
-    return (kind, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    return (kind, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 def file_md5(path: str | Path) -> str:

@@ -72,9 +72,9 @@ def test_data_md5_missing_path(tmp_path):
 
 
 def test_md5_memo_reuses_a_settled_file_and_never_a_changed_or_fresh_one(tmp_path, monkeypatch):
-    """One run hashes the same model many times: a settled file (mtime ≥ 2 s old) is read once per version; a
-    rewrite (new mtime) and a fresh file (racy: mtime under 2 s old) are read again, so no stale md5 is ever
-    returned."""
+    """One run hashes the same model many times: a settled file is read once per version; a rewrite (new mtime)
+    and a fresh file (racy: mtime within the file system's timestamp granularity) are read again, so no stale
+    md5 is ever returned."""
     import hashlib
     import os
     import time
@@ -98,6 +98,18 @@ def test_md5_memo_reuses_a_settled_file_and_never_a_changed_or_fresh_one(tmp_pat
     versioning.file_md5(g)
     g.write_bytes(b"d" * 10)                   # within the timestamp granularity: still re-read
     assert versioning.file_md5(g) == hashlib.md5(b"d" * 10).hexdigest() and len(reads) == 4
+    # a model the train stage saved a moment ago (fine timestamps, 0.2 s old): memoized at once; the same age on
+    # a file system that stamps whole seconds: still re-read until 2 s have passed
+    now = time.time_ns()
+    h = tmp_path / "saved.bin"
+    h.write_bytes(b"e" * 10)
+    os.utime(h, ns=(now - 200_000_000 + 1, now - 200_000_000 + 1))
+    versioning.file_md5(h), versioning.file_md5(h)
+    assert len(reads) == 5
+    coarse = (now // 1_000_000_000 - 1) * 1_000_000_000
+    os.utime(h, ns=(coarse, coarse))
+    versioning.file_md5(h), versioning.file_md5(h)
+    assert len(reads) == 7 or time.time_ns() - coarse >= versioning.COARSE_SETTLE_NS
     d = tmp_path / "dir"
     d.mkdir()
     (d / "x").write_bytes(b"x")

@@ -152,8 +152,8 @@ def score_suites(models: list[tuple[str, Path]], suites: list[Suite], cfg: EvalC
     [{"suite", "model", "metric", "value", "stderr"}], the suites as scored (with "recent" first when
     `recent_packs` is given)). The recent suite is decoded with the first model's tokenizer (the packs' own).
     `challenger`: the first model already loaded (loading.load_for_eval), used as it is. `timings`, when given,
-    gets the seconds of the text suites' forwards (`text_forward_s`), the task suites (`tasks_s`) and the loads
-    of the other models (`load_s`)."""
+    gets the seconds of the text suites' forwards (`text_forward_s`), the task suites (`tasks_s`), the loads
+    of the other models (`load_s`) and the suites' decoding and encoding (`encode_s`, the recent suite's too)."""
     import gc
     import time
 
@@ -168,21 +168,25 @@ def score_suites(models: list[tuple[str, Path]], suites: list[Suite], cfg: EvalC
     metrics: list[dict] = []
     scored = list(suites)
     encoded: dict[tuple, object] = {}   # (suite, tokenizer hash) → PackedDocs: a tokenizer's work done once
-    spent = {"text_forward_s": 0.0, "tasks_s": 0.0, "load_s": 0.0}
+    spent = {"text_forward_s": 0.0, "tasks_s": 0.0, "load_s": 0.0, "encode_s": 0.0}
     for k, (label, model_dir) in enumerate(models):
         t_load = time.perf_counter()
         ld = challenger if k == 0 and challenger is not None else load_for_eval(model_dir, cfg)
         spent["load_s"] += time.perf_counter() - t_load
         model, tok, backend, dev = ld.model, ld.tokenizer, ld.backend, ld.device
         precision, n_rows = eval_precision(cfg.precision, dev.type), forward_rows(cfg.rows, dev.type, cfg.suite_budget)
+        t_enc = time.perf_counter()
         if k == 0 and recent_packs is not None and cfg.recent_role != "off":
             scored.insert(0, recent_suite(cfg.recent_role, recent_packs, tok, cfg.recent_max_documents))
         tok_key = tokenizer_hash(model_dir) or f"model {k}"
+        spent["encode_s"] += time.perf_counter() - t_enc
         for s in scored:
             if isinstance(s, TextSuite):
                 key = (s.name, tok_key)
                 if key not in encoded:
+                    t_enc = time.perf_counter()
                     encoded[key] = pack_documents(s.docs, tok, cfg.suite_budget, suite=s.name)
+                    spent["encode_s"] += time.perf_counter() - t_enc
                 sc = score_packed(model, encoded[key], n_rows, precision, backend, dev, ld.compiled)  # type: ignore[arg-type]
                 spent["text_forward_s"] += sc.seconds
                 rows += [{"suite": s.name, "role": s.role, "kind": "text", "model": label, "doc_id": d.doc_id,
@@ -291,7 +295,8 @@ def paired_evaluation(cfg: RunConfig, challenger: Path, ref: str, out_dir: Path,
                       timings: dict | None = None) -> tuple[dict, list[dict]]:
     """Resolve `ref`, load the suites, score both models, write suite_scores.parquet + suites.json into
     `out_dir`; returns (manifest, task metrics). `loaded`: the challenger already loaded (the evaluate stage);
-    `timings` (given) gets score_suites' seconds and the champion's resolution and download (`against_s`)."""
+    `timings` (given) gets score_suites' seconds, the champion's resolution and download (`against_s`) and the
+    manifest's hashes + the scores' write (`write_s`)."""
     import time
 
     from packtrain.evaluate.suites import load_suites
@@ -307,7 +312,10 @@ def paired_evaluation(cfg: RunConfig, challenger: Path, ref: str, out_dir: Path,
     if against is not None and against.same:   # identical weights: identical scores, without a second pass
         rows += [{**r, "model": "champion"} for r in rows]
         metrics += [{**m, "model": "champion"} for m in metrics]
+    t_write = time.perf_counter()
     manifest = paired_manifest(Path(challenger), against, note, cfg.evaluate, scored)
     manifest["task_metrics"] = metrics
     write_scores(out_dir, rows, manifest)
+    if timings is not None:
+        timings["write_s"] = round(time.perf_counter() - t_write, 3)
     return manifest, metrics

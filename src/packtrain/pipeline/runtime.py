@@ -36,6 +36,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -200,8 +201,10 @@ def _run_cached(stage, cfg, inputs, args, out_dir, cache_dir: Path, code_version
 
     # PACKTRAIN_CODE_VERSION pins the code part (set in the images; tests pin it too), else the package
     # version + git sha + md5 of the package source, so an uncommitted edit also invalidates the cache
+    t_key = time.perf_counter()
     code = os.environ.get(CODE_ENV) or f"{code_version or cur_code()}:{source_md5()}"
     key, parts = stage_cache_key(stage, read_inputs(stage, inputs), config_parts(stage, cfg, inputs), code)
+    key_s = round(time.perf_counter() - t_key, 3)   # hashing what the stage reads: part of its wall time
     cache = StageCache(cache_dir)
     hit = None if os.environ.get(REFRESH_ENV) == "1" else cache.lookup(stage, key)
     if hit is not None:
@@ -209,13 +212,13 @@ def _run_cached(stage, cfg, inputs, args, out_dir, cache_dir: Path, code_version
         print(f"[packtrain] {stage}: cache hit {key[:12]} (inputs, config and code unchanged)", flush=True)
         # no MLflow here (importing it costs ~2.5 s a KFP component): `packtrain run` logs the cached stage
         # runs under the parent from the returned stats (packtrain.pipeline.local.log_cached_stage_runs)
-        return {**hit.stats, "cache": "hit", "cache_key": key}
+        return {**hit.stats, "cache": "hit", "cache_key": key, "cache_key_s": key_s}
     stats = _call_runner(stage, cfg, args, out_dir)
     stats = _with_versions(stats, code_version, data_version)
     if stats.get("decision") == "deferred":   # a buffered registration is not a result to restore next time
-        return {**stats, "cache": "skipped (registration deferred)"}
+        return {**stats, "cache": "skipped (registration deferred)", "cache_key_s": key_s}
     cache.store(stage, key, out_dir, stats, parts)
-    return {**stats, "cache": "miss"}
+    return {**stats, "cache": "miss", "cache_key_s": key_s}
 
 
 def _call_runner(stage: str, cfg, args: Sequence, out_dir) -> dict:

@@ -51,11 +51,13 @@ def run_evaluate(cfg: RunConfig, model_dir: str | Path, packs_dir: str | Path, o
     from packtrain.evaluate.suites import load_suites
 
     load_suites(cfg.evaluate)   # and a bad suite (missing file, unknown format, malformed task YAML)
+    import time
+
+    t_lineage = time.perf_counter()
     lineage = evaluate_lineage(model_dir, packs_dir)
+    lineage_s = time.perf_counter() - t_lineage
     with stage_run("evaluate", cfg, section=cfg.evaluate) as run, \
             staged_output(out_dir, OUTPUTS, "evaluate") as tmp:
-        import time
-
         from packtrain.evaluate.loading import load_for_eval
 
         t0 = time.perf_counter()
@@ -63,6 +65,7 @@ def run_evaluate(cfg: RunConfig, model_dir: str | Path, packs_dir: str | Path, o
         load_s = time.perf_counter() - t0
         result = evaluate(model_dir, split, cfg.evaluate, loaded=loaded)
         result.timings["load_s"] = round(load_s, 3)
+        result.timings["lineage_s"] = round(lineage_s, 3)
         t_suites = time.perf_counter()
         suite_timings: dict = {}
         manifest = score_against(cfg, model_dir, split, tmp, run, loaded, suite_timings)
