@@ -199,6 +199,10 @@ def _run_local(cfg, *, runner: Runner, verbose: bool, use_cache: bool | None, ou
     from packtrain.tracking import resolve_tracking_uri
 
     t_start = time.perf_counter()
+    if runner != "kfp":   # the kfp runner's stages are subprocesses: nothing imported here reaches them
+        from packtrain.pipeline.warm import start_warm_imports
+
+        start_warm_imports()
     workdir = Path(cfg.workdir).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
     cfg = cfg.model_copy(update={"workdir": str(workdir)})
