@@ -19,6 +19,7 @@ hashes its inputs with `data_md5(..., skip_hidden=True)`).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import os
@@ -122,6 +123,15 @@ def data_md5(path: str | Path, skip_hidden: bool = False) -> str:
     '9a2b....dir'
     """
     p = Path(path)
+    if _AHEAD:   # a hash started ahead (hash_ahead): wait for it, then every file's md5 is in the memo
+        ahead = _AHEAD.pop(p.resolve(), None)
+        if ahead is not None:
+            with contextlib.suppress(Exception):   # its error, if any, is raised again below in this thread
+                ahead.result()
+    return _data_md5(p, skip_hidden)
+
+
+def _data_md5(p: Path, skip_hidden: bool = False) -> str:
     if p.is_file():
         return file_md5(p)
     if not p.is_dir():
@@ -134,6 +144,37 @@ def data_md5(path: str | Path, skip_hidden: bool = False) -> str:
             if name not in DVC_IGNORED and not (skip_hidden and name.startswith(".")):
                 files[(rel_dir / name).as_posix()] = Path(dirpath) / name
     return files_md5(files)
+
+
+_AHEAD: dict[Path, Any] = {}
+"""Hashes started by hash_ahead, by resolved path, until a data_md5 of that path waits for one."""
+
+
+def hash_ahead(path: str | Path) -> None:
+    """Start `data_md5(path)` on a background thread and return at once: the next `data_md5` of the same path
+    waits for it, then reads every file's md5 from the memo (`_HASHED`); any other path's hash, or a file changed
+    since, is unaffected. hashlib releases the GIL, so the hash runs beside what the caller does next: the train
+    stage's tail (its MLflow logging, plots) hashes the model the evaluate stage's cache key and lineage read; the
+    evaluate stage scores the challenger while the downloaded champion is hashed. Each file is hashed once it has
+    settled (`_stat_key`), so the memo keeps it."""
+    import concurrent.futures
+    import time
+
+    p = Path(path).resolve()
+    if p in _AHEAD or not p.exists():
+        return
+
+    def work() -> str:
+        files = [p] if p.is_file() else [Path(d) / f for d, _, fs in os.walk(p) for f in fs]
+        newest = max((f.stat().st_mtime_ns for f in files), default=0)
+        wait = (newest + COARSE_SETTLE_NS if newest % 1_000_000_000 == 0 else newest + SETTLE_NS) - time.time_ns()
+        if 0 < wait <= COARSE_SETTLE_NS:
+            time.sleep(wait / 1e9)
+        return _data_md5(p)
+
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="packtrain-hash-ahead")
+    _AHEAD[p] = pool.submit(work)
+    pool.shutdown(wait=False)
 
 
 GIT_SHA_ENV = "PACKTRAIN_GIT_SHA"

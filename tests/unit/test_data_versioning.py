@@ -115,3 +115,26 @@ def test_md5_memo_reuses_a_settled_file_and_never_a_changed_or_fresh_one(tmp_pat
     (d / "x").write_bytes(b"x")
     os.utime(d / "x", (old, old))
     assert versioning.data_md5(d) == versioning.data_md5(d)
+
+
+def test_hash_ahead_fills_the_memo_the_next_data_md5_reads(tmp_path, monkeypatch):
+    """hash_ahead(d) hashes a just-saved model directory on a thread, waiting until its files settle; the next
+    data_md5(d) waits for it and then reads each file's md5 from the memo (no second read); the md5 is DVC's."""
+    from packtrain import versioning
+
+    monkeypatch.setattr(versioning, "_HASHED", {})
+    d = tmp_path / "model"
+    d.mkdir()
+    for name, size in (("model.safetensors", 3 << 20), ("config.json", 100)):
+        (d / name).write_bytes(os.urandom(size))
+    versioning.hash_ahead(d)
+    versioning.hash_ahead(d)                    # one hash per path in flight
+    assert len(versioning._AHEAD) == 1
+    ahead = next(iter(versioning._AHEAD.values()))
+    got = versioning.data_md5(d)
+    assert ahead.done() and not versioning._AHEAD
+    assert len(versioning._HASHED) == 2, "the files were hashed before they settled: not memoized"
+    monkeypatch.setattr(versioning, "_HASHED", {})
+    assert got == versioning.data_md5(d)
+    versioning.hash_ahead(tmp_path / "missing")   # nothing to hash: nothing started, no error
+    assert not versioning._AHEAD

@@ -304,6 +304,10 @@ def paired_evaluation(cfg: RunConfig, challenger: Path, ref: str, out_dir: Path,
     suites = load_suites(cfg.evaluate)   # bad suites fail before any model is loaded or downloaded
     t0 = time.perf_counter()
     against, note = resolve_against(cfg, ref, Path(challenger))
+    if against is not None and not against.same:
+        from packtrain.versioning import hash_ahead
+
+        hash_ahead(against.model_dir)   # its md5 (the manifest's) computed while the challenger is scored
     if timings is not None:
         timings["against_s"] = round(time.perf_counter() - t0, 3)
     models = [("challenger", Path(challenger))] + ([("champion", against.model_dir)] if against and not against.same

@@ -179,6 +179,9 @@ def _run_train(cfg: RunConfig, packs_dir: Path, tokens_dir: Path, out_dir: Path,
             run.log_metrics({"init_eval_loss": step0["eval_loss"], "init_perplexity": step0["perplexity"]})
         result = train(model_cfg, cfg.train, cfg.pack, cfg.telemetry, packs_dir, tokenizer_dir, out_dir,
                        tracker=run, resume=resume, plan_cfg=cfg.plan, overwrite=overwrite, eval_cfg=cfg.evaluate)
+        from packtrain.versioning import hash_ahead
+
+        hash_ahead(out_dir / "model")   # what the evaluate stage's cache key reads first: hashed beside the tail
         typed = from_library(TrainResult, result.to_dict(), lineage, TrainResult.FILE,
                              init_eval_loss=step0["eval_loss"] if step0 is not None else None,
                              init={**init.to_dict(), "tokenizer_check": tokenizer_check, "eval": step0},
