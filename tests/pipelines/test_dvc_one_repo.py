@@ -5,7 +5,11 @@ A fresh git checkout (the committed .dvc/config, dvc.yaml, params.yaml with the 
 remote added as the README says (`dvc remote add -d storage DIR`), then `packtrain run` and `dvc repro ingest` +
 `dvc push`: both land in that remote, the documents as one object under the md5 the run prints (dvc.lock's
 `data/ingest` lists the same file), no second DVC repo appears, and the run leaves .dvc/config and what git sees
-as they were; both register into the one MLflow store `data/mlflow.db`.
+as they were; both register into the one MLflow store `data/mlflow.db`; a `.dvc` file naming the md5 pulls the
+documents back from that remote alone.
+
+A workdir of an older version, whose nested repo `<workdir>/dataset/` has its own remote, keeps everything it had;
+the run versions into the checkout and names that repo and its remote under the `dvc` line.
 
 Cheap by construction: the stage cache is seeded from the session's tiny pipeline (`tiny_pipeline`), so the run
 restores six stages and registers (the register key holds the tracking URI); `dvc repro ingest` is two
@@ -26,8 +30,10 @@ import yaml
 from pipeline_helpers import REPO, as_args, run_main
 
 from packtrain.config import load_run_config
+from packtrain.pipeline.local import snapshot_documents
+from packtrain.pipeline.summary import format_summary
+from packtrain.versioning import data_md5, push
 
-pytestmark = pytest.mark.slow
 DVC = Path(sys.executable).with_name("dvc")
 CHECKOUT_FILES = (".gitignore", ".dvc/config", ".dvc/.gitignore", ".dvcignore", "dvc.yaml")
 
@@ -45,6 +51,7 @@ def _object(remote: Path, md5: str) -> Path:
     return remote / "files" / "md5" / md5[:2] / md5[2:]
 
 
+@pytest.mark.slow
 def test_packtrain_run_and_dvc_repro_share_one_repo_and_remote(tiny_pipeline, tmp_path):
     assert tiny_pipeline["result"].returncode == 0
     repo, storage = tmp_path / "checkout", tmp_path / "storage"
@@ -79,8 +86,9 @@ def test_packtrain_run_and_dvc_repro_share_one_repo_and_remote(tiny_pipeline, tm
     assert not [p for p in repo.rglob("*.dvc") if p.is_file()] and (repo / ".dvc" / "config").read_text() == config
     assert not (repo / ".packtrain").exists() and not (repo / "data" / "dvc-remote").exists()
     assert _sh(["git", "status", "--porcelain", "--untracked-files=all"], repo) == " M .dvc/config\n"
-    remotes = _sh([str(DVC), "remote", "list"], repo).split()
-    assert remotes.count("storage") == 1 and remotes.count("local") == 1, remotes   # each configured once
+    # each remote configured once, `storage` the default: what the README's line made, nothing more
+    assert re.findall(r"^\['remote \"(\w+)\"'\]$", config, re.M) == ["local", "storage"], config
+    assert re.search(r"^\s*remote = storage$", config, re.M), config
 
     _sh([str(DVC), "repro", "ingest"], repo)
     _sh([str(DVC), "push"], repo)
@@ -89,6 +97,13 @@ def test_packtrain_run_and_dvc_repro_share_one_repo_and_remote(tiny_pipeline, tm
     listing = yaml.safe_load(_object(storage, out["md5"]).read_text())   # the .dir object, pushed to `storage`
     assert {e["relpath"]: e["md5"] for e in listing}["documents.parquet"] == md5   # the same data version
     assert _object(storage, md5).is_file() and not (repo / ".packtrain").exists()
+    # the data version is retrievable from the remote alone, as docs/data.md says: a .dvc file naming the md5
+    shutil.rmtree(repo / ".dvc" / "cache")
+    (repo / "fetched").mkdir()
+    (repo / "fetched" / "documents.parquet.dvc").write_text(
+        f"outs:\n- md5: {md5}\n  hash: md5\n  path: documents.parquet\n")
+    _sh([str(DVC), "pull", "fetched/documents.parquet.dvc"], repo)
+    assert data_md5(repo / "fetched" / "documents.parquet") == md5
 
     # one MLflow store: the run's pipeline and the dvc-repro ingest both in data/mlflow.db
     from mlflow import MlflowClient
@@ -97,3 +112,37 @@ def test_packtrain_run_and_dvc_repro_share_one_repo_and_remote(tiny_pipeline, tm
     runs = client.search_runs([client.get_experiment_by_name("packtrain").experiment_id], max_results=100)
     ingest = [x for x in runs if x.info.run_name == "ingest"]
     assert {"mlflow.parentRunId" in x.data.tags for x in ingest} == {True, False}, [x.data.tags for x in ingest]
+
+
+def test_an_older_workdirs_nested_repo_is_named_and_kept(tmp_path):
+    """Before one repository, `packtrain run` made `<workdir>/dataset/` a DVC repo (no git) with the remote
+    `<workdir>/dvc-remote/`, also inside the checkout. Now the documents go to the checkout's repo and remote; the
+    old repo, its files and its remote stay byte for byte, and the summary names them and what to do."""
+    repo, wd = tmp_path / "checkout", tmp_path / "checkout" / "data"
+    for f in (".gitignore", ".dvc/config", ".dvc/.gitignore"):
+        (repo / f).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(REPO / f, repo / f)
+    _sh(["git", "init", "-q"], repo)
+    old = wd / "dataset"
+    old.mkdir(parents=True)
+    _sh([str(DVC), "init", "--no-scm", "-q"], old)   # what older versions made
+    _sh([str(DVC), "remote", "add", "-d", "local", str(wd / "dvc-remote")], old)
+    (old / "documents.parquet").write_bytes(b"older documents\n")
+    push([old / "documents.parquet"], old)
+    before = {p: p.read_bytes() for p in [*old.rglob("*"), *(wd / "dvc-remote").rglob("*")]
+              if p.is_file() and "tmp" not in p.relative_to(wd).parts}
+    docs = wd / "kfp" / "packtrain-2026-12-02-10-00-00-000000" / "ingest" / "documents" / "documents.parquet"
+    docs.parent.mkdir(parents=True)
+    docs.write_bytes(b"new documents\n")
+
+    ds = snapshot_documents(wd)
+    md5, remote = data_md5(docs), repo / ".packtrain" / "dvc-remote"
+    assert ds == {"md5": md5, "pushed": 1, "remote": str(remote), "repo": str(repo),
+                  "legacy": {"repo": str(old), "remote": str(wd / "dvc-remote")}}
+    assert _object(remote, md5).read_bytes() == b"new documents\n"
+    assert {p: p.read_bytes() for p in before} == before   # nothing of the old repo or its remote touched
+    lines = format_summary("tiny-cpu", {"cached": [], "dataset": ds}, 1.0, 7, None).splitlines()[1:]
+    assert lines == [
+        f"  dvc        documents md5 {md5} in DVC remote {remote}",
+        f"             older runs' DVC repo {old} (remote {wd / 'dvc-remote'}) is no longer used, left as it is: "
+        f"a remote set there goes to {repo} (dvc remote add -d), then remove it (docs/data.md)"]

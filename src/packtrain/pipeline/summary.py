@@ -281,9 +281,9 @@ def _dvc(ds: dict | None) -> list[str]:
     lines = [f"  dvc        documents md5 {ds['md5']} {where}"]
     old = ds.get("legacy")
     if old:
-        lines.append(f"             older runs' DVC repo {old['repo']} (remote {old['remote']}) is no longer used, left "
-                     f"as it is: a remote set there goes to {ds['repo']} (dvc remote add -d), then remove it "
-                     "(docs/data.md)")
+        lines.append(f"             older runs' DVC repo {old['repo']} (remote {old['remote']}) is no longer "
+                     f"used, left as it is: a remote set there goes to {ds['repo']} (dvc remote add -d), then "
+                     "remove it (docs/data.md)")
     return lines
 
 
