@@ -250,8 +250,10 @@ def _default_remote(repo) -> tuple[str, str] | None:
     from packtrain.secrets import redact_uri
 
     name = repo.config["core"].get("remote")
-    url = repo.config["remote"].get(name, {}).get("url") if name else None
-    return (name, str(redact_uri(str(url)))) if name else None
+    if not name:
+        return None
+    url = repo.config["remote"].get(name, {}).get("url")   # None: the default names no defined remote
+    return name, str(redact_uri(str(url))) if url else f"(remote {name!r} is not defined)"
 
 
 def push_file(path: str | Path, root: str | Path) -> dict:
