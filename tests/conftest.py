@@ -104,13 +104,14 @@ def pytest_sessionfinish(session):
 # whole `-n 2` run on the 2-core machine, 2026-12-01 12:05: warm_start_run 173, local_pipeline 150, sft_lora 117,
 # dvc 105, wheel_ir 69, secrets_full_run 58, gate_champion 51, run_server 46, airflow 43, train_stage 40,
 # train_faults 39, fsdp2_train 28, ...; the ~1,500 other tests ~100 s together), except that local_pipeline leads:
-# it runs the session's `tiny_pipeline`, which run_server and airflow wait for (file lock). Replaying that run's
-# per-test times through xdist's loadfile scheduler: this order ends the workers at 591/590 s, the previous one at
-# 604/576 s.
+# it runs the session's `tiny_pipeline`, which run_server, dvc_one_repo and airflow wait for (file lock). Replaying
+# that run's per-test times through xdist's loadfile scheduler: this order ends the workers at 591/590 s, the
+# previous one at 604/576 s. dvc_one_repo came later (16 s alone, 2026-12-02), placed by that time.
 _SLOW_FIRST = ("test_kfp_runner.py", "test_promotion.py", "test_local_pipeline.py", "test_bench_suites.py",
                "test_local_task.py", "test_warm_start_run.py", "test_sft_lora.py", "test_dvc.py",
                "test_wheel_ir.py", "test_secrets_full_run.py", "test_gate_champion.py", "test_run_server.py",
                "test_airflow_dag.py", "test_train_stage.py", "test_train_faults.py", "test_fsdp2_train.py",
+               "test_dvc_one_repo.py",
                "test_publish_stages.py", "test_compare_mlflow.py", "test_replay_idempotent.py",
                "test_tracking_server.py", "test_component_runtime.py", "test_train_deepspeed.py",
                "test_kfp_compile.py", "test_secrets_outage.py", "test_lora_train.py", "test_family_isolation.py",

@@ -1,4 +1,5 @@
-"""DVC helpers: the md5 DVC records for a path, the git revision, a DVC repo with a default remote, push.
+"""DVC helpers: the md5 DVC records for a path, the git revision, the DVC repo holding a path, its default
+remote, push.
 
 `data_md5` uses DVC's own hashing code (`dvc_data`), so it is exactly what `dvc add` writes into `.dvc`
 files and `dvc repro` into `dvc.lock`:
@@ -260,6 +261,79 @@ def ensure_dvc_repo(root: str | Path = ".", remote_dir: str | Path | None = None
     finally:
         repo.close()
     return root
+
+
+def dvc_repo_of(path: str | Path) -> Path | None:
+    """The DVC repo that holds `path`: the nearest directory at or above it with a `.dvc/` (DVC's own
+    `Repo.find_root`, which stops at a mount point), or None outside every DVC repo. A path that does not
+    exist yet is looked up from its nearest existing parent.
+
+        <checkout>/data              → <checkout>          (the repo `dvc repro` uses)
+        /scratch/wd                  → None
+    """
+    from dvc.exceptions import NotDvcRepoError
+    from dvc.repo import Repo
+
+    p = Path(path).resolve()
+    while not p.is_dir() and p != p.parent:
+        p = p.parent
+    try:
+        return Path(Repo.find_root(str(p)))
+    except NotDvcRepoError:
+        return None
+
+
+def default_remote(root: str | Path) -> tuple[str, str] | None:
+    """(name, url) of the default remote (`core.remote`) of DVC repo `root`, a local url resolved to an absolute
+    path as DVC resolves it, credentials in the url masked; None when no default remote is set."""
+    from dvc.repo import Repo
+
+    repo = Repo(str(root))
+    try:
+        return _default_remote(repo)
+    finally:
+        repo.close()
+
+
+def _default_remote(repo) -> tuple[str, str] | None:
+    from packtrain.secrets import redact_uri
+
+    name = repo.config["core"].get("remote")
+    if not name:
+        return None
+    url = repo.config["remote"].get(name, {}).get("url")   # None: the default names no defined remote
+    return name, str(redact_uri(str(url))) if url else f"(remote {name!r} is not defined)"
+
+
+def push_file(path: str | Path, root: str | Path) -> dict:
+    """Put one file into the DVC cache of repo `root` and push it to the repo's default remote: the objects
+    `dvc add` + `dvc push` would store (`files/md5/<2>/<30>`), without a `.dvc` file, so neither the repo's
+    tree nor its config changes (a `.dvc` file in the checkout's git-ignored `data/` is refused by DVC anyway).
+
+    Returns {"md5", "pushed" (files sent: 0 when the remote has it already), "remote" (url; None: the repo has
+    no default remote, the file is only cached)}. A failed push raises PacktrainError naming the remote.
+    """
+    from dvc.exceptions import DvcException
+    from dvc.repo import Repo
+    from dvc_data.hashfile.hash_info import HashInfo
+
+    path = Path(path).resolve()
+    md5 = file_md5(path)
+    repo = Repo(str(root))
+    try:
+        remote = _default_remote(repo)
+        repo.cache.local.add(str(path), _fs(), md5)   # a copy (or reflink): the cache entry is made read-only
+        if remote is None:
+            return {"md5": md5, "pushed": 0, "remote": None}
+        try:
+            result = repo.cloud.push([HashInfo("md5", md5)], remote=remote[0])
+        except DvcException as e:
+            raise PacktrainError(f"dvc push of {path} to remote {remote[0]} ({remote[1]}) failed: {e}") from None
+        if result.failed:
+            raise PacktrainError(f"dvc push of {path} to remote {remote[0]} ({remote[1]}) failed")
+        return {"md5": md5, "pushed": len(result.transferred), "remote": remote[1]}
+    finally:
+        repo.close()
 
 
 def push(paths: Iterable[str | Path], root: str | Path = ".", remote: str | None = None) -> int:

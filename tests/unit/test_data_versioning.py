@@ -1,4 +1,5 @@
-"""DVC md5s equal what a real `dvc add` records; ensure_dvc_repo + push to a local directory remote."""
+"""DVC md5s equal what a real `dvc add` records; ensure_dvc_repo + push to a local directory remote; push_file
+into the repo that holds a path, without a .dvc file or a config change."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from packtrain.versioning import data_md5, ensure_dvc_repo, files_md5, git_sha, push
+from packtrain.versioning import data_md5, dvc_repo_of, ensure_dvc_repo, files_md5, git_sha, push, push_file
 
 DVC = str(Path(sys.executable).with_name("dvc"))
 
@@ -138,3 +139,30 @@ def test_hash_ahead_fills_the_memo_the_next_data_md5_reads(tmp_path, monkeypatch
     assert got == versioning.data_md5(d)
     versioning.hash_ahead(tmp_path / "missing")   # nothing to hash: nothing started, no error
     assert not versioning._AHEAD
+
+
+def test_push_file_caches_and_pushes_to_the_default_remote_and_changes_nothing_else(tmp_path):
+    """What `packtrain run` does inside a DVC repo: the file goes to the repo's cache and its default remote as the
+    object `dvc add` + `dvc push` would store; no .dvc file, .dvc/config as it was; without a default remote the
+    file is only cached and no remote is added."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    env = {**os.environ, "DVC_NO_ANALYTICS": "1"}
+    subprocess.run([DVC, "init", "--no-scm", "-q"], cwd=repo, check=True, env=env)
+    f = tmp_path / "documents.parquet"   # outside the repo, as a run's output may be
+    f.write_bytes(b"documents\n")
+    md5 = data_md5(f)
+    obj = Path("files") / "md5" / md5[:2] / md5[2:]
+    assert dvc_repo_of(repo / "data" / "not-yet") == repo and dvc_repo_of(tmp_path) is None
+
+    config = (repo / ".dvc" / "config").read_text()
+    assert push_file(f, repo) == {"md5": md5, "pushed": 0, "remote": None}
+    assert (repo / ".dvc" / "cache" / obj).read_bytes() == b"documents\n"
+    assert (repo / ".dvc" / "config").read_text() == config
+
+    subprocess.run([DVC, "remote", "add", "-d", "storage", str(tmp_path / "storage")], cwd=repo, check=True,
+                   env=env)
+    assert push_file(f, repo) == {"md5": md5, "pushed": 1, "remote": str(tmp_path / "storage")}
+    assert (tmp_path / "storage" / obj).read_bytes() == b"documents\n"
+    assert push_file(f, repo)["pushed"] == 0   # already there
+    assert sorted(p.name for p in repo.iterdir()) == [".dvc", ".dvcignore"]   # no .dvc file

@@ -40,3 +40,12 @@ def test_busy_machine_is_said_from_the_samplers_numbers():
     assert "machine busy: other processes used 49% of its CPU while this run trained" in busy
     idle = _summary(tokens_per_s=2000.0, utilization=0.95, utilization_kind="cpu", others_cpu=0.03)
     assert "machine busy" not in idle
+
+
+def test_dvc_line_names_the_remote_or_how_to_set_one():
+    md5 = "9c8dd45e9c598fb8645bcdef6aca14bd"
+    pushed = _summary(dataset={"md5": md5, "repo": "/c", "remote": "s3://bucket/packtrain", "legacy": None})
+    assert pushed.splitlines()[1:] == [f"  dvc        documents md5 {md5} in DVC remote s3://bucket/packtrain"]
+    cached = _summary(dataset={"md5": md5, "repo": "/c", "remote": None, "legacy": None})
+    assert cached.splitlines()[1:] == [
+        f"  dvc        documents md5 {md5} in the DVC cache of /c (no default remote: dvc remote add -d NAME URL)"]

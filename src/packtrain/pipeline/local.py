@@ -20,8 +20,9 @@ The frame of a run, the same for both runners:
    Both runners key a stage the same way, so one reuses what the other stored.
 4. A failing stage (e.g. validation) stops the DAG before the next stage and raises StageFailed: the stage's
    own message, the log's path and the stage's exit code (4 for a failed validation).
-5. The ingested documents are versioned in a DVC repo (<workdir>/dataset) and pushed to a local DVC remote
-   (<workdir>/dvc-remote); the summary shows their md5.
+5. The ingested documents are versioned in the DVC repo that holds the workdir (the checkout's, the one
+   `dvc repro` uses) and pushed to its default remote; outside every DVC repo in <workdir>/dataset with the
+   remote <workdir>/dvc-remote (snapshot_documents). The summary shows their md5 and the remote.
 6. What the stages print goes to <workdir>/logs/run-<time>-<pid>.log (never reused); the terminal shows one
    line per stage (plus a progress line of a long stage every `progress_s` seconds: step, loss, tok/s, ETA;
    packtrain.pipeline.progress), then the summary, where to look in MLflow for this store kind
@@ -123,23 +124,42 @@ def log_cached_stage_runs(parent: str, cfg, stages: dict[str, dict]) -> list[str
 
 
 def snapshot_documents(workdir: Path) -> dict | None:
-    """Version the ingested documents of the newest local run in a DVC repo with a local remote.
+    """Version the ingested documents of the newest local run in DVC, in the one repository `dvc repro` uses too
+    (docs/data.md, "One repository, one remote"):
 
-        <workdir>/dataset/            DVC repo (no git: core.no_scm), documents.parquet + documents.parquet.dvc
-        <workdir>/dvc-remote/         its default remote (`dvc push` target; point it at S3/GCS to share)
+        workdir inside a DVC repo    that repo (the checkout: its root)    .dvc/cache + its default remote; no .dvc
+                                                                          file, .dvc/config untouched
+        outside every DVC repo       <workdir>/dataset/ (dvc init --no-scm) documents.parquet + .dvc, pushed to
+                                     <workdir>/dvc-remote/                 its default remote
 
-    Returns {"md5", "pushed", "repo", "remote"}; idempotent (an unchanged table pushes 0 files).
+    Returns {"md5", "pushed", "repo", "remote" (None: the repo has no default remote, cached only), "legacy"
+    (inside a repo: {"repo", "remote"} of the <workdir>/dataset/ repo older versions made there, left as it is,
+    or None)}; idempotent (an unchanged table pushes 0 files).
     """
-    import shutil
-
-    from packtrain.versioning import data_md5, ensure_dvc_repo, push
+    from packtrain.versioning import default_remote, dvc_repo_of, push_file
 
     runs = sorted((workdir / "kfp").glob("packtrain-*/ingest/documents/documents.parquet"),
                   key=lambda p: p.stat().st_mtime)
     if not runs:
         return None
-    root, remote = workdir / "dataset", workdir / "dvc-remote"
-    if not (root / ".dvc").is_dir():  # our own repo, never `dvc init --subdir` into the user's git
+    root, own = dvc_repo_of(workdir), workdir / "dataset"
+    if root is None:
+        return _snapshot_in_own_repo(runs[-1], own, workdir / "dvc-remote")
+    legacy = None
+    if (own / ".dvc").is_dir():   # never deleted: it may hold the only copy of what older runs pushed
+        remote = default_remote(own)
+        legacy = {"repo": str(own), "remote": remote[1] if remote else None}
+    return {**push_file(runs[-1], root), "repo": str(root), "legacy": legacy}
+
+
+def _snapshot_in_own_repo(documents: Path, root: Path, remote: Path) -> dict:
+    """No DVC repo holds the workdir: `root` becomes one of its own (no git: never `dvc init --subdir` into a
+    user's git) with the local remote `remote`; the documents are copied there, `dvc add`-ed and pushed."""
+    import shutil
+
+    from packtrain.versioning import data_md5, default_remote, ensure_dvc_repo, push
+
+    if not (root / ".dvc").is_dir():
         import io
 
         from dvc.repo import Repo
@@ -150,12 +170,14 @@ def snapshot_documents(workdir: Path) -> dict | None:
             Repo.init(str(root), no_scm=True).close()
     ensure_dvc_repo(root, remote_dir=remote)
     dst = root / "documents.parquet"
-    if not dst.exists() or data_md5(dst) != data_md5(runs[-1]):
+    if not dst.exists() or data_md5(dst) != data_md5(documents):
         tmp = root / ".documents.parquet.tmp"
-        shutil.copyfile(runs[-1], tmp)
+        shutil.copyfile(documents, tmp)
         tmp.replace(dst)
     pushed = push([dst], root)
-    return {"md5": data_md5(dst), "pushed": pushed, "repo": str(root), "remote": str(remote)}
+    url = default_remote(root)
+    return {"md5": data_md5(dst), "pushed": pushed, "repo": str(root), "remote": url[1] if url else None,
+            "legacy": None}
 
 
 def new_log_path(logs: Path) -> Path:

@@ -11,7 +11,7 @@
                  first champion: no version held the champion alias (the challenger was scored alone)
       outputs    /abs/data/kfp/packtrain-2026-12-02-10-00-00-000000/
                  model train/model/model · checkpoints train/model/checkpoints · train log … · samples …
-      dvc        documents md5 3f1c… in DVC remote /abs/data/dvc-remote
+      dvc        documents md5 3f1c… in DVC remote /abs/.packtrain/dvc-remote      (the repo's default remote)
       MLflow     .venv/bin/mlflow ui --backend-store-uri sqlite:////abs/data/mlflow.db
 
 Each line reads declared keys of the stages' typed results (packtrain.stages.results: one key per number,
@@ -271,6 +271,22 @@ LINES: dict[str, Callable[[dict], list[str]]] = {
 """The summary lines of each stage (tokenize's numbers are on ingest's data line), printed in table order."""
 
 
+def _dvc(ds: dict | None) -> list[str]:
+    """Where the documents were versioned (packtrain.pipeline.local.snapshot_documents), and the repo of an
+    older version that this run no longer uses, when one is still there."""
+    if not ds:
+        return []
+    where = (f"in DVC remote {ds['remote']}" if ds.get("remote") else
+             f"in the DVC cache of {ds['repo']} (no default remote: dvc remote add -d NAME URL)")
+    lines = [f"  dvc        documents md5 {ds['md5']} {where}"]
+    old = ds.get("legacy")
+    if old:
+        lines.append(f"             older runs' DVC repo {old['repo']} (remote {old['remote']}) is no longer "
+                     f"used, left as it is: a remote set there goes to {ds['repo']} (dvc remote add -d), then "
+                     "remove it (docs/data.md)")
+    return lines
+
+
 def format_summary(name: str, summary: dict, seconds: float, n_stages: int, tracking_uri: str | None) -> str:
     s = summary
     cached = s.get("cached") or []
@@ -279,9 +295,7 @@ def format_summary(name: str, summary: dict, seconds: float, n_stages: int, trac
     for stage in STAGE_NAMES:
         lines += LINES.get(stage, lambda _s: [])(s)
     lines += _outputs(s)
-    ds = s.get("dataset")
-    if ds:
-        lines.append(f"  dvc        documents md5 {ds['md5']} in DVC remote {ds['remote']}")
+    lines += _dvc(s.get("dataset"))
     if tracking_uri:
         lines.append(f"  MLflow     {mlflow_ui_command(tracking_uri)}")
     return "\n".join(lines)
