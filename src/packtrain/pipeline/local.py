@@ -222,9 +222,9 @@ def _run_local(cfg, *, runner: Runner, verbose: bool, use_cache: bool | None, ou
 
     t_start = time.perf_counter()
     if runner != "kfp":   # the kfp runner's stages are subprocesses: nothing imported here reaches them
-        from packtrain.pipeline.warm import start_warm_imports
+        from packtrain.pipeline.warm import start_warm_imports, warm_modules
 
-        start_warm_imports()
+        start_warm_imports(warm_modules(cfg))
     workdir = Path(cfg.workdir).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
     cfg = cfg.model_copy(update={"workdir": str(workdir)})
@@ -244,6 +244,9 @@ def _run_local(cfg, *, runner: Runner, verbose: bool, use_cache: bool | None, ou
     try:
         # mode "x": never truncates another run's log; line-buffered: in order with what reaches its fd directly
         with patched_env(**env), open(log_path, "x", encoding="utf-8", buffering=1) as log:
+            from packtrain.pipeline.warm import drain
+
+            drain(log)
             try:
                 if runner == "kfp":
                     from packtrain.pipeline.kfp_local import run_kfp_local
@@ -256,6 +259,8 @@ def _run_local(cfg, *, runner: Runner, verbose: bool, use_cache: bool | None, ou
                 raise StageFailed(e.stage, e.cause, str(log_path)) from None
             except PacktrainError as e:   # kfp: a failure no component recorded (kfp's message + the log tail)
                 raise PacktrainError(f"{e}\n(full log: {log_path})", exit_code=e.exit_code) from None
+            finally:
+                drain(log)
         if parent:
             log_cached_stage_runs(parent, cfg, stages)
         else:   # no run of ours: a restored stage's "mlflow_run" is its origin's
