@@ -31,6 +31,7 @@ SUITES = {
     "gpu-pipeline": "bench.suites.gpu_pipeline",
     "register-speed": "bench.suites.register_speed",
     "guard": "bench.suites.guard",
+    "step-profile": "bench.suites.step_profile",
 }
 
 
