@@ -150,8 +150,9 @@ def run(args, out: Path) -> Record:
     if "prof" not in box or "wall_s" not in box:
         raise SystemExit(f"step-profile: the run ended before step {warmup + steps} (rows {rows}, budget {budget})")
     prof = summarize(box["prof"], box["wall_s"], steps, cuda, args.top)
-    prof.update({"real_tok_per_s": row["real_tok_per_s"], "useful_mfu": row["useful_mfu"],
-                 "recompiles": row["recompiles"], "peak_alloc_gib": row["peak_alloc_gib"]})
+    # the run's own tok/s and MFU are medians over a handful of steps, the profiled ones among them: not
+    # throughput figures (gpu-throughput measures those), so only what the profile does not distort is kept
+    prof.update({"recompiles": row["recompiles"], "peak_alloc_gib": row["peak_alloc_gib"]})
     return Record(suite="step-profile", study=f"{model}, {rows} × {budget} packed tokens, loss {opts.loss}: "
                   f"{steps} steps profiled after {warmup}", command=args.command, machine=machine_info(),
                   settings={"model": model, "rows": rows, "budget": budget, "steps": steps, "warmup": warmup,
