@@ -63,7 +63,7 @@ def build_registration(model_dir: str | Path, eval_result, train_result_path: st
     {"op": "register_model", "id": <uuid hex>, "path": "/abs/model", "name": "packtrain-lm",
      "metric": "eval_loss", "candidate": 3.91, "margin": 0.0, "flavor": "files", "pip_requirements": [...],
      "promotion": PromotionVerdict.to_dict() (None: no paired evaluation → never moves an existing champion),
-     "gate": false, "gate_rules": null,
+     "gate": false, "gate_rules": null, "step": 30,
      "version_tags": {"eval_loss": "3.91", ..., "dataset_md5": ..., "tokens_md5": ..., "missing_tags": "none"},
      "lineage_origin": {...}, "missing": [...]}
     """
@@ -95,8 +95,22 @@ def build_registration(model_dir: str | Path, eval_result, train_result_path: st
             "name": cfg.model_name, "metric": metric, "candidate": candidate, "margin": cfg.promotion.delta,
             "promotion": promo,
             "flavor": cfg.flavor, "pip_requirements": reqs, "gate": bool(cfg.gate), "gate_rules": rules,
+            "step": model_step(train),
             "version_tags": {k: str(v) for k, v in tags.items() if v is not None},
             "lineage_origin": origin, "missing": missing}
+
+
+def model_step(train_result: dict | None) -> int:
+    """The optimizer step whose weights the model holds: the exported (lowest eval_loss) step of a run that
+    evaluated during training, else its last step; 0 when unknown. The logged model is the train run's output
+    at that step.
+
+    >>> model_step({"steps": 30}), model_step({"steps": 30, "evaluation": {"exported_step": 20}}), model_step(None)
+    (30, 20, 0)
+    """
+    t = train_result or {}
+    exported = (t.get("evaluation") or {}).get("exported_step")
+    return int(exported or t.get("steps") or 0)
 
 
 def dataset_tags(train_result: dict | None) -> dict[str, str]:
