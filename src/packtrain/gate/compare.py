@@ -82,7 +82,7 @@ class ComparedRun:
 
     ref: str                     # as given ("01943b11", "packtrain-lm@champion") or the id when listed
     run_id: str
-    name: str                    # MLflow run name: pipeline | train | ...
+    name: str                    # MLflow run name: "tiny-cpu · data 791d2730" (a pipeline run) | train | ...
     kind: str                    # packtrain.kind tag: pipeline | stage | "" (not a packtrain run)
     experiment: str
     status: str
@@ -91,8 +91,9 @@ class ComparedRun:
 
     @property
     def label(self) -> str:
-        """'pipeline·01943b11' — run name and the 8-character short id `packtrain run` prints."""
-        return f"{self.name or 'run'}·{self.run_id[:8]}"
+        """'pipeline·01943b11' — the kind of a pipeline run, else the run name (train, ...), and the 8-character
+        short id `packtrain run` prints; a pipeline run's name (recipe · data version) is the table's `name` row."""
+        return f"{'pipeline' if self.kind == 'pipeline' else self.name or 'run'}·{self.run_id[:8]}"
 
 
 @dataclass
