@@ -110,7 +110,7 @@ def test_the_train_run_in_the_mlflow_ui(tree, tmp_path, capsys):
         })()""" % json.dumps(parent.info.run_name))
         shots["overview"] = browser.screenshot()
         browser.call("Page.navigate", url=f"{page}/model-metrics")
-        charts = browser.wait_text(["Model metrics", *(f"train ({k})" for k in STEP_CHARTS)])
+        charts = browser.wait_text(["Model metrics", "Step", *(f"train ({k})" for k in STEP_CHARTS)])
         n_charts = browser.evaluate("[...document.body.innerText.matchAll(/^train \\((.+)\\)$/gm)].length")
         shots["model-metrics"] = browser.screenshot()
         browser.call("Page.navigate", url=f"{page}/system-metrics")
