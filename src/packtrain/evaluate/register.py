@@ -10,8 +10,9 @@ The first version of a name becomes champion. A verdict made against v3 while v5
 registration time does not move it (challenger; the reason says re-run evaluate). Every version is tagged
 with eval_loss/perplexity (informational), the verdict (`validation`, `suite.<name>.*`), the lineage (data
 version, token store md5, git sha, packing fill, MFU, peak memory: packtrain.evaluate.lineage and
-`dataset_tags`), `missing_tags` and packtrain.train_run_id (the training run, for `packtrain gate`); the
-register run holds validation/validation.md and validation/validation.json.
+`dataset_tags`), `missing_tags`, packtrain.train_run_id (the training run, for `packtrain gate`) and
+packtrain.register_run_id; the register run holds validation/validation.md and validation/validation.json. The
+model itself is logged as the train run's output (registration.py), so the version's run is the train run.
 
     register.py       this: the op (`build_registration`), `register_model`
     champion.py       the decision: verdict → alias, gate against the champion, compare-and-set of the alias
