@@ -102,12 +102,12 @@ def test_the_train_run_in_the_mlflow_ui(tree, tmp_path, capsys):
         browser.call("Page.enable")
         browser.call("Page.navigate", url=page)
         overview = browser.wait_text(["Registered models", "packtrain-lm", "train_packs", parent.info.run_name])
-        dom = browser.evaluate("""(() => {
+        dom = browser.evaluate("""((parentName) => {
             const section = name => [...document.querySelectorAll('h4, h3, h2')].find(h => h.innerText.trim() === name);
             const regs = section('Registered models');
             return {links: [...regs.parentElement.querySelectorAll('a')].map(a => [a.innerText.trim(), a.getAttribute('href')]),
-                    parent: [...document.querySelectorAll('a')].filter(a => a.innerText.trim() === %s).length};
-        })()""" % json.dumps(parent.info.run_name))
+                    parent: [...document.querySelectorAll('a')].filter(a => a.innerText.trim() === parentName).length};
+        })(""" + json.dumps(parent.info.run_name) + ")")
         shots["overview"] = browser.screenshot()
         browser.call("Page.navigate", url=f"{page}/model-metrics")
         charts = browser.wait_text(["Model metrics", "Step", *(f"train ({k})" for k in STEP_CHARTS)])
