@@ -70,7 +70,7 @@ def log_model(model, tokenizer, model_dir: Path, flavor: str, pip_requirements: 
 
     note = ""
     t0 = time.perf_counter()
-    where = {"model_id": model_id, "run_id": run_id} if model_id or run_id else {}
+    where: dict[str, str | int | None] = {"model_id": model_id, "run_id": run_id} if model_id or run_id else {}
     where["step"] = step
     if flavor in ("auto", "transformers"):
         try:
