@@ -6,8 +6,9 @@ The GPU machine has no MLflow server: `packtrain train` ran there with MLFLOW_TR
 address, so every call went to the tracking buffer (packtrain.tracking.buffer), tarred up with its train/
 telemetry.json (bench/results/GPU_RESULTS.md, section 4, has the commands). This replays the buffer into <out>/mlflow.db (artifacts in
 <out>/mlartifacts) exactly as `packtrain mlflow replay` does, then logs the NVML samples of the run's
-telemetry.json as time series with `packtrain.telemetry.report.system_series` — what the train stage itself
-now logs (the recorded run predates that, so its series are added here, from its own samples). The store is
+telemetry.json as MLflow system metrics with `packtrain.tracking.layout.system_rows` (`system/train_*`, each at
+its sample's time) — what the train stage itself now logs (the recorded run predates that, so its series are
+added here, from its own samples; a telemetry.json without `samples_t0_unix` is placed at the run's start). The store is
 not committed: bench/results/train_350m_h200_mlflow_run.json holds the recorded run's tags, params and latest
 metrics.
 """
@@ -39,14 +40,14 @@ def main(argv=None) -> int:
     from mlflow import MlflowClient
     from mlflow.entities import Metric
 
-    from packtrain.telemetry.report import system_series
+    from packtrain.tracking.layout import system_rows
 
     c = MlflowClient(uri)
     run = c.search_runs([e.experiment_id for e in c.search_experiments()],
                         filter_string="attributes.run_name = 'train'")[0]
-    samples = json.loads((tmp / "train" / "telemetry.json").read_text())["samples"]
-    ts = int(run.info.start_time)
-    rows = [Metric(k, v, ts + step, step) for step, m in system_series(samples) for k, v in m.items()]
+    telemetry = json.loads((tmp / "train" / "telemetry.json").read_text())
+    t0 = telemetry.get("samples_t0_unix") or run.info.start_time / 1000
+    rows = [Metric(k, v, ts, step) for k, v, ts, step in system_rows(telemetry["samples"], t0)]
     for i in range(0, len(rows), 900):
         c.log_batch(run.info.run_id, metrics=rows[i:i + 900])
     print(json.dumps({"run_id": run.info.run_id, "series_points": len(rows), "store": uri}))

@@ -27,8 +27,11 @@ def free_port() -> int:
 class Server:
     """`mlflow server` in its own process group (it spawns uvicorn workers): stop kills the whole group."""
 
-    def __init__(self, root: Path, port: int):
+    def __init__(self, root: Path, port: int, db: Path | None = None):
+        """A server of `db` (default: a new root/server.db): e.g. a copy of a pipeline's own sqlite store, whose
+        runs' file:// artifact locations the server then reads as they are."""
         self.root, self.port, self.proc = root, port, None
+        self.db = db or root / "server.db"
         self.uri = f"http://127.0.0.1:{port}"
 
     def start(self, timeout_s: float = 120.0) -> None:
@@ -37,7 +40,7 @@ class Server:
         env.pop("MLFLOW_TRACKING_URI", None)
         log = open(self.root / "server.log", "a")  # noqa: SIM115 - closed with the process
         self.proc = subprocess.Popen(
-            [str(mlflow_bin), "server", "--backend-store-uri", f"sqlite:///{self.root / 'server.db'}",
+            [str(mlflow_bin), "server", "--backend-store-uri", f"sqlite:///{self.db}",
              "--artifacts-destination", str(self.root / "server-artifacts"), "--host", "127.0.0.1",
              "--port", str(self.port), "--workers", "1"],
             stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.root, start_new_session=True)

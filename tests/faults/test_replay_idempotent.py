@@ -135,10 +135,10 @@ def recorded(tmp_path_factory):
     assert cli_main(["mlflow", "replay", "--buffer", str(ref / "buffer"), "--tracking-uri", uri]) == 0
     expected = store_state(uri)
     # sanity of the reference itself: what was recorded arrived once
-    assert set(expected) == {"pipeline", "train", "validate"}
+    assert set(expected) == {"tiny-cpu", "train", "validate"}   # the pipeline run: named after the recipe
     train = expected["train"]
     assert [s for s, _, _ in train["metrics"]["loss"]] == list(range(8))
-    assert train["tags"]["mlflow.parentRunId"] == "pipeline" == expected["validate"]["tags"]["mlflow.parentRunId"]
+    assert train["tags"]["mlflow.parentRunId"] == "tiny-cpu" == expected["validate"]["tags"]["mlflow.parentRunId"]
     assert train["artifacts"] == [("plots/a.txt", 2), ("plots/b.txt", 3), ("train_result.json", 17)]
     assert train["inputs"] == [("documents", "0f343b0931126a20f133d67c2b018a3b")]
     assert train["params"]["train.max_steps"] == "30" and train["tags"]["packtrain.note"] == "outage"

@@ -179,9 +179,10 @@ def test_outage_with_secrets_then_replay(tmp_path, monkeypatch, capfd, caplog, f
     client = MlflowClient(store)
     exp = client.get_experiment_by_name("packtrain")
     runs = client.search_runs([exp.experiment_id])
-    assert sorted(r.info.run_name for r in runs) == ["pipeline", "register", "train"]
+    assert sorted(r.info.run_name for r in runs) == ["register", "tiny-cpu", "train"]   # the pipeline run: the recipe
     assert all(r.info.status == "FINISHED" for r in runs)
     by_name = {r.info.run_name: r for r in runs}
+    by_name["pipeline"] = by_name.pop("tiny-cpu")
     assert by_name["pipeline"].data.params.get("tracking.tracking_uri", "") in ("", "None")   # URI from the env
     assert by_name["train"].data.tags["packtrain.endpoint"] == shown
     assert by_name["train"].data.tags["packtrain.note"] == "token ***"
@@ -191,6 +192,8 @@ def test_outage_with_secrets_then_replay(tmp_path, monkeypatch, capfd, caplog, f
     assert len(client.get_metric_history(reg.info.run_id, "candidate_value")) == 1
     logged = client.search_logged_models([exp.experiment_id])
     assert len(logged) == 1 and str(logged[0].status) == "READY"   # the one logged before the kill, reused
+    # `packtrain register` on its own (no pipeline run, so no train run in its tree): its run keeps the model
+    assert logged[0].source_run_id == reg.info.run_id == client.get_model_version("tiny-lm", "1").run_id
     assert [str(v.version) for v in client.search_model_versions("name = 'tiny-lm'")] == ["1"]
     assert str(client.get_model_version_by_alias("tiny-lm", "champion").version) == "1"
     assert "register_result.json" in {a.path for a in client.list_artifacts(reg.info.run_id)}

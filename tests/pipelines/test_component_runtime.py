@@ -57,6 +57,8 @@ def test_pods_share_one_parent_run_by_kfp_run_id(tmp_path, monkeypatch):
     stages = {r.info.run_name: r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id}
     assert set(stages) == {"ingest", "validate"}
     assert {r.data.tags.get("kfp.run_id") for r in stages.values()} == {"kfp-123"}
+    # the first component opened the parent under the recipe's name; the ingest it ran named it by data version
+    assert parent.info.run_name == f"tiny-cpu · data {s1['lineage']['data_version'][:8]}"
 
     # a failing stage records its error for `packtrain run` and re-raises
     bad = json.dumps(load_run_config("tiny-cpu", tiny_settings(tmp_path / "wd", corpus)

@@ -77,6 +77,13 @@ def test_both_runners_give_the_same_stage_results(both):
                                      "tags.`packtrain.kind` = 'pipeline'")
         (parent,) = [p for p in parents if p.info.run_id == both[runner]["parent_run_id"]]
         assert parent.data.tags["packtrain.runner"] == tag
+        # and the same MLflow layout (docs/tracking.md): named by data version, the model is the train run's
+        assert parent.info.run_name == f"tiny-cpu · data {a['ingest']['lineage']['data_version'][:8]}"
+        (train,) = client.search_runs([parent.info.experiment_id], f"tags.mlflow.parentRunId = "
+                                      f"'{parent.info.run_id}' and attributes.run_name = 'train'")
+        assert {k for k in train.data.metrics if not k.startswith("system/")} == {"loss", "real_tokens_per_s",
+                                                                                 "useful_mfu"}
+        assert client.get_model_version("packtrain-lm", "1").run_id == train.info.run_id
     assert len(parents) == 1   # the kfp workdir's one run (the shared workdir has later tests' runs too)
 
 

@@ -87,10 +87,14 @@ def test_printed_run_ids_resolve_and_the_printed_lines_run(runs, server, monkeyp
     short1, full1 = _ids(runs["first"].stdout)
     short2, full2 = _ids(runs["second"].stdout)
     assert resolve_run_ref(c, short1) == full1 and resolve_run_ref(c, short2) == full2
-    register1 = _children(c, full1)["register"].info.run_id
-    assert resolve_run_ref(c, "packtrain-lm@champion") == register1
-    assert stage_run_of(c, resolve_run_ref(c, "models:/packtrain-lm@champion"), "train") == \
-        _children(c, full1)["train"].info.run_id
+    # the version's run is the train run that owns the model — here the restored copy of a cached train stage,
+    # logged under the pipeline run before the register stage ran
+    train1 = _children(c, full1)["train"]
+    assert train1.data.tags["packtrain.cache"] == "hit"
+    assert resolve_run_ref(c, "packtrain-lm@champion") == train1.info.run_id
+    assert stage_run_of(c, resolve_run_ref(c, "models:/packtrain-lm@champion"), "train") == train1.info.run_id
+    mv = c.get_model_version_by_alias("packtrain-lm", "champion")
+    assert mv.tags["packtrain.register_run_id"] == _children(c, full1)["register"].info.run_id
     # 16 runs over 16 hex digits + the registration's: some first digit is shared; the server's LIKE says so
     ids = [r.info.run_id for r in c.search_runs([c.get_run(full1).info.experiment_id], max_results=100)]
     shared = next(ch for ch in "0123456789abcdef" if sum(i.startswith(ch) for i in ids) > 1)

@@ -76,3 +76,11 @@ def test_full_run_with_the_server_down_and_replay_leak_no_secret(tmp_path):
     runs = client.search_runs([client.get_experiment_by_name("packtrain").experiment_id])
     names = sorted(r.info.run_name for r in runs)
     assert names.count("train") == 1 and names.count("register") == 1
+    # the layout survives the outage (docs/tracking.md "The MLflow layout"): the buffered rename and the deferred
+    # registration, applied by the replay, name the pipeline run by its data version and give the model to the train run
+    (train,) = [r for r in runs if r.info.run_name == "train"]
+    (parent,) = [r for r in runs if r.data.tags.get("packtrain.kind") == "pipeline"]
+    data_version = result["stages"]["ingest"]["lineage"]["data_version"]
+    assert parent.info.run_name == f"tiny-cpu · data {data_version[:8]}"
+    assert versions[0].run_id == train.info.run_id
+    assert [o.model_id for o in train.outputs.model_outputs] == [versions[0].source.removeprefix("models:/")]

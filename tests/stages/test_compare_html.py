@@ -2,8 +2,8 @@
 it, see the Makefile's `chromium` target): the page renders, every <img> decoded (naturalWidth > 0), neither the
 page nor any figure is blank, and the screenshot is kept as a test artifact (its path is printed).
 
-Chromium is driven over the DevTools protocol (websocket-client, already installed with kfp's kubernetes client):
-navigate to file://…/compare.html, wait for the load event, read the DOM, capture the page and each image's
+Chromium is driven over the DevTools protocol (tests/chromium.py; websocket-client, already installed with kfp's
+kubernetes client): navigate to file://…/compare.html, wait for the load event, read the DOM, capture the page and each image's
 region. The report comes from two pipeline run trees (parent `pipeline` + `train` stage child with metric
 histories and final values under a real train run's names) in a sqlite store: what the browser checks is the HTML, not MLflow.
 """
@@ -11,27 +11,12 @@ histories and final values under a real train run's names) in a sqlite store: wh
 from __future__ import annotations
 
 import base64
-import io
-import json
-import os
-import shutil
-import signal
-import subprocess
-import tempfile
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
+from chromium import ARTIFACTS, CHROMIUM, SKIP_REASON, Browser, colours, keep
 
 from packtrain.cli import main
-
-CHROMIUM = os.environ.get("PACKTRAIN_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
-# as root, in a container without network or GPU; a fresh profile each run
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         "--disable-dev-shm-usage", "--hide-scrollbars", "--window-size=1280,1600", "--remote-debugging-port=0"]
-ARTIFACTS = Path(os.environ.get("PACKTRAIN_TEST_ARTIFACTS") or Path(tempfile.gettempdir()) / "packtrain-test-artifacts")
 
 
 @pytest.fixture(scope="module")
@@ -78,69 +63,7 @@ def report(tmp_path_factory):
     return out / "compare.html"
 
 
-class Browser:
-    """Headless Chromium in its own process group, one page driven over the DevTools protocol."""
-
-    def __init__(self, profile: Path):
-        self.proc = subprocess.Popen([CHROMIUM, *FLAGS, f"--user-data-dir={profile}", "about:blank"],
-                                     stdout=subprocess.DEVNULL, stderr=open(profile.parent / "chromium.log", "w"),  # noqa: SIM115
-                                     start_new_session=True)
-        port_file, deadline = profile / "DevToolsActivePort", time.monotonic() + 60
-        while not (port_file.exists() and port_file.read_text().strip()):
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.close()
-                raise RuntimeError(f"chromium did not start: {(profile.parent / 'chromium.log').read_text()[-2000:]}")
-            time.sleep(0.05)
-        port = int(port_file.read_text().split()[0])
-        targets = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=10).read())
-        page = next(t for t in targets if t["type"] == "page")
-        import websocket
-
-        self.ws = websocket.create_connection(page["webSocketDebuggerUrl"], timeout=60, suppress_origin=True)
-        self.next_id = 0
-        self.events: list[dict] = []
-
-    def call(self, method: str, **params) -> dict:
-        self.next_id += 1
-        self.ws.send(json.dumps({"id": self.next_id, "method": method, "params": params}))
-        while True:
-            msg = json.loads(self.ws.recv())
-            if msg.get("id") == self.next_id:
-                if "error" in msg:
-                    raise RuntimeError(f"{method}: {msg['error']}")
-                return msg["result"]
-            self.events.append(msg)
-
-    def wait_event(self, method: str, timeout_s: float = 60) -> dict:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            for i, e in enumerate(self.events):
-                if e.get("method") == method:
-                    return self.events.pop(i)
-            self.events.append(json.loads(self.ws.recv()))
-        raise TimeoutError(method)
-
-    def evaluate(self, expression: str):
-        r = self.call("Runtime.evaluate", expression=expression, returnByValue=True, awaitPromise=True)
-        return r["result"].get("value")
-
-    def close(self) -> None:
-        if getattr(self, "ws", None) is not None:
-            self.ws.close()
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait(timeout=30)
-
-
-def _colours(png: bytes) -> int:
-    from PIL import Image
-
-    img = Image.open(io.BytesIO(png)).convert("RGB")
-    return len(img.getcolors(maxcolors=1 << 20) or [])
-
-
-@pytest.mark.skipif(not Path(CHROMIUM).is_file(), reason=f"no Chromium at {CHROMIUM}: `make chromium` installs Debian's "
-                    "package (apt-get install chromium); `make test` does it first")
+@pytest.mark.skipif(not Path(CHROMIUM).is_file(), reason=SKIP_REASON)
 def test_report_renders_in_headless_chromium(report, tmp_path, request, capsys):
     pytest.importorskip("websocket", reason="websocket-client (installed with kfp's kubernetes client) drives Chromium")
     browser = Browser(tmp_path / "profile")
@@ -162,9 +85,7 @@ def test_report_renders_in_headless_chromium(report, tmp_path, request, capsys):
                         return {alt: i.alt, complete: i.complete, w: i.naturalWidth, h: i.naturalHeight,
                                 x: r.left + scrollX, y: r.top + scrollY, cw: r.width, ch: r.height}})};
         })()""")
-        shot = base64.b64decode(browser.call("Page.captureScreenshot", format="png", captureBeyondViewport=True,
-                                             clip={"x": 0, "y": 0, "width": 1280, "height": dom["height"],
-                                                   "scale": 1})["data"])
+        shot = browser.screenshot(dom["height"])
         crops = [base64.b64decode(browser.call("Page.captureScreenshot", format="png", captureBeyondViewport=True,
                                                clip={"x": im["x"], "y": im["y"], "width": im["cw"],
                                                      "height": im["ch"], "scale": 1})["data"])
@@ -172,10 +93,7 @@ def test_report_renders_in_headless_chromium(report, tmp_path, request, capsys):
     finally:
         browser.close()
 
-    kept = tmp_path / "compare-report.png"
-    kept.write_bytes(shot)
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(kept, ARTIFACTS / "compare-report.png")
+    kept = keep(shot, tmp_path, "compare-report.png")
     request.node.user_properties.append(("screenshot", str(ARTIFACTS / "compare-report.png")))
     with capsys.disabled():   # in the test output even without -s
         print(f"\ncompare report screenshot: {ARTIFACTS / 'compare-report.png'} (and {kept})")
@@ -191,6 +109,6 @@ def test_report_renders_in_headless_chromium(report, tmp_path, request, capsys):
                             "telemetry samples, telemetry.interval_s)"]
     for im in dom["images"]:
         assert im["complete"] and im["w"] > 200 and im["h"] > 100 and im["cw"] > 200, im   # decoded and laid out
-    assert shot[:8] == b"\x89PNG\r\n\x1a\n" and _colours(shot) > 50           # a page, not one colour
+    assert shot[:8] == b"\x89PNG\r\n\x1a\n" and colours(shot) > 50           # a page, not one colour
     for im, crop in zip(dom["images"], crops, strict=True):
-        assert _colours(crop) > 20, f"{im['alt']}: figure region is blank"    # each figure drew lines and text
+        assert colours(crop) > 20, f"{im['alt']}: figure region is blank"    # each figure drew lines and text

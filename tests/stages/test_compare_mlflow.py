@@ -32,7 +32,7 @@ TINY = ["model.hidden_size=32", "model.intermediate_size=64", "model.num_heads=2
 EXP = "compare-mlflow"   # this module's experiment on the shared server: no other module's runs in it
 LRS = ("3e-3", "1e-3")   # the one parameter the two pipeline runs differ in
 CURVES = {"loss": "loss", "tokens/s": "real_tokens_per_s", "MFU": "useful_mfu",
-          "utilization": "system.utilization_pct", "memory": "system.memory_used_gib"}
+          "utilization": "system/train_utilization_percentage", "memory": "system/train_memory_used_gib"}
 
 
 def _sets(*items: str) -> list[str]:

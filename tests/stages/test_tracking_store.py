@@ -21,7 +21,8 @@ from packtrain.telemetry.report import build_report
 from packtrain.telemetry.sampler import SystemSampler
 from packtrain.telemetry.thresholds import TelemetryWarning
 from packtrain.tracking import PARENT_ENV, end_pipeline_run, stage_run, start_pipeline_run
-from packtrain.tracking.run import _clients, _close_clients
+from packtrain.tracking.layout import system_rows
+from packtrain.tracking.run import _clients, _close_clients, name_pipeline_run
 from packtrain.versioning import git_sha
 
 
@@ -60,6 +61,7 @@ def test_pipeline_with_stage_runs_in_sqlite(store, tmp_path):
         run.log_dataset(docs, "documents", "0f343b0931126a20f133d67c2b018a3b")
         run.log_stats({"n_docs": 120, "chars": {"total": 5000, "max": 900}}, prefix="ingest.")
         run.log_json({"n_docs": 120}, "ingest_stats.json")
+    name_pipeline_run(cfg, "791d2730c58fc40a69c6a6a9d5b14553.dir")   # the data version ingest found
 
     meter = ThroughputMeter(warmup_steps=cfg.telemetry.warmup_steps)
     peak = peak_flops("cpu", "fp32", override_tflops=0.05)
@@ -77,12 +79,16 @@ def test_pipeline_with_stage_runs_in_sqlite(store, tmp_path):
         report.files.append(plot_length_histogram([300, 150, 40] * 10, 0.24, tmp_path / "train" / "lengths.png",
                                                   budget=512))
         run.log_report(report)
+        run.log_finals({f"throughput.{k}": report.summary[k] for k in ("steady_steps", "padding", "useful_mfu",
+                                                                       "dense_mfu")})
+        run.log_series(system_rows(report.samples, report.t0_unix))
     end_pipeline_run(parent)
     assert PARENT_ENV not in __import__("os").environ
 
     uri = f"sqlite:///{store / 'mlflow.db'}"
     runs = _runs(uri)
-    assert set(runs) == {"pipeline", "ingest", "train"}
+    assert set(runs) == {"tiny-cpu · data 791d2730", "ingest", "train"}   # the recipe and the data version
+    runs["pipeline"] = runs.pop("tiny-cpu · data 791d2730")
     pid = runs["pipeline"]["run_id"]
     assert pid == parent
     for stage in ("ingest", "train"):
@@ -105,12 +111,24 @@ def test_pipeline_with_stage_runs_in_sqlite(store, tmp_path):
     assert [m.step for m in client.get_metric_history(tid, "loss")] == list(range(6))
     assert [m.value for m in client.get_metric_history(tid, "loss")] == [8.0, 7.0, 6.0, 5.0, 4.0, 3.0]
     assert len(client.get_metric_history(tid, "useful_mfu")) == 6
+    assert client.get_run(pid).info.run_name == "tiny-cpu · data 791d2730"
     data = client.get_run(tid).data.metrics
-    assert data["summary.steady_steps"] == 4 and data["summary.padding"] == pytest.approx(1 - 490 / 2048)
-    assert 0 < data["summary.useful_mfu"] < data["summary.dense_mfu"]
+    # the final numbers once: on the pipeline run under the canonical names, in summary.json here, no chart
+    finals = client.get_run(pid).data.metrics
+    assert finals["train.throughput.steady_steps"] == 4
+    assert finals["train.throughput.padding"] == pytest.approx(1 - 490 / 2048)
+    assert 0 < finals["train.throughput.useful_mfu"] < finals["train.throughput.dense_mfu"]
+    assert not [k for k in data if k.startswith(("summary.", "throughput."))], sorted(data)
+    summary = json.loads(open(client.download_artifacts(tid, "summary.json", str(tmp_path / "dl"))).read())
+    assert summary["throughput.steady_steps"] == 4
     assert any(k.startswith("system/cpu_utilization") for k in data), sorted(data)  # MLflow system metrics
+    util = client.get_metric_history(tid, "system/train_utilization_percentage")   # the sampler's, at its time
+    run_info = client.get_run(tid).info
+    assert util and [m.step for m in util] == list(range(len(util)))
+    assert all(run_info.start_time - 1000 <= m.timestamp <= run_info.end_time for m in util)
     arts = {a.path for a in client.list_artifacts(tid)} | {a.path for a in client.list_artifacts(tid, "plots")}
-    assert {"telemetry", "plots", "plots/system.png", "plots/throughput.png", "plots/lengths.png"} <= arts
+    assert {"telemetry", "plots", "plots/system.png", "plots/throughput.png", "plots/lengths.png",
+            "summary.json"} <= arts
     local = client.download_artifacts(tid, "telemetry/telemetry.json", str(tmp_path / "dl"))
     assert json.loads(open(local).read())["summary"]["steps"] == 6
     iid = runs["ingest"]["run_id"]
@@ -184,6 +202,7 @@ def test_unreachable_store_buffers_then_cli_replays(store, tmp_path, monkeypatch
     assert not list(buf.glob("*.jsonl"))
 
     runs = _runs(target, "buffered")
+    runs["pipeline"] = runs.pop("tiny-cpu")   # named after the recipe (no data version known here)
     assert runs["train"]["tags.mlflow.parentRunId"] == runs["pipeline"]["run_id"]
     assert runs["train"]["status"] == "FINISHED" and runs["pipeline"]["status"] == "FINISHED"
     assert runs["train"]["tags.packtrain.note"] == "buffered"

@@ -89,8 +89,12 @@ def test_eval_loss_is_an_mlflow_metric_at_its_steps(stopped, data):
     hist = client.get_metric_history(run.info.run_id, "eval_loss")
     assert [(m.step, m.value) for m in sorted(hist, key=lambda m: m.step)] == [
         (c["step"], c["eval_loss"]) for c in r["evaluation"]["curve"]]
-    assert run.data.metrics["best_eval_loss"] == r["evaluation"]["best_eval_loss"]
-    assert run.data.metrics["best_eval_step"] == r["evaluation"]["best_step"]
+    # a train run of its own keeps its final numbers as metrics, under the keys of train_result.json
+    assert run.data.metrics["evaluation.best_eval_loss"] == r["evaluation"]["best_eval_loss"]
+    assert run.data.metrics["evaluation.best_step"] == r["evaluation"]["best_step"]
+    assert "eval_perplexity" not in run.data.metrics   # exp(eval_loss): train_log.jsonl, not a second chart
+    (ds,) = [d for d in run.inputs.dataset_inputs if d.dataset.name == "eval_packs"]   # what it evaluates on
+    assert [t.value for t in ds.tags if t.key == "mlflow.data.context"] == ["eval"]
 
 
 def test_evaluating_does_not_change_the_training_loss(stopped, data, tmp_path):

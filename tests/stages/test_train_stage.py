@@ -78,12 +78,22 @@ def test_run_writes_result_log_model_and_mlflow_metrics(data, straight):
     hist = sorted(client.get_metric_history(run.info.run_id, "loss"), key=lambda m: m.step)
     assert [m.step for m in hist] == list(range(1, 21))
     assert [m.value for m in hist] == pytest.approx(result["loss_curve"], rel=1e-12)
-    assert {"real_tokens_per_s", "useful_mfu", "step_time_s", "lr", "grad_norm"} <= set(run.data.metrics)
-    # the sampler's records as time series (CPU here: process utilization and RSS), x = ms since start
+    # charts: loss, tokens/s, MFU per step; lr, grad_norm, step time ... are in train_log.jsonl / telemetry.json
+    series = {k for k in run.data.metrics if len(client.get_metric_history(run.info.run_id, k)) > 1}
+    assert {k for k in series if not k.startswith("system/")} == {"loss", "real_tokens_per_s", "useful_mfu"}
+    assert not {"lr", "grad_norm", "step_time_s", "dense_mfu"} & set(run.data.metrics)
+    # a train run of its own (no pipeline run) keeps its final numbers as metrics, each once
+    assert run.data.metrics["throughput.real_tokens_per_s"] == result["throughput"]["real_tokens_per_s"]
+    assert run.data.metrics["final_loss"] == result["final_loss"]
+    assert not [k for k in run.data.metrics if k.startswith("summary.")]
+    # the sampler's records as MLflow system metrics (CPU here: process utilization and RSS) at their sample time
     telemetry = json.loads((straight / "telemetry.json").read_text())
-    util = client.get_metric_history(run.info.run_id, "system.utilization_pct")
+    util = sorted(client.get_metric_history(run.info.run_id, "system/train_utilization_percentage"),
+                  key=lambda m: m.step)
     assert len(util) == len(telemetry["samples"]) > 0
-    assert [m.value for m in sorted(util, key=lambda m: m.step)] == [r["util"] for r in telemetry["samples"]]
+    assert [m.value for m in util] == [r["util"] for r in telemetry["samples"]]
+    assert [m.timestamp for m in util] == [round((telemetry["samples_t0_unix"] + r["t"]) * 1000)
+                                           for r in telemetry["samples"]]
 
 
 def test_saved_model_loads_with_plain_transformers(straight):

@@ -44,7 +44,8 @@ def test_second_run_starts_where_the_champion_ended(tmp_path):
     t = train1.data.tags
     assert (t["packtrain.init_from"], t["packtrain.init_resolved"]) == ("champion", "scratch")
     assert t["packtrain.init_fallback_reason"].startswith("no champion yet: no registered model 'packtrain-lm'")
-    assert "init_eval_loss" not in train1.data.metrics   # nothing to measure from random weights
+    finals1 = client.get_run(train1.data.tags["mlflow.parentRunId"]).data.metrics   # the pipeline run's train.*
+    assert "train.init_eval_loss" not in finals1 and "train.final_loss" in finals1   # nothing to measure from random weights
     v1 = client.get_model_version("packtrain-lm", "1")
     assert v1.tags["packtrain.init_fallback_reason"] == t["packtrain.init_fallback_reason"]
     assert "packtrain.parent_model_version" not in v1.tags
@@ -65,8 +66,8 @@ def test_second_run_starts_where_the_champion_ended(tmp_path):
         "champion", "models:/packtrain-lm/1", "1")
     assert "packtrain.init_fallback_reason" not in t2
     champion_loss = float(v1.tags["eval_loss"])
-    assert abs(train2.data.metrics["init_eval_loss"] - champion_loss) <= 1e-4, (
-        train2.data.metrics["init_eval_loss"], champion_loss)
+    init_loss = client.get_run(train2.data.tags["mlflow.parentRunId"]).data.metrics["train.init_eval_loss"]
+    assert abs(init_loss - champion_loss) <= 1e-4, (init_loss, champion_loss)
     # the new version records its parent in the registry
     v2 = client.get_model_version("packtrain-lm", "2")
     assert (v2.tags["packtrain.parent_model_version"], v2.tags["packtrain.parent_model"],

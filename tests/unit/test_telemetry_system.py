@@ -78,17 +78,36 @@ def test_summary_has_one_line_per_gpu_when_several_are_sampled():
     assert "per_gpu" not in s.summary()   # one GPU: the summary is already that GPU's
 
 
-def test_system_series_has_per_gpu_lines_for_several_gpus():
-    from packtrain.telemetry.report import system_series
+def test_system_series_are_mlflow_system_metrics_at_their_sample_time_with_per_gpu_lines():
+    """The sampler's records become `system/train_*` points: timestamp = when sampled (the sampler's wall-clock
+    start + t), step = the sample's index; several GPUs also get one line each."""
+    from packtrain.tracking.layout import system_rows
 
     two = {"t": 0.25, "util": 80.0, "mem_used_gib": 61.0,
            "gpus": [{"index": 0, "util": 98.0, "mem_used_gib": 30.0}, {"index": 1, "util": 62.0, "mem_used_gib": 31.0}]}
-    [(step, m)] = system_series([two])
-    assert step == 250 and m["system.utilization_pct"] == 80.0
-    assert (m["system.gpu0.utilization_pct"], m["system.gpu1.utilization_pct"]) == (98.0, 62.0)
-    assert m["system.gpu1.memory_used_gib"] == 31.0
+    rows = system_rows([{"t": 0.0, "util": 10.0}, two], 1_700_000_000.0)
+    assert rows[0] == ("system/train_utilization_percentage", 10.0, 1_700_000_000_000, 0)
+    m = {k: (v, ts, step) for k, v, ts, step in rows[1:]}
+    assert m["system/train_utilization_percentage"] == (80.0, 1_700_000_000_250, 1)
+    assert m["system/train_memory_used_gib"] == (61.0, 1_700_000_000_250, 1)
+    assert (m["system/train_gpu0_utilization_percentage"][0], m["system/train_gpu1_utilization_percentage"][0]) == \
+        (98.0, 62.0)
+    assert m["system/train_gpu1_memory_used_gib"][0] == 31.0
+    assert all(k.startswith("system/") for k in m)      # the UI's System metrics tab, not a model metric
     one = {**two, "gpus": two["gpus"][:1]}
-    assert not [k for k in system_series([one])[0][1] if k.startswith("system.gpu")]
+    assert not [k for k, *_ in system_rows([one], 0.0) if "gpu" in k]
+
+
+@pytest.mark.filterwarnings("ignore::packtrain.telemetry.thresholds.TelemetryWarning")   # an idle sampler
+def test_the_sampler_records_its_wall_clock_start_in_the_report(tmp_path):
+    import json
+
+    before = time.time()
+    with sampler.SystemSampler(interval_s=0.05, backend="cpu") as s:
+        time.sleep(0.12)
+    report = build_report(tmp_path, TelemetryConfig(), sampler=s, plots=False)
+    assert before <= report.t0_unix <= time.time() and report.samples
+    assert json.loads((tmp_path / "telemetry.json").read_text())["samples_t0_unix"] == report.t0_unix
 
 
 def test_cuda_memory_stats_on_cpu_are_zeros():

@@ -10,8 +10,9 @@ The first version of a name becomes champion. A verdict made against v3 while v5
 registration time does not move it (challenger; the reason says re-run evaluate). Every version is tagged
 with eval_loss/perplexity (informational), the verdict (`validation`, `suite.<name>.*`), the lineage (data
 version, token store md5, git sha, packing fill, MFU, peak memory: packtrain.evaluate.lineage and
-`dataset_tags`), `missing_tags` and packtrain.train_run_id (the training run, for `packtrain gate`); the
-register run holds validation/validation.md and validation/validation.json.
+`dataset_tags`), `missing_tags`, packtrain.train_run_id (the training run, for `packtrain gate`) and
+packtrain.register_run_id; the register run holds validation/validation.md and validation/validation.json. The
+model itself is logged as the train run's output (registration.py), so the version's run is the train run.
 
     register.py       this: the op (`build_registration`), `register_model`
     champion.py       the decision: verdict → alias, gate against the champion, compare-and-set of the alias
@@ -63,7 +64,7 @@ def build_registration(model_dir: str | Path, eval_result, train_result_path: st
     {"op": "register_model", "id": <uuid hex>, "path": "/abs/model", "name": "packtrain-lm",
      "metric": "eval_loss", "candidate": 3.91, "margin": 0.0, "flavor": "files", "pip_requirements": [...],
      "promotion": PromotionVerdict.to_dict() (None: no paired evaluation → never moves an existing champion),
-     "gate": false, "gate_rules": null,
+     "gate": false, "gate_rules": null, "step": 30,
      "version_tags": {"eval_loss": "3.91", ..., "dataset_md5": ..., "tokens_md5": ..., "missing_tags": "none"},
      "lineage_origin": {...}, "missing": [...]}
     """
@@ -95,8 +96,22 @@ def build_registration(model_dir: str | Path, eval_result, train_result_path: st
             "name": cfg.model_name, "metric": metric, "candidate": candidate, "margin": cfg.promotion.delta,
             "promotion": promo,
             "flavor": cfg.flavor, "pip_requirements": reqs, "gate": bool(cfg.gate), "gate_rules": rules,
+            "step": model_step(train),
             "version_tags": {k: str(v) for k, v in tags.items() if v is not None},
             "lineage_origin": origin, "missing": missing}
+
+
+def model_step(train_result: dict | None) -> int:
+    """The optimizer step whose weights the model holds: the exported (lowest eval_loss) step of a run that
+    evaluated during training, else its last step; 0 when unknown. The logged model is the train run's output
+    at that step.
+
+    >>> model_step({"steps": 30}), model_step({"steps": 30, "evaluation": {"exported_step": 20}}), model_step(None)
+    (30, 20, 0)
+    """
+    t = train_result or {}
+    exported = (t.get("evaluation") or {}).get("exported_step")
+    return int(exported or t.get("steps") or 0)
 
 
 def dataset_tags(train_result: dict | None) -> dict[str, str]:

@@ -3,8 +3,13 @@
     apply_registration(client, uri, run_id, op, model_dir)
       1. decision    packtrain.evaluate.champion: the paired verdict (op["promotion"]), then (op["gate"]) the gate
       2. log model   once per op (the logged model carries tag packtrain.register_op=<op id>); register.flavor=files
-                     copies the exported files as they are (packtrain.evaluate.registry.log_model_dir)
-      3. version     registered with tags: lineage, decision (+ reason), gate verdict, packtrain.train_run_id
+                     copies the exported files as they are (packtrain.evaluate.registry.log_model_dir). The model
+                     is the train run's: its source run and the run it is an output of are the pipeline's train
+                     stage run, so MLflow shows it there ("Logged models", "Registered models: NAME vN") and the
+                     version's run is the train run; a register run with no train run in its tree (`packtrain
+                     register` alone) keeps it itself
+      3. version     registered with tags: lineage, decision (+ reason), gate verdict, packtrain.train_run_id,
+                     packtrain.register_run_id (this run: decision, validation/, gate/)
       4. aliases     champion by compare-and-set, else challenger; packtrain.alias_set marks it done
       5. the run     metrics candidate_value/champion_value/promoted, packtrain.* tags, register_result.json,
                      validation/validation.md + validation.json (and gate/gate.json, gate/gate.md when gated)
@@ -42,6 +47,9 @@ from packtrain.gate.sources import TRAIN_RUN_TAG  # the version's training run: 
 
 OP_TAG = "packtrain.register_op"
 """Tag on the logged model and the model version: the id of the registration op that made them."""
+REGISTER_RUN_TAG = "packtrain.register_run_id"
+"""Version tag: the register run that decided (its register_result.json, validation/ and gate/ artifacts); the
+version's own run is the train run that owns the model."""
 ALIAS_SET_TAG = "packtrain.alias_set"
 """Version tag written once its alias (champion or challenger) is set: a repeat of the op leaves aliases alone."""
 
@@ -89,9 +97,12 @@ def _version_of_op(client, name: str, oid: str):
     return found[0] if found else None
 
 
-def _log_model_once(client, run_id: str, op: dict, model_dir: Path, card: str) -> tuple[str, str, str, float]:
-    """(model_id, flavor, note, seconds) of the op's logged model; logged only when no earlier attempt
-    finished it (an attempt is finished once its model carries the packtrain.flavor tag)."""
+def _log_model_once(client, run_id: str, op: dict, model_dir: Path, card: str, step: int = 0
+                    ) -> tuple[str, str, str, float]:
+    """(model_id, flavor, note, seconds) of the op's logged model, an output of run `run_id` (the train run) at
+    `step` (its last optimizer step: MLflow links that step's loss, tokens/s and MFU to the model); logged only
+    when no earlier attempt finished it (an attempt is finished once its model carries the packtrain.flavor
+    tag)."""
     from packtrain.evaluate.adapter_registry import registry_model_dir
     from packtrain.evaluate.registry import ARTIFACT_NAME, log_model_dir
 
@@ -105,7 +116,7 @@ def _log_model_once(client, run_id: str, op: dict, model_dir: Path, card: str) -
         exp, name=ARTIFACT_NAME, source_run_id=run_id, tags={OP_TAG: op["id"]}).model_id
     model_dir = registry_model_dir(model_dir)   # a LoRA model/: its merged/ (plain transformers)
     _, flavor, note, log_s = log_model_dir(model_dir, op["flavor"], op["pip_requirements"], card,
-                                           model_id=model_id, run_id=run_id)
+                                           model_id=model_id, run_id=run_id, step=step)
     client.set_logged_model_tags(model_id, {"packtrain.flavor": flavor, "packtrain.flavor_note": note[:4000],
                                             "packtrain.log_model_s": f"{log_s:.3f}"})
     return model_id, flavor, note, log_s
@@ -172,7 +183,9 @@ def apply_registration(client, tracking_uri: str, run_id: str, op: dict, model_d
         decision, reason, gate = gate_step(client, run_id, op, decision, reason, prev_version)
         card = (f"# {name}\n\n{metric}: {candidate:.6g}; decision: {decision} ({reason})\n\n"
                 + "\n".join(f"- {k}: {v}" for k, v in op["version_tags"].items()))
-        model_id, flavor, note, log_s = _log_model_once(client, run_id, op, Path(model_dir), card)
+        train_run = train_run_of(client, run_id)
+        model_id, flavor, note, log_s = _log_model_once(client, train_run or run_id, op, Path(model_dir), card,
+                                                        int(op.get("step") or 0) if train_run else 0)
         if os.environ.get("PACKTRAIN_FAULT"):   # tests: die between the logged model and its version
             from packtrain.faults import kill_point
 
@@ -180,7 +193,7 @@ def apply_registration(client, tracking_uri: str, run_id: str, op: dict, model_d
         tags = {**op["version_tags"], "decision": decision, "decision_reason": reason[:4000], "flavor": flavor,
                 "previous_champion_version": prev_version, "had_champion": str(had).lower(),
                 "previous_champion_value": prev_value, "log_model_s": f"{log_s:.3f}", OP_TAG: oid,
-                TRAIN_RUN_TAG: train_run_of(client, run_id), **(gate.tags() if gate else {}),
+                TRAIN_RUN_TAG: train_run, REGISTER_RUN_TAG: run_id, **(gate.tags() if gate else {}),
                 **log_adapter(client, run_id, Path(model_dir)),   # LoRA: adapter files → artifact adapter/
                 **(validation_tags(promo) if promo else {})}
         mv = mlflow.register_model(f"models:/{model_id}", name,

@@ -60,16 +60,18 @@ def _model_card(text: str):
 
 
 def log_model(model, tokenizer, model_dir: Path, flavor: str, pip_requirements: list[str],
-              card_text: str = "", model_id: str | None = None, run_id: str | None = None
+              card_text: str = "", model_id: str | None = None, run_id: str | None = None, step: int = 0
               ) -> tuple[object, str, str, float]:
-    """Log into run `run_id` (default: the active MLflow run). With `model_id`, into that existing logged
-    model (its artifacts are overwritten: how a registration repeated after a crash logs nothing twice).
+    """Log into run `run_id` (default: the active MLflow run) as its output at `step` (MLflow links the run's
+    metrics of that step to the model). With `model_id`, into that existing logged model (its artifacts are
+    overwritten: how a registration repeated after a crash logs nothing twice).
     Returns (ModelInfo, flavor used, note on the choice, seconds)."""
     import mlflow
 
     note = ""
     t0 = time.perf_counter()
-    where = {"model_id": model_id, "run_id": run_id} if model_id or run_id else {}
+    where: dict[str, str | int | None] = {"model_id": model_id, "run_id": run_id} if model_id or run_id else {}
+    where["step"] = step
     if flavor in ("auto", "transformers"):
         try:
             with no_deepspeed_probe():   # the flavor save_pretrained's the in-memory model
@@ -96,10 +98,12 @@ def log_model(model, tokenizer, model_dir: Path, flavor: str, pip_requirements: 
 
 
 def log_model_dir(model_dir: Path, flavor: str, pip_requirements: list[str], card_text: str = "",
-                  model_id: str | None = None, run_id: str | None = None) -> tuple[object, str, str, float]:
+                  model_id: str | None = None, run_id: str | None = None, step: int = 0
+                  ) -> tuple[object, str, str, float]:
     """Log the exported directory `model_dir` (a save_pretrained directory with its tokenizer) with `flavor`
-    (module doc) into run `run_id`, or into the existing logged model `model_id`. Returns (ModelInfo, flavor
-    used, note on the choice, seconds: the whole step, the load included for the in-memory flavors)."""
+    (module doc) into run `run_id` (its output at `step`), or into the existing logged model `model_id`.
+    Returns (ModelInfo, flavor used, note on the choice, seconds: the whole step, the load included for the
+    in-memory flavors)."""
     from packtrain.errors import InputDataError
 
     t0 = time.perf_counter()
@@ -113,14 +117,14 @@ def log_model_dir(model_dir: Path, flavor: str, pip_requirements: list[str], car
             note, flavor = f"files flavor not possible ({e})", "auto"
         else:
             info = log_model_files(model_dir, pip_requirements, card_text, name=ARTIFACT_NAME, model_id=model_id,
-                                   run_id=run_id)
+                                   run_id=run_id, step=step)
             return info, "files", "the exported files as they are, in MLflow's transformers flavor", \
                 time.perf_counter() - t0
     from packtrain.evaluate.loading import load_model_dir
 
     model, tokenizer = load_model_dir(model_dir, "cpu")
     info, used, why, _ = log_model(model, tokenizer, model_dir, flavor, pip_requirements, card_text,
-                                   model_id=model_id, run_id=run_id)
+                                   model_id=model_id, run_id=run_id, step=step)
     return info, used, "; ".join(x for x in (note, why) if x), time.perf_counter() - t0
 
 

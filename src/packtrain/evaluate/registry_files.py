@@ -129,9 +129,10 @@ def save_model(path: str, mlflow_model, model_dir: str, pip_requirements: list[s
 
 
 def log_model_files(model_dir: Path, pip_requirements: list[str], card_text: str = "", name: str = "model",
-                    model_id: str | None = None, run_id: str | None = None):
-    """Log `model_dir` as it is (module doc) into run `run_id` (default: the active run); with `model_id`, into
-    that existing logged model (its artifacts overwritten). Returns MLflow's ModelInfo."""
+                    model_id: str | None = None, run_id: str | None = None, step: int = 0):
+    """Log `model_dir` as it is (module doc) into run `run_id` (default: the active run), as its output at
+    `step`; with `model_id`, into that existing logged model (its artifacts overwritten). Returns MLflow's
+    ModelInfo."""
     from types import SimpleNamespace
 
     from mlflow.models import Model
@@ -140,4 +141,4 @@ def log_model_files(model_dir: Path, pip_requirements: list[str], card_text: str
     check_exported_dir(model_dir)
     return Model.log(artifact_path=None, name=name, flavor=SimpleNamespace(save_model=save_model),
                      flavor_name="transformers", model_dir=str(model_dir), pip_requirements=pip_requirements,
-                     card_text=card_text, model_id=model_id, run_id=run_id)
+                     card_text=card_text, model_id=model_id, run_id=run_id, step=step)

@@ -11,10 +11,16 @@ compared run is resolved through the MLflow run tree (packtrain.tracking.refs.st
 mlflow.parentRunId, run name = stage name) to its `train` stage run, whose metric histories are the curves:
 
     loss         loss                                   x = optimizer step
-    tokens/s     real_tokens_per_s, slot_tokens_per_s   x = optimizer step
-    MFU          useful_mfu, dense_mfu                  x = optimizer step
-    utilization  system.utilization_pct (NVML or CPU)   x = seconds since the sampler started (step = ms)
-    memory       system.memory_used_gib, ..._gib        x = seconds
+    eval loss    eval_loss (train.eval_every_steps)     x = optimizer step
+    tokens/s     real_tokens_per_s                      x = optimizer step
+    MFU          useful_mfu                             x = optimizer step
+    utilization  system/train_utilization_percentage    x = seconds since the first sample (its timestamp)
+                 (NVML or CPU)
+    memory       system/train_memory_used_gib, ...      x = seconds
+
+Runs logged before the layout of docs/tracking.md ("The MLflow layout") are read under their names too:
+slot_tokens_per_s, dense_mfu, and packtrain's system.utilization_pct / system.memory_used_gib (step = ms since
+the sampler started).
 
 Numbers (headline table, compare.json "metrics") are each run tree read as `packtrain gate` reads it
 (packtrain.gate.sources.load_run: the train, pack and evaluate stage runs under the canonical names of
@@ -44,10 +50,11 @@ CURVES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("eval loss", r"(^|[./])eval_loss$", ("eval_loss",)),
     ("tokens/s", r"tokens?_per_s$", ("real_tokens_per_s", "slot_tokens_per_s")),
     ("MFU", r"mfu$", ("useful_mfu", "dense_mfu")),
-    ("utilization", r"util", ("system.utilization_pct",)),
+    ("utilization", r"util", ("system/train_utilization_percentage", "system.utilization_pct")),
     # memory, not disk: MLflow's system/disk_* series are disk space
-    ("memory", r"^(?!.*disk).*(gib$|megabytes$|memory)", ("system.memory_used_gib", "system.allocated_gib",
-                                                         "system.reserved_gib")),
+    ("memory", r"^(?!.*disk).*(gib$|megabytes$|memory)", ("system/train_memory_used_gib", "system/train_allocated_gib",
+                                                         "system/train_reserved_gib", "system.memory_used_gib",
+                                                         "system.allocated_gib", "system.reserved_gib")),
 )
 MAX_CURVES = 3
 # single values logged once per run (a "curve" of one point); never fetched as histories
@@ -75,7 +82,7 @@ class ComparedRun:
 
     ref: str                     # as given ("01943b11", "packtrain-lm@champion") or the id when listed
     run_id: str
-    name: str                    # MLflow run name: pipeline | train | ...
+    name: str                    # MLflow run name: "tiny-cpu · data 791d2730" (a pipeline run) | train | ...
     kind: str                    # packtrain.kind tag: pipeline | stage | "" (not a packtrain run)
     experiment: str
     status: str
@@ -84,8 +91,9 @@ class ComparedRun:
 
     @property
     def label(self) -> str:
-        """'pipeline·01943b11' — run name and the 8-character short id `packtrain run` prints."""
-        return f"{self.name or 'run'}·{self.run_id[:8]}"
+        """'pipeline·01943b11' — the kind of a pipeline run, else the run name (train, ...), and the 8-character
+        short id `packtrain run` prints; a pipeline run's name (recipe · data version) is the table's `name` row."""
+        return f"{'pipeline' if self.kind == 'pipeline' else self.name or 'run'}·{self.run_id[:8]}"
 
 
 @dataclass

@@ -1,15 +1,14 @@
 """The gate's metric names: one scheme, `<stage>.<key>`, the names a pipeline run logs.
 
-A `packtrain run` logs every stage twice: a stage run (`train`, `pack`, ...) with that stage's own names and
-per-step series, and the pipeline (parent) run with the same values prefixed by the stage. The gate, its
-rules files and docs/metrics.md speak the pipeline run's names; `GATE_METRICS` says where each one lives in
-the stage run, under which other names it is logged there (`summary.*` repeats the train summary), and
-which per-step series is its history:
+A `packtrain run` keeps every final number once, on the pipeline (parent) run, prefixed by its stage; the stage
+run holds its per-step series (docs/tracking.md, "The MLflow layout"). The gate, its rules files and
+docs/metrics.md speak the pipeline run's names; `GATE_METRICS` says under which key the stage knows each one
+(the train run's summary.json, and its metric in runs of their own or logged before this layout, where
+`summary.*` repeated the train summary) and which per-step series is its history:
 
-    canonical (rules, gate table)        stage run "train"                       pipeline run
-    train.throughput.real_tokens_per_s   throughput.real_tokens_per_s (final),   train.throughput.real_tokens_per_s
-                                         summary.real_tokens_per_s (same value),
-                                         real_tokens_per_s (one point per step)
+    canonical (rules, gate table)        pipeline run                            stage run "train"
+    train.throughput.real_tokens_per_s   train.throughput.real_tokens_per_s      summary.json throughput.real_tokens_per_s,
+                                                                                 real_tokens_per_s (one point per step)
 
     >>> canonical_name("train", "summary.real_tokens_per_s")
     'train.throughput.real_tokens_per_s'
@@ -116,11 +115,19 @@ def series_names(stage: str) -> set[str]:
 
 def metrics_table() -> str:
     """The Markdown table of docs/metrics.md (between its markers)."""
-    rows = ["| canonical name (rules, gate) | better | unit | stage run: final value | stage run: per-step "
-            "series | meaning |", "|---|---|---|---|---|---|"]
+    from packtrain.tracking.layout import STEP_CHARTS
+
+    rows = ["| canonical name (pipeline run, rules, gate) | better | unit | stage run: its key | stage run: "
+            "per-step series (chart) | meaning |", "|---|---|---|---|---|---|"]
     for m in GATE_METRICS:
-        final = " = ".join(f"`{k}`" for k in (m.key, *m.aliases))
-        series = f"`{m.series}`" if m.series else "–"
+        final = f"`{m.key}`" + (" (older runs also " + ", ".join(f"`{a}`" for a in m.aliases) + ")"
+                                if m.aliases else "")
+        if not m.series:
+            series = "–"
+        elif m.stage != "train" or m.series in STEP_CHARTS:
+            series = f"`{m.series}`"
+        else:   # no longer a chart: telemetry.json's "steps"; older runs logged it
+            series = f"– (older runs: `{m.series}`)"
         rows.append(f"| `{m.name}` | {m.direction} | {m.unit or '–'} | {m.stage}: {final} | {series} | "
                     f"{m.meaning} |")
     return "\n".join(rows)

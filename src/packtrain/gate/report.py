@@ -42,9 +42,10 @@ def _grid(rows: list[list[str]], indent: str = "") -> list[str]:
 
 
 def run_rows(comp: Comparison) -> list[list[str]]:
-    """[["", label...], ["run id", ...], ["train run", ...], ["experiment", ...], ["status", ...]]."""
+    """[["", label...], ["name", ...], ["run id", ...], ["train run", ...], ["experiment", ...], ["status", ...]]."""
     rs = comp.runs
     return [["", *(r.label + (" (baseline)" if i == 0 and len(rs) > 1 else "") for i, r in enumerate(rs))],
+            ["name", *(r.name or "–" for r in rs)],
             ["run id", *(r.run_id for r in rs)],
             ["train run", *((r.train_run_id or "–") if r.train_run_id != r.run_id else "(itself)" for r in rs)],
             ["experiment", *(r.experiment for r in rs)],

@@ -9,13 +9,15 @@
     load_source("packtrain-lm@champion")              a registered model version (also models:/name@alias,
                                                        models:/name/3): the training run that produced it
 
-Like with like: a packtrain run is read as its **run tree** — the pipeline run and its stage runs — and its
+Like with like: a packtrain run is read as its **run tree** — the pipeline run (which holds every stage's final
+numbers) and its stage runs (their series; older runs and runs of their own also their finals) — and its
 metrics carry the canonical names of packtrain.gate.metrics (`train.throughput.real_tokens_per_s`,
 `pack.fill`, ...), whichever run of the tree was named:
 
     pipeline run 69930646 ──► its train stage run efa50e85 (+ the pack and evaluate stage runs)
     register run a11b422f ──► its pipeline's train stage run (the register run itself has no throughput)
-    packtrain-lm@champion ──► version 1 ──► tag packtrain.train_run_id, else its register run's tree
+    packtrain-lm@champion ──► version 1 ──► tag packtrain.train_run_id, else its run's tree (the train run
+                                            that owns the model; older versions: the register run)
 
 A lone stage run (a CLI `packtrain train` outside `packtrain run`) is read alone, its names prefixed with
 its stage. Runs that packtrain did not make (no `packtrain.kind` tag) keep their own metric names.

@@ -30,7 +30,7 @@ import os
 import sys
 import time
 import traceback
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -44,9 +44,11 @@ FRESH_TORCH_SEED = 67280421310721
 
 def run_dag(cfg, run_dir: str | Path, *, cache_dir: Path | None = None, on_event: EventSink | None = None,
             output: TextIO | None = None, capture_fds: bool = False, progress_s: float = 10.0,
-            code_version: str = "", data_version: str = "", stages: Sequence[StageSpec] = STAGES) -> dict[str, dict]:
+            code_version: str = "", data_version: str = "", stages: Sequence[StageSpec] = STAGES,
+            on_stage: Callable[[str, dict], None] | None = None) -> dict[str, dict]:
     """Run `stages` (default: the whole table) on `cfg` into `run_dir` (module docstring); returns each stage's
-    stats dict. Raises StageFailed at the first failing stage (the stages after it do not run)."""
+    stats dict. Raises StageFailed at the first failing stage (the stages after it do not run). `on_stage(name,
+    stats)` hears each stage's stats (the dict returned for it) before the next stage starts."""
     import gc
 
     run_dir = Path(run_dir)
@@ -55,14 +57,14 @@ def run_dag(cfg, run_dir: str | Path, *, cache_dir: Path | None = None, on_event
     results: dict[str, dict] = {}
     try:
         return _walk(cfg, run_dir, stages, emit, outputs, results, cache_dir, output, capture_fds, progress_s,
-                     code_version, data_version)
+                     code_version, data_version, on_stage)
     finally:
         gc.unfreeze()   # what own_process froze goes back to the collector's oldest generation
 
 
 def _walk(cfg, run_dir: Path, stages: Sequence[StageSpec], emit, outputs: dict[str, Path], results: dict[str, dict],
           cache_dir: Path | None, output: TextIO | None, capture_fds: bool, progress_s: float, code_version: str,
-          data_version: str) -> dict[str, dict]:
+          data_version: str, on_stage: Callable[[str, dict], None] | None = None) -> dict[str, dict]:
     from packtrain.pipeline.runtime import run_stage
 
     for i, spec in enumerate(stages, 1):
@@ -92,6 +94,8 @@ def _walk(cfg, run_dir: Path, stages: Sequence[StageSpec], emit, outputs: dict[s
                         cached=stats.get("cache") == "hit"))
         outputs[spec.output] = out_dir
         results[spec.name] = {**stats, "output_dir": str(out_dir)}   # where this run's output is (the summary)
+        if on_stage is not None:
+            on_stage(spec.name, results[spec.name])
     return results
 
 

@@ -74,13 +74,28 @@ def _start_parent(cfg, runner: str) -> str | None:
 
 
 def _end_parent(cfg, parent: str, status: str, metrics: dict, tags: dict) -> None:
+    """Every stage's final numbers as `<stage>.<key>` (those a stage or a restored stage already logged there
+    are not logged twice: one point per number), the tags, then the end."""
     from packtrain.tracking import StageRun, end_pipeline_run
     from packtrain.tracking.run import get_client
 
-    handle = StageRun(get_client(cfg), parent, "pipeline")
-    handle.log_metrics(metrics)
+    client = get_client(cfg)
+    handle = StageRun(client, parent, "pipeline")
+    have = _logged_metrics(client, parent)
+    handle.log_metrics({k: v for k, v in metrics.items() if have.get(k) != float(v)})
     handle.set_tags(tags)
     end_pipeline_run(parent, status, cfg)
+
+
+def _logged_metrics(client, run_id: str) -> dict[str, float]:
+    """The run's latest metric values ({} when the store cannot say: then everything is logged)."""
+    rid = client.resolve(run_id)
+    if not rid or rid.startswith("pending-") or client.down:
+        return {}
+    try:
+        return dict(client._client.get_run(rid).data.metrics)
+    except Exception:   # the store went away: log all of it (buffered)
+        return {}
 
 
 def log_cached_stage_runs(parent: str, cfg, stages: dict[str, dict]) -> list[str]:
@@ -90,18 +105,21 @@ def log_cached_stage_runs(parent: str, cfg, stages: dict[str, dict]) -> list[str
     packtrain.cache=hit, packtrain.restored_from=<origin run id>, the key and the KFP run id. Params of the
     stage's config section the origin lacks are added; without a readable origin the cached stats are logged
     as metrics. Updates `stats["mlflow_run"]` to the new run and sets `stats["restored_from"]`.
-    Returns the new run ids."""
+    The stage's final numbers go to the parent at once (`<stage>.<key>`, as a stage that runs logs them), and a
+    restored ingest names the parent after the data version. A stage already logged here (its stats carry
+    `restored_from`) is skipped. Returns the new run ids."""
     from packtrain.config import flatten
     from packtrain.pipeline.runtime import stage_section
     from packtrain.tracking import StageRun
     from packtrain.tracking.context import base_tags
+    from packtrain.tracking.layout import data_version_of
     from packtrain.tracking.restore import restore_run
-    from packtrain.tracking.run import get_client
+    from packtrain.tracking.run import get_client, name_pipeline_run
 
     client = get_client(cfg)
     ids = []
     for stage, stats in stages.items():
-        if stats.get("cache") != "hit":
+        if stats.get("cache") != "hit" or "restored_from" in stats:
             continue
         tags = {**base_tags("stage", cfg.name, stage), "mlflow.parentRunId": client.resolve(parent),
                 "packtrain.cache": "hit", "packtrain.cache_key": stats.get("cache_key", ""),
@@ -117,6 +135,9 @@ def log_cached_stage_runs(parent: str, cfg, stages: dict[str, dict]) -> list[str
         if not copy["copied"]:
             handle.log_metrics(_flat_numbers(stats))
         client.set_terminated(run_id, "FINISHED")
+        StageRun(client, parent, "pipeline").log_metrics({f"{stage}.{k}": v for k, v in _flat_numbers(stats).items()})
+        if stage == "ingest":
+            name_pipeline_run(cfg, data_version_of(stats), parent)
         stats["restored_from"] = origin
         stats["mlflow_run"] = {"run_id": client.resolve(run_id), "tracking_uri": client.shown_uri}
         ids.append(run_id)
@@ -219,6 +240,7 @@ def _run_local(cfg, *, runner: Runner, verbose: bool, use_cache: bool | None, ou
                progress_s: float) -> dict:
     from packtrain.pipeline.summary import build_summary, format_summary
     from packtrain.tracking import resolve_tracking_uri
+    from packtrain.tracking.layout import data_version_of, pipeline_run_name
 
     t_start = time.perf_counter()
     if runner != "kfp":   # the kfp runner's stages are subprocesses: nothing imported here reaches them
@@ -274,7 +296,9 @@ def _run_local(cfg, *, runner: Runner, verbose: bool, use_cache: bool | None, ou
     finally:
         if parent:
             metrics = {f"{s}.{k}": v for s, st in stages.items() for k, v in _flat_numbers(st).items()}
-            _end_parent(cfg, parent, status, metrics, {"packtrain.log": str(log_path), **_stage_run_tags(stages)})
+            name = pipeline_run_name(cfg.name, data_version_of(stages.get("ingest")))   # kfp: ingest ran elsewhere
+            _end_parent(cfg, parent, status, metrics, {"packtrain.log": str(log_path), **_stage_run_tags(stages),
+                                                       **({"mlflow.runName": name} if stages.get("ingest") else {})})
     summary = build_summary(stages)
     reg = stages.get("register") or {}
     if tracking_uri and isinstance(reg, dict) and reg.get("cache") == "hit" and reg.get("version") is not None:
@@ -317,8 +341,17 @@ def _run_in_process(cfg, workdir: Path, log: TextIO, out: TextIO, verbose: bool,
                     "started ---\n" if ev.kind == "start" else f"{ev.status} in {ev.seconds:.1f} s ---\n"))
             lines(ev)
 
+        parent = os.environ.get(PARENT_ENV)
+
+        def on_stage(stage: str, stats: dict) -> None:
+            """A restored stage's run goes under the parent before the next stage starts: the register stage
+            then finds the pipeline's train run (the model's owner) and its numbers even when train was cached."""
+            if parent and stats.get("cache") == "hit":
+                log_cached_stage_runs(parent, cfg, {stage: stats})
+
         return run_dag(cfg, workdir / "kfp" / run_name(), cache_dir=cache_dir, on_event=on_event, output=output,
-                       capture_fds=not verbose, progress_s=progress_s, code_version=code_version())
+                       capture_fds=not verbose, progress_s=progress_s, code_version=code_version(),
+                       on_stage=on_stage)
 
 
 class _Tee:

@@ -205,13 +205,15 @@ def check_gate(cfg, name: str, version: str | None) -> dict:
     t = mv.tags
     if "gate" not in t:
         return {}
+    # the register run holds gate/gate.md; versions registered before the train run owned the model had it as run
+    register_run = t.get("packtrain.register_run_id") or mv.run_id
     gate = {"verdict": t["gate"], "exit_code": int(t.get("gate_exit_code", 0)), "baseline": t.get("gate_baseline"),
-            "failed": t.get("gate_failed", ""), "register_run_id": mv.run_id}
+            "failed": t.get("gate_failed", ""), "register_run_id": register_run}
     if gate["exit_code"] != 0:
         raise GateFailed(
             f"scheduled run: {name} v{version} did not pass the gate against the champion {gate['baseline']}: "
             f"{gate['verdict']} — {gate['failed']}. The champion alias stays where it was; v{version} is "
-            f"challenger. Table: artifact gate/gate.md of register run {mv.run_id}", gate["exit_code"])
+            f"challenger. Table: artifact gate/gate.md of register run {register_run}", gate["exit_code"])
     return gate
 
 

@@ -16,7 +16,8 @@ A stage's PacktrainError propagates unchanged (its class carries the exit code).
 1. writes the RunConfig (one JSON/YAML string, the pipeline's `config` parameter) to a temp file and
    loads it with `load_run_config` (same validation as the CLI);
 2. exports KFP_RUN_ID (MLflow tag `kfp.run_id`) and, on a cluster, finds or opens the pipeline's parent
-   MLflow run (tag `packtrain.pipeline_run=<kfp run id>`) so stage runs nest under it;
+   MLflow run (tag `packtrain.pipeline_run=<kfp run id>`) so stage runs nest under it; it is named after the
+   recipe, and `<recipe> · data <8 hex>` once the ingest stage ran (packtrain.tracking.layout);
 3. calls `run_stage`, with the stage cache when PACKTRAIN_STAGE_CACHE_DIR is set (only `packtrain run
    --runner kfp` sets it);
 4. on a PacktrainError writes the error record (packtrain.error_record.write_error_record: stage, message, exit
@@ -230,6 +231,11 @@ def _call_runner(stage: str, cfg, args: Sequence, out_dir) -> dict:
     extra = {"resume": True} if stage == "train" else {}
     before = stage_run_record(stage)   # an earlier stage run of this process (an earlier in-process DAG run)
     stats = stats_dict(get_runner(stage)(cfg, *args, Path(out_dir), **extra))
+    if stage == "ingest":   # the data version is known now: the pipeline run's name says it
+        from packtrain.tracking.layout import data_version_of
+        from packtrain.tracking.run import name_pipeline_run
+
+        name_pipeline_run(cfg, data_version_of(stats))
     rec = stage_run_record(stage)
     # + "mlflow_run" {run_id, tracking_uri}: a cache hit later copies that run (packtrain.tracking.restore);
     # only the run this call opened (tracking off or rank ≠ 0: none)
@@ -283,7 +289,9 @@ def _ensure_parent_run(cfg, kfp_run_id: str) -> None:
     if found:
         os.environ[PARENT_ENV] = found[0].info.run_id
         return
-    run = client.create_run(exp.experiment_id, run_name=f"pipeline-{cfg.name}",
+    from packtrain.tracking.layout import pipeline_run_name
+
+    run = client.create_run(exp.experiment_id, run_name=pipeline_run_name(cfg.name, None),   # + data: after ingest
                             tags={"packtrain.pipeline_run": kfp_run_id, "kfp.run_id": kfp_run_id,
                                   "packtrain.recipe": cfg.name})
     os.environ[PARENT_ENV] = run.info.run_id

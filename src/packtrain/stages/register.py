@@ -7,9 +7,11 @@
               train_dir/train_result.json (optional: lineage tags MFU, peak memory, git sha, dataset md5)
       writes  out_dir/register_result.json   packtrain.stages.results.RegisterResult: version, decision, both
                                              numbers, tags, lineage (md5 of model + eval_result.json); returned
-      MLflow  run "register": the logged model, metrics candidate_<metric>/champion_<metric>/promoted,
-              tags packtrain.decision/..., artifact register_result.json; Model Registry version + alias
-              (champion by compare-and-set on the version it was gated against, else challenger)
+      MLflow  run "register": metrics candidate_value/champion_value/promoted, tags packtrain.decision/...,
+              artifacts register_result.json, validation/, gate/; the logged model goes to the pipeline's train
+              run (its output, source run; docs/tracking.md "The MLflow layout"), alone to this run; Model
+              Registry version of that logged model + alias (champion by compare-and-set on the version it was
+              gated against, else challenger)
 
 Tracking store unreachable (before or during the registration): the stage still succeeds (exit 0). The
 registration is one buffered op, like the metrics (packtrain.tracking.buffer), with a copy of the model in

@@ -13,16 +13,19 @@
       refuses  a fresh run (no resume) into an out_dir holding checkpoints unless overwrite (exit 2; quarantined
               checkpoints do not count and are kept either way); a run into an out_dir that another run is
               writing (exit 7, naming it: packtrain.pipeline.lock.output_lock)
-      MLflow  run "train" (rank 0 only): params train.* and model.*, per-step metrics with step= (loss, lr,
-              grad_norm, tokens/s, MFU, step time, data wait), the summary as metrics (summary.*, throughput.*,
-              memory.*), threshold violations as tags, the files above as artifacts
+      MLflow  run "train" (rank 0 only; docs/tracking.md "The MLflow layout"): params train.* and model.*;
+              charts at their optimizer step: loss, real_tokens_per_s, useful_mfu (packtrain.tracking.layout.
+              STEP_CHARTS); the sampler's utilization/memory as system metrics system/train_* at their sample
+              time; datasets train_packs (context training) and, when it evaluates, eval_packs (eval); the final
+              numbers once (`log_finals`: the pipeline run's train.* + summary.json); threshold violations as
+              tags; the files above as artifacts. The register stage later logs the model as this run's output
       guard   telemetry.guard (docs/guard.md): events as metrics at their step (guard.events, guard.<signal>),
               tags packtrain.guard.events / packtrain.guard.fallbacks, out_dir/guard_events.json (artifact),
               train_result.json `guard`; a checkpoint_and_stop ends the run with GuardStopped (exit 6)
       eval    train.eval_every_steps N > 0 (packtrain.train.evaluation): eval_loss / eval_perplexity every N
-              steps (MLflow metrics at the step, train_log.jsonl), train.early_stopping, and model/ = the
-              lowest-eval_loss checkpoint; train_result.json `evaluation` (curve, best_step, exported_step,
-              early_stopped), MLflow best_eval_loss / best_eval_step
+              steps (train_log.jsonl; eval_loss also the MLflow metric at the step), train.early_stopping, and
+              model/ = the lowest-eval_loss checkpoint; train_result.json `evaluation` (curve, best_step,
+              exported_step, early_stopped), final numbers evaluation.best_eval_loss / best_step / early_stopped
 
 Warm start (`model.init_from` not scratch; packtrain.model.registry_source, packtrain.model.warm_start):
       resolves  the init source before any work: a registry source is downloaded once into
@@ -31,7 +34,7 @@ Warm start (`model.init_from` not scratch; packtrain.model.registry_source, pack
                 or holding ids ≥ its vocabulary (exit 2, both hashes named), before the MLflow run opens
       measures  the step-0 held-out loss of the initial weights on packs_dir/eval with the evaluate stage's code
                 and settings: train_result.json `init_eval_loss` (+ `init`: the resolved source, the tokenizer
-                check, the evaluation), MLflow metrics init_eval_loss / init_perplexity, out_dir/init_eval.json
+                check, the evaluation), final number init_eval_loss, out_dir/init_eval.json
                 (a resumed run reports the number its first attempt measured)
       tags      packtrain.init_from, packtrain.init_resolved, packtrain.init_fallback_reason,
                 packtrain.parent_model_version / packtrain.parent_model (the register stage copies them onto
@@ -106,9 +109,16 @@ def train_device(cfg: RunConfig) -> str:
 
 
 def summary_metrics(d: dict) -> dict[str, float]:
-    """The scalar summary of a TrainResult dict, for MLflow (per-step series are logged during training)."""
+    """The final numbers of a TrainResult dict, each once under its train-run name (`throughput.real_tokens_per_s`,
+    `final_loss`, ...): what `StageRun.log_finals` sends (the per-step series are logged during training)."""
     out = {"final_loss": d["final_loss"], "steps": d["steps"], "tokens": d["tokens"],
            "skipped_steps": d["skipped_steps"], "recompiles": d["recompiles"], "compiles": d["compiles"]}
+    if d.get("init_eval_loss") is not None:   # a warm start's step-0 held-out loss (its exp is in init_eval.json)
+        out["init_eval_loss"] = d["init_eval_loss"]
+    ev = d.get("evaluation") or {}
+    if ev:   # the names the pipeline run has them under too (train.evaluation.best_eval_loss)
+        out.update({"evaluation.best_eval_loss": ev.get("best_eval_loss"), "evaluation.best_step": ev.get("best_step"),
+                    "evaluation.early_stopped": float(bool(ev.get("early_stopped")))})
     guard = d.get("guard") or {}
     if guard.get("enabled"):
         out.update({"guard.events_total": len(guard.get("events") or []),
@@ -168,6 +178,7 @@ def _run_train(cfg: RunConfig, packs_dir: Path, tokens_dir: Path, out_dir: Path,
               tracker=None, resume=resume, plan_cfg=cfg.plan, overwrite=overwrite, eval_cfg=cfg.evaluate)
         return None
     from packtrain.tracking import stage_run
+    from packtrain.tracking.layout import system_rows
 
     lineage = train_lineage(packs_dir, tokens_dir, tokenizer_dir)   # the inputs as read, before training
 
@@ -175,8 +186,7 @@ def _run_train(cfg: RunConfig, packs_dir: Path, tokens_dir: Path, out_dir: Path,
     with stage_run("train", cfg, section=cfg.train) as run:
         run.log_params({f"model.{k}": v for k, v in flatten(cfg.model.model_dump(mode="json")).items()})
         run.set_tags(init.tags())
-        if step0 is not None:
-            run.log_metrics({"init_eval_loss": step0["eval_loss"], "init_perplexity": step0["perplexity"]})
+        log_datasets(run, cfg, packs_dir, lineage)
         result = train(model_cfg, cfg.train, cfg.pack, cfg.telemetry, packs_dir, tokenizer_dir, out_dir,
                        tracker=run, resume=resume, plan_cfg=cfg.plan, overwrite=overwrite, eval_cfg=cfg.evaluate)
         from packtrain.versioning import hash_ahead
@@ -188,14 +198,10 @@ def _run_train(cfg: RunConfig, packs_dir: Path, tokens_dir: Path, out_dir: Path,
                              packing_fill=packing_fill(packs_dir / "train"))
         typed.write(out_dir)
         stats = typed.to_dict()
-        run.log_metrics(summary_metrics(stats))
-        if stats.get("evaluation"):
-            ev = stats["evaluation"]
-            run.log_metrics({"best_eval_loss": ev["best_eval_loss"], "best_eval_step": ev["best_step"],
-                             "early_stopped": float(ev["early_stopped"])})
+        run.log_finals(summary_metrics(stats))   # the pipeline run's train.* (or this run's, alone) + summary.json
         if result.report is not None:
-            run.log_report(result.report)   # summary.* metrics, violation tags, telemetry.json + PNGs
-            log_system_series(run, result.report)
+            run.log_report(result.report)   # violation tags, telemetry.json + PNGs
+            run.log_series(system_rows(result.report.samples, result.report.t0_unix))
         run.set_tags({"packtrain.train.attention": stats["setup"]["attention"],
                       "packtrain.train.engine": stats["setup"]["engine"],
                       "packtrain.train.world_size": stats["setup"]["world_size"],
@@ -248,13 +254,14 @@ def initial_loss(cfg: RunConfig, init, packs_dir: Path, out_dir: Path, resume: b
     return step0
 
 
-def log_system_series(run, report) -> None:
-    """The sampler's utilization / memory / fragmentation samples as MLflow time series (system.*)."""
-    from packtrain.telemetry.report import system_series
+def log_datasets(run, cfg: RunConfig, packs_dir: Path, lineage: Lineage) -> None:
+    """The train run's inputs (MLflow datasets, digest = DVC md5): the train split it trains on (context
+    training) and, when train.eval_every_steps evaluates during training, the held-out split (context eval)."""
+    from packtrain.versioning import data_md5
 
-    for step, metrics in system_series(report.samples):
-        run.log_step(metrics, step)
-    run.flush()
+    run.log_dataset(packs_dir / "train", "train_packs", lineage.input_md5.get("packs"), context="training")
+    if cfg.train.eval_every_steps and (packs_dir / "eval").is_dir():
+        run.log_dataset(packs_dir / "eval", "eval_packs", data_md5(packs_dir / "eval"), context="eval")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -7,8 +7,8 @@
     report.violations  ["utilization: 0.720 < 0.900 (telemetry.min_utilization)"]
     report.files       [out_dir/telemetry.json, out_dir/system.png, out_dir/throughput.png]
 
-No MLflow here; `StageRun.log_report(report)` sends it (metrics summary.*, tags packtrain.violation.*,
-artifacts telemetry/ and plots/).
+No MLflow here; `StageRun.log_report(report)` sends it (tags packtrain.violation.*, artifacts telemetry/ and
+plots/); the samples become MLflow system metrics through packtrain.tracking.layout.system_rows.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ class TelemetryReport:
     violations: list[str]
     files: list[Path] = field(default_factory=list)
     samples: list[dict] = field(default_factory=list)   # the sampler's records (also in telemetry.json)
+    t0_unix: float | None = None                         # wall-clock time of the samples' t = 0 (None: no sampler)
 
 
 def build_report(out_dir: str | Path, cfg: TelemetryConfig, meter=None, sampler=None,
@@ -38,13 +39,15 @@ def build_report(out_dir: str | Path, cfg: TelemetryConfig, meter=None, sampler=
 
     Key collisions resolve in this order (later wins): sampler, meter, memory, extra. The sampler's
     `kind`/`n_samples` become `sampler_kind`/`sampler_samples`. Writes out_dir/telemetry.json with the
-    summary, the violations, per-step records and samples, plus system.png / throughput.png.
+    summary, the violations, per-step records and samples (t: seconds after `samples_t0_unix`, the wall clock
+    when sampling started), plus system.png / throughput.png.
     """
     from packtrain.telemetry import plots as P
 
     out_dir = Path(out_dir)
     summary: dict[str, Any] = {}
     samples: list[dict] = []
+    t0_unix = getattr(sampler, "started_unix", None)
     if sampler is not None:
         s = dict(sampler.summary(since_t, until_t))
         summary["sampler_kind"] = s.pop("kind")
@@ -61,37 +64,9 @@ def build_report(out_dir: str | Path, cfg: TelemetryConfig, meter=None, sampler=
     files = [out_dir / "telemetry.json"]
     write_json(files[0], {"summary": summary, "violations": violations, "thresholds": {
         "min_utilization": cfg.min_utilization, "max_fragmentation": cfg.max_fragmentation,
-        "max_padding": cfg.max_padding}, "steps": records, "samples": samples})
+        "max_padding": cfg.max_padding}, "steps": records, "samples": samples, "samples_t0_unix": t0_unix})
     if plots and samples:
         files.append(P.plot_system(samples, out_dir / "system.png"))
     if plots and records:
         files.append(P.plot_throughput(records, out_dir / "throughput.png"))
-    return TelemetryReport(summary, violations, files, samples)
-
-
-SERIES_KEYS = {"util": "system.utilization_pct", "mem_used_gib": "system.memory_used_gib",
-               "fragmentation": "system.fragmentation", "power_w": "system.power_w",
-               "sm_clock_mhz": "system.sm_clock_mhz", "alloc_gib": "system.allocated_gib",
-               "reserved_gib": "system.reserved_gib"}
-
-
-def system_series(samples: list[dict]) -> list[tuple[int, dict]]:
-    """Sampler records → (step, metrics) rows for MLflow time series, step = milliseconds since the sampler
-    started (so the x axis is time): NVML utilization %, memory used, fragmentation (1 − alloc/reserved),
-    power, SM clock — or the CPU fallback's utilization and RSS. With several GPUs sampled, also
-    system.gpu<i>.utilization_pct and system.gpu<i>.memory_used_gib per GPU.
-
-    >>> system_series([{"t": 1.5, "util": 97.0, "mem_used_gib": 60.0}])
-    [(1500, {'system.utilization_pct': 97.0, 'system.memory_used_gib': 60.0, 'system.t_s': 1.5})]
-    """
-    rows = []
-    for r in samples:
-        m = {name: float(r[k]) for k, name in SERIES_KEYS.items() if isinstance(r.get(k), (int, float))}
-        gpus = r.get("gpus") or []
-        if len(gpus) > 1:   # data-parallel: each GPU's own line next to the node's mean
-            for g in gpus:
-                m[f"system.gpu{g['index']}.utilization_pct"] = float(g["util"])
-                m[f"system.gpu{g['index']}.memory_used_gib"] = float(g["mem_used_gib"])
-        m["system.t_s"] = float(r["t"])
-        rows.append((int(round(float(r["t"]) * 1000)), m))
-    return rows
+    return TelemetryReport(summary, violations, files, samples, t0_unix)

@@ -125,6 +125,7 @@ class SystemSampler:
         self._proc: Any = None     # psutil.Process() on the CPU kind
         self._n_cpus = 1
         self._t0 = 0.0
+        self.started_unix: float | None = None   # time.time() at start(): the wall clock of the samples' t = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -134,7 +135,7 @@ class SystemSampler:
         if self._thread is not None:
             return self
         self._open_backend()
-        self._t0 = time.monotonic()
+        self._t0, self.started_unix = time.monotonic(), time.time()
         self._stop.clear()
         if self.kind == "nvml":
             self._sample()

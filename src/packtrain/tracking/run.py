@@ -1,9 +1,16 @@
 """Pipeline and stage runs: `with stage_run("pack", cfg, section=cfg.pack) as run: run.log_stats(...)`.
 
-    start_pipeline_run(cfg) -> run_id          parent run "pipeline"; exports PACKTRAIN_PARENT_RUN_ID
+    start_pipeline_run(cfg) -> run_id          parent run "<recipe>", renamed "<recipe> · data <8 hex>" once
+                                               ingest knows the data version (name_pipeline_run); exports
+                                               PACKTRAIN_PARENT_RUN_ID
       stage_run("ingest", cfg, ...)            nested run "ingest" (tag mlflow.parentRunId)
       stage_run("train", cfg, ...)             ... one per stage, in this or a child process
+        run.log_finals({...})                  final numbers: the pipeline run's `<stage>.<key>` + summary.json
+    name_pipeline_run(cfg, data_version)       the name, once ingest knows the data version
     end_pipeline_run(run_id, "FINISHED")
+
+Which run holds what (docs/tracking.md, "The MLflow layout"): per-step series on the stage run at their real
+step, system series under `system/` at their sample time, final numbers once — on the pipeline run.
 
 Every call goes through `BufferedClient` (packtrain.tracking.buffer): when the store is unreachable ops are
 buffered to <workdir>/mlflow-buffer (cfg.tracking.buffer_dir) and replayed, each exactly once, when it
@@ -35,6 +42,7 @@ from packtrain.config import RunConfig, flatten
 from packtrain.tracking.apply import PENDING
 from packtrain.tracking.buffer import BufferedClient
 from packtrain.tracking.context import PARENT_ENV, base_tags, is_rank_zero
+from packtrain.tracking.system_metrics import start_system_metrics, stop_system_metrics
 from packtrain.tracking.transport import short_http
 
 log = logging.getLogger(__name__)
@@ -124,10 +132,11 @@ class StageRun:
     """
 
     def __init__(self, client: BufferedClient | None = None, run_id: str | None = None, stage: str = "",
-                 flush_interval_s: float = 2.0):
+                 flush_interval_s: float = 2.0, parent: str | None = None):
         self._client = client
         self._run_id = run_id
         self.stage = stage
+        self.parent = parent   # the pipeline run this stage run is nested under (None: a run of its own)
         self.flush_interval_s = flush_interval_s
         self._steps: list[list] = []
         self._last_flush = time.monotonic()
@@ -178,6 +187,38 @@ class StageRun:
             rows, self._steps = self._steps, []
             self._live[0].log_batch(self._live[1], metrics=rows)
         self._last_flush = time.monotonic()
+
+    def log_series(self, rows: Sequence[tuple[str, Any, int, int]]) -> None:
+        """Points with their own timestamps: (key, value, timestamp in ms since the epoch, step). The system
+        series sampled during training (`system/...`) go this way, so MLflow draws them against the time
+        each sample was taken."""
+        if not self.enabled:
+            return
+        clean = [[_KEY_BAD.sub("_", str(k)), x, int(ts), int(step)] for k, v, ts, step in rows
+                 if (x := _num(v)) is not None]
+        for i in range(0, len(clean), 1000):   # MLflow takes at most 1000 metrics per log_batch
+            self._live[0].log_batch(self._live[1], metrics=clean[i:i + 1000])
+
+    def log_finals(self, metrics: Mapping[str, Any], name: str = "summary.json") -> None:
+        """The stage's final numbers (one value each), once: a single value is no chart to look at.
+
+        Nested under a pipeline run: that run's metrics `<stage>.<key>` (the gate's canonical names,
+        packtrain.gate.metrics) and this run's artifact `summary.json`. A stage run of its own (no pipeline
+        run, e.g. `packtrain train`) logs them as its own metrics under `<key>`, plus `summary.json`.
+
+        >>> # run.log_finals({"throughput.real_tokens_per_s": 3846.2, "final_loss": 6.56})
+        >>> # pipeline run: train.throughput.real_tokens_per_s, train.final_loss; train run: summary.json
+        """
+        if not self.enabled:
+            return
+        numbers = {k: v for k, v in metrics.items() if _num(v) is not None}
+        if self.parent:
+            rows = self._rows({f"{self.stage}.{k}": v for k, v in numbers.items()}, None)
+            if rows:
+                self._live[0].log_batch(self.parent, metrics=rows)
+        else:
+            self.log_metrics(numbers)
+        self.log_json({k: _num(v) for k, v in sorted(numbers.items())}, name)
 
     @staticmethod
     def _rows(metrics: Mapping[str, Any], step: int | None) -> list[list]:
@@ -243,63 +284,50 @@ class StageRun:
         self._live[0].log_input(self._live[1], name, digest, str(Path(path).resolve()), context)
         self.set_tags({f"packtrain.dataset.{name}.md5": digest, f"packtrain.dataset.{name}.path": str(path)})
 
-    def log_report(self, report: Any, prefix: str = "summary.") -> None:
-        """A `packtrain.telemetry.report.TelemetryReport`: summary metrics, violation tags, JSON + PNGs."""
+    def log_report(self, report: Any) -> None:
+        """A `packtrain.telemetry.report.TelemetryReport`: violation tags, telemetry/telemetry.json (the
+        summary, every step's throughput, every sample) and plots/*.png. Its summary numbers are the stage's
+        final numbers (`log_finals`); they are not logged a second time here."""
         if not self.enabled:
             return
         self.flush()
-        self.log_metrics({f"{prefix}{k}": v for k, v in report.summary.items()})
         self.tag_violations(report.violations)
         for f in report.files:
             self.log_artifact(f, "plots" if Path(f).suffix == ".png" else "telemetry")
-
-
-# -- system metrics --------------------------------------------------------------------------------------
-def _start_system_metrics(run_id: str, uri: str, interval_s: float):
-    try:
-        from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
-
-        # its INFO lines ("Started monitoring system metrics." x4 per run) drown the stage's own output
-        logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)
-        mon = SystemMetricsMonitor(run_id, sampling_interval=interval_s, samples_before_logging=1,
-                                   tracking_uri=uri)
-        mon.start()
-        return mon
-    except Exception as e:  # psutil missing, ...: never fail a stage over it
-        from packtrain.secrets import redact_text
-
-        log.warning("MLflow system metrics not started: %s", redact_text(str(e)))
-        return None
-
-
-def _stop_system_metrics(mon, timeout_s: float = 5.0) -> None:
-    """finish() joins the monitor thread, which may be inside a slow HTTP call: bound it."""
-    if mon is None:
-        return
-    t = threading.Thread(target=mon.finish, name="packtrain-sysmetrics-stop", daemon=True)
-    t.start()
-    t.join(timeout_s)
-    if t.is_alive():
-        log.warning("MLflow system metrics monitor did not stop within %.0f s; left to exit with the process",
-                    timeout_s)
 
 
 # -- runs ------------------------------------------------------------------------------------------------
 def start_pipeline_run(cfg: RunConfig) -> str | None:
     """Open the parent run of a pipeline run and export PACKTRAIN_PARENT_RUN_ID for its stages.
 
-    Params: the whole run config, flattened (`pack.budget`, `train.lr`, ...). Returns the run id
-    (`pending-...` while the store is unreachable), or None when tracking is off or rank ≠ 0.
+    Named after the recipe (`tiny-cpu`) until the data version is known (`name_pipeline_run`). Params: the
+    whole run config, flattened (`pack.budget`, `train.lr`, ...). Returns the run id (`pending-...` while the
+    store is unreachable), or None when tracking is off or rank ≠ 0.
     """
+    from packtrain.tracking.layout import pipeline_run_name
+
     if not cfg.tracking.enabled or not is_rank_zero():
         return None
     client = get_client(cfg)
-    run_id = client.create_run(cfg.tracking.experiment, "pipeline", base_tags("pipeline", cfg.name))
+    run_id = client.create_run(cfg.tracking.experiment, pipeline_run_name(cfg.name, None),
+                               base_tags("pipeline", cfg.name))
     handle = StageRun(client, run_id, "pipeline")
     handle.log_params(flatten(cfg.to_dict()))
     os.environ[PARENT_ENV] = run_id
     _pipeline_clients[run_id] = client
     return run_id
+
+
+def name_pipeline_run(cfg: RunConfig, data_version: str | None, run_id: str | None = None) -> None:
+    """Rename the pipeline run (`run_id`, default PACKTRAIN_PARENT_RUN_ID) to `<recipe> · data <8 hex>`
+    (packtrain.tracking.layout.pipeline_run_name) once the ingest stage knows the data version. Nothing without
+    a pipeline run, a data version, tracking, or off rank 0; the same name again is harmless. Buffered."""
+    from packtrain.tracking.layout import pipeline_run_name
+
+    run_id = run_id or os.environ.get(PARENT_ENV)
+    if not run_id or not data_version or not cfg.tracking.enabled or not is_rank_zero():
+        return
+    get_client(cfg).log_batch(run_id, tags={"mlflow.runName": pipeline_run_name(cfg.name, data_version)})
 
 
 def end_pipeline_run(run_id: str | None, status: str = "FINISHED", cfg: RunConfig | None = None) -> None:
@@ -369,7 +397,7 @@ def stage_run(stage: str, cfg: RunConfig, section: Any = None, tags: Mapping[str
     run_id = client.create_run(cfg.tracking.experiment, stage, run_tags)
     end_orphaned_runs(client, cfg.tracking.experiment, stage)   # runs a killed process left RUNNING → KILLED
     _stage_runs[stage] = (client, run_id)
-    handle = StageRun(client, run_id, stage, cfg.tracking.flush_interval_s)
+    handle = StageRun(client, run_id, stage, cfg.tracking.flush_interval_s, parent=parent or None)
     fluent = monitor = None
     if not run_id.startswith(PENDING):
         set_fluent_tracking_uri(client.uri)
@@ -377,7 +405,7 @@ def stage_run(stage: str, cfg: RunConfig, section: Any = None, tags: Mapping[str
             fluent = mlflow.start_run(run_id=run_id, nested=mlflow.active_run() is not None,
                                       log_system_metrics=False)
         if cfg.tracking.system_metrics:
-            monitor = _start_system_metrics(run_id, client.uri, cfg.tracking.system_metrics_interval_s)
+            monitor = start_system_metrics(run_id, client.uri, cfg.tracking.system_metrics_interval_s)
     status = "FINISHED"
     try:
         if section is not None:
@@ -394,7 +422,7 @@ def stage_run(stage: str, cfg: RunConfig, section: Any = None, tags: Mapping[str
     finally:
         try:
             handle.flush()
-            _stop_system_metrics(monitor)
+            stop_system_metrics(monitor)
             client.set_terminated(run_id, status)
         finally:  # never leave the fluent run active, whatever the store said
             active = mlflow.active_run()

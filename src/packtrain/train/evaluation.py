@@ -118,10 +118,10 @@ class Evaluator:
         return broadcast_object(out, s.dist)
 
     def log(self, s: TrainSession, step: int, ev: dict[str, Any]) -> None:
-        """MLflow: eval_loss / eval_perplexity at `step` (every evaluation, whatever train.log_every)."""
+        """MLflow: eval_loss at `step` (every evaluation, whatever train.log_every); its perplexity, exp(eval_loss),
+        is in train_log.jsonl, not a second chart of the same number."""
         if s.dist.is_main and s.tracker is not None:
-            s.tracker.log_metrics({"eval_loss": ev["eval_loss"], "eval_perplexity": ev["eval_perplexity"]},
-                                  step=step)
+            s.tracker.log_metrics({"eval_loss": ev["eval_loss"]}, step=step)
 
     def state(self, s: TrainSession) -> EarlyStop:
         return early_stop(s.checkpoints.history, self.early_stopping)

@@ -189,13 +189,13 @@ class TrainSession:
             with open(c.log_path, "a", encoding="utf-8") as f:
                 f.write(json.dumps(h) + "\n")
             if self.tracker is not None and (step % self.cfg.log_every == 0 or step == self.cfg.max_steps):
-                extra = {"loss": loss, "lr": lr, "skipped": float(info.skipped)}
-                if info.grad_norm is not None:
-                    extra["grad_norm"] = info.grad_norm
-                if info.loss_scale is not None:
-                    extra["loss_scale"] = info.loss_scale
+                # the charts (packtrain.tracking.layout.STEP_CHARTS: loss, tokens/s, MFU); lr, grad_norm and
+                # the other per-step numbers are in train_log.jsonl and telemetry.json, not charts of their own
+                from packtrain.tracking.layout import STEP_CHARTS
+
+                values = {**m, "loss": loss}
                 log = getattr(self.tracker, "log_step", None) or self.tracker.log_metrics   # batched when available
-                log({**m, **extra}, step=step)
+                log({k: values[k] for k in STEP_CHARTS if k in values}, step=step)
         self.telemetry.mark(step, c.start_step)   # system summary over the steady state only
         return m
 
