@@ -36,8 +36,15 @@ def mlflow_uri(tmp_path_factory):
 
 
 def _logits(model) -> torch.Tensor:
-    with torch.no_grad():
-        return model(input_ids=IDS, use_cache=False).logits[0]
+    """One thread, as the session trains (threads=1): a CPU matmul is bit-reproducible for a fixed thread count
+    (MKL_CBWR), not across thread counts."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with torch.no_grad():
+            return model(input_ids=IDS, use_cache=False).logits[0]
+    finally:
+        torch.set_num_threads(threads)
 
 
 @pytest.mark.parametrize("family", FAMILY_NAMES)

@@ -124,6 +124,7 @@ def test_hash_ahead_fills_the_memo_the_next_data_md5_reads(tmp_path, monkeypatch
     from packtrain import versioning
 
     monkeypatch.setattr(versioning, "_HASHED", {})
+    monkeypatch.setattr(versioning, "_AHEAD", {})   # not the ones earlier trainings in this process started
     d = tmp_path / "model"
     d.mkdir()
     for name, size in (("model.safetensors", 3 << 20), ("config.json", 100)):

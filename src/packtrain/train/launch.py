@@ -24,7 +24,9 @@ temp dir, and raised again in the launching process with the same message and ex
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -86,11 +88,27 @@ def launch_ranks(cfg, packs_dir: Path, tokens_dir: Path, out_dir: Path, *, resum
         cmd = torchrun_command(gpus, config, Path(packs_dir), Path(tokens_dir), Path(out_dir), resume=resume,
                                overwrite=overwrite)
         rc = subprocess.call(cmd, env={**os.environ, LAUNCHED: str(gpus), EXIT_FILE_ENV: str(exit_file)})
+        clear_heartbeats(Path(out_dir))
         if rc:
             raise rank_error(exit_file, rc, gpus)
     from packtrain.stages.results import TrainResult
 
     return TrainResult.from_dir(out_dir)   # what rank 0's run_train returned, as it wrote it
+
+
+def clear_heartbeats(out_dir: Path) -> None:
+    """Remove the ranks' watchdog heartbeats (<out>/.guard/rank-N.json) once every rank has exited: a rank that
+    torchrun killed (the other one hung) never ran its watchdog's stop(). Only those files and then the folder, if
+    that left it empty; anything else in it stays."""
+    beats = out_dir / ".guard"
+    if not beats.is_dir() or beats.is_symlink():
+        return
+    for f in beats.iterdir():
+        if re.fullmatch(r"\.?rank-\d+\.json(\.tmp)?", f.name) and f.is_file() and not f.is_symlink():
+            with contextlib.suppress(OSError):
+                f.unlink()
+    with contextlib.suppress(OSError):
+        beats.rmdir()
 
 
 def rank_error(exit_file: Path, rc: int, gpus: int) -> PacktrainError:
