@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from packtrain.packing import strategies
 from packtrain.packing.plan import (
     STRATEGIES,
+    bfd_without_mbs,
     carry_order,
     l2_bound_packs,
     lower_bound_packs,
@@ -179,19 +180,13 @@ def test_fill_order_on_realistic_distributions(seed, kind, budget, n):
     assert fill["bfd"] >= fill["ffd"] >= fill["sequential"]
 
 
-def _before(lengths: np.ndarray, budget: int) -> np.ndarray:
-    """The default strategy before MBS: the fewer packs of BFD with exact-fill completion and plain BFD."""
-    hybrid, plain = strategies.bfd(lengths, budget, exact_below=budget // 4), strategies.bfd(lengths, budget)
-    return hybrid if hybrid.max() <= plain.max() else plain
-
-
 @settings(max_examples=60, deadline=None)
 @given(st.integers(0, 2**32 - 1), st.sampled_from(["lognormal", "pareto", "uniform"]), st.integers(8, 256),
        st.integers(1, 3000))
 def test_default_never_needs_more_packs_than_before_and_changes_only_to_save_one(seed, kind, budget, n):
     """One window: bfd ≤ the old default; where it needs as many packs, its plan is the old one unchanged."""
     lengths = np.clip(_realistic(kind, n, budget, np.random.default_rng(seed)), 1, budget)
-    plan, before = STRATEGIES["bfd"](lengths, budget), _before(lengths, budget)
+    plan, before = STRATEGIES["bfd"](lengths, budget), bfd_without_mbs(lengths, budget)
     assert plan.max() <= before.max()
     if plan.max() == before.max():
         assert np.array_equal(plan, before)
@@ -219,7 +214,7 @@ def test_fill_on_100k_synthetic_documents(kind, seed, before, now):
     lengths = length_set(kind, 100_000, 2048, seed)
     plan = pack_lengths(lengths, 2048)
     _check_plan(plan, lengths, 2048)
-    assert _before(lengths, 2048).max() + 1 == before                 # one window: the old default
+    assert bfd_without_mbs(lengths, 2048).max() + 1 == before                 # one window: the old default
     assert plan.n_packs == now
     if kind != "uniform":
         assert plan.n_packs == l2_bound_packs(lengths, 2048)      # fill against the L2 bound: 1.0

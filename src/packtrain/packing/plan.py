@@ -8,9 +8,9 @@
 
 Documents longer than the budget: `split` cuts them into ⌊L/B⌋ full packs of their own plus a remainder
 chunk that is packed like any document; `truncate` keeps the first B tokens and counts the rest.
-bfd/mbs/ffd sort and pack `window` documents at a time (memory bounded by the window); up to window/4 documents
-of a window's packs (those with free space, then full packs of short documents: `carry_order`) are reopened
-with the next window, so window boundaries cost almost nothing.
+bfd/mbs/ffd sort and pack `window` documents at a time (memory bounded by the window); up to window/4
+documents of a window's packs (those with free space, then full packs of short documents: `carry_order`) are
+reopened with the next window, so window boundaries cost almost nothing.
 sequential keeps the input order.
 
 Judge a plan by `lower_bound_packs` (the simple bound) or the tighter `l2_bound_packs` (Martello-Toth L2):
@@ -37,7 +37,8 @@ REPAIR_STRIDE = 16
 """repair_packs: every 16th pack joins the open ones as a donor of lengths (~6% of the packs re-packed)."""
 
 
-def repair_packs(lengths: np.ndarray, budget: int, item_bin: np.ndarray, stride: int = REPAIR_STRIDE) -> np.ndarray:
+def repair_packs(lengths: np.ndarray, budget: int, item_bin: np.ndarray,
+                 stride: int = REPAIR_STRIDE) -> np.ndarray:
     """A bounded repair pass over the emptiest packs. The packs without a document longer than B/2 that are
     not full although their longest document leaves room for the shortest one, plus every `stride`-th pack
     as a donor of other lengths, are emptied and their documents re-packed by BFD with exact-fill
@@ -77,21 +78,26 @@ def _mbs(lengths: np.ndarray, budget: int) -> np.ndarray:
     return plan if plan.max() + 1 <= l2_bound_packs(lengths, budget) else repair_packs(lengths, budget, plan)
 
 
-def _bfd(lengths: np.ndarray, budget: int) -> np.ndarray:
-    """The default: BFD with exact-fill completion, unless it is above the L2 bound; then plain BFD when that
-    needs fewer packs (the default before MBS), then MBS + repair (`_mbs`) when that needs fewer still (ties
-    keep the earlier plan: the output changes only where packs are saved). 100k documents, 5 seeds: Pareto and lognormal
-    1-2 packs above the L2 bound → at it; uniform 5-27 → 5-22 above, which is the LP bound (optimal) there."""
+def bfd_without_mbs(lengths: np.ndarray, budget: int) -> np.ndarray:
+    """The default before its MBS fallback (kept as the benchmark's reference): the fewer packs of BFD with
+    exact-fill completion and plain BFD (ties: the first). Plain BFD wins on ~1% of small uniform inputs, by
+    one pack, and costs ~0.03 s per 200k items."""
     if not len(lengths):
         return np.zeros(0, np.int64)
-    best = _hybrid(lengths, budget)
-    bound = l2_bound_packs(lengths, budget)
-    for other in (strategies.bfd, _mbs):
-        if best.max() + 1 <= bound:
-            break
-        plan = other(lengths, budget)
-        if plan.max() < best.max():
-            best = plan
+    hybrid, plain = _hybrid(lengths, budget), strategies.bfd(lengths, budget)
+    return hybrid if hybrid.max() <= plain.max() else plain
+
+
+def _bfd(lengths: np.ndarray, budget: int) -> np.ndarray:
+    """The default: `bfd_without_mbs`, and where that is above the L2 bound, MBS + repair (`_mbs`) when it
+    needs fewer packs (so the output changes only where packs are saved). 100k documents, 5 seeds: Pareto
+    and lognormal 1-2 packs above the L2 bound → at it; uniform 5-27 → 5-22 above, which is the LP bound
+    (optimal) there."""
+    best = bfd_without_mbs(lengths, budget)
+    if len(lengths) and best.max() + 1 > l2_bound_packs(lengths, budget):
+        other = _mbs(lengths, budget)
+        if other.max() < best.max():
+            best = other
     return best
 
 
@@ -209,7 +215,8 @@ def carry_order(ln: np.ndarray, local: np.ndarray, budget: int) -> np.ndarray:
     documents left without a partner. Uniform [1, 2048], 1M documents in windows of 200k: 499,979 →
     499,923 packs (L2 bound 499,887: fill vs L2 0.99982 → 0.99993; budget 8192: 0.99983 → 0.99991) for
     up to ~0.5-1 s more CPU per 1M documents (window/4 documents are re-packed per window, not only the
-    open packs'); lognormal unchanged, Pareto ≤ 2 packs fewer (bench/results/pack_fill.md).
+    open packs'); lognormal unchanged, Pareto ≤ 2 packs fewer
+    (bench/results/history/pack_fill_full_pack_carry.md).
 
     >>> carry_order(np.array([4, 4, 2, 6, 3]), np.array([0, 0, 0, 1, 1]), 10)   # [4 4 2] full, [6 3] gap 1
     array([1, 0])
