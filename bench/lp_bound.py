@@ -10,7 +10,7 @@ known to be cheap here, and with ≤ B distinct lengths it does not grow with N:
     min Σ_p x_p   s.t.   Σ_p a_lp x_p ≥ c_l  (c_l = documents of length l),  x ≥ 0
 
 Column generation: a master LP (scipy's HiGHS) over the packs of a real plan plus one pattern ⌊B/l⌋ × l per
-length, and the dual-optimal inequalities y_l ≤ y_l' for l < l' (a longer document may stand in for a
+length, stopped once Farley's bound and the master's optimum have the same ceiling, and the dual-optimal inequalities y_l ≤ y_l' for l < l' (a longer document may stand in for a
 shorter one; Ben Amor, Desrosiers & Valério de Carvalho 2006: without them the duals of uniform sets stall
 for minutes at B 8192); the pricing problem is an unbounded knapsack over capacities 0..B (a relaxation of
 "at most c_l of length l", so the bound stays valid).
@@ -115,6 +115,9 @@ def lp_bound_packs(lengths, budget: int, max_iter: int = 50) -> dict:
             raise RuntimeError(f"LP master: {res.message}")
         y = np.maximum(-res.ineqlin.marginals, 0.0)
         best, choice = _knapsack(y, sizes, budget)
+        farley = float(demand @ y) / best[budget]              # LP optimum ∈ [farley, res.fun]
+        if np.ceil(farley - 1e-6) >= np.ceil(res.fun - 1e-6):  # its ceiling is settled: stop
+            break
         new = 0
         for j, s in enumerate(sizes.tolist()):
             if y[j] + best[budget - s] > 1 + 1e-9:              # a pattern with reduced cost < 0 starts at s

@@ -93,12 +93,18 @@ def _bfd(lengths: np.ndarray, budget: int) -> np.ndarray:
     needs fewer packs (so the output changes only where packs are saved). 100k documents, 5 seeds: Pareto
     and lognormal 1-2 packs above the L2 bound → at it; uniform 5-27 → 5-22 above, which is the LP bound
     (optimal) there."""
-    best = bfd_without_mbs(lengths, budget)
-    if len(lengths) and best.max() + 1 > l2_bound_packs(lengths, budget):
-        other = _mbs(lengths, budget)
+    # Sorted longest first once: every strategy below sorts again (stable, equal lengths in index order, so the
+    # plan is the same), and on sorted input that sort is O(n) (~2 ms instead of ~30 ms per 250k items).
+    order = np.argsort(-lengths, kind="stable")
+    ls = lengths[order]
+    best = bfd_without_mbs(ls, budget)
+    if len(ls) and best.max() + 1 > l2_bound_packs(ls, budget):
+        other = _mbs(ls, budget)
         if other.max() < best.max():
             best = other
-    return best
+    item_bin = np.empty_like(best)
+    item_bin[order] = best
+    return item_bin
 
 
 STRATEGIES = {"bfd": _bfd, "mbs": _mbs, "ffd": strategies.ffd, "sequential": strategies.sequential}

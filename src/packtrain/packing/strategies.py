@@ -260,12 +260,25 @@ GREEDY_STEPS = 8
 """mbs: steps of "take the longest items that leave room for a closing pair" before the subset-sum search."""
 
 
-def _pair(gap: int, left: np.ndarray, lmin: int) -> dict[int, int] | None:
-    """The most balanced pair x + y = gap (x ≤ y) that `left` holds, or None."""
-    lo = max(lmin, gap - (len(left) - 1))
-    if lo > gap // 2:
+PAIR_WALK = 24
+"""mbs: lengths walked down from gap/2 in Python before the pair search goes to numpy over the rest."""
+
+
+def _pair(gap: int, left: np.ndarray, lmin: int, nz: list[int]) -> dict[int, int] | None:
+    """The most balanced pair x + y = gap (x ≤ y) that `left` holds, or None. nz: candidate lengths,
+    ascending. On dense length sets a pair is found within a few of the lengths just below gap/2."""
+    lo, half = max(lmin, gap - (len(left) - 1)), gap // 2
+    i, hi = bisect_right(nz, half), half
+    for _ in range(PAIR_WALK):
+        if not i or nz[i - 1] < lo:
+            return None
+        i -= 1
+        x = hi = nz[i]
+        if left[x] and left[gap - x] and (2 * x != gap or left[x] >= 2):
+            return {x: 2} if 2 * x == gap else {x: 1, gap - x: 1}
+    if lo >= hi:
         return None
-    x = np.arange(lo, gap // 2 + 1)
+    x = np.arange(lo, hi)
     y = gap - x
     ok = np.flatnonzero((left[x] > 0) & (left[y] > 0) & ((x != y) | (left[x] >= 2)))
     if not len(ok):
@@ -296,7 +309,7 @@ def _slack_pattern(gap: int, left: np.ndarray, nz: list[int]) -> dict[int, int]:
             break
         top = _longest(left, nz, g)
         if top and 2 * top >= g:
-            closing = _pair(g, left, lmin)
+            closing = _pair(g, left, lmin, nz)
             if closing:
                 break
         x = _longest(left, nz, g - 2 * lmin)
