@@ -124,11 +124,12 @@ def bfd(lengths: np.ndarray, budget: int, exact_below: int | None = None) -> np.
                 m = 0
     if T > 1:
         left = counts[:T].copy()
+        nz = np.flatnonzero(left).tolist()           # lengths < T with items left, ascending
         for r in list(lv.nonempty) + [budget]:       # existing gaps, smallest first; then new bins
             new = r == budget
             n = (1 << 62) if new else lv.count[r]
-            while n and left.any():
-                pat = _fill_pattern(r, left)
+            while n and nz:
+                pat = _fill_pattern(r, left, nz)
                 if not pat:
                     break
                 if sum(a * k for a, k in pat.items()) < r:     # greedy left a gap: try an exact subset sum
@@ -142,50 +143,67 @@ def bfd(lengths: np.ndarray, budget: int, exact_below: int | None = None) -> np.
                 for a, k in pat.items():
                     moves.setdefault(a, []).append(np.repeat(bins, k))
                     left[a] -= q * k
+                    if not left[a]:
+                        nz.pop(bisect_left(nz, a))
                 n -= q
     return _assign(order, counts, moves, len(lengths))
 
 
-def _fill_pattern(gap: int, left: np.ndarray) -> dict[int, int]:
-    """Items {length: count} from `left` (counts per length < T) that fill `gap`, exactly when possible.
+def _fill_pattern(gap: int, left: np.ndarray, nz: list[int]) -> dict[int, int]:
+    """Items {length: count} from `left` (counts per length < T; nz: its non-zero lengths, ascending) that
+    fill `gap`, exactly when possible.
 
     Greedy: one item of exactly `gap`; else a pair a + b = gap (smallest a first); else as many of the
     largest length as keep the rest ≥ 2·(smallest length) so a pair can still close it; else the largest
     that fits (the gap stays open). A pattern never uses more of a length than `left` holds.
     """
     pat: dict[int, int] = {}
-    avail_left = left.copy()
+    taken: list[tuple[int, int]] = []          # the greedy's items, out of `left` until the pattern is done
     T = len(left)
     while gap > 0:
-        av = np.flatnonzero(avail_left)
-        if not len(av):
+        lmin = next((x for x in nz if left[x]), 0)
+        if not lmin:
             break
-        lmin = int(av[0])
-        if gap < T and avail_left[gap]:
+        if gap < T and left[gap]:
             pat[gap] = pat.get(gap, 0) + 1
             break
         if gap >= 2 * lmin:
-            a = np.arange(max(lmin, gap - T + 1), gap // 2 + 1)
-            b = gap - a
-            ok = np.flatnonzero((avail_left[a] > 0) & (avail_left[b] > 0) & ((a != b) | (avail_left[a] >= 2)))
-            if len(ok):
-                x, y = int(a[ok[0]]), int(b[ok[0]])
-                pat[x] = pat.get(x, 0) + 1
-                pat[y] = pat.get(y, 0) + 1
+            pair = _smallest_pair(gap, left, max(lmin, gap - T + 1), nz)
+            if pair:
+                for x in pair:
+                    pat[x] = pat.get(x, 0) + 1
                 break
-        fits = av[av <= gap - 2 * lmin]
-        if len(fits):
-            x = int(fits[-1])
-            k = min(int(avail_left[x]), (gap - 2 * lmin) // x)
+        x = _longest(left, nz, gap - 2 * lmin)
+        if x:
+            k = min(int(left[x]), (gap - 2 * lmin) // x)
         else:
-            fits = av[av <= gap]
-            if not len(fits):
+            x, k = _longest(left, nz, gap), 1
+            if not x:
                 break
-            x, k = int(fits[-1]), 1
         pat[x] = pat.get(x, 0) + k
-        avail_left[x] -= k
+        left[x] -= k
+        taken.append((x, k))
         gap -= k * x
+    for x, k in taken:
+        left[x] += k
     return pat
+
+
+def _smallest_pair(gap: int, left: np.ndarray, lo: int, nz: list[int]) -> tuple[int, int] | None:
+    """The pair a + b = gap with the smallest a ≥ lo (a ≤ b) that `left` holds: the first PAIR_WALK
+    candidate lengths in Python, the rest of the range in numpy."""
+    half = gap // 2
+    i, a = bisect_left(nz, lo), lo - 1
+    for _ in range(PAIR_WALK):
+        if i == len(nz) or nz[i] > half:
+            return None
+        a = nz[i]
+        if left[a] and left[gap - a] and (2 * a != gap or left[a] >= 2):
+            return a, gap - a
+        i += 1
+    x = np.arange(a + 1, half + 1)
+    ok = np.flatnonzero((left[x] > 0) & (left[gap - x] > 0) & ((2 * x != gap) | (left[x] >= 2)))
+    return (int(x[ok[0]]), gap - int(x[ok[0]])) if len(ok) else None
 
 
 def _exact_pattern(gap: int, left: np.ndarray) -> dict[int, int] | None:
