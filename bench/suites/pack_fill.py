@@ -130,9 +130,9 @@ def write_markdown(path: Path, report: dict) -> None:
         f"Machine: {m['cpu']}, {m['cpus']} cores shared with other jobs (load average {m['load_avg']:.1f} at the "
         f"start, {report.get('load_avg_end', float('nan')):.1f} at the end; each row's own in the record), "
         f"Python {m['python']}, numpy {m['numpy']}.  ",
-        f"Before = `{before}` (the default strategy before its minimum-bin-slack fallback), now = `{now}`, both in "
-        f"this run; window {s0['window']:,} documents; seconds = wall time of `pack_lengths`, median of "
-        f"{s0['repeats']} (cpu = its CPU time).  ",
+        f"Before = `{before}` (the default strategy's plan without its minimum-bin-slack fallback, timed with "
+        f"the current code), now = `{now}`, both in this run; window {s0['window']:,} documents; seconds = wall "
+        f"time of `pack_lengths`, median of {s0['repeats']} (cpu = its CPU time).  ",
         "Fill vs a bound = bound / packs (1.0 = provably optimal): ⌈Σ/B⌉; L2 = Martello-Toth; LP = the "
         "Gilmore-Gomory LP bound (= L2 where a plan meets L2, which settles it; otherwise certified by "
         "bench/lp_bound.py). Goal: ≥ 0.9999, 1M documents < 5 s.", "",
