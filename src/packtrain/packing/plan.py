@@ -34,7 +34,7 @@ EXACT_BELOW_FRACTION = 4
 
 
 REPAIR_STRIDE = 16
-"""repair_packs: every 16th pack joins the open ones as a donor of lengths (~6% of the packs re-packed)."""
+"""repair_packs: every 16th pack joins the open ones as a donor of lengths."""
 
 
 def repair_packs(lengths: np.ndarray, budget: int, item_bin: np.ndarray,
@@ -46,9 +46,10 @@ def repair_packs(lengths: np.ndarray, budget: int, item_bin: np.ndarray,
     then the re-packed ones).
 
     Why donors: MBS closes gaps longest document first, so its last packs hold only the shortest lengths,
-    and 31 documents of 64-67 tokens cannot sum to 2048 (100k Pareto documents: MBS 1 pack above the L2
-    bound in each of 5 seeds); re-packed alone they stay that way. With every 16th pack's lengths mixed in
-    (~7% of the documents), the re-pack meets the bound in all 5 (budgets 2048 and 8192)."""
+    and 31 documents of 64-67 tokens cannot sum to 2048 (100k Pareto documents at 2048: MBS 1 pack above the
+    L2 bound in each of 5 seeds); re-packed alone they stay that way. With every 16th pack's lengths mixed
+    in (7-10% of the documents re-packed), the re-pack meets the bound in all 5 (and at 8192 in the one seed
+    of 5 where MBS is above it, by 2)."""
     n_bins = int(item_bin.max()) + 1
     loads = np.bincount(item_bin, weights=lengths, minlength=n_bins).astype(np.int64)
     longest = np.zeros(n_bins, np.int64)
@@ -90,9 +91,9 @@ def bfd_without_mbs(lengths: np.ndarray, budget: int) -> np.ndarray:
 
 def _bfd(lengths: np.ndarray, budget: int) -> np.ndarray:
     """The default: `bfd_without_mbs`, and where that is above the L2 bound, MBS + repair (`_mbs`) when it
-    needs fewer packs (so the output changes only where packs are saved). 100k documents, 5 seeds: Pareto
-    and lognormal 1-2 packs above the L2 bound → at it; uniform 5-27 → 5-22 above, which is the LP bound
-    (optimal) there."""
+    needs fewer packs (so the output changes only where packs are saved). 100k documents at 2048, 5 seeds:
+    Pareto and lognormal 0-2 packs above the L2 bound → at it; uniform 5-27 → 5-22 above, which is the LP
+    bound (optimal) there."""
     # Sorted longest first once: every strategy below sorts again (stable, equal lengths in index order, so the
     # plan is the same), and on sorted input that sort is O(n) (~2 ms instead of ~30 ms per 250k items).
     order = np.argsort(-lengths, kind="stable")
