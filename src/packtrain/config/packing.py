@@ -22,7 +22,7 @@ class PackConfig(StrictModel):
     pass alone; ffd: first-fit-decreasing; sequential: in order (next fit). docs/packing.md has the measured
     fill and speed."""
     window: PositiveInt = 200_000
-    """Documents per streaming window that bfd/ffd sort and pack together; up to window/4 documents
+    """Documents per streaming window that bfd/mbs/ffd sort and pack together; up to window/4 documents
     of a window's packs (those with free space, then full packs of short documents) are reopened in the next
     one (≥ 100k keeps fill ≥ 99.9% of the bound)."""
     overlong: Literal["split", "truncate"] = "split"
