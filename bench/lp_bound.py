@@ -93,7 +93,8 @@ def lp_bound_packs(lengths, budget: int, max_iter: int = 50) -> dict:
     full, rem = np.divmod(lengths, budget)
     rem = rem[rem > 0]
     if not len(rem):
-        return {"bound": int(full.sum()), "value": float(full.sum()), "iterations": 0, "columns": 0, "seconds": 0.0}
+        return {"bound": int(full.sum()), "value": float(full.sum()), "lp_master": float(full.sum()), "iterations": 0,
+                "columns": 0, "seconds": 0.0}
     counts = np.bincount(rem, minlength=budget + 1)
     sizes = np.flatnonzero(counts)
     demand = counts[sizes].astype(float)
