@@ -117,9 +117,11 @@ def _optimum(lengths: list[int], budget: int) -> int:
 @given(st.lists(st.integers(1, 12), min_size=1, max_size=6), st.integers(6, 12))
 def test_bounds_are_valid_and_bfd_is_near_optimal_on_tiny_inputs(lengths, budget):
     lengths = [min(x, budget) for x in lengths]
+    from bench.lp_bound import lp_bound_packs  # the benchmark's LP bound (scipy): also ≤ the optimum
+
     opt = _optimum(lengths, budget)
     arr = np.array(lengths)
-    assert lower_bound_packs(arr, budget) <= l2_bound_packs(arr, budget) <= opt
+    assert lower_bound_packs(arr, budget) <= l2_bound_packs(arr, budget) <= lp_bound_packs(arr, budget)["bound"] <= opt
     assert pack_lengths(arr, budget, "bfd").n_packs <= opt + 1
 
 
