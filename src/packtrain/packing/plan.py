@@ -15,8 +15,8 @@ sequential keeps the input order.
 
 Judge a plan by `lower_bound_packs` (the simple bound) or the tighter `l2_bound_packs` (Martello-Toth L2):
 no packer can use fewer packs, so `bound / n_packs` ≥ 0.999 means within 0.1% of optimal. L2 is not tight
-everywhere: on uniform lengths the LP (Gilmore-Gomory) bound of bench/suites/pack_fill.py is up to 0.04%
-higher, and the default strategy meets that one.
+everywhere: on uniform lengths the LP (Gilmore-Gomory) bound of bench/lp_bound.py is up to 0.04% higher,
+and the default strategy meets it on 100k uniform documents (1M: within 0.00004).
 """
 
 from __future__ import annotations

@@ -279,7 +279,8 @@ GREEDY_STEPS = 8
 
 
 PAIR_WALK = 24
-"""mbs: lengths walked down from gap/2 in Python before the pair search goes to numpy over the rest."""
+"""Pair searches (mbs's most balanced pair, the exact fill's smallest pair): candidate lengths tried in Python
+before numpy takes the rest of the range. On dense length sets the pair is almost always among them."""
 
 
 def _pair(gap: int, left: np.ndarray, lmin: int, nz: list[int]) -> dict[int, int] | None:
