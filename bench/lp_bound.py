@@ -1,6 +1,7 @@
 """The LP (Gilmore-Gomory) lower bound on packs, by column generation, with an exact integer certificate.
 
-    lp_bound_packs(lengths, budget) → {"bound", "value", "iterations", "columns", "seconds"}
+    lp_bound_packs(lengths, budget) → {"bound", "value", "lp_master", "iterations", "columns", "seconds"}
+    (bound: the certified bound on packs; value: its fraction before rounding up; lp_master: the last master LP)
 
 L2 (`packtrain.packing.plan.l2_bound_packs`) is not tight on every length set: on 100k uniform [1, 2048]
 documents it is 49,979 packs while no packing needs fewer than 49,999 (the LP optimum is 49,998.5). The LP

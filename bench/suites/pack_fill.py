@@ -14,7 +14,7 @@ document once, no pack over budget; `seconds` = wall time of `pack_lengths`, med
 `cpu_seconds` its process CPU time, median) + the machine's 1-minute load average when the row started, and
 the fill against each lower bound on packs, bound / packs:
 
-    fill_vs_sum    ⌈Σ/B⌉                                  the issue's bound
+    fill_vs_sum    ⌈Σ/B⌉                                  the fill goal's bound
     fill_vs_bound  max(⌈Σ/B⌉, #docs > B/2)                 `plan.lower_bound_packs`
     fill_vs_l2     Martello-Toth L2                        `plan.l2_bound_packs` (pack_stats.json's fill_vs_bound)
     fill_vs_lp     the LP (Gilmore-Gomory) bound: = L2 where a plan meets L2, else certified by `bench.lp_bound`
