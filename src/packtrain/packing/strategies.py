@@ -297,12 +297,12 @@ def _pair(gap: int, left: np.ndarray, lmin: int, nz: list[int]) -> dict[int, int
             return {x: 2} if 2 * x == gap else {x: 1, gap - x: 1}
     if lo >= hi:
         return None
-    x = np.arange(lo, hi)
-    y = gap - x
-    ok = np.flatnonzero((left[x] > 0) & (left[y] > 0) & ((x != y) | (left[x] >= 2)))
+    xs = np.arange(lo, hi)
+    ys = gap - xs
+    ok = np.flatnonzero((left[xs] > 0) & (left[ys] > 0) & ((xs != ys) | (left[xs] >= 2)))
     if not len(ok):
         return None
-    x0, y0 = int(x[ok[-1]]), int(y[ok[-1]])
+    x0, y0 = int(xs[ok[-1]]), int(ys[ok[-1]])
     return {x0: 2} if x0 == y0 else {x0: 1, y0: 1}
 
 
