@@ -1,6 +1,8 @@
-"""`python bench/pack_speed.py --lengths FILE.npy --budget N [--strategy bfd|ffd|sequential]`: one JSON line
-{"n_docs", "budget", "strategy", "fill", "seconds", "max_pack_tokens", "n_packs"} — the kept path of
-`python -m bench pack-speed --lengths ...` (bench.suites.pack_speed; it needs no --out)."""
+"""`python bench/pack_speed.py --lengths FILE.npy --budget N [--strategy bfd|mbs|ffd|sequential]`: one JSON line
+{"n_docs", "budget", "strategy", "fill", "seconds", "cpu_seconds", "max_pack_tokens", "n_packs", "lower_bound",
+"l2_bound", "fill_vs_bound", "fill_vs_l2"} — the plan and its fill against the simple and L2 lower bounds on packs
+(bound / packs) — the kept path of `python -m bench pack-speed --lengths ...` (bench.suites.pack_speed; it
+needs no --out)."""
 
 import os
 import sys

@@ -74,12 +74,16 @@ def test_pack_speed_one_line_interface(tmp_path):
     proc = _bench("--lengths", str(lengths), "--budget", "8", "--strategy", "ffd", script="bench/pack_speed.py")
     assert proc.returncode == 0, proc.stderr
     row = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert set(row) == {"n_docs", "budget", "strategy", "fill", "seconds", "max_pack_tokens", "n_packs"}
+    assert set(row) == {"n_docs", "budget", "strategy", "fill", "seconds", "cpu_seconds", "max_pack_tokens",
+                        "n_packs", "lower_bound", "l2_bound", "fill_vs_bound", "fill_vs_l2"}
     assert (row["n_docs"], row["budget"], row["strategy"]) == (6, 8, "ffd") and row["max_pack_tokens"] <= 8
     assert row["n_packs"] * 8 * row["fill"] == pytest.approx(27)
+    # 27 tokens at budget 8: no packer needs fewer than ⌈27/8⌉ = 4 packs, and ffd needs 4 (fill vs bound 1.0)
+    assert (row["lower_bound"], row["l2_bound"], row["n_packs"]) == (4, 4, 4)
+    assert row["fill_vs_bound"] == row["fill_vs_l2"] == 1.0
     same = _bench("pack-speed", "--lengths", str(lengths), "--budget", "8", "--strategy", "ffd")   # no --out
     assert same.returncode == 0, same.stderr
-    assert {k: v for k, v in json.loads(same.stdout).items() if k != "seconds"} == \
-        {k: v for k, v in row.items() if k != "seconds"}
+    assert {k: v for k, v in json.loads(same.stdout).items() if "seconds" not in k} == \
+        {k: v for k, v in row.items() if "seconds" not in k}
     bad = _bench("--lengths", str(tmp_path / "missing.npy"), "--budget", "8", script="bench/pack_speed.py")
     assert bad.returncode == 2 and "missing.npy" in bad.stderr

@@ -200,7 +200,7 @@ docs_st = st.lists(st.integers(1, 40), min_size=1, max_size=25)
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(lengths=docs_st, budget=st.integers(4, 24), strategy=st.sampled_from(["bfd", "ffd", "sequential"]),
+@given(lengths=docs_st, budget=st.integers(4, 24), strategy=st.sampled_from(["bfd", "mbs", "ffd", "sequential"]),
        overlong=st.sampled_from(["split", "truncate"]), rows=st.integers(1, 3), seed=st.integers(0, 3))
 def test_mask_aligned_through_every_strategy_and_layout(tmp_path_factory, lengths, budget, strategy, overlong,
                                                         rows, seed):

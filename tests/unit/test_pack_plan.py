@@ -10,7 +10,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from packtrain.packing import strategies
-from packtrain.packing.plan import carry_order, l2_bound_packs, lower_bound_packs, pack_lengths
+from packtrain.packing.plan import (
+    STRATEGIES,
+    bfd_without_mbs,
+    carry_order,
+    l2_bound_packs,
+    lower_bound_packs,
+    pack_lengths,
+    repair_packs,
+)
+from packtrain.packing.synthetic import length_set
 
 # (lengths, budget, strategy, expected packs as (doc_index, start, length) lists)
 TABLE = [
@@ -27,6 +36,15 @@ TABLE = [
     # exact-fill completion: 3 packs (= ⌈47/16⌉, optimal); plain BFD and FFD need 4
     ([15, 6, 2, 3, 12, 2, 2, 5], 16, "bfd",
      [[(0, 0, 15)], [(4, 0, 12), (2, 0, 2), (5, 0, 2)], [(1, 0, 6), (7, 0, 5), (3, 0, 3), (6, 0, 2)]]),
+    # BFD and its exact fill leave the 3 in a third pack ([8 6] [7 4 4] [3]); the default falls back to
+    # minimum bin slack: seed 8 + the pair 4 + 4, seed 7 + the pair 6 + 3 = 2 packs (= Σ/B)
+    ([7, 3, 4, 4, 6, 8], 16, "bfd", [[(5, 0, 8), (2, 0, 4), (3, 0, 4)], [(0, 0, 7), (4, 0, 6), (1, 0, 3)]]),
+    ([7, 3, 4, 4, 6, 8], 16, "mbs", [[(5, 0, 8), (2, 0, 4), (3, 0, 4)], [(0, 0, 7), (4, 0, 6), (1, 0, 3)]]),
+    # mbs on the docstring example: seed 6 + exact 4; seed 6, no 4 left: pair 3 + 1; seed 5 + pair 3 + 2
+    ([6, 6, 5, 4, 3, 3, 2, 1], 10, "mbs",
+     [[(0, 0, 6), (3, 0, 4)], [(1, 0, 6), (4, 0, 3), (7, 0, 1)], [(2, 0, 5), (5, 0, 3), (6, 0, 2)]]),
+    ([25, 3], 10, "mbs", [[(0, 0, 10)], [(0, 10, 10)], [(0, 20, 5), (1, 0, 3)]]),
+    ([], 10, "mbs", []),
     # sequential: next-fit in input order
     ([4, 4, 4, 3, 5], 8, "sequential", [[(0, 0, 4), (1, 0, 4)], [(2, 0, 4), (3, 0, 3)], [(4, 0, 5)]]),
     ([6, 6, 5, 4, 3, 3, 2, 1], 10, "sequential",
@@ -48,6 +66,13 @@ def test_plain_bfd_needs_one_more_pack_on_the_exact_fill_example():
     lengths = np.array([15, 6, 2, 3, 12, 2, 2, 5])
     assert strategies.bfd(lengths, 16).max() + 1 == 4
     assert strategies.ffd(lengths, 16).max() + 1 == 4
+
+
+def test_bfd_and_its_exact_fill_need_three_packs_where_mbs_needs_two():
+    lengths = np.array([7, 3, 4, 4, 6, 8])
+    assert strategies.bfd(lengths, 16).max() + 1 == 3
+    assert strategies.bfd(lengths, 16, exact_below=4).max() + 1 == 3
+    assert strategies.mbs(lengths, 16).max() + 1 == 2
 
 
 def test_truncate_counts_dropped_tokens():
@@ -92,9 +117,11 @@ def _optimum(lengths: list[int], budget: int) -> int:
 @given(st.lists(st.integers(1, 12), min_size=1, max_size=6), st.integers(6, 12))
 def test_bounds_are_valid_and_bfd_is_near_optimal_on_tiny_inputs(lengths, budget):
     lengths = [min(x, budget) for x in lengths]
+    from bench.lp_bound import lp_bound_packs  # the benchmark's LP bound (scipy): also ≤ the optimum
+
     opt = _optimum(lengths, budget)
     arr = np.array(lengths)
-    assert lower_bound_packs(arr, budget) <= l2_bound_packs(arr, budget) <= opt
+    assert lower_bound_packs(arr, budget) <= l2_bound_packs(arr, budget) <= lp_bound_packs(arr, budget)["bound"] <= opt
     assert pack_lengths(arr, budget, "bfd").n_packs <= opt + 1
 
 
@@ -120,7 +147,7 @@ lengths_st = st.lists(st.integers(1, 300), min_size=0, max_size=300)
 
 
 @settings(max_examples=60, deadline=None)
-@given(lengths_st, st.integers(2, 128), st.sampled_from(["bfd", "ffd", "sequential"]),
+@given(lengths_st, st.integers(2, 128), st.sampled_from(["bfd", "mbs", "ffd", "sequential"]),
        st.sampled_from(["split", "truncate"]), st.integers(1, 50))
 def test_every_token_exactly_once_and_in_order(lengths, budget, strategy, overlong, window):
     arr = np.array(lengths, np.int64)
@@ -129,7 +156,7 @@ def test_every_token_exactly_once_and_in_order(lengths, budget, strategy, overlo
 
 
 @settings(max_examples=25, deadline=None)
-@given(lengths_st, st.integers(2, 128), st.sampled_from(["bfd", "ffd", "sequential"]))
+@given(lengths_st, st.integers(2, 128), st.sampled_from(["bfd", "mbs", "ffd", "sequential"]))
 def test_deterministic(lengths, budget, strategy):
     arr = np.array(lengths, np.int64)
     a = pack_lengths(arr, budget, strategy, window=40)
@@ -153,6 +180,46 @@ def test_fill_order_on_realistic_distributions(seed, kind, budget, n):
     lengths = _realistic(kind, n, budget, np.random.default_rng(seed))
     fill = {s: pack_lengths(lengths, budget, s).fill for s in ("bfd", "ffd", "sequential")}
     assert fill["bfd"] >= fill["ffd"] >= fill["sequential"]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.sampled_from(["lognormal", "pareto", "uniform"]), st.integers(8, 256),
+       st.integers(1, 3000))
+def test_default_never_needs_more_packs_than_before_and_changes_only_to_save_one(seed, kind, budget, n):
+    """One window: bfd ≤ the old default; where it needs as many packs, its plan is the old one unchanged."""
+    lengths = np.clip(_realistic(kind, n, budget, np.random.default_rng(seed)), 1, budget)
+    plan, before = STRATEGIES["bfd"](lengths, budget), bfd_without_mbs(lengths, budget)
+    assert plan.max() <= before.max()
+    if plan.max() == before.max():
+        assert np.array_equal(plan, before)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(1, 300), min_size=1, max_size=400), st.integers(2, 300), st.integers(1, 40))
+def test_mbs_and_repair_put_every_document_in_one_pack_within_budget(lengths, budget, stride):
+    ln = np.minimum(np.array(lengths, np.int64), budget)
+    for item_bin in (strategies.mbs(ln, budget), repair_packs(ln, budget, strategies.mbs(ln, budget), stride)):
+        assert item_bin.shape == ln.shape
+        assert np.array_equal(np.unique(item_bin), np.arange(item_bin.max() + 1))   # packs 0..P-1, none empty
+        assert np.bincount(item_bin, weights=ln).max() <= budget
+    assert repair_packs(ln, budget, strategies.mbs(ln, budget), stride).max() <= strategies.mbs(ln, budget).max()
+
+
+# 100k documents of packtrain.packing.synthetic, budget 2048: packs before → now. Pareto and lognormal reach
+# the L2 bound; uniform stays above L2 but reaches the LP (Gilmore-Gomory) bound of bench/suites/pack_fill.py
+# (seed 2: LP 50,163.0, L2 50,141), so no packer can do better.
+FILL_TABLE = [("pareto", 0, 8347, 8345), ("lognormal", 0, 22535, 22534), ("uniform", 2, 50168, 50163)]
+
+
+@pytest.mark.parametrize("kind,seed,before,now", FILL_TABLE)
+def test_fill_on_100k_synthetic_documents(kind, seed, before, now):
+    lengths = length_set(kind, 100_000, 2048, seed)
+    plan = pack_lengths(lengths, 2048)
+    _check_plan(plan, lengths, 2048)
+    assert bfd_without_mbs(lengths, 2048).max() + 1 == before                 # one window: the old default
+    assert plan.n_packs == now
+    if kind != "uniform":
+        assert plan.n_packs == l2_bound_packs(lengths, 2048)      # fill against the L2 bound: 1.0
 
 
 def test_window_carry_keeps_fill_close_to_one_window():

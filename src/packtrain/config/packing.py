@@ -15,12 +15,14 @@ class PackConfig(StrictModel):
     budget: Int = Field(2048, ge=2)
     """Tokens per pack (= one row of a micro-batch). The one meaning of "budget" in packtrain: train reads it
     back from the packs on disk and trains train.rows of them per micro-batch (packtrain.planner.choose_shape)."""
-    strategy: Literal["bfd", "ffd", "sequential"] = "bfd"
+    strategy: Literal["bfd", "mbs", "ffd", "sequential"] = "bfd"
     """bfd: best-fit-decreasing (O(log L) search over remaining space) + exact-fill completion of the gaps by
-    the short documents (≥ 99.9% of the lower bound on packs); ffd: first-fit-decreasing; sequential: in
-    order (next fit). docs/packing.md has the measured fill and speed."""
+    the short documents; where that is above the L2 bound, the fewer packs of it, mbs and plain BFD
+    (≥ 99.99% of the L2 bound, or at the LP bound, on the benchmark sets); mbs: minimum bin slack + a repair
+    pass alone; ffd: first-fit-decreasing; sequential: in order (next fit). docs/packing.md has the measured
+    fill and speed."""
     window: PositiveInt = 200_000
-    """Documents per streaming window that bfd/ffd sort and pack together; up to window/4 documents
+    """Documents per streaming window that bfd/mbs/ffd sort and pack together; up to window/4 documents
     of a window's packs (those with free space, then full packs of short documents) are reopened in the next
     one (≥ 100k keeps fill ≥ 99.9% of the bound)."""
     overlong: Literal["split", "truncate"] = "split"
