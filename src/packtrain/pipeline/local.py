@@ -243,9 +243,9 @@ def _run_local(cfg, *, runner: Runner, verbose: bool, use_cache: bool | None, ou
     from packtrain.tracking.layout import data_version_of, pipeline_run_name
 
     t_start = time.perf_counter()
-    if runner != "kfp":   # the kfp runner's stages are subprocesses: nothing imported here reaches them
-        from packtrain.pipeline.warm import start_warm_imports, warm_modules
+    from packtrain.pipeline.warm import start_warm_imports, warm_modules, worth_warming
 
+    if runner != "kfp" and worth_warming(cfg):   # kfp's stages are subprocesses: nothing imported here reaches them
         start_warm_imports(warm_modules(cfg))
     workdir = Path(cfg.workdir).resolve()
     workdir.mkdir(parents=True, exist_ok=True)

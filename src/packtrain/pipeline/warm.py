@@ -40,6 +40,20 @@ def warm_modules(cfg) -> tuple[str, ...]:
             + (FUSED_LOSS_MODULES if cfg.train.loss == "fused" else ()))
 
 
+def worth_warming(cfg) -> bool:
+    """Only where the imports overlap work the GPU would otherwise wait for: a recipe that trains on CUDA, on a host
+    with an NVIDIA device. On a CPU host the imports would only compete with the data stages for the same cores
+    (and with a run that fails early, for nothing).
+
+    >>> from packtrain.config import load_run_config
+    >>> worth_warming(load_run_config("tiny-cpu"))
+    False
+    """
+    import os
+
+    return cfg.train.device != "cpu" and os.path.exists("/dev/nvidiactl")
+
+
 def start_warm_imports(modules: tuple[str, ...] = MODULES) -> threading.Thread | None:
     """Import `modules` on a daemon thread (module doc); returns the started thread (None: all imported already).
     A module that fails to import is skipped. What the imports print (a library's logging or warnings) is kept,
