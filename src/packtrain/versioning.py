@@ -56,6 +56,11 @@ COARSE_SETTLE_NS = 2_000_000_000
 """… and one whose mtime is a whole second (FAT's 2 s, ext3's or a network file system's 1 s stamps): 2 s."""
 
 
+def _settle_ns(mtime_ns: int) -> int:
+    """How old a file with this mtime must be before its md5 is memoized (SETTLE_NS / COARSE_SETTLE_NS)."""
+    return COARSE_SETTLE_NS if mtime_ns % 1_000_000_000 == 0 else SETTLE_NS
+
+
 def _stat_key(path: str | Path, kind: str) -> tuple | None:
     """The memo key of a file, None while its mtime is too fresh to trust: a rewrite of the same size within the
     file system's timestamp granularity would keep the key (git's "racy" rule). A model saved a second ago by the
@@ -63,7 +68,7 @@ def _stat_key(path: str | Path, kind: str) -> tuple | None:
     import time
 
     st = os.stat(path)
-    settle = COARSE_SETTLE_NS if st.st_mtime_ns % 1_000_000_000 == 0 else SETTLE_NS
+    settle = _settle_ns(st.st_mtime_ns)
     if time.time_ns() - st.st_mtime_ns < settle:
         return None
     return (kind, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
@@ -168,7 +173,7 @@ def hash_ahead(path: str | Path) -> None:
     def work() -> str:
         files = [p] if p.is_file() else [Path(d) / f for d, _, fs in os.walk(p) for f in fs]
         newest = max((f.stat().st_mtime_ns for f in files), default=0)
-        wait = (newest + COARSE_SETTLE_NS if newest % 1_000_000_000 == 0 else newest + SETTLE_NS) - time.time_ns()
+        wait = newest + _settle_ns(newest) - time.time_ns()
         if 0 < wait <= COARSE_SETTLE_NS:
             time.sleep(wait / 1e9)
         return _data_md5(p)
