@@ -42,8 +42,11 @@ from packaging.utils import canonicalize_name, parse_wheel_filename
 REPO = Path(__file__).resolve().parents[1]
 NEVER = frozenset({"torch"})
 """Never carried: the image's own (CUDA) torch is the one packtrain must run on."""
-EXTRAS = ("dev", "deepspeed", "fp8")
-"""packtrain's extras that `make setup` installs, i.e. the ones constraints.txt pins (gpu and airflow are not)."""
+EXTRAS = ("dev", "deepspeed", "fp8", "gpu")
+"""packtrain's extras a wheelhouse carries: the ones `make setup` installs (pinned in constraints.txt) and gpu
+(pinned in constraints-gpu.txt: liger-kernel needs triton, which a CPU venv must not get). airflow has its own."""
+GPU_CONSTRAINTS = REPO / "constraints-gpu.txt"
+"""The gpu extra's pins; read beside --constraints unless --no-gpu-pins (they are never installed here)."""
 
 
 @dataclass(frozen=True)
@@ -62,6 +65,7 @@ GROUPS: dict[str, Group] = {
     "dev": Group("the dev extra: pytest, mypy, ruff, hadolint, the Kubeflow job models"),
     "deepspeed": Group("the deepspeed extra: train.engine=deepspeed"),
     "fp8": Group("the fp8 extra: torchao for train.precision=fp8"),
+    "gpu": Group("the gpu extra: liger-kernel for train.loss=fused with train.loss_kernel=liger"),
     "lm-eval": Group("lm-eval and its closure: only .yaml task suites (evaluate.suites) import it", ("lm-eval",)),
     "kfp": Group("kfp: --runner kfp, `pipeline compile|submit`; `packtrain run` runs in-process by default",
                  ("kfp", "kfp-kubernetes")),
@@ -305,15 +309,30 @@ def _mb(n: int) -> str:
     return f"{n / 1e6:.1f} MB"
 
 
-def build(constraints: Path, image_files: list[Path], out: Path, target: Target, without: tuple[str, ...]) -> dict[str, Any]:
-    """The whole build; returns the manifest written to out/wheelhouse.json."""
+def read_all_pins(paths: Iterable[Path]) -> dict[str, str]:
+    """The pins of several files merged; one name pinned to two versions across them is an error naming both."""
+    pins: dict[str, str] = {}
+    for path in paths:
+        for name, version in read_pins(path).items():
+            if pins.get(name, version) != version:
+                raise WheelhouseError(f"{path}: {name}=={version}, but an earlier constraints file pins "
+                                      f"{pins[name]}: keep one version")
+            pins[name] = version
+    return pins
+
+
+def build(constraints: Path | list[Path], image_files: list[Path], out: Path, target: Target,
+          without: tuple[str, ...]) -> dict[str, Any]:
+    """The whole build; returns the manifest written to out/wheelhouse.json. `constraints`: one pins file or
+    several (merged, read_all_pins)."""
+    files = [constraints] if isinstance(constraints, Path) else list(constraints)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise WheelhouseError(f"--out {out}: exists and is not an empty folder (choose a new one; nothing is "
                               "overwritten)")
-    for f in (constraints, *image_files):
+    for f in (*files, *image_files):
         if not f.is_file():
             raise WheelhouseError(f"{f}: no such file (--constraints / --exclude)")
-    pins = read_pins(constraints)
+    pins = read_all_pins(files)
     image: dict[str, str | None] = {}
     for f in image_files:
         image.update(read_image_packages(f))
@@ -349,7 +368,7 @@ def build(constraints: Path, image_files: list[Path], out: Path, target: Target,
         roots = packtrain_roots(own, without, env)   # without a cut: every pin is a root as well
         sel = select(roots if without else [*roots, *(Requirement(n) for n in wanted)], wheels, image, env)
         if sel.unmet:
-            raise WheelhouseError("needed but neither pinned in constraints.txt nor in the image: " + ", ".join(
+            raise WheelhouseError("needed but neither pinned in the constraints nor in the image: " + ", ".join(
                 f"{n} (required by {who})" for n, who in sorted(sel.unmet.items())))
         keep = sorted({*sel.keep, "packtrain"})
         sizes = {n: w.path.stat().st_size for n, w in wheels.items()}
@@ -362,7 +381,7 @@ def build(constraints: Path, image_files: list[Path], out: Path, target: Target,
                          "sha256": _sha256(f)})
         manifest = {
             "python": f"{target.python[0]}.{target.python[1]}", "platforms": list(target.platforms),
-            "constraints": str(constraints), "exclude": [str(f) for f in image_files], "without": list(without),
+            "constraints": [str(f) for f in files], "exclude": [str(f) for f in image_files], "without": list(without),
             "wheels_count": len(rows), "total_bytes": sum(r["bytes"] for r in rows),
             "all_groups": {"wheels_count": len(wheels), "total_bytes": sum(sizes.values())},
             "dropped": sorted(set(wheels) - set(keep)), "conflicts": sorted(set(sel.conflicts)), "wheels": rows,
@@ -402,6 +421,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="the image's packages: one name a line, or `pip list`/`pip freeze` output (repeatable)")
     ap.add_argument("--constraints", type=Path, default=REPO / "constraints.txt", help="the pins (default: the "
                     "repository's constraints.txt)")
+    ap.add_argument("--no-gpu-pins", action="store_true", help="leave out constraints-gpu.txt (the gpu extra: "
+                    "liger-kernel) — for a target without CUDA")
     ap.add_argument("--out", type=Path, required=True, help="new or empty folder for the wheels")
     ap.add_argument("--without", nargs="+", default=[], choices=GROUPS, metavar="GROUP",
                     help="drop a group and what only it needs: "
@@ -414,7 +435,10 @@ def main(argv: list[str] | None = None) -> int:
     target = Target((int(m[1]), int(m[2])), tuple(a.platform or PLATFORMS))
     without = tuple(dict.fromkeys([*a.without, *(RUNTIME_DROPS if a.only_runtime else ())]))
     try:
-        manifest = build(a.constraints, a.exclude, a.out, target, without)
+        gpu = [] if a.no_gpu_pins or not GPU_CONSTRAINTS.is_file() else [GPU_CONSTRAINTS]
+        if a.no_gpu_pins and "gpu" not in without:
+            without = (*without, "gpu")
+        manifest = build([a.constraints, *gpu], a.exclude, a.out, target, without)
     except WheelhouseError as e:
         print(f"wheelhouse: {e}", file=sys.stderr)
         return 1

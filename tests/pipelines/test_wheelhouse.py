@@ -37,9 +37,11 @@ pytestmark = pytest.mark.skipif(not _pypi_reachable(), reason="PyPI (https://pyp
 
 def _pins() -> dict[str, str]:
     pins = {}
-    for line in (REPO / "constraints.txt").read_text().splitlines():
-        name, version = line.split("==")
-        pins[canonicalize_name(name)] = version
+    for f in ("constraints.txt", "constraints-gpu.txt"):     # the wheelhouse reads both by default
+        for line in (REPO / f).read_text().splitlines():
+            if line.split("#", 1)[0].strip():
+                name, version = line.split("#", 1)[0].strip().split("==")
+                pins[canonicalize_name(name)] = version
     return pins
 
 

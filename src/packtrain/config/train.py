@@ -306,9 +306,15 @@ class TrainConfig(StrictModel):
     seed: Seed = 0
     loss: Literal["standard", "chunked", "fused"] = "standard"
     """chunked: LM head + cross-entropy in checkpointed chunks so full logits are never materialized;
-    fused: Liger's fused linear cross-entropy on CUDA (no full logits, no recompute), else chunked."""
+    fused: LM head + cross-entropy in one node that computes the gradients in its forward (no full logits, no
+    recompute); which implementation: train.loss_kernel."""
+    loss_kernel: Literal["liger", "torch"] = "liger"
+    """train.loss=fused only. liger: Liger's Triton kernel (CUDA + liger-kernel, else the chunked loss with one
+    warning); its chunk is N / ⌈V / H⌉ rows (128 for Qwen2-0.5B). torch: packtrain's own (train/fused_loss.py):
+    GEMMs over loss_chunk_tokens rows and one compiled element-wise kernel; runs on any device."""
     loss_chunk_tokens: PositiveInt = 2048
-    """Tokens per chunk for loss: chunked ((chunk, vocab) fp32 logits live at a time: 2048 × 32768 → 256 MiB)."""
+    """Tokens per chunk for loss: chunked ((chunk, vocab) fp32 logits live at a time: 2048 × 32768 → 256 MiB);
+    fused with loss_kernel=torch ((chunk, vocab) logits and their gradient in the compute dtype)."""
     loss_on: Literal["all", "assistant", "completion"] = "all"
     """Which tokens carry the loss: all (plain text, every token after a document start); assistant (chat
     records: assistant turns incl. their end-of-turn token); completion (prompt/completion records: the

@@ -6,9 +6,11 @@ segment's first token and on padding, so no term crosses a document boundary (se
     standard   logits (T, V) fp32 at once: T=16k, V=32k → 2 GiB, plus as much again for its gradient
     chunked    C tokens at a time under torch.utils.checkpoint: (C, V) live in forward and once more in
                backward (recomputed), e.g. C=2048 → 256 MiB; ~+1 LM-head matmul of compute (≈ 2·T·h·V FLOPs)
-    fused      CUDA: Liger's fused linear + cross-entropy (Triton): chunks over tokens, computes the logits'
-               gradient inside the forward, so neither full logits nor a recompute exist; falls back to
-               chunked (with one warning) where liger-kernel or CUDA is missing
+    fused      linear + cross-entropy in one node that computes the logits' gradient inside the forward, so
+               neither full logits nor a recompute exist. train.loss_kernel picks the implementation: liger
+               (Triton, CUDA; falls back to chunked with one warning where liger-kernel or CUDA is missing) or
+               torch (train/fused_loss.py: full-size GEMMs over C-row chunks, one compiled element-wise
+               kernel; any device)
 
 Both return per-token losses summed in one `sum()` over the same (T,) vector, so the loss is bitwise equal in
 fp32 (tested); the LM-head weight gradient is summed chunk by chunk instead of in one matmul, equal up to
@@ -104,16 +106,22 @@ def _module():
     class PackedCausalLM(torch.nn.Module):
         """LlamaForCausalLM + packed loss. forward(labels, **model_inputs) → loss sum (fp32 scalar)."""
 
-        def __init__(self, lm, loss: str = "standard", chunk_tokens: int = 2048):
+        def __init__(self, lm, loss: str = "standard", chunk_tokens: int = 2048, kernel: str = "liger"):
             super().__init__()
             self.lm = lm
             self.chunk_tokens = chunk_tokens if loss in ("chunked", "fused") else None
             # Gemma2's final_logit_softcapping (None for every other family): applied exactly as its forward does
             self.softcap = getattr(lm.config, "final_logit_softcapping", None) or None
-            self.fused = fused_loss_fn(self.softcap) if loss == "fused" else None
+            self.own_fused = loss == "fused" and kernel == "torch"
+            self.fused = fused_loss_fn(self.softcap) if loss == "fused" and not self.own_fused else None
 
         def forward(self, labels, **inputs):
             hidden = self.lm.model(**inputs).last_hidden_state   # (rows, L, h) or (1, T, h)
+            if self.own_fused:
+                from packtrain.train.fused_loss import fused_linear_ce_sum
+
+                return fused_linear_ce_sum(hidden.reshape(-1, hidden.shape[-1]), self.lm.lm_head.weight,
+                                           next_token_targets(labels), self.chunk_tokens, self.softcap)
             if self.fused is not None and hidden.is_cuda:
                 h = hidden.reshape(-1, hidden.shape[-1])         # (N, h)
                 w = self.lm.lm_head.weight
@@ -126,6 +134,6 @@ def _module():
     return PackedCausalLM
 
 
-def packed_causal_lm(lm, loss: str = "standard", chunk_tokens: int = 2048):
-    """Wrap `lm` (its parameters are shared, state_dict keys gain the prefix 'lm.')."""
-    return _module()(lm, loss, chunk_tokens)
+def packed_causal_lm(lm, loss: str = "standard", chunk_tokens: int = 2048, kernel: str = "liger"):
+    """Wrap `lm` (its parameters are shared, state_dict keys gain the prefix 'lm.'); `kernel`: train.loss_kernel."""
+    return _module()(lm, loss, chunk_tokens, kernel)

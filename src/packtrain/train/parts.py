@@ -163,7 +163,7 @@ def build_model_parts(model_cfg: ModelConfig, train_cfg: TrainConfig, data: Data
 
         fp8_linears = apply_fp8(model, train_cfg.fp8)
         fp8_params = fp8_param_count(model, fp8_linears)
-    module = packed_causal_lm(model, train_cfg.loss, train_cfg.loss_chunk_tokens)
+    module = packed_causal_lm(model, train_cfg.loss, train_cfg.loss_chunk_tokens, train_cfg.loss_kernel)
     ac_layers = tq.apply_activation_checkpointing(model, train_cfg)
     counter = tq.apply_compile(model, train_cfg)
     if counter is not None:
