@@ -32,6 +32,7 @@ SUITES = {
     "register-speed": "bench.suites.register_speed",
     "guard": "bench.suites.guard",
     "step-profile": "bench.suites.step_profile",
+    "loss-kernels": "bench.suites.loss_kernels",
 }
 
 

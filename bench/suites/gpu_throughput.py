@@ -14,6 +14,8 @@ for `--steps` optimizer steps after `--warmup`, bf16):
   e  hf_packed   BFD packs, transformers SDPA + position_ids, no mask (isolated)  (TRL padding_free)
   f  packtrain   BFD packs, flattened (1, T), varlen attention, torch.compile, fused/chunked loss,
                  fused AdamW, pinned prefetch — packtrain's training path.
+  g  packtrain_alt  the same with the --alt-set overrides on top (e.g. train.loss_kernel=torch): a second
+                 configuration of the product measured beside the first in one process.
 
 Every variant gets `rows` rows of at most `budget` tokens per micro-batch, so the slot budget is the same.
 Reported per variant: real tok/s (non-padding tokens that carry loss), useful MFU (6N per real token +
@@ -60,9 +62,16 @@ SIZES = {  # the recipes' model sections, repeated so the bench needs no pydanti
     "qwen2-1.5b": dict(model_type="qwen2", vocab_size=151_936, hidden_size=1536, intermediate_size=8960,
                        num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2, rope_theta=1e6,
                        tie_word_embeddings=True),
+    # a Gemma-style 256k vocabulary: Gemma-3-1B's shape (262,144 ids, tied, 1 KV head of 256, sliding window 512
+    # on 5 of every 6 layers); the embedding is 302M of its 1.0B parameters
+    "gemma3-1b": dict(model_type="gemma3_text", vocab_size=262_144, hidden_size=1152, intermediate_size=6912,
+                      num_hidden_layers=26, num_attention_heads=4, num_key_value_heads=1, head_dim=256,
+                      rope_theta=1e6, sliding_window=512, tie_word_embeddings=True),
 }
-VARIANTS = {"a": "pad", "b": "dynamic", "c": "group", "d": "concat", "e": "hf_packed", "f": "packtrain"}
-ISOLATED = {"pad": True, "dynamic": True, "group": True, "concat": False, "hf_packed": True, "packtrain": True}
+VARIANTS = {"a": "pad", "b": "dynamic", "c": "group", "d": "concat", "e": "hf_packed", "f": "packtrain",
+            "g": "packtrain_alt"}
+ISOLATED = {"pad": True, "dynamic": True, "group": True, "concat": False, "hf_packed": True, "packtrain": True,
+            "packtrain_alt": True}
 
 
 # ----------------------------------------------------------------------------------------------- data
@@ -111,7 +120,7 @@ def batch_flops(b, dims: dict) -> tuple[float, float]:
 
 
 # --------------------------------------------------------------------------------- packtrain variant
-def run_packtrain_variant(size, vocab, docs, rows, budget, steps, warmup, device, args) -> dict:
+def run_packtrain_variant(size, vocab, docs, rows, budget, steps, warmup, device, args, extra=()) -> dict:
     """packtrain's own training path, end to end: the same documents written as a token store, packed by the
     pack stage's library (bfd), trained by `packtrain.train.loop.train` with the recipe's settings
     (varlen attention, bf16, per-layer torch.compile, fused AdamW, pinned loader) — the product, not a copy.
@@ -130,7 +139,7 @@ def run_packtrain_variant(size, vocab, docs, rows, budget, steps, warmup, device
     overrides = [f"pack.budget={budget}", f"train.rows={rows}", f"train.attention={args.attention}",
                  f"train.loss={args.loss}", "train.precision=bf16", f"train.compile={not args.no_compile}",
                  f"telemetry.peak_tflops={args.peak_tflops}", "telemetry.interval_s=0.2",
-                 f"train.device={device.type}", *args.packtrain_set]
+                 f"train.device={device.type}", *args.packtrain_set, *extra]
     with tempfile.TemporaryDirectory(prefix="ptbench-") as tmp:
         tmp = Path(tmp)
         spec = model_spec(size, args)
@@ -220,12 +229,15 @@ def add_arguments(p) -> None:
     p.add_argument("--vocab", type=int, default=None, help="default: the family's (151,936 for qwen2-*), else 32768")
     p.add_argument("--peak-tflops", type=float, default=790.0)
     p.add_argument("--attention", default="varlen")
-    p.add_argument("--loss", default="fused", help="packtrain loss: fused (Liger; chunked fallback), chunked, standard")
+    p.add_argument("--loss", default="fused", help="packtrain loss: fused (train.loss_kernel: liger, the default, "
+                   "or torch via --packtrain-set), chunked, standard")
     p.add_argument("--no-compile", action="store_true")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cuda", help="cuda; cpu only to check the suite (--smoke sets it)")
     p.add_argument("--packtrain-set", action="append", default=[], metavar="KEY=VALUE",
                    help="extra recipe overrides for the packtrain variant (e.g. train.activation_checkpointing=full)")
+    p.add_argument("--alt-set", action="append", default=[], metavar="KEY=VALUE",
+                   help="variant g (packtrain_alt): packtrain with these overrides on top of --packtrain-set")
 
 
 SMOKE = {"model": "tiny", "device": "cpu", "steps": 1, "warmup": 1, "rows": 1, "budget": 128, "attention": "sdpa",
@@ -262,10 +274,12 @@ def run(args, out: Path) -> Record:
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats()
         try:
-            if name == "packtrain":
+            if name in ("packtrain", "packtrain_alt"):
+                extra = list(args.alt_set) if name == "packtrain_alt" else []
                 res = run_packtrain_variant(args.model, args.vocab, docs, args.rows, args.budget, args.steps,
-                                            args.warmup, device, args)
+                                            args.warmup, device, args, extra)
                 row = {"variant": name, "model": args.model, "data": args.data, "isolated": True, **res,
+                       "overrides": [*args.packtrain_set, *extra],
                        "steps": args.steps, "rows": args.rows, "budget": args.budget, "command": command}
                 rows_out.append(row)
                 print(json.dumps(row), flush=True)
@@ -307,7 +321,7 @@ def run(args, out: Path) -> Record:
                     command=command, machine=machine_info(args.peak_tflops), rows=rows_out,
                     settings={k: getattr(args, k) for k in ("model", "layers", "variants", "data", "budget", "rows",
                                                              "steps", "warmup", "vocab", "attention", "loss",
-                                                             "no_compile", "seed", "device", "packtrain_set")},
+                                                             "no_compile", "seed", "device", "packtrain_set", "alt_set")},
                     goals=GOALS)
     ours = next((r for r in rows_out if r["variant"] == "packtrain" and "error" not in r), None)
     if ours is not None and args.model in GOALS:
