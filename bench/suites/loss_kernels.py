@@ -145,6 +145,8 @@ def run(args, out: Path) -> Record:
     repeats = 2 if args.smoke else args.repeats
     rows = []
     for name, (H, V, trains) in shapes.items():
+        torch._dynamo.reset()   # a fresh compile cache per shape: dynamo's limit of 8 shapes a function would
+        #                         otherwise send the later shapes to eager (a training run has one or two)
         g = torch.Generator(device=device).manual_seed(0)
         h = torch.randn(n, H, device=device, generator=g).to(torch.bfloat16 if cuda else torch.float32)
         w = (0.02 * torch.randn(V, H, device=device, generator=g)).requires_grad_(trains)

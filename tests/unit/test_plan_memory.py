@@ -113,6 +113,15 @@ def test_loss_bytes_standard_and_chunked():
     assert mem.loss_bytes(SHAPE, AUTOCAST, n, 512) == (10 * 512 * v, 12 * 512 * v + 4 * n * 64)
 
 
+def test_loss_bytes_of_the_torch_fused_kernel():
+    """train.loss_kernel=torch: one chunk's bf16 logits + their bf16 gradient, the (N, h) input gradient and the
+    fp32 (V, h) weight-gradient accumulator (none when the head is frozen, LoRA)."""
+    n, v, h = 2048, 4096, 64
+    held = 2 * n * h + 4 * v * h
+    assert mem.loss_bytes(SHAPE, AUTOCAST, n, 512, "torch") == (2 * 2 * 512 * v + held, held)
+    assert mem.loss_bytes(SHAPE, AUTOCAST, n, 512, "torch", head_trains=False) == (4 * 512 * v + 2 * n * h, 2 * n * h)
+
+
 def test_model_states_torch_and_zero():
     p = SHAPE.n_params
     t = model_states(SHAPE, "torch", "bf16", 2, False, False, 1, fused=True, grad_accum=1)

@@ -308,10 +308,12 @@ class TrainConfig(StrictModel):
     """chunked: LM head + cross-entropy in checkpointed chunks so full logits are never materialized;
     fused: LM head + cross-entropy in one node that computes the gradients in its forward (no full logits, no
     recompute); which implementation: train.loss_kernel."""
-    loss_kernel: Literal["liger", "torch"] = "liger"
-    """train.loss=fused only. liger: Liger's Triton kernel (CUDA + liger-kernel, else the chunked loss with one
-    warning); its chunk is N / ⌈V / H⌉ rows (128 for Qwen2-0.5B). torch: packtrain's own (train/fused_loss.py):
-    GEMMs over loss_chunk_tokens rows and one compiled element-wise kernel; runs on any device."""
+    loss_kernel: Literal["torch", "liger"] = "torch"
+    """train.loss=fused only. torch: packtrain's own (train/fused_loss.py): full-size GEMMs over loss_chunk_tokens
+    rows and one compiled element-wise kernel, any device; liger: Liger's Triton kernel (CUDA + liger-kernel,
+    else the chunked loss with one warning), whose chunk is N / ⌈V / H⌉ rows (128 for Qwen2-0.5B). Measured on an
+    H200, head + loss forward+backward over 16,384 tokens (bench/results/loss_kernels.json): Qwen2-0.5B 28.9 ms
+    (torch, C 2048) vs 54.3 (liger); Gemma-3-1B's 262k vocabulary 57.3 vs 115.0."""
     loss_chunk_tokens: PositiveInt = 2048
     """Tokens per chunk for loss: chunked ((chunk, vocab) fp32 logits live at a time: 2048 × 32768 → 256 MiB);
     fused with loss_kernel=torch ((chunk, vocab) logits and their gradient in the compute dtype)."""

@@ -140,13 +140,22 @@ def head_activation_bytes_per_token(shape: ModelShape, prec: Precision, chunked:
     return head, rope + rms + INPUT_BYTES_PER_TOKEN
 
 
-def loss_bytes(shape: ModelShape, prec: Precision, tokens: int, chunk: int | None) -> tuple[int, int]:
+def loss_bytes(shape: ModelShape, prec: Precision, tokens: int, chunk: int | None, kernel: str = "chunked",
+               head_trains: bool = True) -> tuple[int, int]:
     """(forward, backward) bytes of logits + cross-entropy for `tokens` rows at once (or `chunk` at a time).
 
-    forward: c-byte logits + fp32 copy + fp32 log-softmax (fp32: the copy is the logits themselves);
-    backward: log-softmax output + NLL gradient + log-softmax gradient, all fp32 (N, V)."""
+    standard / chunked (and Liger's fused, modelled as chunked):
+      forward: c-byte logits + fp32 copy + fp32 log-softmax (fp32: the copy is the logits themselves);
+      backward: log-softmax output + NLL gradient + log-softmax gradient, all fp32 (N, V).
+    kernel "torch" (train.loss_kernel=torch, train/fused_loss.py): forward: one chunk's c-byte logits and its
+      c-byte gradient (2·c·C·V; inductor keeps the fp32 arithmetic in registers), the (N, H) input gradient and,
+      when the head trains, the fp32 (V, H) weight-gradient accumulator; backward: their scaled copies.
+      Qwen2-0.5B at C = 16,384: 2 · 2 · 16,384 · 151,936 = 9.3 GiB (measured +9.4 GiB over Liger's peak)."""
     rows = tokens if chunk is None else min(chunk, tokens)
     c = prec.compute_bytes
+    if kernel == "torch":
+        held = c * tokens * shape.hidden + (4 * shape.vocab * shape.hidden if head_trains else 0)
+        return 2 * c * rows * shape.vocab + held, held
     fwd = ((c if c < 4 else 0) + 4 + 4) * rows * shape.vocab
     bwd = 12 * rows * shape.vocab
     if chunk is not None and chunk < tokens:

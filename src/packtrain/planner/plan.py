@@ -155,7 +155,7 @@ def _backend(train_cfg: TrainConfig, device: str) -> str:
 
 
 def _loss_chunk(train_cfg: TrainConfig) -> int | None:
-    if train_cfg.loss not in ("chunked", "fused"):   # fused (Liger) chunks too; modelled at loss_chunk_tokens
+    if train_cfg.loss not in ("chunked", "fused"):   # fused chunks too (Liger's modelled at loss_chunk_tokens)
         return None
     return int(getattr(train_cfg, "loss_chunk_tokens", None) or mem.LOSS_CHUNK_DEFAULT)
 
@@ -250,7 +250,8 @@ def plan_memory(model_cfg: ModelConfig, train_cfg: TrainConfig, budget: int, pla
     head_bytes = head_tok * n_tok
     acts = (shape.layers - n_ck) * layer_bytes + n_ck * ck_bytes + head_bytes + shared_tok * n_tok
     attn = (shape.layers - n_ck) * quad + (mem.checkpoint_mask_bytes(prec, backend, rows, budget) if n_ck else 0)
-    loss_fwd, loss_bwd = mem.loss_bytes(shape, prec, n_tok, chunk)
+    kernel = "torch" if train_cfg.loss == "fused" and getattr(train_cfg, "loss_kernel", "liger") == "torch" else "chunked"
+    loss_fwd, loss_bwd = mem.loss_bytes(shape, prec, n_tok, chunk, kernel, head_trains=not lora)
     fw = mem.CUDA_WORKSPACE_BYTES if device == "cuda" else 0
 
     # LoRA: the frozen base already is in the autocast dtype (no bf16 copies); the embedding/LM head get no gradient

@@ -8,12 +8,15 @@ Per step::
     padding           = 1 − real_tokens / slot_tokens      data_wait_frac    = data_wait_s / step_time_s
     useful_mfu        = useful_flops / step_time_s / peak  dense_mfu         = dense_flops / step_time_s / peak
 
-MFU is never reported above 1: a step whose useful FLOP rate exceeds its peak proves the peak estimate low (a
-CPU peak measured while other processes held the cores), so the peak is raised to that rate — `peak_scale`, the
-factor, is the largest useful_flops / step_time_s / peak seen so far (`fastest`, when above 1) and every MFU is
-divided by it: per step by the factor up to that step, in the summary by the final one. Example: peak 1e12,
-steps of 0.9e12 and 1.2e12 useful FLOP/s → per-step useful MFU 0.9, 1.0; summary peak_scale 1.2, useful MFU
-median(0.75, 1.0) = 0.875.
+MFU is never reported above 1: steps whose useful FLOP rate exceeds the peak prove the peak estimate low (a
+CPU peak measured while other processes held the cores), so the peak is raised to their rate. In the summary
+`peak_scale` is the MEDIAN steady step's useful_flops / step_time_s / peak when above 1 (`typical`), not the
+fastest step's: on CUDA the loop reads each step's numbers one step late, so a host hiccup shows as one long
+step followed by one short one (measured on an H200: a 0.47 s step, then 0.02 s, around steps of 0.15 s) —
+their sum is right, but the short one's rate is fiction, and scaling by it divided a 43% MFU by 3.2. Per step,
+each value is capped at 1 on its own (`fastest` keeps the largest raw rate, for the record). Example: peak
+1e12, steps of 0.9e12, 1.2e12, 1.0e12 useful FLOP/s → per-step useful MFU 0.9, 1.0, 1.0; summary peak_scale
+1.0 (the median), useful MFU 1.0.
 Dense MFU is divided by the same factor but may stay above 1: it counts every slot and the whole budget² score
 matrix, work a document-skipping kernel (varlen, flex) never runs.
 
@@ -73,22 +76,28 @@ class ThroughputMeter:
             "slot_tokens_per_s": slot_tokens / step_time_s,
             "padding": 1.0 - real_tokens / slot_tokens if slot_tokens else 0.0,
             "useful_tflops": useful_flops / step_time_s / 1e12,
-            "useful_mfu": raw_u / self.peak_scale,
-            "dense_mfu": raw_d / self.peak_scale,
+            "useful_mfu": raw_u / max(1.0, self._floor, raw_u),     # capped at 1 on its own (module doc)
+            "dense_mfu": raw_d / max(1.0, self._floor, raw_u),
         }
         self.records.append({"step": int(step), "data_wait_s": wait, "real_tokens": int(real_tokens),
                              "slot_tokens": int(slot_tokens), **m})
         return m
 
     @property
+    def typical(self) -> float:
+        """The median steady step's useful FLOP rate over the peak it was recorded with (0 before any step)."""
+        raw = self._raw[self.warmup_steps:] if len(self._raw) > self.warmup_steps else self._raw
+        return statistics.median(u for u, _ in raw) if raw else 0.0
+
+    @property
     def peak_scale(self) -> float:
-        """The peak the MFU is against, over the peak the steps were recorded with: ≥ 1, the fastest step's rate
-        or a later probe's (`raise_peak`) when either exceeds it."""
-        return max(1.0, self._floor, self.fastest)
+        """The summary's peak over the peak the steps were recorded with: ≥ 1, the median steady step's rate
+        (`typical`) or a later probe's (`raise_peak`) when either exceeds it."""
+        return max(1.0, self._floor, self.typical)
 
     def raise_peak(self, factor: float) -> None:
         """A later, faster probe of the peak (packtrain.telemetry.mfu.PeakEstimate.reprobe): the summary's MFU is
-        against `factor` × the peak the steps were recorded with (or the fastest step's rate, if faster)."""
+        against `factor` × the peak the steps were recorded with (or the median step's rate, if faster)."""
         self._floor = max(self._floor, float(factor))
 
     @property

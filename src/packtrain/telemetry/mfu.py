@@ -42,8 +42,9 @@ processes hold the cores reads low, and the training steps that run later, when 
 - the probe is best-of-5 matmuls, taken before training and again after the last step (the estimate is the
   fastest of all); probes that disagree by more than 25%, or a load average above one runnable thread per core
   while probing, mark the estimate unreliable;
-- MFU can never be reported above 100%: the peak is at least the fastest useful FLOP rate any step achieved
-  (packtrain.telemetry.meter raises it, `peak_scale` > 1, and says so), whatever its source;
+- MFU can never be reported above 100%: the summary's peak is at least the median steady step's useful FLOP
+  rate (packtrain.telemetry.meter raises it, `peak_scale` > 1, and says so), whatever its source; each step's
+  own value is capped at 1;
 - the train summary carries `peak_tflops`, `peak_source`, `peak_reliable` and, when unreliable, `peak_note`
   (the `packtrain run` summary prints it next to the MFU).
 """
@@ -233,24 +234,24 @@ def peak_flops(device_name: str, precision: str = "bf16", override_tflops: float
     return estimate_peak(device_name, precision, override_tflops).flops
 
 
-def peak_note(est: PeakEstimate, fastest: float = 0.0, cpus: int | None = None) -> str | None:
-    """Why MFU against `est` is not to be trusted, or None. `fastest`: the fastest step's useful FLOP rate over
-    `est.flops` (packtrain.telemetry.meter.ThroughputMeter.fastest); above 1 the estimate is proven low.
+def peak_note(est: PeakEstimate, typical: float = 0.0, cpus: int | None = None) -> str | None:
+    """Why MFU against `est` is not to be trusted, or None. `typical`: the median steady step's useful FLOP rate
+    over `est.flops` (packtrain.telemetry.meter.ThroughputMeter.typical); above 1 the estimate is proven low.
 
     >>> peak_note(PeakEstimate(1e11, "measured", (1e11, 0.99e11), 0.5))   # agreeing probes, idle machine
     >>> peak_note(PeakEstimate(1e11, "measured", (0.6e11, 1e11), 0.5))
     'peak measured under contention: matmul probes 0.06-0.1 TFLOP/s disagree by 67%'
     >>> peak_note(PeakEstimate(1e11, "measured", (1e11, 1e11), 2.5), cpus=2)
     'peak measured under contention: load 5.0 on 2 cores while probing'
-    >>> peak_note(PeakEstimate(1e11, "measured", (1e11,), 0.5), fastest=1.0279)[:75]
-    'peak measured under contention: a training step ran 1.03x faster than the m'
+    >>> peak_note(PeakEstimate(1e11, "measured", (1e11,), 0.5), typical=1.0279)[:75]
+    'peak measured under contention: the median training step ran 1.03x faster t'
     """
     tf = est.flops / 1e12
-    if fastest > 1.0:
+    if typical > 1.0:
         why = {"measured": "peak measured under contention: ", "config": "telemetry.peak_tflops too low: ",
                "datasheet": "datasheet peak too low for this device: "}[est.source]
-        return (f"{why}a training step ran {fastest:.3g}x faster than the {est.source} peak ({tf:.3g} TFLOP/s); "
-                "MFU is against that step's rate")
+        return (f"{why}the median training step ran {typical:.3g}x faster than the {est.source} peak "
+                f"({tf:.3g} TFLOP/s); MFU is against that rate")
     if est.source != "measured":
         return None
     lo, hi = (min(est.probes), max(est.probes)) if est.probes else (est.flops, est.flops)

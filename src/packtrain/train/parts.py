@@ -285,7 +285,7 @@ class Telemetry:
         if not out:
             return out
         est = self.estimate or PeakEstimate(self.peak, "config")
-        note = peak_note(est, self.meter.fastest * self.peak / est.flops)   # fastest step vs the final estimate
+        note = peak_note(est, self.meter.typical * self.peak / est.flops)   # the median step vs the final estimate
         out.update(peak_tflops=self.peak * self.meter.peak_scale / 1e12, peak_source=est.source,
                    peak_reliable=note is None)
         if note:
