@@ -51,33 +51,68 @@ def _load(name: str):
 
 
 NAMES = {"pad": "pad to 2048", "dynamic": "dynamic padding", "group": "group_by_length", "concat": "naive concat",
-         "hf_packed": "HF packed rows (SDPA + position_ids)", "packtrain": "**packtrain**"}
+         "hf_packed": "HF packed rows (SDPA + position_ids)", "packtrain": "**packtrain**",
+         "packtrain_alt": "packtrain, --alt-set"}
 
 
 def throughput(name: str, label: str = "") -> list[str]:
     lines = [f"| variant{f' ({label})' if label else ''} | isolated | real tok/s | useful MFU | dense MFU | NVML util | peak alloc GiB | frag | fill "
              "| iso err |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for r in _rows(_load(name)):
+    doc = _load(name)
+    alt = ", ".join(doc.get("settings", {}).get("alt_set") or []) if isinstance(doc, dict) else ""
+    for r in _rows(doc):
+        label = f"packtrain, {alt}" if r["variant"] == "packtrain_alt" and alt else NAMES.get(r["variant"], r["variant"])
         if "error" in r:
-            lines.append(f"| {NAMES.get(r['variant'], r['variant'])} | error: {r['error'][:80]} |")
+            lines.append(f"| {label} | error: {r['error'][:80]} |")
             continue
-        lines.append(f"| {NAMES.get(r['variant'], r['variant'])} | {'yes' if r['isolated'] else '**no**'} | "
+        lines.append(f"| {label} | {'yes' if r['isolated'] else '**no**'} | "
                      f"{_f(r['real_tok_per_s'])} | {_f(r['useful_mfu'], '.3f')} | {_f(r['dense_mfu'], '.3f')} | "
                      f"{_f(r['nvml_util'], '.2f')} | {_f(r['peak_alloc_gib'], '.1f')} | "
                      f"{_f(r['fragmentation'], '.3f')} | {_f(r['fill'], '.3f')} | {_f(r['isolation_err'], '.2f')} |")
     return lines
 
 
+def _loss_kernel(doc, row: dict) -> str:
+    """train.loss_kernel of a packtrain row: its override, else the default when the record was made (a record
+    with `alt_set` in its settings is from after the torch kernel became the default; older ones ran Liger)."""
+    for o in reversed(row.get("overrides") or []):
+        if o.startswith("train.loss_kernel="):
+            return o.split("=", 1)[1]
+    return "torch" if isinstance(doc, dict) and "alt_set" in doc.get("settings", {}) else "liger"
+
+
 def families(*names: str) -> list[str]:
-    lines = ["| shape | transformers packed rows | packtrain | ratio | packtrain useful MFU | peak alloc GiB "
-             "(HF → packtrain) | recompiles |", "|---|---:|---:|---:|---:|---|---:|"]
+    lines = ["| shape | transformers packed rows | packtrain | ratio | packtrain useful MFU | loss kernel | "
+             "beside it, other kernel | peak alloc GiB (HF → packtrain) | recompiles |",
+             "|---|---:|---:|---:|---:|---|---:|---|---:|"]
     for name in names:
-        by = {r["variant"]: r for r in _rows(_load(name))}
-        hf, ours = by["hf_packed"], by["packtrain"]
-        shape = ours["model"].replace("qwen2-", "Qwen2-").replace("b", "B")
+        doc = _load(name)
+        by = {r["variant"]: r for r in _rows(doc)}
+        hf, ours, alt = by["hf_packed"], by["packtrain"], by.get("packtrain_alt")
+        shape = ours["model"].replace("qwen2-", "Qwen2-").replace("gemma3-", "Gemma-3-").replace("b", "B")
+        other = (f"{_f(alt['real_tok_per_s'])} ({_loss_kernel(doc, alt)})" if alt and "error" not in alt else "–")
         lines.append(f"| {shape} | {_f(hf['real_tok_per_s'])} | **{_f(ours['real_tok_per_s'])}** | "
                      f"{ours['real_tok_per_s'] / hf['real_tok_per_s']:.2f}× | {ours['useful_mfu']:.1%} | "
+                     f"{_loss_kernel(doc, ours)} | {other} | "
                      f"{hf['peak_alloc_gib']:.1f} → {ours['peak_alloc_gib']:.1f} | {ours['recompiles']} |")
+    return lines
+
+
+def loss_kernels(name: str) -> list[str]:
+    """The loss-kernels record: ms per forward+backward of the head + loss, by shape and implementation."""
+    rows = _rows(_load(name))
+    impls = list(dict.fromkeys(r["impl"] for r in rows))
+    lines = ["| shape (H, V) | " + " | ".join(impls) + " | best torch vs liger |",
+             "|---|" + "---:|" * len(impls) + "---:|"]
+    for shape in dict.fromkeys(r["shape"] for r in rows):
+        by = {r["impl"]: r for r in rows if r["shape"] == shape}
+        first = next(iter(by.values()))
+        cells = [f"{by[i]['ms']:.1f} ms, {by[i]['peak_above_inputs_gib']:.1f} GiB" if "ms" in by.get(i, {}) else "–"
+                 for i in impls]
+        torch_ms = [r["ms"] for i, r in by.items() if i.startswith("torch") and "ms" in r]
+        ratio = f"{by['liger']['ms'] / min(torch_ms):.2f}×" if torch_ms and "ms" in by.get("liger", {}) else "–"
+        frozen = "" if first["head_trains"] else ", frozen head"
+        lines.append(f"| {shape} ({first['H']:,}, {first['V']:,}{frozen}) | " + " | ".join(cells) + f" | {ratio} |")
     return lines
 
 
@@ -158,7 +193,8 @@ def lora(*names: str) -> list[str]:
 RENDER = {"throughput": throughput, "families": families, "memory": memory, "train-smoke": train_smoke,
           "scaling": scaling, "lora": lora, "long-context": lambda f: studies.long_context(_load(f)),
           "fp8": lambda f, log=None: studies.fp8(_load(f), RESULTS / log if log else None),
-          "fsdp2": lambda f: studies.fsdp2(_load(f)), "guard": lambda f: studies.guard(_load(f))}
+          "fsdp2": lambda f: studies.fsdp2(_load(f)), "guard": lambda f: studies.guard(_load(f)),
+          "loss-kernels": loss_kernels}
 
 
 def render(template: str) -> str:
