@@ -234,6 +234,11 @@ class Fp8Options(StrictModel):
     """Scaling granularity of the float8 casts: tensorwise (one scale per tensor; the faster on Hopper: 1.126× bf16
     at 3B in bench/results/fp8_bench_3b.json) or rowwise (one scale per row; more robust to outliers, slower —
     docs/fp8.md)."""
+    lora_base: Literal["static", "torchao"] = "static"
+    """Under train.adapter.type=lora, how the frozen base linears run FP8. static (train/fp8_frozen.py): their
+    weights quantized to e4m3 once (tensorwise), 1 byte a parameter on the GPU (the original kept on the CPU for
+    state_dict), forward and input gradient as FP8 GEMMs, no weight-gradient work; torchao: Float8Linear as for
+    full training (casts the weight every call, computes the weight gradient and drops it; train.fp8.recipe)."""
 
 
 class FsdpOptions(StrictModel):
@@ -277,8 +282,13 @@ class TrainConfig(StrictModel):
     bf16 autocast; needs a GPU with FP8 tensor cores (compute capability ≥ 8.9) and is refused elsewhere."""
     fp8: Fp8Options = Fp8Options()
     fsdp: FsdpOptions = FsdpOptions()
-    activation_checkpointing: Literal["none", "full", "every_k"] = "none"
+    activation_checkpointing: Literal["none", "full", "every_k", "count"] = "none"
+    """Decoder layers that recompute their activations in backward: none; full (all); every_k (layers 0, k, 2k, …);
+    count (train.ac_count layers, spread evenly: the knob a memory budget turns — each kept layer of a Llama-3-8B
+    shape at 8 × 2048 tokens holds ~2.2 GiB, each recomputed one ~0.1 GiB and +1/3 of its matmuls)."""
     ac_every_k: PositiveInt = 2
+    ac_count: PositiveInt = 16
+    """activation_checkpointing=count: how many decoder layers recompute (more than the model has: all)."""
     compile: bool = False
     compile_backend: Literal["inductor", "aot_eager", "eager"] = "inductor"
     """torch.compile backend of train.compile: inductor (the fast one); aot_eager / eager trace with dynamo only

@@ -171,10 +171,17 @@ def layer_backward_workspace_bytes(shape: ModelShape, prec: Precision, tokens: i
     return tokens * (2 * c * shape.intermediate + c * shape.hidden + prec.residual_bytes * shape.hidden)
 
 
-def checkpointed_layers(n_layers: int, mode: str, every_k: int) -> list[int]:
-    """Layers that recompute in backward: none → [], full → all, every_k → 0, k, 2k, … (as packtrain.train)."""
-    if mode == "full":
+def checkpointed_layers(n_layers: int, mode: str, every_k: int, count: int = 0) -> list[int]:
+    """Layers that recompute in backward (the one rule; packtrain.train.techniques applies it): none → [],
+    full → all, every_k → 0, k, 2k, …, count → `count` layers spread evenly, e.g. (8, count 6) → [0, 1, 2, 4, 5, 6].
+
+    >>> checkpointed_layers(8, "count", 2, 6), checkpointed_layers(4, "count", 2, 9), checkpointed_layers(6, "every_k", 2)
+    ([0, 1, 2, 4, 5, 6], [0, 1, 2, 3], [0, 2, 4])
+    """
+    if mode == "full" or (mode == "count" and count >= n_layers):
         return list(range(n_layers))
     if mode == "every_k":
         return list(range(0, n_layers, every_k))
+    if mode == "count":
+        return sorted({i * n_layers // count for i in range(count)})
     return []

@@ -232,9 +232,11 @@ def plan_memory(model_cfg: ModelConfig, train_cfg: TrainConfig, budget: int, pla
     lora = adapter.type == "lora"
     if lora:   # frozen base in the autocast dtype + fp32 adapter with AdamW (states.lora_states)
         st = lora_states(shape, train_cfg.precision, adapter.r, adapter.target_modules, gpus,
-                         fused=(train_cfg.fused_optimizer and device == "cuda") or device == "cpu", grad_accum=ga)
+                         fused=(train_cfg.fused_optimizer and device == "cuda") or device == "cpu", grad_accum=ga,
+                         fp8_base=train_cfg.precision == "fp8" and train_cfg.fp8.lora_base == "static")
 
-    ck = mem.checkpointed_layers(shape.layers, train_cfg.activation_checkpointing, train_cfg.ac_every_k)
+    ck = mem.checkpointed_layers(shape.layers, train_cfg.activation_checkpointing, train_cfg.ac_every_k,
+                                 train_cfg.ac_count)
     n_ck = len(ck)
     a_tok = mem.layer_activation_bytes_per_token(shape, prec, backend)
     quad = mem.attention_quadratic_bytes(shape, prec, backend, rows, budget)

@@ -156,15 +156,20 @@ def lora_params(shape: ModelShape, r: int, targets: str | list[str] = "all-linea
 
 
 def lora_states(shape: ModelShape, precision: str, r: int, targets: str | list[str], gpus: int, fused: bool,
-                grad_accum: int) -> ModelStates:
-    """Model states of a LoRA run (torch engine): frozen base weights + an fp32 adapter with AdamW."""
+                grad_accum: int, fp8_base: bool = False) -> ModelStates:
+    """Model states of a LoRA run (torch engine): frozen base weights + an fp32 adapter with AdamW. `fp8_base`
+    (train.fp8.lora_base=static): the decoder's linear weights are e4m3, 1 B/param (train/fp8_frozen.py); the
+    embeddings, norms and LM head stay 2 B."""
     p, a = shape.n_params, lora_params(shape, r, targets)
     wb = 4 if precision == "fp32" else 2
+    lin = shape.layers * shape.layer_linear_params if fp8_base else 0
     grads = 4 * a
+    base = wb * (p - lin) + lin
     return ModelStates(
-        params=wb * p + 4 * a, master=0, grads=grads, persistent_grads=grads if grad_accum > 1 else 0,
+        params=base + 4 * a, master=0, grads=grads, persistent_grads=grads if grad_accum > 1 else 0,
         optimizer=8 * a, step_workspace=0 if fused else 4 * a, zero_buffers=4 * a if gpus > 1 else 0,
-        notes={"params": f"frozen base {_m(p)} × {wb} B + LoRA r={r} {_m(a)} × 4 B",
+        notes={"params": (f"frozen base {_m(p - lin)} × {wb} B + e4m3 linears {_m(lin)} × 1 B" if fp8_base else
+                          f"frozen base {_m(p)} × {wb} B") + f" + LoRA r={r} {_m(a)} × 4 B",
                "optimizer": "AdamW m, v of the adapter only (8 B/adapter param)",
                "grads": "adapter only (4 B/adapter param); the base has none",
                "step_workspace": "fused AdamW" if fused else "foreach AdamW: one fp32 temp (adapter)",

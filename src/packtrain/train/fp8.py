@@ -133,7 +133,8 @@ def fp8_linear_filter(model: Any):
 
 
 def apply_fp8(model: Any, fp8_cfg: Fp8Options) -> list[str]:
-    """Swap the decoder layers' linears for torchao `Float8Linear` in place (`convert_to_float8_training` with
+    """Swap the decoder layers' linears for FP8 ones in place — frozen ones (LoRA's base, train.fp8.lora_base=static)
+    for fp8_frozen.Fp8FrozenLinear, the rest for torchao `Float8Linear` (`convert_to_float8_training` with
     `Float8LinearConfig.from_recipe_name(fp8_cfg.recipe)`); returns the converted names, in module order.
 
     Not converted: lm_head, embeddings, linears whose in/out features are not multiples of 16, LoRA adapters
@@ -143,6 +144,8 @@ def apply_fp8(model: Any, fp8_cfg: Fp8Options) -> list[str]:
         ['model.layers.0.self_attn.q_proj', 'model.layers.0.self_attn.k_proj', 'model.layers.0.self_attn.v_proj',
          'model.layers.0.self_attn.o_proj', 'model.layers.1.self_attn.q_proj', ..., 'model.layers.1.self_attn.o_proj']
     """
+    import torch
+
     try:
         with quiet_torchao_import():
             from torchao.float8 import Float8LinearConfig, convert_to_float8_training
@@ -150,6 +153,18 @@ def apply_fp8(model: Any, fp8_cfg: Fp8Options) -> list[str]:
         raise ConfigError(f"train.precision=fp8 needs torchao's float8 training ({e}): {PIP_EXTRA}; "
                           "or use train.precision=bf16") from None
     keep = fp8_linear_filter(model)
+    if fp8_cfg.lora_base == "static" and any(p.requires_grad for p in model.parameters()) and any(
+            isinstance(m, torch.nn.Linear) and not m.weight.requires_grad and keep(m, n)
+            for n, m in model.named_modules()):
+        # LoRA (or any frozen base): the frozen linears get static e4m3 weights (train/fp8_frozen.py); linears
+        # that still train (none under LoRA: the adapters are filtered out) go through torchao below
+        from packtrain.train.fp8_frozen import apply_fp8_frozen_base
+
+        frozen = apply_fp8_frozen_base(model, keep)
+        trainable = [n for n, m in model.named_modules()
+                     if isinstance(m, torch.nn.Linear) and m.weight.requires_grad and keep(m, n)]
+        if not trainable:
+            return frozen
     names: list[str] = []
 
     def record(mod, fqn: str) -> bool:
@@ -171,5 +186,6 @@ def fp8_param_count(model: Any, names: list[str]) -> int:
     total = 0
     for name in names:
         mod = model.get_submodule(name)
-        total += mod.weight.numel() + (mod.bias.numel() if getattr(mod, "bias", None) is not None else 0)
+        weight = mod.weight_fp8 if hasattr(mod, "weight_fp8") else mod.weight      # fp8_frozen.Fp8FrozenLinear
+        total += weight.numel() + (mod.bias.numel() if getattr(mod, "bias", None) is not None else 0)
     return total

@@ -47,19 +47,17 @@ def decoder_layers(model) -> list:
     return list(layers)
 
 
-def checkpointed_layer_indices(n_layers: int, mode: str, every_k: int = 2) -> list[int]:
-    """Which layers recompute their activations in backward.
+def checkpointed_layer_indices(n_layers: int, mode: str, every_k: int = 2, count: int = 16) -> list[int]:
+    """Which layers recompute their activations in backward (the rule: planner.memory.checkpointed_layers).
 
     >>> checkpointed_layer_indices(6, "every_k", 2), checkpointed_layer_indices(3, "full")
     ([0, 2, 4], [0, 1, 2])
     """
-    if mode == "none":
-        return []
-    if mode == "full":
-        return list(range(n_layers))
-    if mode == "every_k":
-        return list(range(0, n_layers, every_k))
-    raise ConfigError(f"train.activation_checkpointing: {mode!r} (allowed: none, full, every_k)")
+    from packtrain.planner.memory import checkpointed_layers
+
+    if mode not in ("none", "full", "every_k", "count"):
+        raise ConfigError(f"train.activation_checkpointing: {mode!r} (allowed: none, full, every_k, count)")
+    return checkpointed_layers(n_layers, mode, every_k, count)
 
 
 def apply_activation_checkpointing(model, cfg: TrainConfig) -> list[int]:
@@ -70,7 +68,7 @@ def apply_activation_checkpointing(model, cfg: TrainConfig) -> list[int]:
     from torch.utils.checkpoint import checkpoint
 
     layers = decoder_layers(model)
-    idx = checkpointed_layer_indices(len(layers), cfg.activation_checkpointing, cfg.ac_every_k)
+    idx = checkpointed_layer_indices(len(layers), cfg.activation_checkpointing, cfg.ac_every_k, cfg.ac_count)
     for i in idx:
         layer = layers[i]
         if getattr(layer, "_packtrain_ac", False):
