@@ -184,7 +184,17 @@ def lora(*names: str) -> list[str]:
         r = _load(name)
         plan = (f"{r['planner_peak_alloc_gib']:.1f} GiB ({r['planner_error']:+.1%})".replace("-", "−")
                 if r.get("planner_peak_alloc_gib") else "–")
-        lines.append(f"| {r['variant'].replace('+', ' + ')} | {_f(r['real_tok_per_s'])} | {r['useful_mfu']:.1%} | "
+        label = r["variant"].replace("+", " + ")
+        ov = r.get("overrides") or []
+        if label == "packtrain" and ov:   # what the row changed: precision and how many layers recompute
+            prec = next((o.split("=", 1)[1] for o in reversed(ov) if o.startswith("train.precision=")), "bf16")
+            ac = r.get("activation_checkpointing", "full")
+            count = next((o.split("=", 1)[1] for o in reversed(ov) if o.startswith("train.ac_count=")), None)
+            base = next((o.split("=", 1)[1] for o in reversed(ov) if o.startswith("train.fp8.lora_base=")),
+                        "static")   # the rows recorded before lora_base existed as an override ran static
+            label = (f"packtrain, {f'FP8 {base} base' if prec == 'fp8' else prec}, AC "
+                     + (f"{count} of 32 layers" if ac == "count" and count else ac))
+        lines.append(f"| {label} | {_f(r['real_tok_per_s'])} | {r['useful_mfu']:.1%} | "
                      f"{r['peak_alloc_gib']:.1f} | {r['peak_reserved_gib']:.1f} | {plan} | "
                      f"{_f(r.get('recompiles'), 'd')} |")
     return lines

@@ -234,11 +234,12 @@ class Fp8Options(StrictModel):
     """Scaling granularity of the float8 casts: tensorwise (one scale per tensor; the faster on Hopper: 1.126× bf16
     at 3B in bench/results/fp8_bench_3b.json) or rowwise (one scale per row; more robust to outliers, slower —
     docs/fp8.md)."""
-    lora_base: Literal["static", "torchao"] = "static"
-    """Under train.adapter.type=lora, how the frozen base linears run FP8. static (train/fp8_frozen.py): their
-    weights quantized to e4m3 once (tensorwise), 1 byte a parameter on the GPU (the original kept on the CPU for
-    state_dict), forward and input gradient as FP8 GEMMs, no weight-gradient work; torchao: Float8Linear as for
-    full training (casts the weight every call, computes the weight gradient and drops it; train.fp8.recipe)."""
+    lora_base: Literal["torchao", "static"] = "torchao"
+    """Under train.adapter.type=lora, how the frozen base linears run FP8. torchao: Float8Linear as for full
+    training (casts the weight every call, computes the weight gradient and drops it; train.fp8.recipe). static
+    (train/fp8_frozen.py, experimental): weights quantized to e4m3 once (tensorwise), 1 byte a parameter on the
+    GPU (the original kept on the CPU for state_dict), FP8 forward and input gradient, no weight-gradient work —
+    measured SLOWER than bf16 at 8B (8,491 vs 12,570 tok/s with full recompute, bench/results/GPU_RESULTS.md § 8)."""
 
 
 class FsdpOptions(StrictModel):

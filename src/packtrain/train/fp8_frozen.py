@@ -99,7 +99,8 @@ def _module():
             self._register_load_state_dict_pre_hook(self._load_original)
 
         def _set_weight(self, w: torch.Tensor) -> None:
-            q, inv = _quantize(w.to(self.weight_fp8.device), torch.float8_e4m3fn, E4M3_MAX)
+            device: torch.device = self.get_buffer("weight_fp8").device
+            q, inv = _quantize(w.to(device), torch.float8_e4m3fn, E4M3_MAX)
             self.weight_fp8, self.weight_inv_scale = q, inv
             self.original = w.to("cpu", copy=True)      # what state_dict, merges and exports read
 

@@ -121,7 +121,7 @@ def _module():
                 from packtrain.train.fused_loss import fused_linear_ce_sum
 
                 return fused_linear_ce_sum(hidden.reshape(-1, hidden.shape[-1]), self.lm.lm_head.weight,
-                                           next_token_targets(labels), self.chunk_tokens, self.softcap)
+                                           next_token_targets(labels), self.chunk_tokens or 2048, self.softcap)
             if self.fused is not None and hidden.is_cuda:
                 h = hidden.reshape(-1, hidden.shape[-1])         # (N, h)
                 w = self.lm.lm_head.weight
