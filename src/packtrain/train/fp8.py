@@ -144,8 +144,6 @@ def apply_fp8(model: Any, fp8_cfg: Fp8Options) -> list[str]:
         ['model.layers.0.self_attn.q_proj', 'model.layers.0.self_attn.k_proj', 'model.layers.0.self_attn.v_proj',
          'model.layers.0.self_attn.o_proj', 'model.layers.1.self_attn.q_proj', ..., 'model.layers.1.self_attn.o_proj']
     """
-    import torch
-
     try:
         with quiet_torchao_import():
             from torchao.float8 import Float8LinearConfig, convert_to_float8_training
@@ -153,19 +151,14 @@ def apply_fp8(model: Any, fp8_cfg: Fp8Options) -> list[str]:
         raise ConfigError(f"train.precision=fp8 needs torchao's float8 training ({e}): {PIP_EXTRA}; "
                           "or use train.precision=bf16") from None
     keep = fp8_linear_filter(model)
-    if fp8_cfg.lora_base == "static" and any(p.requires_grad for p in model.parameters()) and any(
-            isinstance(m, torch.nn.Linear) and not m.weight.requires_grad and keep(m, n)
-            for n, m in model.named_modules()):
+    frozen: list[str] = []
+    if fp8_cfg.lora_base == "static" and any(p.requires_grad for p in model.parameters()):
         # LoRA (or any frozen base): the frozen linears get static e4m3 weights (train/fp8_frozen.py); linears
         # that still train (none under LoRA: the adapters are filtered out) go through torchao below
         from packtrain.train.fp8_frozen import apply_fp8_frozen_base
 
         frozen = apply_fp8_frozen_base(model, keep)
-        trainable = [n for n, m in model.named_modules()
-                     if isinstance(m, torch.nn.Linear) and m.weight.requires_grad and keep(m, n)]
-        if not trainable:
-            return frozen
-    names: list[str] = []
+    names: list[str] = list(frozen)
 
     def record(mod, fqn: str) -> bool:
         ok = keep(mod, fqn)

@@ -28,10 +28,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from packtrain.train.loss import IGNORE
+
 if TYPE_CHECKING:
     import torch
 
-IGNORE = -100
 _COMPILED: dict[str, object] = {}
 
 
