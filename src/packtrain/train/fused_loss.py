@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from packtrain.train.loss import IGNORE
+from packtrain.packing.batches import IGNORE
 
 if TYPE_CHECKING:
     import torch

@@ -24,10 +24,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from packtrain.packing.batches import IGNORE
+
 if TYPE_CHECKING:
     import torch
-
-IGNORE = -100
 
 
 def next_token_targets(labels: torch.Tensor) -> torch.Tensor:
