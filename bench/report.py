@@ -15,7 +15,7 @@ table, ARGs naming files in bench/results:
     {{train-smoke FILE}}                a train-smoke record: isolation + one row per run
     {{scaling FILE:CONFIG,... ...}}     scaling records, the named configs of each
     {{lora FILE FILE}}                  the lora suite's two variant files
-    {{long-context FILE}} / {{fp8 FILE [LOG]}} / {{fsdp2 FILE}}   (bench/report_studies.py)
+    {{long-context FILE}} / {{fp8 FILE [LOG]}} / {{fsdp2 FILE}} / {{lora-budget FILE}}   (bench/report_studies.py)
 
 Numbers are read from the records, never typed: change a table by re-running its suite.
 """
@@ -204,7 +204,7 @@ RENDER = {"throughput": throughput, "families": families, "memory": memory, "tra
           "scaling": scaling, "lora": lora, "long-context": lambda f: studies.long_context(_load(f)),
           "fp8": lambda f, log=None: studies.fp8(_load(f), RESULTS / log if log else None),
           "fsdp2": lambda f: studies.fsdp2(_load(f)), "guard": lambda f: studies.guard(_load(f)),
-          "loss-kernels": loss_kernels}
+          "loss-kernels": loss_kernels, "lora-budget": lambda f: studies.lora_budget(_load(f))}
 
 
 def render(template: str) -> str:

@@ -176,3 +176,57 @@ def _name(name: str, r: dict) -> str:
     return f"{name}, **cut at step {r['cut_at_step']}** by the timeout" if r.get("cut") else name
 
 
+
+
+def _short(cached: list[str] | None) -> str:
+    """frontier's cached ops, short: ['mlp.gate_proj.base_layer', 'self_attn'] → 'gate, attention'."""
+    if not cached:
+        return "nothing (full recompute)"
+    names = [c.replace(".base_layer", "").split(".")[-1].replace("_proj", "") for c in cached]
+    return ", ".join("attention" if n == "self_attn" else n for n in names)
+
+
+def lora_budget(rec: dict) -> list[str]:
+    """The lora-budget record: bytes kept per policy, the cheapest mix within the budget, the offload bandwidth."""
+    s, cfg = rec["summary"], rec["settings"]
+    off_var = "input cast off"
+    lines = ["| variant | policy (outputs kept) | KB / token / layer | activations GiB | step peak GiB | "
+             "recompute GFLOP / token | tok/s bound |", "|---|---|---:|---:|---:|---:|---:|"]
+    budget = s["activation_budget_gib"]
+    for r in rec["rows"]:
+        fits = [p for p in rec["rows"] if p["variant"] == r["variant"] and p["policy"] == "frontier"
+                and p["activations_gib"] <= budget]
+        largest_fit = max(fits, key=lambda p: p["activations_gib"]) if fits else None
+        keep = r["policy"] in ("none", "selective", "full") or r is largest_fit
+        if not keep or (r["variant"] != off_var and r["policy"] != "none"):
+            continue
+        what = {"none": "everything autograd saves (no recompute)", "full": "the layer input only",
+                "selective": "every matrix product and the attention"}.get(r["policy"]) or (
+            f"{_short(r.get('cached'))} — the most that fits")
+        lines.append(f"| {'peft default (input cast per branch)' if r['variant'] != off_var else 'input cast off (training)'} | {what} | "
+                     f"{r['kept_bytes_per_token'] / 1024:.1f} | {r['activations_gib']:.1f} | {r['peak_gib']:.1f} | "
+                     f"{r['recompute_gflop_per_token']:.2f} | {_f(r['tok_per_s_bound'])} |")
+    mix = s["cheapest_mix_within_budget"].get(off_var) or {}
+    off = s["offload"]
+    lines += ["", f"Within {cfg['gib']:.0f} GiB the activations may take {budget:.1f} GiB (the planner's other "
+              f"components: {', '.join(f'{k} {v:.2f}' for k, v in s['other_components_gib'].items())} GiB). "
+              f"{_f(rec['goals']['tok_per_s'])} tok/s allows {s['recompute_allowed_gflop_per_token']:.2f} GFLOP of "
+              f"recompute per token over the {_f(cfg['no_ac_tok_s'])} tok/s no-recompute step at "
+              f"{cfg['matmul_tflops']:.0f} TFLOP/s. The cheapest mix of two frontier policies that fits: "
+              f"{_short(mix.get('high'))} kept in {mix.get('share_high', 0):.0%} of the layers, "
+              f"{_short(mix.get('low'))} in the rest — "
+              f"{mix.get('recompute_gflop_per_token', 0):.2f} GFLOP/token recomputed, at most "
+              f"{_f(s['cheapest_mix_tok_per_s_bound'])} tok/s. Offloading instead: the selective policy's "
+              f"{off['must_leave_gib_per_step']:.1f} GiB over the budget must leave the GPU during the "
+              f"{off['forward_s_at_goal']:.2f} s forward, {off['needed_gb_per_s']:.1f} GB/s, against "
+              f"{off['host_link_gb_per_s']:.0f} GB/s for the host link by specification (not measured here)."]
+    if s.get("full_ac_check"):
+        c = s["full_ac_check"]
+        lines.append(f"Check against `{c['record']}` ({_f(c['real_tok_per_s'])} tok/s, full recompute): its "
+                     f"recompute counts {c['record_recompute_gflop_per_token']:.2f} GFLOP/token (2·N + attention), "
+                     f"this suite's full policy {c['measured_here_gflop_per_token']:.2f} (torch's checkpoint stops "
+                     "the recompute once the last saved tensor is rebuilt, so the down projection is not re-run).")
+    if "input_cast_off_bitwise_equal" in s:
+        lines.append("Loss, input gradient and adapter gradients with the input cast off: "
+                     + ("bitwise equal." if s["input_cast_off_bitwise_equal"] else "**not** bitwise equal."))
+    return lines

@@ -33,6 +33,7 @@ SUITES = {
     "guard": "bench.suites.guard",
     "step-profile": "bench.suites.step_profile",
     "loss-kernels": "bench.suites.loss_kernels",
+    "lora-budget": "bench.suites.lora_budget",
 }
 
 

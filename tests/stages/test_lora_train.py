@@ -127,3 +127,17 @@ def test_loss_on_assistant_without_a_loss_mask_is_refused(inputs, tmp_path):
         train(ModelConfig(**model), TrainConfig(**{**TRAIN, "loss_on": "assistant"}), None,
               TelemetryConfig(interval_s=5), packs_dir, tokens_dir / "tokenizer", tmp_path)
     assert not (tmp_path / "model").exists()
+
+
+def test_bf16_lora_with_checkpointing_evaluates_in_fp32_during_training(inputs, tmp_path):
+    """bf16 training turns peft's per-branch input cast off (model.adapter.adapter_input_casts); the recompute of
+    checkpointed layers in backward and an fp32 in-training evaluation (no autocast) both still run."""
+    from packtrain.train.loop import train
+
+    tokens_dir, packs_dir, model = inputs
+    cfg = TrainConfig(**{**TRAIN, "precision": "bf16", "eval_every_steps": 3})
+    r = train(ModelConfig(**model), cfg, None, TelemetryConfig(interval_s=5), packs_dir, tokens_dir / "tokenizer",
+              tmp_path / "out", eval_cfg=EvalConfig(precision="fp32"))
+    curve = r.evaluation["curve"]
+    assert [c["step"] for c in curve] == [3, 6] and all(0 < c["eval_loss"] < 20 for c in curve), curve
+    assert len(r.loss_curve) == 6 and all(0 < x < 20 for x in r.loss_curve)

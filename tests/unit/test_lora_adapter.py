@@ -160,6 +160,42 @@ def test_bf16_base_keeps_an_fp32_adapter():
     assert torch.isfinite(loss) and all(p.grad is not None for p in model.parameters() if p.requires_grad)
 
 
+@pytest.mark.parametrize("ac", ["none", "full"])
+def test_branches_sharing_their_input_under_autocast_are_bitwise_the_same_and_keep_fewer_bytes(ac):
+    """peft's per-branch cast to the fp32 adapter is undone by autocast; with it off (what training does) the loss
+    and every gradient are bitwise equal, autograd keeps fewer bytes, and a checkpointed layer's recompute in
+    backward (outside the autocast block) saves the same tensors."""
+    from packtrain.model.adapter import adapter_input_casts, lora_layers
+
+    model, peft_model = _lora_model(base_dtype=torch.bfloat16)
+    tq.apply_activation_checkpointing(model, TrainConfig(activation_checkpointing=ac))
+    layers = lora_layers(model)
+    assert len(layers) == 2 * 7
+    b = _batch(_docs())
+    module = packed_causal_lm(model)
+    runs = {}
+    for cast in (True, False):
+        saved: dict[int, int] = {}
+
+        def pack(t, saved=saved):
+            saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
+
+        with adapter_input_casts(layers, cast):
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), torch.autocast("cpu", torch.bfloat16):
+                loss = module(labels=b.labels, **model_inputs(b, "sdpa"))
+            loss.backward()
+        params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+        runs[cast] = (loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad},
+                      sum(v for k, v in saved.items() if k not in params))
+        model.zero_grad(set_to_none=True)
+    assert all(getattr(m, "cast_input_dtype_enabled", True) for m in layers)   # restored on exit
+    (l_on, g_on, bytes_on), (l_off, g_off, bytes_off) = runs[True], runs[False]
+    assert torch.equal(l_on, l_off) and g_on.keys() == g_off.keys()
+    assert all(torch.equal(g_on[k], g_off[k]) for k in g_on)
+    assert bytes_off < bytes_on if ac == "none" else bytes_off <= bytes_on
+
+
 def test_adapter_only_checkpoint_round_trips(tmp_path):
     model, _ = _lora_model()
     opt = tq.build_optimizer(model, TrainConfig(), "cpu")

@@ -22,7 +22,9 @@ Under autocast the base linears compute in bf16 either way; the residual stream 
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -86,6 +88,34 @@ def apply_adapter(model: Any, cfg: AdapterConfig, *, base_dtype: torch.dtype | N
         raise ConfigError(f"train.adapter.target_modules: {cfg.target_modules!r} — {str(e).splitlines()[0][:300]}"
                           ) from None
     return peft_model
+
+
+def lora_layers(peft_model: Any) -> list:
+    """The peft LoRA layers of a model (each wraps one base linear)."""
+    return [m for m in peft_model.modules() if hasattr(m, "lora_A") and hasattr(m, "base_layer")]
+
+
+@contextlib.contextmanager
+def adapter_input_casts(layers: list, enabled: bool) -> Iterator[None]:
+    """peft's cast of each LoRA branch's input to the adapter's dtype (fp32) on or off inside the block; the
+    previous settings come back on exit.
+
+    Training under bf16/fp16 autocast turns it off for the whole run (`train.parts`): peft casts x to fp32 in
+    every branch and autocast casts it straight back to bf16 for the matmul, so each branch keeps its own 16-bit
+    copy of its input for backward where one shared tensor would do (q, k, v share one input, gate and up
+    another): on a Llama-3-8B layer that is about 15% of what autograd keeps (bench/results/lora_budget_8b.json,
+    measured on the CPU in eager mode). The bf16 → fp32 → bf16 round trip is exact, so the loss and every gradient are bitwise
+    unchanged (tests/unit/test_lora_adapter.py). Off for the whole run, not per forward, because activation
+    checkpointing re-runs the forward during backward and must save the same tensors. A forward without
+    autocast (the in-training evaluation in fp32) needs it on: a 16-bit input would meet the fp32 adapter."""
+    before = [getattr(m, "cast_input_dtype_enabled", True) for m in layers]
+    for m in layers:
+        m.cast_input_dtype_enabled = enabled
+    try:
+        yield
+    finally:
+        for m, b in zip(layers, before, strict=True):
+            m.cast_input_dtype_enabled = b
 
 
 def adapter_param_count(model: Any) -> int:

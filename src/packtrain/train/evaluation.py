@@ -96,6 +96,7 @@ class Evaluator:
 
         from packtrain.config.evaluate import eval_precision
         from packtrain.evaluate.perplexity import evaluate_batches, open_eval_loader
+        from packtrain.model.adapter import adapter_input_casts, lora_layers
         from packtrain.train.runtime import broadcast_object
 
         cfg, model = self.eval_cfg, s.parts.model
@@ -105,8 +106,9 @@ class Evaluator:
         model.eval()
         try:
             # compiled layers (train.compile) run eagerly here: the eval shape and inference mode would otherwise
-            # compile graphs of their own, counted as recompiles of the training graph
-            with torch.compiler.set_stance("force_eager"):
+            # compile graphs of their own, counted as recompiles of the training graph; LoRA branches cast
+            # their input to the adapter's dtype again (an fp32 evaluation has no autocast to do it)
+            with torch.compiler.set_stance("force_eager"), adapter_input_casts(lora_layers(model), True):
                 sums = evaluate_batches(model, itertools.islice(iter(loader), n), s.device,
                                         eval_precision(cfg.precision, s.device.type),
                                         total=n, backend=s.parts.backend)

@@ -1,0 +1,272 @@
+"""LoRA in a 40 GiB budget: what a Llama-3-8B layer keeps for backward under every recompute policy (CPU, exact).
+
+    python -m bench lora-budget --out bench/results/lora_budget_8b.json      # CPU, ~1-2 min
+    python -m bench lora-budget --smoke --out /tmp/lb                         # tiny shape, seconds
+
+Round 3 asks for ≥ 16,000 real tok/s at ≤ 40 GiB for LoRA r 16 on all linears of the 8B shape, 8 × 2048 packed
+tokens. The speeds are GPU measurements (`lora_bench_packtrain.json`: full recompute; the no-recompute speed is an
+input, `--no-ac-tok-s`); this suite measures the other half of the question, which needs no GPU: the bytes.
+
+One decoder layer of the 8B shape (the product's `apply_adapter`: frozen bf16 base, fp32 adapter, bf16
+autocast, SDPA causal attention: flash on the CPU, like varlen on the GPU it keeps only q, k, v, output and the
+log-sum-exp) runs one forward at two token counts under bench/saved_graph.py, which sees every aten op and every
+tensor autograd saves. Bytes per token are the difference of the two (what is constant, the adapter's bf16 weight
+copies, drops out). From that one graph:
+
+  none          what autograd keeps (eager; inductor's partitioner keeps less by recomputing element-wise ops)
+  selective     the outputs of every matrix product and the attention kept, everything else recomputed: the
+                fewest bytes without recomputing a matrix product (the per-op policy torchtitan calls "op SAC")
+  frontier      every subset of those 8 ops kept, Pareto-optimal in (bytes, recompute FLOPs)
+  full          the layer's input only, the whole forward recomputed
+
+and with peft's per-branch input cast off (`cast_input_dtype_enabled=False`, what packtrain's bf16 LoRA training does:
+model.adapter.adapter_input_casts: bitwise the same loss and gradients under autocast, checked here) as a
+second variant. Each policy is projected to the step (tokens × layers + the memory planner's other components at
+their largest phase) and its recompute FLOPs priced at the measured matrix rate on top
+of the no-recompute step: an upper bound on its speed. A policy mix across layers (some layers one policy, the
+rest another) lies on the segment between two frontier points; the cheapest mix within the budget is reported.
+Offload to host memory is priced as the bandwidth it needs: what must leave the GPU during the forward.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from bench.harness import GIB, Record, machine_info
+from bench.suites.lora import LORA_TARGETS, SHAPES
+
+SUMMARY = "LoRA 8B in 40 GiB: bytes kept and FLOPs recomputed under every selective-recompute policy (exact, CPU)"
+DEVICE = "cpu"
+RESULTS = Path(__file__).resolve().parents[1] / "results"
+GOAL = {"tok_per_s": 16_000, "peak_gib_max": 40.0}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--shape", choices=list(SHAPES), default="llama3-8b")
+    p.add_argument("--tokens", default="256,512", help="two token counts of the layer's forward (per-token slope)")
+    p.add_argument("--rows", type=int, default=8)
+    p.add_argument("--budget", type=int, default=2048)
+    p.add_argument("--r", type=int, default=16)
+    p.add_argument("--gib", type=float, default=GOAL["peak_gib_max"], help="the memory budget")
+    p.add_argument("--goal-tok-s", type=float, default=GOAL["tok_per_s"])
+    p.add_argument("--no-ac-tok-s", type=float, default=16_239.0,
+                   help="the measured no-recompute speed of the same run (docs/design.md, field notes, third "
+                        "round: 8B LoRA, no AC, 96.1 GiB)")
+    p.add_argument("--matmul-tflops", type=float, default=790.0,
+                   help="the measured bf16 matrix rate of the GPU (recompute priced at it: an optimistic bound)")
+    p.add_argument("--host-link-gbs", type=float, default=64.0,
+                   help="host↔GPU bandwidth per direction, GB/s (PCIe 5.0 x16 by specification; not measured)")
+    p.add_argument("--full-ac-record", type=Path, default=RESULTS / "lora_bench_packtrain.json")
+
+
+def _layer(spec: dict, r: int):
+    """One decoder layer of `spec` with the product's LoRA (frozen bf16 base, fp32 adapter), its RoPE module."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from packtrain.config.train import AdapterConfig
+    from packtrain.model.adapter import apply_adapter
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(**{**spec, "num_hidden_layers": 1, "vocab_size": 256}, attn_implementation="sdpa",
+                      use_cache=False)
+    model = LlamaForCausalLM(cfg)
+    peft_model = apply_adapter(model, AdapterConfig(type="lora", r=r, alpha=2.0 * r, dropout=0.0,
+                                                    target_modules=LORA_TARGETS), base_dtype=torch.bfloat16)
+    return peft_model, model.model.layers[0], model.model.rotary_emb
+
+
+def _set_input_cast(peft_model, on: bool) -> None:
+    for m in peft_model.modules():
+        if hasattr(m, "lora_A"):
+            m.cast_input_dtype_enabled = on
+
+
+def _graph(peft_model, layer, rope, h: int, tokens: int):
+    import torch
+
+    from bench.saved_graph import record
+
+    g = torch.Generator().manual_seed(tokens)
+    x = torch.randn(1, tokens, h, generator=g).to(torch.bfloat16).requires_grad_()
+    pos = torch.arange(tokens)[None]
+    cos, sin = rope(x, pos)
+
+    def forward(x):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return layer(x, attention_mask=None, position_ids=pos, position_embeddings=(cos, sin))
+
+    return record(forward, x, shared=(cos, sin), params=list(peft_model.parameters()), module=layer), forward, x
+
+
+def _bitwise_same_without_cast(peft_model, forward, x) -> bool:
+    """Loss, input gradient and adapter gradients with peft's input cast on and off: bitwise equal?"""
+    import torch
+
+    out = []
+    for on in (True, False):
+        _set_input_cast(peft_model, on)
+        xx = x.detach().clone().requires_grad_()
+        loss = forward(xx).float().pow(2).mean()
+        loss.backward()
+        out.append([loss.detach(), xx.grad] + [p.grad for p in peft_model.parameters() if p.requires_grad])
+        for p in peft_model.parameters():
+            p.grad = None
+    _set_input_cast(peft_model, True)
+    return all(torch.equal(a, b) for a, b in zip(*out, strict=True))
+
+
+def _policies(g_small, g_big, t_small: int, t_big: int) -> list[dict]:
+    """Per-token bytes (the slope between the two token counts) and FLOPs of each policy."""
+    def per_token(cached_small, cached_big):
+        a, b = g_small.policy(cached_small), g_big.policy(cached_big)
+        return ((b.kept_bytes - a.kept_bytes) / (t_big - t_small), b.recompute_flops / t_big, b.kept)
+
+    ex_s, ex_b = g_small.expensive(), g_big.expensive()
+    names = [g_big.ops[i].where or g_big.ops[i].name for i in ex_b]
+    if [g_small.ops[i].where for i in ex_s] != [g_big.ops[i].where for i in ex_b]:
+        raise RuntimeError(f"the two forwards differ in their expensive ops: {names}")
+    rows = []
+    for label, cs, cb in (("none", None, None), ("selective", set(ex_s), set(ex_b)), ("full", set(), set())):
+        bpt, fpt, kept = per_token(cs, cb)
+        rows.append({"policy": label, "kept_bytes_per_token": bpt, "recompute_flops_per_token": fpt,
+                     "kept_by_op": kept})
+    by_big = dict(zip(ex_b, ex_s, strict=True))
+    for cached, _ in g_big.frontier():
+        bpt, fpt, _kept = per_token({by_big[i] for i in cached}, set(cached))
+        rows.append({"policy": "frontier", "cached": sorted(g_big.ops[i].where or g_big.ops[i].name
+                                                            for i in cached),
+                     "kept_bytes_per_token": bpt, "recompute_flops_per_token": fpt})
+    return rows
+
+
+def _other_components_gib(spec: dict, args) -> dict:
+    """The memory planner's components other than activations for the measured run's configuration, at the
+    phase where they are largest: the loss at the end of the forward (no recompute) or a layer's backward
+    workspace (full recompute)."""
+    from bench.lora_variants import packtrain_overrides
+    from bench.packtrain_runs import planner_prediction
+    from packtrain.config import load_run_config
+
+    best: dict = {}
+    for ac in ("none", "full"):
+        ns = argparse.Namespace(budget=args.budget, rows=args.rows, attention="varlen", loss="fused",
+                                no_compile=False, ac=ac, lr=2e-4, r=args.r, alpha=2.0 * args.r, dropout=0.0,
+                                peak_tflops=790.0, packtrain_set=[])
+        cfg = load_run_config("tiny-cpu", packtrain_overrides(spec, ns, argparse.Namespace(type="cuda")))
+        comps = planner_prediction(cfg, args.budget, spec["vocab_size"], "cuda").get("planner_components_gib")
+        other = {k: v for k, v in (comps or {}).items() if k != "activations"}
+        if sum(other.values()) > sum(best.values()):
+            best = other
+    return best
+
+
+def _project(rows: list[dict], spec: dict, args, other_gib: float) -> None:
+    """Each policy at the step: activation GiB, peak GiB, and the speed bound (recompute at the matrix rate)."""
+    tokens, layers = args.rows * args.budget, spec["num_hidden_layers"]
+    t_none = 1.0 / args.no_ac_tok_s
+    for r in rows:
+        act = r["kept_bytes_per_token"] * tokens * layers / GIB
+        r["activations_gib"] = round(act, 2)
+        r["peak_gib"] = round(act + other_gib, 2)
+        rec = r["recompute_flops_per_token"] * layers
+        r["recompute_gflop_per_token"] = round(rec / 1e9, 3)
+        r["tok_per_s_bound"] = round(1.0 / (t_none + rec / (args.matmul_tflops * 1e12)))
+        r["fits"] = r["peak_gib"] <= args.gib
+
+
+def _cheapest_mix(frontier: list[dict], act_budget_gib: float) -> dict | None:
+    """The least recompute within `act_budget_gib` of activations, mixing two frontier policies across layers."""
+    best = None
+    for a in frontier:
+        for b in frontier:
+            lo, hi = sorted((a, b), key=lambda r: r["activations_gib"])
+            if lo["activations_gib"] > act_budget_gib:
+                continue
+            span = hi["activations_gib"] - lo["activations_gib"]
+            w = 1.0 if span == 0 or hi["activations_gib"] <= act_budget_gib else (
+                (act_budget_gib - lo["activations_gib"]) / span)   # share of layers on the bigger policy
+            rec = (1 - w) * lo["recompute_gflop_per_token"] + w * hi["recompute_gflop_per_token"]
+            if best is None or rec < best["recompute_gflop_per_token"]:
+                best = {"low": lo.get("cached"), "high": hi.get("cached"), "share_high": round(w, 3),
+                        "recompute_gflop_per_token": round(rec, 3)}
+    return best
+
+
+def run(args, out: Path) -> Record:
+    spec = SHAPES["smoke" if args.smoke else args.shape]
+    t_small, t_big = (32, 64) if args.smoke else tuple(int(t) for t in args.tokens.split(","))
+    peft_model, layer, rope = _layer(spec, args.r)
+    variants, checks = {}, {}
+    for name, cast in (("peft input cast (peft's default)", True), ("input cast off", False)):
+        _set_input_cast(peft_model, cast)
+        g_small, _, _ = _graph(peft_model, layer, rope, spec["hidden_size"], t_small)
+        g_big, forward, x = _graph(peft_model, layer, rope, spec["hidden_size"], t_big)
+        variants[name] = _policies(g_small, g_big, t_small, t_big)
+        if not cast:
+            checks["input_cast_off_bitwise_equal"] = _bitwise_same_without_cast(peft_model, forward, x)
+    _set_input_cast(peft_model, True)
+
+    comps = _other_components_gib(spec, args)
+    other = sum(comps.values())
+    rows, mixes = [], {}
+    goal_s = 1.0 / args.goal_tok_s - 1.0 / args.no_ac_tok_s
+    allowed_gflop = max(0.0, goal_s) * args.matmul_tflops * 1e12 / 1e9 / spec["num_hidden_layers"]
+    for name, pols in variants.items():
+        _project(pols, spec, args, other)
+        act_budget = args.gib - other
+        mix = _cheapest_mix([p for p in pols if p["policy"] == "frontier"], act_budget)
+        mixes[name] = mix
+        for p in pols:
+            p["variant"] = name
+        rows += pols
+    sel = next(r for r in rows if r["policy"] == "selective" and r["variant"] == "input cast off")
+    tokens_per_s = args.goal_tok_s
+    forward_share = 0.5   # LoRA: forward 2·N, backward 2·N (input gradients only) FLOPs per token
+    fwd_s = forward_share / tokens_per_s * args.rows * args.budget
+    must_leave_gib = max(0.0, sel["peak_gib"] - args.gib)
+    offload_gbs = must_leave_gib * GIB / 1e9 / fwd_s
+    full_rec = _full_ac_check(args, spec, rows)
+    best_mix = min((m for m in mixes.values() if m), key=lambda m: m["recompute_gflop_per_token"], default=None)
+    mix_bound = (round(1.0 / (1.0 / args.no_ac_tok_s + best_mix["recompute_gflop_per_token"] * 1e9
+                              / (args.matmul_tflops * 1e12))) if best_mix else None)
+    summary = {
+        "other_components_gib": {k: round(v, 3) for k, v in comps.items()},
+        "activation_budget_gib": round(args.gib - other, 2),
+        "recompute_allowed_gflop_per_token": round(allowed_gflop * spec["num_hidden_layers"], 3),
+        "cheapest_mix_within_budget": mixes, "cheapest_mix_tok_per_s_bound": mix_bound,
+        "offload": {"must_leave_gib_per_step": round(must_leave_gib, 2), "forward_s_at_goal": round(fwd_s, 3),
+                    "needed_gb_per_s": round(offload_gbs, 1), "host_link_gb_per_s": args.host_link_gbs,
+                    "from": "the selective policy (input cast off): what exceeds the budget leaves during the "
+                            "forward, at the goal's speed, forward = half the step's FLOPs"},
+        "full_ac_check": full_rec, **checks,
+    }
+    goal_met = {"tok_per_s_at_budget": bool(mix_bound and mix_bound >= args.goal_tok_s),
+                "offload_within_host_link": offload_gbs <= args.host_link_gbs}
+    print(json.dumps({k: summary[k] for k in ("activation_budget_gib", "recompute_allowed_gflop_per_token",
+                                              "cheapest_mix_tok_per_s_bound", "offload")}, indent=1))
+    return Record(suite="lora-budget", command=args.command, machine=machine_info(),
+                  study="LoRA 8B at ≤ 40 GiB: the bytes each recompute policy keeps, measured on the CPU",
+                  settings={"shape": spec, "tokens": [t_small, t_big], "rows": args.rows, "budget": args.budget,
+                            "r": args.r, "gib": args.gib, "no_ac_tok_s": args.no_ac_tok_s,
+                            "matmul_tflops": args.matmul_tflops, "host_link_gbs": args.host_link_gbs},
+                  rows=rows, goals={**GOAL, "offload_gbs_max": args.host_link_gbs}, goal_met=goal_met,
+                  extra={"summary": summary})
+
+
+def _full_ac_check(args, spec: dict, rows: list[dict]) -> dict | None:
+    """The measured full-recompute run against this suite's FLOPs: the rate its recompute implies."""
+    if args.smoke or not args.full_ac_record.exists():
+        return None
+    rec = json.loads(args.full_ac_record.read_text(encoding="utf-8"))
+    full = next(r for r in rows if r["policy"] == "full" and r["variant"].startswith("peft"))
+    implied = (rec["mfu_with_recompute"] - rec["useful_mfu"]) * rec["machine"].get("peak_tflops", 790.0) * 1e12 \
+        / rec["real_tok_per_s"] / 1e9
+    return {"record": args.full_ac_record.name, "real_tok_per_s": round(rec["real_tok_per_s"]),
+            "peak_alloc_gib": round(rec["peak_alloc_gib"], 2),
+            "record_recompute_gflop_per_token": round(implied, 3),
+            "measured_here_gflop_per_token": full["recompute_gflop_per_token"],
+            "note": "the record counts the decoder's forward (2·N + attention at its documents); this suite "
+                    "the layer's matrix products and attention at one causal sequence of its token count"}
