@@ -11,7 +11,9 @@ address is reused.
 other op is recomputed: walking back from each saved tensor to a cached output or an input of the region,
 it returns the bytes kept and the FLOPs re-run in backward. `cached=None` is no checkpointing (exactly what
 autograd saved); an empty set is full checkpointing (the region's inputs only, the whole forward re-run).
-Parameters and `shared` tensors (RoPE tables, common to every layer) are not counted.
+Parameters and `shared` tensors (RoPE tables, common to every layer) are not counted. `expensive()` names the
+ops `train.activation_checkpointing=selective` keeps (packtrain.train.selective_ac.keeps, the one rule), so
+`policy(set(expensive()))` is what that mode keeps.
 """
 
 from __future__ import annotations
@@ -20,8 +22,7 @@ from dataclasses import dataclass, field
 from itertools import combinations
 from typing import Any
 
-MATMULS = {"mm", "addmm", "bmm", "baddbmm"}
-ATTENTION_PREFIXES = ("_scaled_dot_product", "_flash_attention", "_efficient_attention", "flex_attention")
+from packtrain.train.selective_ac import ATTENTION, keeps, matmul_narrow
 
 
 @dataclass
@@ -50,11 +51,10 @@ class SavedGraph:
     inputs: set[tuple]          # keys that existed before the region (its inputs); parameters excluded
     forward_flops: float        # FLOPs of the whole forward
 
-    def expensive(self, min_width: int = 64) -> list[int]:
-        """Ops worth caching: attention, and matrix products whose inner and output widths are both at least
-        `min_width` (LoRA's rank-r products and element-wise ops are always recomputed: cheap)."""
-        return [i for i, o in enumerate(self.ops)
-                if o.name.startswith(ATTENTION_PREFIXES) or (o.name in MATMULS and o.narrow >= min_width)]
+    def expensive(self) -> list[int]:
+        """The ops whose outputs the selective policy keeps (packtrain.train.selective_ac.keeps: attention and
+        the linear layers' products; LoRA's rank-r products and element-wise ops are recomputed)."""
+        return [i for i, o in enumerate(self.ops) if keeps(o.name, o.narrow)]
 
     def policy(self, cached: set[int] | None) -> Policy:
         if cached is None:   # no checkpointing: exactly what autograd saved
@@ -77,10 +77,10 @@ class SavedGraph:
         return Policy(sum(self.nbytes[k] for k in _unique_storages(kept)),
                       sum(self.ops[i].flops for i in rerun), _by_producer(self, kept))
 
-    def frontier(self, min_width: int = 64) -> list[tuple[frozenset[int], Policy]]:
+    def frontier(self) -> list[tuple[frozenset[int], Policy]]:
         """Every subset of the expensive ops cached (2^n, n ≈ 8 for a decoder layer), Pareto-optimal in
         (kept bytes, recompute FLOPs), fewest bytes first."""
-        ex = self.expensive(min_width)
+        ex = self.expensive()
         points = [(frozenset(c), self.policy(set(c))) for n in range(len(ex) + 1) for c in combinations(ex, n)]
         points.sort(key=lambda p: (p[1].kept_bytes, p[1].recompute_flops))
         best: list[tuple[frozenset[int], Policy]] = []
@@ -104,21 +104,22 @@ def _by_producer(g: SavedGraph, keys) -> dict[str, int]:
         i = g.producer.get(k)
         name = "input" if i is None else f"{g.ops[i].name} ({g.ops[i].where or '-'})"
         out[name] = out.get(name, 0) + g.nbytes[k]
-    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+    return dict(sorted(out.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
 def _flops(name: str, args: tuple) -> tuple[float, int]:
-    """(FLOPs, narrow width) of one op."""
+    """(FLOPs, narrow width) of one op: 2·m·k·n for matrix products, 4·b·heads·s_q·s_k·d for attention (full
+    s_q·s_k, the packtrain MFU convention), 0 for the rest."""
     import math
 
     if name in ("mm", "addmm"):
         a, b = (args[1], args[2]) if name == "addmm" else (args[0], args[1])
-        return 2.0 * a.shape[0] * a.shape[1] * b.shape[1], min(a.shape[1], b.shape[1])
+        return 2.0 * a.shape[0] * a.shape[1] * b.shape[1], matmul_narrow(name, args)
     if name in ("bmm", "baddbmm"):
         a, b = (args[1], args[2]) if name == "baddbmm" else (args[0], args[1])
-        return 2.0 * a.shape[0] * a.shape[1] * a.shape[2] * b.shape[2], min(a.shape[2], b.shape[2])
-    if name.startswith(ATTENTION_PREFIXES):
-        q, k = args[0], args[1]              # (b, heads, s, d); full s_q·s_k (the packtrain MFU convention)
+        return 2.0 * a.shape[0] * a.shape[1] * a.shape[2] * b.shape[2], 0
+    if name in ATTENTION:
+        q, k = args[0], args[1]              # (b, heads, s, d)
         return 4.0 * math.prod(q.shape[:-1]) * k.shape[-2] * q.shape[-1], 0
     return 0.0, 0
 

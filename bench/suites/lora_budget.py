@@ -15,7 +15,7 @@ copies, drops out). From that one graph:
 
   none          what autograd keeps (eager; inductor's partitioner keeps less by recomputing element-wise ops)
   selective     the outputs of every matrix product and the attention kept, everything else recomputed: the
-                fewest bytes without recomputing a matrix product (the per-op policy torchtitan calls "op SAC")
+                fewest bytes without recomputing a matrix product (train.activation_checkpointing=selective)
   frontier      every subset of those 8 ops kept, Pareto-optimal in (bytes, recompute FLOPs)
   full          the layer's input only, the whole forward recomputed
 

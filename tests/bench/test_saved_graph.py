@@ -28,3 +28,43 @@ def test_policies_of_a_two_matmul_mlp():
     assert full.kept_bytes == f32 * t * d and full.recompute_flops == 2 * t * d * h
     frontier = g.frontier()
     assert [p.kept_bytes for _, p in frontier] == [f32 * t * d, f32 * (t * d + t * h)]
+
+
+def _layer_graph(lora: bool, tokens: int):
+    from packtrain.config import ModelConfig
+    from packtrain.config.train import AdapterConfig
+    from packtrain.model.adapter import adapter_input_casts, apply_adapter, lora_layers
+    from packtrain.model.build import build_model
+
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(hidden_size=128, intermediate_size=256, num_layers=1, num_heads=4,
+                                    num_kv_heads=2), 64)
+    dtype = torch.float32
+    if lora:
+        apply_adapter(model, AdapterConfig(type="lora", r=8), base_dtype=torch.bfloat16)
+        dtype = torch.bfloat16
+    layer = model.model.layers[0]
+    x = torch.randn(1, tokens, 128).to(dtype).requires_grad_()
+    pos = torch.arange(tokens)[None]
+    cos, sin = model.model.rotary_emb(x, pos)
+
+    def forward(x):
+        with torch.autocast("cpu", dtype=torch.bfloat16), adapter_input_casts(lora_layers(model), False):
+            return layer(x, attention_mask=None, position_ids=pos, position_embeddings=(cos, sin))
+
+    return record(forward, x, shared=(cos, sin), params=list(model.parameters()), module=layer)
+
+
+def test_the_planners_selective_bytes_are_the_recorded_policys():
+    """planner.memory.selective_layer_bytes_per_token = what the selective rule keeps, op by op, per token (the slope
+    between two token counts): a dense layer under bf16 autocast (fp32 residual) and a LoRA layer (bf16 base)."""
+    from packtrain.config import ModelConfig
+    from packtrain.planner import memory as mem
+    from packtrain.planner.shapes import model_shape
+
+    shape = model_shape(ModelConfig(hidden_size=128, intermediate_size=256, num_layers=1, num_heads=4,
+                                    num_kv_heads=2), None, 64)
+    for lora, prec in ((False, mem.precision_of("torch", "bf16")), (True, mem.Precision("lora bf16", 2, 2, False))):
+        small, big = (_layer_graph(lora, t) for t in (64, 128))
+        per_token = (big.policy(set(big.expensive())).kept_bytes - small.policy(set(small.expensive())).kept_bytes) / 64
+        assert per_token == mem.selective_layer_bytes_per_token(shape, prec, "sdpa"), (lora, per_token)

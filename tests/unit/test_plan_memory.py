@@ -201,6 +201,8 @@ def test_plan_suggests_changes_when_it_does_not_fit():
     changes = {a["change"] for a in plan.alternatives}
     assert "--set train.activation_checkpointing=full" in changes and "--set train.loss=chunked" in changes
     assert "GiB" in plan.suggestion
+    peak = {a["change"].rsplit("=", 1)[1]: a["peak_gib"] for a in plan.alternatives if "checkpointing" in a["change"]}
+    assert peak["full"] < peak["selective"] < plan.peak_gib   # selective keeps the products: between the two
 
 
 # ------------------------------------------------------------------------------------------- CLI

@@ -61,6 +61,48 @@ def test_activation_checkpointing_wraps_the_chosen_layers_only():
     assert list(model.state_dict()) == keys   # checkpoints and save_pretrained see the same keys
 
 
+WIDE = ModelConfig(hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4, num_kv_heads=4)
+
+
+def _backward_matmul_flops(ac: str, precision: str = "fp32"):
+    """Loss, gradients and the FLOPs of every mm/addmm run during backward (recompute included)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    torch.manual_seed(0)
+    model = build_model(WIDE, V)
+    tq.apply_activation_checkpointing(model, TrainConfig(activation_checkpointing=ac))
+    module = packed_causal_lm(model)
+    b = _batch()
+    flops = [0]
+
+    class Count(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            name = func.overloadpacket.__name__
+            if name in ("mm", "addmm"):
+                a, w = (args[1], args[2]) if name == "addmm" else (args[0], args[1])
+                flops[0] += 2 * a.shape[0] * a.shape[1] * w.shape[1]
+            return func(*args, **(kwargs or {}))
+
+    with tq.autocast(precision, "cpu"):
+        out = module(labels=b.labels, **model_inputs(b, "sdpa"))
+    with Count():
+        out.backward()
+    return out.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}, flops[0]
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_selective_checkpointing_is_bitwise_and_recomputes_no_matmul(precision):
+    """train.activation_checkpointing=selective: the same loss and gradients bit for bit as no checkpointing, and
+    backward runs exactly no-checkpointing's matrix products (full recomputes the layers' products again)."""
+    ref_loss, ref_grads, ref_flops = _backward_matmul_flops("none", precision)
+    loss, grads, flops = _backward_matmul_flops("selective", precision)
+    _, _, full_flops = _backward_matmul_flops("full", precision)
+    assert torch.equal(loss, ref_loss) and grads.keys() == ref_grads.keys()
+    assert all(torch.equal(grads[k], ref_grads[k]) for k in grads)
+    assert flops == ref_flops < full_flops, (flops, ref_flops, full_flops)
+    assert tq.checkpointed_layer_indices(3, "selective") == [0, 1, 2]
+
+
 @pytest.mark.parametrize("chunk", [1, 37, 144])
 def test_chunked_loss_equals_standard_in_fp32(chunk):
     ref_loss, ref_grads = _loss_and_grads("none", "standard")

@@ -283,10 +283,12 @@ class TrainConfig(StrictModel):
     bf16 autocast; needs a GPU with FP8 tensor cores (compute capability ≥ 8.9) and is refused elsewhere."""
     fp8: Fp8Options = Fp8Options()
     fsdp: FsdpOptions = FsdpOptions()
-    activation_checkpointing: Literal["none", "full", "every_k", "count"] = "none"
+    activation_checkpointing: Literal["none", "full", "every_k", "count", "selective"] = "none"
     """Decoder layers that recompute their activations in backward: none; full (all); every_k (layers 0, k, 2k, …);
     count (train.ac_count layers, spread evenly: the knob a memory budget turns — each kept layer of a Llama-3-8B
-    shape at 8 × 2048 tokens holds ~2.2 GiB, each recomputed one ~0.1 GiB and +1/3 of its matmuls)."""
+    shape at 8 × 2048 tokens holds ~2.2 GiB, each recomputed one ~0.1 GiB and +1/3 of its matmuls); selective
+    (every layer keeps its matrix products' and attention's outputs and recomputes only the element-wise ops
+    between them: almost no extra FLOPs, about half a plain layer's bytes — train/selective_ac.py)."""
     ac_every_k: PositiveInt = 2
     ac_count: PositiveInt = 16
     """activation_checkpointing=count: how many decoder layers recompute (more than the model has: all)."""

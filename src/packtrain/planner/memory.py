@@ -106,6 +106,17 @@ def layer_activation_bytes_per_token(shape: ModelShape, prec: Precision, backend
     return (8 + 4 * c) * h + 2 * c * q + 2 * c * kv + 4 * c * i + lse
 
 
+def selective_layer_bytes_per_token(shape: ModelShape, prec: Precision, backend: Backend) -> int:
+    """Bytes a layer under selective checkpointing (train/selective_ac.py) keeps per token: its input (residual
+    bytes) + the outputs of q, k, v, o, gate and up (c bytes each) + the attention output and its log-sum-exp
+    (flash/varlen/flex/SDPA kernels; eager attention is recomputed whole and keeps nothing of its own).
+    Checked against bench/saved_graph.py's op-by-op count on real layers (tests/bench/test_saved_graph.py)."""
+    h, i, a, q, kv = shape.hidden, shape.intermediate, shape.heads, shape.q_hidden, shape.kv_hidden
+    c = prec.compute_bytes
+    attn = 0 if backend == "eager" else c * q + 4 * a
+    return prec.residual_bytes * h + c * (q + 2 * kv + h + 2 * i) + attn
+
+
 def attention_quadratic_bytes(shape: ModelShape, prec: Precision, backend: Backend, rows: int, budget: int) -> int:
     """Per-layer O(s²) bytes kept for backward: sdpa's additive bias, eager's probabilities, 0 otherwise."""
     c = prec.compute_bytes
@@ -173,12 +184,12 @@ def layer_backward_workspace_bytes(shape: ModelShape, prec: Precision, tokens: i
 
 def checkpointed_layers(n_layers: int, mode: str, every_k: int, count: int = 0) -> list[int]:
     """Layers that recompute in backward (the one rule; packtrain.train.techniques applies it): none → [],
-    full → all, every_k → 0, k, 2k, …, count → `count` layers spread evenly, e.g. (8, count 6) → [0, 1, 2, 4, 5, 6].
+    full and selective → all, every_k → 0, k, 2k, …, count → `count` layers spread evenly, e.g. (8, count 6) → [0, 1, 2, 4, 5, 6].
 
     >>> checkpointed_layers(8, "count", 2, 6), checkpointed_layers(4, "count", 2, 9), checkpointed_layers(6, "every_k", 2)
     ([0, 1, 2, 4, 5, 6], [0, 1, 2, 3], [0, 2, 4])
     """
-    if mode == "full" or (mode == "count" and count >= n_layers):
+    if mode in ("full", "selective") or (mode == "count" and count >= n_layers):
         return list(range(n_layers))
     if mode == "every_k":
         return list(range(0, n_layers, every_k))

@@ -247,7 +247,10 @@ def plan_memory(model_cfg: ModelConfig, train_cfg: TrainConfig, budget: int, pla
     if compiled:   # inductor fuses the elementwise chains and saves fewer, smaller tensors for backward
         layer_bytes = int(layer_bytes * (mem.COMPILED_FSDP2_LAYER_ACTIVATION_FACTOR if train_cfg.engine == "fsdp2"
                                          else mem.COMPILED_LAYER_ACTIVATION_FACTOR))
-    ck_bytes = prec.residual_bytes * shape.hidden * n_tok
+    selective = train_cfg.activation_checkpointing == "selective"
+    # a checkpointed layer keeps its input; a selective one also its matrix products' and attention's outputs
+    ck_bytes = (mem.selective_layer_bytes_per_token(shape, prec, backend) if selective
+                else prec.residual_bytes * shape.hidden) * n_tok
     head_tok, shared_tok = mem.head_activation_bytes_per_token(shape, prec, chunk is not None)
     head_bytes = head_tok * n_tok
     acts = (shape.layers - n_ck) * layer_bytes + n_ck * ck_bytes + head_bytes + shared_tok * n_tok
@@ -283,7 +286,7 @@ def plan_memory(model_cfg: ModelConfig, train_cfg: TrainConfig, budget: int, pla
                            # the recomputed layer's RMSNorm re-saves the checkpointed input itself (same
                            # storage) unless the norm keeps its own fp32 copy (pure 16-bit)
                            "activations": acts - head_bytes + (layer_bytes - (ck_bytes if prec.residual_bytes == 4
-                                                                             else 0) if last_ck else 0),
+                                                                             or selective else 0) if last_ck else 0),
                            "attention_workspace": attn + (quad if last_ck else 0),
                            "backward_workspace": mem.layer_backward_workspace_bytes(shape, prec, n_tok)},
         "end backward": {**base, "gradients": max(st.grads, st.persistent_grads),
@@ -338,6 +341,9 @@ def suggest_changes(plan: MemoryPlan, model_cfg, train_cfg, plan_cfg, vocab_size
     changes: list[tuple[str, dict]] = []
     if train_cfg.activation_checkpointing != "full":
         changes.append(("--set train.activation_checkpointing=full", {"activation_checkpointing": "full"}))
+    if train_cfg.activation_checkpointing in ("none", "every_k", "count"):   # almost no recompute, fewer savings
+        changes.append(("--set train.activation_checkpointing=selective",
+                        {"activation_checkpointing": "selective"}))
     if train_cfg.loss not in ("chunked", "fused"):
         changes.append(("--set train.loss=chunked", {"loss": "chunked"}))
     if (attention or _backend(train_cfg, "cuda")) in ("sdpa", "eager") and train_cfg.precision != "fp32":

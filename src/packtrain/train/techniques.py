@@ -1,6 +1,7 @@
 """Memory and throughput techniques, each a function applied to a model or an optimizer step.
 
-    apply_activation_checkpointing(model, cfg)   none | full | every_k decoder layers recomputed in backward
+    apply_activation_checkpointing(model, cfg)   none | full | every_k | count decoder layers recomputed in
+                                                 backward, or selective: every layer per op (train/selective_ac.py)
     apply_compile(model, cfg) -> CompileCounter  torch.compile per decoder layer; counts (re)compiles
     guard_failure_reasons(seen)                  dynamo's reasons for the recompiles since the last call
     set_allocator_env(cfg)                       PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True before CUDA init
@@ -55,8 +56,9 @@ def checkpointed_layer_indices(n_layers: int, mode: str, every_k: int = 2, count
     """
     from packtrain.planner.memory import checkpointed_layers
 
-    if mode not in ("none", "full", "every_k", "count"):
-        raise ConfigError(f"train.activation_checkpointing: {mode!r} (allowed: none, full, every_k, count)")
+    if mode not in ("none", "full", "every_k", "count", "selective"):
+        raise ConfigError(f"train.activation_checkpointing: {mode!r} (allowed: none, full, every_k, count, "
+                          "selective)")
     return checkpointed_layers(n_layers, mode, every_k, count)
 
 
@@ -67,8 +69,11 @@ def apply_activation_checkpointing(model, cfg: TrainConfig) -> list[int]:
     checkpoints and `save_pretrained` are unaffected. Returns the wrapped layer indices."""
     from torch.utils.checkpoint import checkpoint
 
+    from packtrain.train.selective_ac import checkpoint_kwargs
+
     layers = decoder_layers(model)
     idx = checkpointed_layer_indices(len(layers), cfg.activation_checkpointing, cfg.ac_every_k, cfg.ac_count)
+    extra = checkpoint_kwargs(cfg.activation_checkpointing)   # selective: the per-op policy's context_fn
     for i in idx:
         layer = layers[i]
         if getattr(layer, "_packtrain_ac", False):
@@ -76,7 +81,7 @@ def apply_activation_checkpointing(model, cfg: TrainConfig) -> list[int]:
         inner = layer.forward
 
         def forward(*args, _inner=inner, **kwargs):
-            return checkpoint(_inner, *args, use_reentrant=False, **kwargs)
+            return checkpoint(_inner, *args, use_reentrant=False, **extra, **kwargs)
 
         layer.forward = forward
         layer._packtrain_ac = True
