@@ -219,7 +219,8 @@ def lora_budget(rec: dict) -> list[str]:
               f"{_f(s['cheapest_mix_tok_per_s_bound'])} tok/s. Offloading instead: the selective policy's "
               f"{off['must_leave_gib_per_step']:.1f} GiB over the budget must leave the GPU during the "
               f"{off['forward_s_at_goal']:.2f} s forward, {off['needed_gb_per_s']:.1f} GB/s, against "
-              f"{off['host_link_gb_per_s']:.0f} GB/s for the host link by specification (not measured here)."]
+              f"{off['host_link_gb_per_s']:.0f} GB/s for the host link "
+              f"({off.get('host_link_source', 'specification, not measured')})."]
     if s.get("full_ac_check"):
         c = s["full_ac_check"]
         lines.append(f"Check against `{c['record']}` ({_f(c['real_tok_per_s'])} tok/s, full recompute): its "
