@@ -120,7 +120,8 @@ def add_arguments(p) -> None:
     p.add_argument("--lr", type=float, default=2e-4)
     p.add_argument("--attention", default="varlen", help="packtrain backend: varlen | flex | sdpa")
     p.add_argument("--loss", default="fused", help="packtrain loss: fused (Liger; chunked fallback) | chunked")
-    p.add_argument("--ac", default="full", help="packtrain activation checkpointing: full | every_k | none")
+    p.add_argument("--ac", default="full",
+                   help="packtrain activation checkpointing: full | every_k | count | selective | none")
     p.add_argument("--no-compile", action="store_true")
     p.add_argument("--peak-tflops", type=float, default=790.0)
     p.add_argument("--seed", type=int, default=0)

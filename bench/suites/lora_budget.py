@@ -285,6 +285,8 @@ def run(args, out: Path) -> Record:
                 "offload_within_host_link": offload_gbs <= link_gbs}
     print(json.dumps({k: summary[k] for k in ("activation_budget_gib", "recompute_allowed_gflop_per_token",
                                               "cheapest_mix_tok_per_s_bound", "offload")}, indent=1))
+    png = plot_frontier(rows, args.goal_tok_s, args.gib, args.record_path.with_suffix(".png"))
+    summary["plot"] = png.name
     return Record(suite="lora-budget", command=args.command, machine=machine_info(),
                   study="LoRA 8B at ≤ 40 GiB: the bytes each recompute policy keeps, measured on the CPU",
                   settings={"shape": spec, "tokens": [t_small, t_big], "rows": args.rows, "budget": args.budget,
@@ -292,6 +294,40 @@ def run(args, out: Path) -> Record:
                             "matmul_tflops": args.matmul_tflops, "host_link_gbs": args.host_link_gbs},
                   rows=rows, goals={**GOAL, "offload_gbs_max": link_gbs}, goal_met=goal_met,
                   extra={"summary": summary})
+
+
+def plot_frontier(rows: list[dict], goal_tok_s: float, gib: float, path: Path) -> Path:
+    """The policies of the record as step peak GiB against the speed bound, the goal's corner marked."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(8, 4.6), dpi=110)
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
+    for variant, style in (("input cast off", "o-"), ("peft input cast (peft's default)", "x")):
+        pts = sorted((r["peak_gib"], r["tok_per_s_bound"]) for r in rows
+                     if r["variant"] == variant and (r["policy"] == "none" or "off" in variant and r["policy"] == "frontier"))
+        if pts:
+            ax.plot(*zip(*pts, strict=True), style, ms=4, label=f"{variant}: "
+                    + ("the frontier of selective policies, and no recompute" if "off" in variant else "no recompute"))
+    for r in rows:
+        if r["variant"] == "input cast off" and r["policy"] in ("none", "selective", "full"):
+            ax.annotate(r["policy"], (r["peak_gib"], r["tok_per_s_bound"]), textcoords="offset points",
+                        xytext=(6, -12), fontsize=9)
+    ax.axvline(gib, color="tab:red", lw=1)
+    ax.axhline(goal_tok_s, color="tab:green", lw=1)
+    ax.fill_between([0, gib], goal_tok_s, ax.get_ylim()[1], color="tab:green", alpha=0.12,
+                    label=f"the goal: ≥ {goal_tok_s:,.0f} tok/s at ≤ {gib:.0f} GiB")
+    ax.set_xlim(0, None)
+    ax.set_xlabel("step peak GiB (8 × 2048 tokens, 32 layers; planner's other components)")
+    ax.set_ylabel("tok/s bound (recompute at the matrix rate)")
+    ax.set_title("LoRA r 16 on a Llama-3-8B shape: what each recompute policy keeps and costs")
+    ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    tmp = path.with_name(f".{path.stem}.tmp.png")
+    fig.savefig(tmp, format="png")
+    tmp.replace(path)
+    return path
 
 
 def _full_ac_check(args, spec: dict, rows: list[dict]) -> dict | None:
