@@ -116,7 +116,7 @@ def fp8(rec: dict, log: Path | None = None) -> list[str]:
     lines = ["| precision | real tok/s | useful MFU | peak alloc GiB | planner GiB | loss, mean of its last 10 steps |",
              "|---|---:|---:|---:|---:|---:|"]
     cut = cut_row(rec, log, "fp8") if log and "fp8" not in v else None
-    for key in ("bf16", "fp8", "fp8_tensorwise", "fp8_rowwise"):
+    for key in ("bf16", "fp8", "fp8_tensorwise", "fp8_rowwise", "fp8_nomix"):
         r = v.get(key)
         if key == "fp8" and r is None and cut:
             lines.append(f"| fp8, **cut at step {cut['last_step']}** by the part's timeout (from the log's progress "

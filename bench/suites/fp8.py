@@ -36,7 +36,11 @@ DEVICE = "gpu"
 SHAPE_3B = {"hidden_size": 3072, "intermediate_size": 8192, "num_layers": 28, "num_heads": 24, "num_kv_heads": 8,
             "rope_theta": 500000.0, "tie_word_embeddings": True, "max_position_embeddings": 8192}
 VOCAB_3B = 128_256
-ROWS = ("bf16", "fp8", "fp8_tensorwise", "fp8_rowwise")
+ROWS = ("bf16", "fp8", "fp8_tensorwise", "fp8_rowwise", "fp8_nomix")
+INDUCTOR = {"fp8_nomix": {"triton.mix_order_reduction": False}}
+"""Rows that run with inductor options changed (torch._inductor.config.patch for that row only). fp8_nomix:
+tensorwise FP8 without inductor's mix-order reductions, which the last profile suspected of fusing each layer's
+RMSNorm backward with the transposed e4m3 cast into one slow kernel on the (1, T) varlen layout."""
 GOALS = {"tok_s_ratio_min": 1.25, "loss_tail_rel_diff_max": 0.01, "steps_min": 200}
 
 
@@ -48,7 +52,8 @@ def add_arguments(p) -> None:
     p.add_argument("--budget", type=int, default=2048)
     p.add_argument("--fp8-recipe", default="tensorwise", choices=["tensorwise", "rowwise"])
     p.add_argument("--variants", default="bf16,fp8",
-                   help="comma-separated rows, in this order: bf16, fp8 (--fp8-recipe), fp8_tensorwise, fp8_rowwise")
+                   help="comma-separated rows, in this order: bf16, fp8 (--fp8-recipe), fp8_tensorwise, fp8_rowwise, "
+                        "fp8_nomix (tensorwise, inductor's mix-order reduction off)")
     p.add_argument("--vocab", type=int, default=VOCAB_3B,
                    help="the model's vocabulary: 128,256 (Llama-3.2-3B, 3.21B params) or 32,768 (2.92B; the LM head, "
                         "which stays bf16, is then 4× smaller)")
@@ -60,9 +65,10 @@ def add_arguments(p) -> None:
 
 
 def overrides(args, row: str) -> list[str]:
-    """The recipe overrides of one row — bf16, fp8 (--fp8-recipe), fp8_tensorwise or fp8_rowwise: the shape, the
-    step, the precision (all else identical)."""
+    """The recipe overrides of one row — bf16, fp8 (--fp8-recipe), fp8_tensorwise, fp8_rowwise or fp8_nomix
+    (tensorwise; INDUCTOR changes its compile): the shape, the step, the precision (all else identical)."""
     precision, _, recipe = row.partition("_")
+    recipe = "tensorwise" if recipe == "nomix" else recipe
     ov = [f"model.{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in SHAPE_3B.items()]
     ov += [f"pack.budget={args.budget}", f"train.rows={args.rows}", f"train.seed={args.seed}",
            f"train.lr={args.lr}", f"telemetry.peak_tflops={args.peak_tflops}", "telemetry.interval_s=0.2",
@@ -107,7 +113,8 @@ def run(args, out: Path) -> Record:
                   "budget": args.budget, "rows": args.rows, "tokens_per_step": args.rows * args.budget,
                   "steps": args.steps, "warmup": args.warmup, "fp8_recipe": args.fp8_recipe,
                   "data_vocab": args.data_vocab, "lr": args.lr, "seed": args.seed,
-                  "overrides": {p: overrides(args, p) for p in names}},
+                  "overrides": {p: overrides(args, p) for p in names},
+                  "inductor": {p: INDUCTOR[p] for p in names if p in INDUCTOR}},
         goals=GOALS, extra={"data": {**workload.length_summary(lengths), "generate_s": gen_s}})
     with tempfile.TemporaryDirectory(prefix="fp8-bench-") as tmp:
         tmp = Path(tmp)
@@ -116,9 +123,16 @@ def run(args, out: Path) -> Record:
         record.extra["pack"] = {"fill": stats["fill"], "n_packs": stats["n_packs"]}
 
         def one(precision: str) -> dict:
+            import contextlib
+
+            import torch._inductor.config as inductor
+
             cfg = workload.load_recipe("1b-h200", overrides(args, precision))
-            return run_packtrain(cfg, tokens_dir, packs_dir, tmp / f"out-{precision}", args.steps, args.warmup,
-                                 vocab)
+            patch = INDUCTOR.get(precision)
+            with inductor.patch(patch) if patch else contextlib.nullcontext():
+                row = run_packtrain(cfg, tokens_dir, packs_dir, tmp / f"out-{precision}", args.steps, args.warmup,
+                                    vocab)
+            return {**row, "inductor": patch} if patch else row
 
         run_variants(record, args.record_path, names, one)
     rows = by_variant(record)
