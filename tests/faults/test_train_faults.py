@@ -195,7 +195,7 @@ def test_broken_file_in_newest_checkpoint_is_quarantined_and_resume_falls_back(d
     assert _losses(out) == _losses(straight) and _weights_equal(out, straight)
     ok = sorted(p.name for p in (out / "checkpoints").iterdir() if p.name.startswith("step_"))
     assert ok == ["step_000015", "step_000020"]              # step 20 written again, fresh and verified
-    from packtrain.train.checkpoint import verify_checkpoint
+    from packtrain.train.checkpoint_manifest import verify_checkpoint
 
     assert verify_checkpoint(out / "checkpoints" / "step_000020") is None
 
@@ -292,6 +292,7 @@ def test_a_learning_rate_that_blows_up_the_weights_stops_the_run(data, tmp_path,
 # ------------------------------------------------------------------------------------- retention
 def test_retention_keeps_the_last_k_and_the_best(tmp_path):
     from packtrain.train import checkpoint as ck
+    from packtrain.train.checkpoint_manifest import manifest_loss
 
     root = tmp_path / "checkpoints"
     losses = {5: 4.1, 10: 3.2, 15: 3.6, 20: 3.5, 25: 3.9}
@@ -300,7 +301,7 @@ def test_retention_keeps_the_last_k_and_the_best(tmp_path):
         ck.save_checkpoint(root, step, {"history": hist}, lambda d: (d / "w.bin").write_bytes(b"x"), keep_last=2,
                            keep_best=True)
     assert sorted(p.name for _, p in ck.list_checkpoints(root)) == ["step_000010", "step_000020", "step_000025"]
-    assert ck.manifest_loss(root / "step_000010") == pytest.approx(3.2)
+    assert manifest_loss(root / "step_000010") == pytest.approx(3.2)
     (root / "quarantine").mkdir()
     (root / "quarantine" / "step_000003").mkdir()
     ck.prune_checkpoints(root, keep_last=1, keep_best=False)

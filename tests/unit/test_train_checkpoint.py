@@ -12,6 +12,7 @@ import torch
 from packtrain.config import ModelConfig, TrainConfig
 from packtrain.model.build import build_model
 from packtrain.train import checkpoint as ck
+from packtrain.train import checkpoint_manifest as cm
 from packtrain.train.techniques import build_optimizer
 
 MODEL = ModelConfig(hidden_size=16, intermediate_size=32, num_layers=1, num_heads=2)
@@ -33,7 +34,7 @@ def _save(root, step, model, opt, keep=2, extra=None):
 def test_save_verify_and_round_trip(tmp_path):
     model, opt = _model_and_opt()
     path = _save(tmp_path, 3, model, opt, extra={"loader": {"epoch": 0, "step": 7}})
-    assert path.name == "step_000003" and ck.verify_checkpoint(path) is None
+    assert path.name == "step_000003" and cm.verify_checkpoint(path) is None
     manifest = json.loads((path / "manifest.json").read_text())
     assert set(manifest["files"]) == {"model.safetensors", "optimizer.pt", "rng.pt", "state.json"}
     assert not list(tmp_path.glob(".tmp-*"))
@@ -86,7 +87,7 @@ def test_corrupt_newest_checkpoint_is_skipped_with_a_warning(tmp_path, damage, r
     _save(tmp_path, 5, model, opt)
     newest = _save(tmp_path, 10, model, opt)
     damage(newest)
-    assert reason in ck.verify_checkpoint(newest)
+    assert reason in cm.verify_checkpoint(newest)
     with pytest.warns(RuntimeWarning, match=f"step 10.*{reason}"):
         assert ck.find_latest_checkpoint(tmp_path).name == "step_000005"
 
@@ -112,9 +113,9 @@ def test_sha256_tree_is_the_hash_of_the_piece_hashes(tmp_path):
     f.write_bytes(data)
     pieces = [hashlib.sha256(data[i: i + 4096]).digest() for i in range(0, len(data), 4096)]
     expect = hashlib.sha256(b"".join(pieces)).hexdigest()
-    assert ck.sha256_tree_file(f, 4096) == ck.sha256_tree_file(f, 4096, workers=1) == expect
+    assert cm.sha256_tree_file(f, 4096) == cm.sha256_tree_file(f, 4096, workers=1) == expect
     (tmp_path / "empty").write_bytes(b"")
-    assert ck.sha256_tree_file(tmp_path / "empty") == hashlib.sha256(hashlib.sha256(b"").digest()).hexdigest()
+    assert cm.sha256_tree_file(tmp_path / "empty") == hashlib.sha256(hashlib.sha256(b"").digest()).hexdigest()
 
 
 def test_version_1_manifest_still_verifies(tmp_path):
@@ -125,9 +126,9 @@ def test_version_1_manifest_still_verifies(tmp_path):
     manifest = json.loads((path / "manifest.json").read_text())
     assert manifest["version"] == 2 and all("sha256_tree" in v for v in manifest["files"].values())
     manifest["version"] = 1
-    manifest["files"] = {rel: {"bytes": v["bytes"], "sha256": ck.sha256_file(path / rel)}
+    manifest["files"] = {rel: {"bytes": v["bytes"], "sha256": cm.sha256_file(path / rel)}
                          for rel, v in manifest["files"].items()}
     (path / "manifest.json").write_text(json.dumps(manifest))
-    assert ck.verify_checkpoint(path) is None
+    assert cm.verify_checkpoint(path) is None
     _flip_byte(path / "model.safetensors")
-    assert "model.safetensors fails its sha256" in ck.verify_checkpoint(path)
+    assert "model.safetensors fails its sha256" in cm.verify_checkpoint(path)

@@ -33,6 +33,7 @@ def test_early_stop(pairs, cfg, expected):
 
 def test_retention_keeps_the_lowest_eval_loss_when_manifests_have_one(tmp_path):
     from packtrain.train import checkpoint as ck
+    from packtrain.train.checkpoint_manifest import manifest_loss
 
     root = tmp_path / "checkpoints"
     # train loss falls all along (keep_best by interval_loss would keep the newest); eval loss is lowest at 10
@@ -42,5 +43,5 @@ def test_retention_keeps_the_lowest_eval_loss_when_manifests_have_one(tmp_path):
         ck.save_checkpoint(root, step, {"history": hist}, lambda d: (d / "w.bin").write_bytes(b"x"), keep_last=2,
                            keep_best=True)
     assert sorted(p.name for _, p in ck.list_checkpoints(root)) == ["step_000010", "step_000020", "step_000025"]
-    assert ck.manifest_loss(root / "step_000010", "eval_loss") == 2.4
-    assert ck.manifest_loss(root / "step_000020", "eval_loss") is None   # not evaluated: no eval_loss key
+    assert manifest_loss(root / "step_000010", "eval_loss") == 2.4
+    assert manifest_loss(root / "step_000020", "eval_loss") is None   # not evaluated: no eval_loss key

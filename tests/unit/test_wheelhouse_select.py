@@ -1,5 +1,6 @@
-"""tools/wheelhouse.py's offline parts: reading the image's package list and the pins, the target's tags, the walk
-over Requires-Dist that decides what ships, and the roots `--without` leaves. No network, no pip (the real build:
+"""tools/wheelhouse_select.py, the wheelhouse's offline parts: reading the image's package list and the pins, the
+target's tags, the walk over Requires-Dist that decides what ships, and the roots `--without` leaves; and
+tools/wheelhouse.py's checks before any download. No network, no pip (the real build:
 tests/pipelines/test_wheelhouse.py)."""
 
 from __future__ import annotations
@@ -8,25 +9,34 @@ import importlib.util
 import sys
 import tomllib
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 from packaging.requirements import Requirement
 from packaging.tags import parse_tag
 
 REPO = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("wheelhouse", REPO / "tools" / "wheelhouse.py")
-assert _spec and _spec.loader
-wh = importlib.util.module_from_spec(_spec)
-sys.modules["wheelhouse"] = wh   # dataclasses resolve their module by name
-_spec.loader.exec_module(wh)
 
-PY312 = wh.Target((3, 12), wh.PLATFORMS)
+
+def _load(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, REPO / "tools" / f"{name}.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module   # dataclasses resolve their module by name; wheelhouse imports wheelhouse_select
+    spec.loader.exec_module(module)
+    return module
+
+
+ws = _load("wheelhouse_select")
+wh = _load("wheelhouse")
+
+PY312 = ws.Target((3, 12), ws.PLATFORMS)
 
 
 @pytest.mark.parametrize("raw, name", [("Ruamel.YAML", "ruamel-yaml"), ("typing_extensions", "typing-extensions"),
                                        ("zc.lockfile", "zc-lockfile"), ("GitPython", "gitpython")])
 def test_names_are_pep503_normalized(raw, name):
-    assert wh.normalize(raw) == name
+    assert ws.normalize(raw) == name
 
 
 @pytest.mark.parametrize("text, expected", [
@@ -39,37 +49,37 @@ def test_names_are_pep503_normalized(raw, name):
 def test_image_list_formats(tmp_path, text, expected):
     f = tmp_path / "image.txt"
     f.write_text(text)
-    assert wh.read_image_packages(f) == expected
+    assert ws.read_image_packages(f) == expected
 
 
 def test_image_list_excludes_by_exact_name_not_prefix(tmp_path):
     f = tmp_path / "image.txt"
     f.write_text("requests\nclick\n")
-    image = wh.read_image_packages(f)
+    image = ws.read_image_packages(f)
     assert "requests" in image and "requests-oauthlib" not in image and "click-didyoumean" not in image
 
 
 def test_image_list_rejects_a_line_that_is_no_name(tmp_path):
     f = tmp_path / "image.txt"
     f.write_text("numpy\n<html>\n")
-    with pytest.raises(wh.WheelhouseError, match=r"image\.txt:2: '<html>' is not a package name"):
-        wh.read_image_packages(f)
+    with pytest.raises(ws.WheelhouseError, match=r"image\.txt:2: '<html>' is not a package name"):
+        ws.read_image_packages(f)
 
 
 def test_pins_must_be_exact_and_single(tmp_path):
     f = tmp_path / "c.txt"
     f.write_text("six==1.17.0\nZC.Lockfile==4.0  # comment\n")
-    assert wh.read_pins(f) == {"six": "1.17.0", "zc-lockfile": "4.0"}
+    assert ws.read_pins(f) == {"six": "1.17.0", "zc-lockfile": "4.0"}
     f.write_text("six==1.17.0\nrequests>=2\n")
-    with pytest.raises(wh.WheelhouseError, match=r"c\.txt:2: 'requests>=2' is not an exact pin"):
-        wh.read_pins(f)
+    with pytest.raises(ws.WheelhouseError, match=r"c\.txt:2: 'requests>=2' is not an exact pin"):
+        ws.read_pins(f)
     f.write_text("six==1.17.0\nSix==1.16.0\n")
-    with pytest.raises(wh.WheelhouseError, match="six pinned twice"):
-        wh.read_pins(f)
+    with pytest.raises(ws.WheelhouseError, match="six pinned twice"):
+        ws.read_pins(f)
 
 
 def test_repository_constraints_do_not_pin_torch():
-    assert "torch" not in wh.read_pins(REPO / "constraints.txt")
+    assert "torch" not in ws.read_pins(REPO / "constraints.txt")
 
 
 @pytest.mark.parametrize("tag, ok", [
@@ -83,7 +93,7 @@ def test_target_tags(tag, ok):
 
 
 def _wheels(graph: dict[str, list[str]]) -> dict[str, object]:
-    return {n: wh.Wheel(Path(f"{n}.whl"), n, "1.0", tuple(Requirement(r) for r in reqs)) for n, reqs in graph.items()}
+    return {n: ws.Wheel(Path(f"{n}.whl"), n, "1.0", tuple(Requirement(r) for r in reqs)) for n, reqs in graph.items()}
 
 
 GRAPH = {
@@ -108,14 +118,14 @@ GRAPH = {
     ((3, 12), ["d[y]"], {"d": {"y"}, "f": set()}),
 ])
 def test_select_walks_requires_dist_and_stops_at_the_image(python, roots, keep):
-    target = wh.Target(python, wh.PLATFORMS)
-    sel = wh.select([Requirement(r) for r in roots], _wheels(GRAPH), {"requests": None}, target.markers)
+    target = ws.Target(python, ws.PLATFORMS)
+    sel = ws.select([Requirement(r) for r in roots], _wheels(GRAPH), {"requests": None}, target.markers)
     assert sel.keep == keep and sel.unmet == {} and sel.conflicts == []
 
 
 def test_select_reports_unmet_requirements_and_image_version_conflicts():
     graph = {"a": ["zzz>=1", "requests>=3", "numpy>=1.26"]}
-    sel = wh.select([Requirement("a")], _wheels(graph), {"requests": "2.33.0", "numpy": "2.5.2"}, PY312.markers)
+    sel = ws.select([Requirement("a")], _wheels(graph), {"requests": "2.33.0", "numpy": "2.5.2"}, PY312.markers)
     assert sel.keep == {"a": set()}
     assert sel.unmet == {"zzz": "a 1.0"}
     assert sel.conflicts == ["a 1.0 needs requests>=3, the image has 2.33.0"]
@@ -126,11 +136,11 @@ def _packtrain_wheel() -> object:
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     reqs = [*project["dependencies"]] + [f'{r}; extra == "{e}"' for e, rs in project["optional-dependencies"].items()
                                          for r in rs]
-    return wh.Wheel(Path("packtrain.whl"), "packtrain", "0.1.0", tuple(Requirement(r) for r in reqs))
+    return ws.Wheel(Path("packtrain.whl"), "packtrain", "0.1.0", tuple(Requirement(r) for r in reqs))
 
 
 def _root_names(without: tuple[str, ...]) -> set[str]:
-    return {wh.normalize(r.name) for r in wh.packtrain_roots(_packtrain_wheel(), without, PY312.markers)}
+    return {ws.normalize(r.name) for r in ws.packtrain_roots(_packtrain_wheel(), without, PY312.markers)}
 
 
 def test_roots_carry_the_pinned_extras_and_gpu_but_not_airflow():
@@ -165,10 +175,10 @@ def test_a_missing_list_or_a_used_out_folder_stops_before_any_download(tmp_path,
 def test_gpu_pins_live_apart_and_merge_with_the_constraints():
     """liger-kernel (the gpu extra) is pinned in constraints-gpu.txt, not constraints.txt (which `make lock`
     rewrites from the CPU venv); merged, one name at two versions is refused naming the file."""
-    gpu = wh.read_pins(wh.GPU_CONSTRAINTS)
-    assert "liger-kernel" in gpu and "liger-kernel" not in wh.read_pins(REPO / "constraints.txt")
-    assert "gpu" in wh.EXTRAS
-    merged = wh.read_all_pins([REPO / "constraints.txt", wh.GPU_CONSTRAINTS])
+    gpu = ws.read_pins(wh.GPU_CONSTRAINTS)
+    assert "liger-kernel" in gpu and "liger-kernel" not in ws.read_pins(REPO / "constraints.txt")
+    assert "gpu" in ws.EXTRAS
+    merged = ws.read_all_pins([REPO / "constraints.txt", wh.GPU_CONSTRAINTS])
     assert merged["liger-kernel"] == gpu["liger-kernel"]
 
 
@@ -176,6 +186,6 @@ def test_two_versions_across_constraints_files_are_refused(tmp_path):
     a, b = tmp_path / "a.txt", tmp_path / "b.txt"
     a.write_text("liger-kernel==0.8.5\n")
     b.write_text("# the gpu pins\nliger-kernel==0.8.4\n")
-    with pytest.raises(wh.WheelhouseError, match=r"b\.txt: liger-kernel==0.8.4, but an earlier constraints file "
+    with pytest.raises(ws.WheelhouseError, match=r"b\.txt: liger-kernel==0.8.4, but an earlier constraints file "
                                                  r"pins 0\.8\.5"):
-        wh.read_all_pins([a, b])
+        ws.read_all_pins([a, b])

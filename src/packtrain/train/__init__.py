@@ -8,6 +8,7 @@
     techniques.py       activation checkpointing, compile (+ recompile counter), AMP, AdamW, LR schedule
     loss.py             standard / chunked LM loss on packed batches
     checkpoint.py       atomic, checksummed, keep-last-K checkpoints; newest valid one for --resume
+    checkpoint_manifest.py  a checkpoint's manifest.json, its sha256 tree and verify_checkpoint
     deepspeed_engine.py the only module importing deepspeed: config builder + ZeRO stepper
 
 Submodules import torch/transformers/deepspeed inside functions.

@@ -22,12 +22,7 @@
 A checkpoint is written into `.tmp-step_N/` and renamed into place, so a crash (SIGKILL included) leaves
 either the complete directory or a `.tmp-*` leftover (an incomplete write, never a usable checkpoint) that
 the next save removes. `find_latest_checkpoint` walks newest → oldest and verifies every file's size and
-checksum against the manifest.
-
-The checksum is a sha256 tree (`sha256_tree_file`): the sha256 of the concatenated sha256 digests of each
-64 MiB piece, the pieces hashed in parallel threads (hashlib releases the GIL). One sha256 stream runs at
-~0.7 GB/s on one core, so the 350M model with its AdamW state (5.6 GB) cost ~8 s per checkpoint to hash; the
-tree costs that divided by the cores (16 on the H200 host: ~0.5 s) and detects the same corruption.
+checksum against the manifest (checkpoint_manifest.py: the manifest, its sha256 tree, `verify_checkpoint`).
 
 Nothing is deleted implicitly:
 - a checkpoint that fails verification is *moved* to `quarantine/` (with a `.reason.txt`), named in a warning,
@@ -45,9 +40,7 @@ Nothing is deleted implicitly:
 
 from __future__ import annotations
 
-import hashlib
 import json
-import math
 import random
 import re
 import shutil
@@ -58,52 +51,13 @@ from typing import Any, cast
 
 from packtrain.errors import InputDataError
 from packtrain.faults import kill_point
+from packtrain.train.checkpoint_manifest import build_manifest, manifest_loss, verify_checkpoint
 
-FORMAT, VERSION = "packtrain.checkpoint", 2
-HASH_CHUNK = 64 << 20
-"""Bytes per piece of the checksum tree (`sha256_tree_file`)."""
 STEP_RE = re.compile(r"^step_(\d{6,})$")
 
 
 def step_dir_name(step: int) -> str:
     return f"step_{step:06d}"
-
-
-def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
-
-
-def sha256_tree_file(path: Path, chunk: int = HASH_CHUNK, workers: int | None = None) -> str:
-    """sha256 of the concatenated sha256 digests of the file's `chunk`-byte pieces (an empty file: one empty
-    piece), the pieces hashed by up to `workers` threads (None → the CPU count, at most 16)."""
-    import os
-    from concurrent.futures import ThreadPoolExecutor
-
-    size = os.path.getsize(path)
-    n = max(1, -(-size // chunk))
-    fd = os.open(path, os.O_RDONLY)
-
-    def piece(i: int) -> bytes:
-        h, off = hashlib.sha256(), i * chunk
-        left = min(chunk, size - off)
-        while left > 0:
-            b = os.pread(fd, min(left, 1 << 22), off)
-            if not b:
-                raise OSError(f"{path}: shorter than its {size} bytes while hashing")
-            h.update(b)
-            off, left = off + len(b), left - len(b)
-        return h.digest()
-
-    try:
-        with ThreadPoolExecutor(max(1, min(n, workers or os.cpu_count() or 1, 16))) as ex:
-            digests = list(ex.map(piece, range(n)))
-    finally:
-        os.close(fd)
-    return hashlib.sha256(b"".join(digests)).hexdigest()
 
 
 def rng_state() -> tuple[dict, dict]:
@@ -135,18 +89,6 @@ def set_rng_state(plain: dict, tensors: dict) -> None:
         torch.cuda.set_rng_state_all(tensors["cuda"])
 
 
-def _manifest(root: Path, step: int, loss: float | None = None, eval_loss: float | None = None) -> dict:
-    files = {}
-    for p in sorted(root.rglob("*")):
-        if p.is_file() and p.name != "manifest.json":
-            rel = p.relative_to(root).as_posix()
-            files[rel] = {"bytes": p.stat().st_size, "sha256_tree": sha256_tree_file(p), "chunk_bytes": HASH_CHUNK}
-    out = {"format": FORMAT, "version": VERSION, "step": step, "interval_loss": loss, "files": files}
-    if eval_loss is not None:   # only with train.eval_every_steps: manifests stay as they were without it
-        out["eval_loss"] = eval_loss
-    return out
-
-
 def begin_checkpoint(ckpt_root: Path, step: int) -> Path:
     """Create (empty) the temp directory checkpoint `step` is written into; returns it."""
     ckpt_root.mkdir(parents=True, exist_ok=True)
@@ -171,7 +113,7 @@ def commit_checkpoint(ckpt_root: Path, tmp: Path, step: int, state: dict, keep_l
     (tmp / "state.json").write_text(json.dumps({**state, "step": step, "rng": plain}))
     loss = interval_loss(state.get("history"), after_step)
     ev = next((h.get("eval_loss") for h in reversed(state.get("history") or []) if h.get("step") == step), None)
-    (tmp / "manifest.json").write_text(json.dumps(_manifest(tmp, step, loss, ev), indent=1))
+    (tmp / "manifest.json").write_text(json.dumps(build_manifest(tmp, step, loss, ev), indent=1))
     kill_point("checkpoint.manifest")
     final = ckpt_root / step_dir_name(step)
     if final.exists():
@@ -230,53 +172,6 @@ def prune_checkpoints(ckpt_root: Path, keep_last: int, keep_best: bool = False) 
         shutil.rmtree(p, ignore_errors=True)
     return removed
 
-
-def manifest_loss(path: Path, key: str = "interval_loss") -> float | None:
-    """`interval_loss` (or `key`: eval_loss) from a checkpoint's manifest (None when absent, unreadable or not
-    finite)."""
-    try:
-        v = json.loads((path / "manifest.json").read_text()).get(key)
-    except (OSError, ValueError):
-        return None
-    return float(v) if isinstance(v, (int, float)) and math.isfinite(v) else None
-
-
-def verify_checkpoint(path: Path) -> str | None:
-    """None if `path` is complete and intact, else the reason (names the file)."""
-    mf = path / "manifest.json"
-    try:
-        manifest = json.loads(mf.read_text())
-    except FileNotFoundError:
-        return "manifest.json is missing (partial write)"
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        return f"manifest.json is not valid JSON ({e})"
-    except OSError as e:
-        return f"manifest.json cannot be read ({e})"
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT or not isinstance(manifest.get("files"), dict):
-        fmt = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
-        return f"manifest.json has format {fmt!r}, expected {FORMAT!r}"
-    for rel, info in manifest["files"].items():
-        f = path / rel
-        tree = isinstance(info, dict) and {"bytes", "sha256_tree", "chunk_bytes"} <= set(info)
-        if not tree and not (isinstance(info, dict) and {"bytes", "sha256"} <= set(info)):   # version 1: sha256
-            return f"manifest.json entry for {rel} has no bytes/sha256_tree"
-        if tree and not (isinstance(info["chunk_bytes"], int) and info["chunk_bytes"] > 0):
-            return f"manifest.json entry for {rel} has chunk_bytes {info['chunk_bytes']!r} (a positive integer)"
-        if not f.is_file():
-            return f"{rel} is missing"
-        if f.stat().st_size != info["bytes"]:
-            return f"{rel} has {f.stat().st_size} bytes, manifest says {info['bytes']}"
-        try:
-            ok = (sha256_tree_file(f, int(info["chunk_bytes"])) == info["sha256_tree"] if tree
-                  else sha256_file(f) == info["sha256"])
-            if not ok:
-                return f"{rel} fails its sha256 checksum"
-        except OSError as e:
-            return f"{rel} cannot be read ({e})"
-    for required in ("state.json", "rng.pt"):
-        if required not in manifest["files"]:
-            return f"{required} is not in the manifest"
-    return None
 
 
 QUARANTINE = "quarantine"

@@ -132,7 +132,8 @@ class Evaluator:
         """Load the weights of the lowest-eval_loss checkpoint when it is not the last step; returns the step
         whose weights the model now holds."""
         from packtrain.errors import MissingDataError
-        from packtrain.train.checkpoint import step_dir_name, verify_checkpoint
+        from packtrain.train.checkpoint import step_dir_name
+        from packtrain.train.checkpoint_manifest import verify_checkpoint
 
         best = self.state(s).best_step
         if best is None or best == last_step:
