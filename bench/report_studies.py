@@ -187,16 +187,14 @@ def _short(cached: list[str] | None) -> str:
 
 
 def lora_budget(rec: dict) -> list[str]:
-    """The lora-budget record: bytes kept per policy, the cheapest mix within the budget, the offload bandwidth."""
+    """The lora-budget record: bytes kept per policy, the cheapest mixes within the budget, offload."""
     s, cfg = rec["summary"], rec["settings"]
     off_var = "input cast off"
-    lines = ["| variant | policy (outputs kept) | KB / token / layer | activations GiB | step peak GiB | "
-             "recompute GFLOP / token | tok/s bound |", "|---|---|---:|---:|---:|---:|---:|"]
-    budget = s["activation_budget_gib"]
+    lines = ["| variant | policy (outputs kept) | KiB / token / layer | step peak GiB | recompute GFLOP / token | "
+             "tok/s estimate |", "|---|---|---:|---:|---:|---:|"]
+    fits = [p for p in rec["rows"] if p["variant"] == off_var and p["policy"] == "frontier" and p["fits"]]
+    largest_fit = max(fits, key=lambda p: p["peak_gib"]) if fits else None
     for r in rec["rows"]:
-        fits = [p for p in rec["rows"] if p["variant"] == r["variant"] and p["policy"] == "frontier"
-                and p["activations_gib"] <= budget]
-        largest_fit = max(fits, key=lambda p: p["activations_gib"]) if fits else None
         keep = r["policy"] in ("none", "selective", "full") or r is largest_fit
         if not keep or (r["variant"] != off_var and r["policy"] != "none"):
             continue
@@ -204,30 +202,40 @@ def lora_budget(rec: dict) -> list[str]:
                 "selective": "every matrix product and the attention"}.get(r["policy"]) or (
             f"{_short(r.get('cached'))} — the most that fits")
         lines.append(f"| {'peft default (input cast per branch)' if r['variant'] != off_var else 'input cast off (training)'} | {what} | "
-                     f"{r['kept_bytes_per_token'] / 1024:.1f} | {r['activations_gib']:.1f} | {r['peak_gib']:.1f} | "
+                     f"{r['kept_bytes_per_token'] / 1024:.1f} | {r['peak_gib']:.1f} | "
                      f"{r['recompute_gflop_per_token']:.2f} | {_f(r['tok_per_s_bound'])} |")
     mix = s["cheapest_mix_within_budget"].get(off_var) or {}
-    off = s["offload"]
-    lines += ["", f"Within {cfg['gib']:.0f} GiB the activations may take {budget:.1f} GiB (the planner's other "
-              f"components: {', '.join(f'{k} {v:.2f}' for k, v in s['other_components_gib'].items())} GiB). "
+    off, both = s["offload"], s.get("offload_and_recompute") or {}
+    bmix = both.get("mix") or {}
+
+    def mix_text(m: dict) -> str:
+        return (f"{_short(m.get('high'))} kept in {m.get('layers_high', 0)} of {m.get('layers', 0)} layers, "
+                f"{_short(m.get('low'))} in the rest — {m.get('recompute_gflop_per_token', 0):.2f} GFLOP/token "
+                "recomputed")
+
+    lines += ["", f"Peaks start from {s['anchor']} ({s['anchor_gib']:.1f} GiB) and add what each policy keeps "
+              f"beyond the layer inputs; within {cfg['gib']:.0f} GiB a layer may keep "
+              f"{s['allowed_kept_kib_per_token_layer']:.1f} KiB per token on average. "
               f"{_f(rec['goals']['tok_per_s'])} tok/s allows {s['recompute_allowed_gflop_per_token']:.2f} GFLOP of "
               f"recompute per token over the {_f(cfg['no_ac_tok_s'])} tok/s no-recompute step at "
-              f"{cfg['matmul_tflops']:.0f} TFLOP/s. The cheapest mix of two frontier policies that fits: "
-              f"{_short(mix.get('high'))} kept in {mix.get('share_high', 0):.0%} of the layers, "
-              f"{_short(mix.get('low'))} in the rest — "
-              f"{mix.get('recompute_gflop_per_token', 0):.2f} GFLOP/token recomputed, at most "
-              f"{_f(s['cheapest_mix_tok_per_s_bound'])} tok/s. Offloading instead: the selective policy's "
-              f"{off['must_leave_gib_per_step']:.1f} GiB over the budget must leave the GPU during the "
-              f"{off['forward_s_at_goal']:.2f} s forward, {off['needed_gb_per_s']:.1f} GB/s, against "
-              f"{off['host_link_gb_per_s']:.0f} GB/s for the host link "
-              f"({off.get('host_link_source', 'specification, not measured')})."]
+              f"{cfg['matmul_tflops']:.0f} TFLOP/s. The cheapest mix of two policies across the layers that fits: "
+              f"{mix_text(mix)}, at most {_f(s['cheapest_mix_tok_per_s_bound'])} tok/s.",
+              f"Offload alone: the selective policy's {off['must_leave_gib_per_step']:.1f} GiB over the budget must "
+              f"leave the GPU during the forward ({off['forward_share']:.0%} of the step's FLOPs, "
+              f"{off['forward_s_at_goal']:.2f} s at the goal's speed): {off['needed_gb_per_s']:.1f} GB/s or more, "
+              f"against {off['host_link_gb_per_s']:.0f} GB/s for the host link ({off['host_link_source']}). "
+              f"Offload at that rate for the whole forward plus recompute for the rest "
+              f"({both.get('offloadable_gib_per_step', 0):.1f} GiB offloaded): {mix_text(bmix)}, at most "
+              f"{_f(both.get('tok_per_s_bound'))} tok/s — assuming {both.get('assumes', '')}."]
     if s.get("full_ac_check"):
         c = s["full_ac_check"]
-        lines.append(f"Check against `{c['record']}` ({_f(c['real_tok_per_s'])} tok/s, full recompute): its "
+        est = next((r["tok_per_s_bound"] for r in rec["rows"] if r["policy"] == "full" and r["variant"] == off_var), None)
+        lines.append(f"Check against `{c['record']}` (measured {_f(c['real_tok_per_s'])} tok/s with full recompute; "
+                     f"this suite's estimate for it: {_f(est)}): its "
                      f"recompute counts {c['record_recompute_gflop_per_token']:.2f} GFLOP/token (2·N + attention), "
-                     f"this suite's full policy {c['measured_here_gflop_per_token']:.2f} (torch's checkpoint stops "
-                     "the recompute once the last saved tensor is rebuilt, so the down projection is not re-run).")
+                     f"this suite's full policy {c['measured_here_gflop_per_token']:.2f} (the replay up to the last "
+                     "saved tensor: for LoRA the frozen down projection too, its adapter branch saves after it).")
     if "input_cast_off_bitwise_equal" in s:
-        lines.append("Loss, input gradient and adapter gradients with the input cast off: "
+        lines.append("Loss, input gradient and adapter gradients with the input cast off (adapter dropout 0): "
                      + ("bitwise equal." if s["input_cast_off_bitwise_equal"] else "**not** bitwise equal."))
     return lines

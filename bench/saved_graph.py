@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from itertools import combinations
 from typing import Any
 
-from packtrain.train.selective_ac import ATTENTION, keeps, matmul_narrow
+from packtrain.train.selective_ac import ATTENTION, keeps, matmul_widths
 
 
 @dataclass
@@ -32,7 +32,8 @@ class Op:
     inputs: list[tuple]         # storage keys read
     outputs: list[tuple]        # storage keys written (new storages, or a new version of an input's)
     flops: float                # 2·m·k·n for matrix products, 4·b·heads·s_q·s_k·d for attention, else 0
-    narrow: int = 0             # a matrix product's smaller of its inner and output widths (LoRA's: r)
+    inner: int = 0              # a matrix product's contracted width
+    out: int = 0                # a matrix product's output width
 
 
 @dataclass
@@ -50,30 +51,24 @@ class SavedGraph:
     saved: set[tuple]           # keys autograd saved for backward (parameters and shared tensors excluded)
     inputs: set[tuple]          # keys that existed before the region (its inputs); parameters excluded
     forward_flops: float        # FLOPs of the whole forward
+    stop: int = 0               # ops before this index ran when the last saved tensor was saved: what a
+                                # checkpoint's recompute replays before it stops early (torch's early stop)
 
     def expensive(self) -> list[int]:
         """The ops whose outputs the selective policy keeps (packtrain.train.selective_ac.keeps: attention and
         the linear layers' products; LoRA's rank-r products and element-wise ops are recomputed)."""
-        return [i for i, o in enumerate(self.ops) if keeps(o.name, o.narrow)]
+        return [i for i, o in enumerate(self.ops) if keeps(o.name, o.inner, o.out)]
 
     def policy(self, cached: set[int] | None) -> Policy:
+        """What torch.utils.checkpoint keeps and re-runs with the outputs of `cached` saved (its selective
+        contexts): every output of every cached op, needed or not, plus the region's inputs; in backward it
+        replays the forward in order, cached ops from the cache, until the last tensor autograd saves is saved
+        again (early stop), so every other op before that point runs once more. None: no checkpointing."""
         if cached is None:   # no checkpointing: exactly what autograd saved
             return Policy(sum(self.nbytes[k] for k in _unique_storages(self.saved)), 0.0,
                           _by_producer(self, self.saved))
-        kept: set[tuple] = set()
-        rerun: set[int] = set()
-        stack = list(self.saved)
-        while stack:
-            key = stack.pop()
-            i = self.producer.get(key)
-            if i is None:                      # an input of the region (or a parameter: not in nbytes)
-                if key in self.nbytes:
-                    kept.add(key)
-            elif i in cached:
-                kept.add(key)
-            elif i not in rerun:
-                rerun.add(i)
-                stack.extend(self.ops[i].inputs)
+        kept = {k for i in cached for k in self.ops[i].outputs} | self.inputs
+        rerun = [i for i in range(self.stop) if i not in cached]
         return Policy(sum(self.nbytes[k] for k in _unique_storages(kept)),
                       sum(self.ops[i].flops for i in rerun), _by_producer(self, kept))
 
@@ -107,21 +102,22 @@ def _by_producer(g: SavedGraph, keys) -> dict[str, int]:
     return dict(sorted(out.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
-def _flops(name: str, args: tuple) -> tuple[float, int]:
-    """(FLOPs, narrow width) of one op: 2·m·k·n for matrix products, 4·b·heads·s_q·s_k·d for attention (full
-    s_q·s_k, the packtrain MFU convention), 0 for the rest."""
+def _flops(name: str, args: tuple) -> tuple[float, int, int]:
+    """(FLOPs, inner width, output width) of one op: 2·m·k·n for matrix products, 4·b·heads·s_q·s_k·d for
+    SDPA-layout (b, heads, s, d) attention (full s_q·s_k, the packtrain MFU convention), 0 for the rest."""
     import math
 
-    if name in ("mm", "addmm"):
-        a, b = (args[1], args[2]) if name == "addmm" else (args[0], args[1])
-        return 2.0 * a.shape[0] * a.shape[1] * b.shape[1], matmul_narrow(name, args)
+    if name in ("mm", "addmm", "_scaled_mm"):
+        inner, out = matmul_widths(name, args)
+        m = (args[1] if name == "addmm" else args[0]).shape[0]
+        return 2.0 * m * inner * out, inner, out
     if name in ("bmm", "baddbmm"):
         a, b = (args[1], args[2]) if name == "baddbmm" else (args[0], args[1])
-        return 2.0 * a.shape[0] * a.shape[1] * a.shape[2] * b.shape[2], 0
-    if name in ATTENTION:
-        q, k = args[0], args[1]              # (b, heads, s, d)
-        return 4.0 * math.prod(q.shape[:-1]) * k.shape[-2] * q.shape[-1], 0
-    return 0.0, 0
+        return 2.0 * a.shape[0] * a.shape[1] * a.shape[2] * b.shape[2], 0, 0
+    if name in ATTENTION and args[0].dim() == 4:
+        q, k = args[0], args[1]
+        return 4.0 * math.prod(q.shape[:-1]) * k.shape[-2] * q.shape[-1], 0, 0
+    return 0.0, 0, 0
 
 
 def record(fn, *inputs, shared: tuple = (), params=(), module=None) -> SavedGraph:
@@ -164,8 +160,8 @@ def record(fn, *inputs, shared: tuple = (), params=(), module=None) -> SavedGrap
             new = []
             for t in flat_out:
                 k = key(t)
-                if k in producer or k[0] in skip or k in before:   # a view of something already known
-                    continue
+                if k in producer or k[0] in skip or k in before or not t.numel():   # a view of a known one
+                    continue                                                          # (or empty: no storage)
                 new.append(k)
                 nbytes[k] = t.untyped_storage().nbytes()
                 alive.append(t)
@@ -179,11 +175,14 @@ def record(fn, *inputs, shared: tuple = (), params=(), module=None) -> SavedGrap
         nbytes[key(t)] = t.untyped_storage().nbytes()
     saved: set[tuple] = set()
 
+    stop = [0]
+
     def pack(t: Any):
         k = key(t)
-        if k[0] not in skip:
+        if k[0] not in skip and t.numel():
             saved.add(k)
             nbytes.setdefault(k, t.untyped_storage().nbytes())
+            stop[0] = len(ops)   # autograd saves inputs before its op is recorded, outputs after
         return t
 
     try:
@@ -193,4 +192,4 @@ def record(fn, *inputs, shared: tuple = (), params=(), module=None) -> SavedGrap
         for hk in hooks:
             hk.remove()
     in_keys = {key(t) for t in inputs}
-    return SavedGraph(ops, producer, nbytes, saved, in_keys, sum(o.flops for o in ops))
+    return SavedGraph(ops, producer, nbytes, saved, in_keys, sum(o.flops for o in ops), stop[0])

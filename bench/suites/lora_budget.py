@@ -36,6 +36,7 @@ from pathlib import Path
 
 from bench.harness import GIB, Record, machine_info
 from bench.suites.lora import LORA_TARGETS, SHAPES
+from packtrain.train.selective_ac import ATTENTION, keeps
 
 SUMMARY = "LoRA 8B in 40 GiB: bytes kept and FLOPs recomputed under every selective-recompute policy (exact, CPU)"
 DEVICE = "cpu"
@@ -176,114 +177,151 @@ def _measure_host_link(gib: float = 2.0, reps: int = 3) -> dict | None:
             "d2h_beside_matmuls_gb_per_s": copy_gbs(True, True), "bytes": n, "device": torch.cuda.get_device_name()}
 
 
-def _other_components_gib(spec: dict, args) -> dict:
-    """The memory planner's components other than activations for the measured run's configuration, at the
-    phase where they are largest: the loss at the end of the forward (no recompute) or a layer's backward
-    workspace (full recompute)."""
+def _full_plan_components_gib(spec: dict, args) -> dict:
+    """The memory planner's components at its peak phase for the measured run's configuration, full recompute."""
     from bench.lora_variants import packtrain_overrides
     from bench.packtrain_runs import planner_prediction
     from packtrain.config import load_run_config
 
-    best: dict = {}
-    for ac in ("none", "full"):
-        ns = argparse.Namespace(budget=args.budget, rows=args.rows, attention="varlen", loss="fused",
-                                no_compile=False, ac=ac, lr=2e-4, r=args.r, alpha=2.0 * args.r, dropout=0.0,
-                                peak_tflops=790.0, packtrain_set=[])
-        cfg = load_run_config("tiny-cpu", packtrain_overrides(spec, ns, argparse.Namespace(type="cuda")))
-        comps = planner_prediction(cfg, args.budget, spec["vocab_size"], "cuda").get("planner_components_gib")
-        other = {k: v for k, v in (comps or {}).items() if k != "activations"}
-        if sum(other.values()) > sum(best.values()):
-            best = other
-    return best
+    ns = argparse.Namespace(budget=args.budget, rows=args.rows, attention="varlen", loss="fused", no_compile=False,
+                            ac="full", lr=2e-4, r=args.r, alpha=2.0 * args.r, dropout=0.0, peak_tflops=790.0,
+                            packtrain_set=[])
+    cfg = load_run_config("tiny-cpu", packtrain_overrides(spec, ns, argparse.Namespace(type="cuda")))
+    return planner_prediction(cfg, args.budget, spec["vocab_size"], "cuda").get("planner_components_gib") or {}
 
 
-def _project(rows: list[dict], spec: dict, args, other_gib: float) -> None:
-    """Each policy at the step: activation GiB, peak GiB, and the speed bound (recompute at the matrix rate)."""
+def _anchor(spec: dict, args) -> tuple[float, str]:
+    """The step peak with full recompute that the projections start from: the GPU record's measured one when it is
+    this configuration, else the planner's."""
+    rec = json.loads(args.full_ac_record.read_text(encoding="utf-8")) if args.full_ac_record.exists() else {}
+    same = (rec.get("shape", {}).get("hidden_size") == spec["hidden_size"] and rec.get("rows") == args.rows
+            and rec.get("budget") == args.budget and rec.get("activation_checkpointing") == "full")
+    if same and rec.get("peak_alloc_gib"):
+        return rec["peak_alloc_gib"], f"measured: {args.full_ac_record.name} (full recompute, peak allocated)"
+    comps = _full_plan_components_gib(spec, args)
+    return sum(comps.values()), "the memory planner at full recompute (no GPU record of this configuration)"
+
+
+def _project(rows: list[dict], spec: dict, args, anchor_gib: float) -> None:
+    """Each policy at the step: peak GiB = the full-recompute anchor + what its layers keep beyond their inputs,
+    and the speed bound (its recompute at the matrix rate on top of the no-recompute step)."""
     tokens, layers = args.rows * args.budget, spec["num_hidden_layers"]
     t_none = 1.0 / args.no_ac_tok_s
+    full = next(r for r in rows if r["policy"] == "full")["kept_bytes_per_token"]
     for r in rows:
-        act = r["kept_bytes_per_token"] * tokens * layers / GIB
-        r["activations_gib"] = round(act, 2)
-        r["peak_gib"] = round(act + other_gib, 2)
+        r["activations_gib"] = round(r["kept_bytes_per_token"] * tokens * layers / GIB, 2)
+        r["peak_gib"] = round(anchor_gib + (r["kept_bytes_per_token"] - full) * tokens * layers / GIB, 2)
         rec = r["recompute_flops_per_token"] * layers
         r["recompute_gflop_per_token"] = round(rec / 1e9, 3)
         r["tok_per_s_bound"] = round(1.0 / (t_none + rec / (args.matmul_tflops * 1e12)))
         r["fits"] = r["peak_gib"] <= args.gib
 
 
-def _cheapest_mix(frontier: list[dict], act_budget_gib: float) -> dict | None:
-    """The least recompute within `act_budget_gib` of activations, mixing two frontier policies across layers."""
+def _cheapest_mix(frontier: list[dict], allowed_bytes_per_token: float, layers: int) -> dict | None:
+    """The least recompute with every layer on one of two frontier policies (k layers on one, the rest on the
+    other) whose kept bytes per token, summed over the layers, stay within `allowed_bytes_per_token`."""
     best = None
-    for a in frontier:
-        for b in frontier:
-            lo, hi = sorted((a, b), key=lambda r: r["activations_gib"])
-            if lo["activations_gib"] > act_budget_gib:
-                continue
-            span = hi["activations_gib"] - lo["activations_gib"]
-            w = 1.0 if span == 0 or hi["activations_gib"] <= act_budget_gib else (
-                (act_budget_gib - lo["activations_gib"]) / span)   # share of layers on the bigger policy
-            rec = (1 - w) * lo["recompute_gflop_per_token"] + w * hi["recompute_gflop_per_token"]
-            if best is None or rec < best["recompute_gflop_per_token"]:
-                best = {"low": lo.get("cached"), "high": hi.get("cached"), "share_high": round(w, 3),
-                        "recompute_gflop_per_token": round(rec, 3)}
-    return best
+    for lo in frontier:
+        for hi in frontier:
+            for k in range(layers + 1):
+                kept = k * hi["kept_bytes_per_token"] + (layers - k) * lo["kept_bytes_per_token"]
+                rec = k * hi["recompute_flops_per_token"] + (layers - k) * lo["recompute_flops_per_token"]
+                if kept <= allowed_bytes_per_token and (best is None or rec < best["rec"]):
+                    best = {"rec": rec, "low": lo.get("cached"), "high": hi.get("cached"), "layers_high": k}
+    if best is None:
+        return None
+    rec = best.pop("rec")
+    return {**best, "layers": layers, "recompute_gflop_per_token": round(rec / 1e9, 3)}
+
+
+def _forward_share(g) -> float:
+    """The forward's share of the step's FLOPs without recompute: the frozen base's products cost as much again
+    in backward (input gradients only), the adapter's twice (input and weight gradients), attention 2.5×. A time
+    share would be smaller still (backward has more memory-bound work), so offload bandwidth from it is a floor."""
+    fwd = bwd = 0.0
+    for o in g.ops:
+        fwd += o.flops
+        if o.name in ATTENTION:
+            bwd += 2.5 * o.flops
+        elif o.flops:
+            bwd += (1.0 if keeps(o.name, o.inner, o.out) else 2.0) * o.flops
+    return fwd / (fwd + bwd)
 
 
 def run(args, out: Path) -> Record:
     spec = SHAPES["smoke" if args.smoke else args.shape]
     t_small, t_big = (32, 64) if args.smoke else tuple(int(t) for t in args.tokens.split(","))
     peft_model, layer, rope = _layer(spec, args.r)
-    variants, checks = {}, {}
+    variants, checks, graphs = {}, {}, {}
     for name, cast in (("peft input cast (peft's default)", True), ("input cast off", False)):
         _set_input_cast(peft_model, cast)
         g_small, _, _ = _graph(peft_model, layer, rope, spec["hidden_size"], t_small)
         g_big, forward, x = _graph(peft_model, layer, rope, spec["hidden_size"], t_big)
-        variants[name] = _policies(g_small, g_big, t_small, t_big)
+        variants[name], graphs[name] = _policies(g_small, g_big, t_small, t_big), g_big
         if not cast:
             checks["input_cast_off_bitwise_equal"] = _bitwise_same_without_cast(peft_model, forward, x)
     _set_input_cast(peft_model, True)
 
-    comps = _other_components_gib(spec, args)
-    other = sum(comps.values())
+    anchor_gib, anchor_source = _anchor(spec, args)
+    tokens, layers = args.rows * args.budget, spec["num_hidden_layers"]
     rows, mixes = [], {}
     goal_s = 1.0 / args.goal_tok_s - 1.0 / args.no_ac_tok_s
-    allowed_gflop = max(0.0, goal_s) * args.matmul_tflops * 1e12 / 1e9 / spec["num_hidden_layers"]
+    allowed_gflop = max(0.0, goal_s) * args.matmul_tflops * 1e12 / 1e9
     for name, pols in variants.items():
-        _project(pols, spec, args, other)
-        act_budget = args.gib - other
-        mix = _cheapest_mix([p for p in pols if p["policy"] == "frontier"], act_budget)
-        mixes[name] = mix
+        _project(pols, spec, args, anchor_gib)
+        full = next(r for r in pols if r["policy"] == "full")["kept_bytes_per_token"]
+        allowed = (args.gib - anchor_gib) * GIB / tokens + full * layers   # kept bytes per token, all layers
+        mixes[name] = _cheapest_mix([p for p in pols if p["policy"] == "frontier"], allowed, layers)
         for p in pols:
             p["variant"] = name
         rows += pols
     sel = next(r for r in rows if r["policy"] == "selective" and r["variant"] == "input cast off")
-    tokens_per_s = args.goal_tok_s
-    forward_share = 0.5   # LoRA: forward 2·N, backward 2·N (input gradients only) FLOPs per token
-    fwd_s = forward_share / tokens_per_s * args.rows * args.budget
+    share = _forward_share(graphs["input cast off"])
+    fwd_s = share * tokens / args.goal_tok_s
     must_leave_gib = max(0.0, sel["peak_gib"] - args.gib)
     offload_gbs = must_leave_gib * GIB / 1e9 / fwd_s
     link = None if args.smoke else _measure_host_link()
     link_gbs = link["d2h_beside_matmuls_gb_per_s"] if link else args.host_link_gbs
     full_rec = _full_ac_check(args, spec, rows)
-    best_mix = min((m for m in mixes.values() if m), key=lambda m: m["recompute_gflop_per_token"], default=None)
-    mix_bound = (round(1.0 / (1.0 / args.no_ac_tok_s + best_mix["recompute_gflop_per_token"] * 1e9
-                              / (args.matmul_tflops * 1e12))) if best_mix else None)
+
+    def bound(mix: dict | None) -> int | None:
+        return (round(1.0 / (1.0 / args.no_ac_tok_s + mix["recompute_gflop_per_token"] * 1e9
+                             / (args.matmul_tflops * 1e12))) if mix else None)
+
+    best_mix = mixes.get("input cast off")
+    mix_bound = bound(best_mix)
+    # offload at the link's rate during the forward, the rest by recompute: the offloaded bytes come off the budget
+    pols = variants["input cast off"]
+    full_kept = next(r for r in pols if r["policy"] == "full")["kept_bytes_per_token"]
+    offloadable_gib = link_gbs * 1e9 * fwd_s / GIB
+    allowed_off = (args.gib + offloadable_gib - anchor_gib) * GIB / tokens + full_kept * layers
+    off_mix = _cheapest_mix([p for p in pols if p["policy"] == "frontier"], allowed_off, layers)
+    off_bound = bound(off_mix)
     summary = {
-        "other_components_gib": {k: round(v, 3) for k, v in comps.items()},
-        "activation_budget_gib": round(args.gib - other, 2),
-        "recompute_allowed_gflop_per_token": round(allowed_gflop * spec["num_hidden_layers"], 3),
+        "anchor_gib": anchor_gib, "anchor": anchor_source,
+        "allowed_kept_kib_per_token_layer": round(((args.gib - anchor_gib) * GIB / tokens / layers
+                                                   + next(r for r in rows if r["policy"] == "full")
+                                                   ["kept_bytes_per_token"]) / 1024, 1),
+        "recompute_allowed_gflop_per_token": round(allowed_gflop, 3),
         "cheapest_mix_within_budget": mixes, "cheapest_mix_tok_per_s_bound": mix_bound,
-        "offload": {"must_leave_gib_per_step": round(must_leave_gib, 2), "forward_s_at_goal": round(fwd_s, 3),
-                    "needed_gb_per_s": round(offload_gbs, 1), "host_link_gb_per_s": link_gbs,
+        "offload": {"must_leave_gib_per_step": round(must_leave_gib, 2), "forward_share": round(share, 3),
+                    "forward_s_at_goal": round(fwd_s, 3), "needed_gb_per_s": round(offload_gbs, 1),
+                    "host_link_gb_per_s": link_gbs,
                     "host_link_source": ("measured: pinned device→host copies beside bf16 matmuls" if link
                                          else "by specification: PCIe 5.0 x16, not measured"), "host_link": link,
-                    "from": "the selective policy (input cast off): what exceeds the budget leaves during the "
-                            "forward, at the goal's speed, forward = half the step's FLOPs"},
+                    "from": "the selective policy (input cast off): what exceeds the budget leaves the GPU during "
+                            "the forward, at the goal's speed; the forward's share of the step is its FLOP share "
+                            "(an upper bound on its time share, so the bandwidth is a floor)"},
+        "offload_and_recompute": {"offloadable_gib_per_step": round(offloadable_gib, 2), "mix": off_mix,
+                                  "tok_per_s_bound": off_bound,
+                                  "assumes": "the link's full rate during the whole forward (and back during "
+                                             "backward), perfectly overlapped with compute"},
         "full_ac_check": full_rec, **checks,
     }
     goal_met = {"tok_per_s_at_budget": bool(mix_bound and mix_bound >= args.goal_tok_s),
-                "offload_within_host_link": offload_gbs <= link_gbs}
-    print(json.dumps({k: summary[k] for k in ("activation_budget_gib", "recompute_allowed_gflop_per_token",
+                "offload_within_host_link": offload_gbs <= link_gbs,
+                "offload_and_recompute_bound": bool(off_bound and off_bound >= args.goal_tok_s)}
+    print(json.dumps({k: summary[k] for k in ("anchor_gib", "recompute_allowed_gflop_per_token",
                                               "cheapest_mix_tok_per_s_bound", "offload")}, indent=1))
     png = plot_frontier(rows, args.goal_tok_s, args.gib, args.record_path.with_suffix(".png"))
     summary["plot"] = png.name
@@ -320,7 +358,7 @@ def plot_frontier(rows: list[dict], goal_tok_s: float, gib: float, path: Path) -
                     label=f"the goal: ≥ {goal_tok_s:,.0f} tok/s at ≤ {gib:.0f} GiB")
     ax.set_xlim(0, None)
     ax.set_xlabel("step peak GiB (8 × 2048 tokens, 32 layers; planner's other components)")
-    ax.set_ylabel("tok/s bound (recompute at the matrix rate)")
+    ax.set_ylabel("tok/s estimate (recompute at the matrix rate)")
     ax.set_title("LoRA r 16 on a Llama-3-8B shape: what each recompute policy keeps and costs")
     ax.legend(fontsize=8, loc="lower right")
     fig.tight_layout()

@@ -1,6 +1,8 @@
 """bench/saved_graph.py on a two-matmul MLP whose saved tensors are known by hand: no recompute keeps exactly what
-autograd saves; caching the matrix products keeps their outputs + the input and re-runs only the ReLU; full
-recompute keeps the input and re-runs the first product (the second's output is needed by nothing saved)."""
+autograd saves; caching the matrix products keeps both outputs (torch caches every kept output, needed or not) +
+the input and re-runs only the ReLU; full recompute keeps the input and re-runs the first product (the replay
+stops before the second, whose input is the last tensor saved). On real layers the graph's selective policy is
+what torch's selective checkpoint actually caches, byte for byte, and the planner's formula."""
 
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ def test_policies_of_a_two_matmul_mlp():
     none = g.policy(None)              # x (for w1's gradient) + relu's output (its own backward and w2's gradient)
     assert none.kept_bytes == f32 * (t * d + t * h) and none.recompute_flops == 0
     selective = g.policy(set(g.expensive()))
-    assert selective.kept_bytes == f32 * (t * d + t * h) and selective.recompute_flops == 0   # mm1 out + x
+    assert selective.kept_bytes == f32 * (2 * t * d + t * h) and selective.recompute_flops == 0   # x, mm1, mm2
     assert set(selective.kept) == {"input", "mm (-)"}
     full = g.policy(set())
     assert full.kept_bytes == f32 * t * d and full.recompute_flops == 2 * t * d * h
@@ -30,7 +32,7 @@ def test_policies_of_a_two_matmul_mlp():
     assert [p.kept_bytes for _, p in frontier] == [f32 * t * d, f32 * (t * d + t * h)]
 
 
-def _layer_graph(lora: bool, tokens: int):
+def _layer(lora: bool, tokens: int):
     from packtrain.config import ModelConfig
     from packtrain.config.train import AdapterConfig
     from packtrain.model.adapter import adapter_input_casts, apply_adapter, lora_layers
@@ -52,12 +54,46 @@ def _layer_graph(lora: bool, tokens: int):
         with torch.autocast("cpu", dtype=torch.bfloat16), adapter_input_casts(lora_layers(model), False):
             return layer(x, attention_mask=None, position_ids=pos, position_embeddings=(cos, sin))
 
-    return record(forward, x, shared=(cos, sin), params=list(model.parameters()), module=layer)
+    return model, layer, x, (cos, sin), forward
 
 
-def test_the_planners_selective_bytes_are_the_recorded_policys():
-    """planner.memory.selective_layer_bytes_per_token = what the selective rule keeps, op by op, per token (the slope
-    between two token counts): a dense layer under bf16 autocast (fp32 residual) and a LoRA layer (bf16 base)."""
+def _graph_bytes(lora: bool, tokens: int) -> int:
+    model, layer, x, shared, forward = _layer(lora, tokens)
+    g = record(forward, x, shared=shared, params=list(model.parameters()), module=layer)
+    return g.policy(set(g.expensive())).kept_bytes
+
+
+def _sac_bytes(lora: bool, tokens: int) -> int:
+    """Bytes torch's selective checkpoint (train.activation_checkpointing=selective's policy) really holds after
+    the forward: the tensors in its cache (a private field of the caching mode) + the region's input."""
+    from torch.utils._pytree import tree_leaves
+    from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
+
+    from packtrain.train import selective_ac
+
+    caches = []
+
+    def context_fn():
+        caching, recompute = create_selective_checkpoint_contexts(selective_ac._policy)
+        caches.append(caching.storage)
+        return caching, recompute
+
+    _, _, x, _, forward = _layer(lora, tokens)
+    checkpoint(forward, x, use_reentrant=False, context_fn=context_fn)
+    held = {}
+    for per_op in caches[0].values():
+        for entry in per_op.values():
+            for leaf in tree_leaves(entry):
+                t = getattr(leaf, "val", leaf)
+                if isinstance(t, torch.Tensor):
+                    held[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+    return sum(held.values()) + x.untyped_storage().nbytes()
+
+
+def test_the_recorded_selective_policy_is_what_torch_caches_and_what_the_planner_counts():
+    """Per token (the slope between two token counts), on a dense layer under bf16 autocast (fp32 residual) and a
+    LoRA layer (bf16 base, input cast off): bench/saved_graph.py's selective policy = the bytes in torch's
+    selective-checkpoint cache = planner.memory.selective_layer_bytes_per_token."""
     from packtrain.config import ModelConfig
     from packtrain.planner import memory as mem
     from packtrain.planner.shapes import model_shape
@@ -65,6 +101,46 @@ def test_the_planners_selective_bytes_are_the_recorded_policys():
     shape = model_shape(ModelConfig(hidden_size=128, intermediate_size=256, num_layers=1, num_heads=4,
                                     num_kv_heads=2), None, 64)
     for lora, prec in ((False, mem.precision_of("torch", "bf16")), (True, mem.Precision("lora bf16", 2, 2, False))):
-        small, big = (_layer_graph(lora, t) for t in (64, 128))
-        per_token = (big.policy(set(big.expensive())).kept_bytes - small.policy(set(small.expensive())).kept_bytes) / 64
-        assert per_token == mem.selective_layer_bytes_per_token(shape, prec, "sdpa"), (lora, per_token)
+        graph = (_graph_bytes(lora, 128) - _graph_bytes(lora, 64)) / 64
+        real = (_sac_bytes(lora, 128) - _sac_bytes(lora, 64)) / 64
+        assert graph == real == mem.selective_layer_bytes_per_token(shape, prec, "sdpa"), (lora, graph, real)
+
+
+def _backward_mm_flops(lora: bool, mode: str) -> float:
+    """FLOPs of the mm/addmm run during backward of one layer under checkpoint mode none / full / selective."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils.checkpoint import checkpoint
+
+    from packtrain.train.selective_ac import checkpoint_kwargs
+
+    _, _, x, _, forward = _layer(lora, 64)
+    out = forward(x) if mode == "none" else checkpoint(forward, x, use_reentrant=False, **checkpoint_kwargs(mode))
+    flops = [0.0]
+
+    class Count(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            name = func.overloadpacket.__name__
+            if name in ("mm", "addmm"):
+                a, w = (args[1], args[2]) if name == "addmm" else (args[0], args[1])
+                flops[0] += 2.0 * a.shape[0] * a.shape[1] * w.shape[1]
+            return func(*args, **(kwargs or {}))
+
+    with Count():
+        out.float().pow(2).sum().backward()
+    return flops[0]
+
+
+def test_the_recorded_recompute_is_what_backward_re_runs():
+    """The matrix-product FLOPs a checkpointed layer re-runs in backward, measured, = the graph's: full re-runs the
+    forward up to the last saved tensor (a LoRA layer's frozen down projection included: its adapter branch saves
+    after it), selective only the adapter's rank-r products."""
+    for lora in (False, True):
+        model, layer, x, shared, forward = _layer(lora, 64)
+        g = record(forward, x, shared=shared, params=list(model.parameters()), module=layer)
+        none = _backward_mm_flops(lora, "none")
+        for mode, cached in (("full", set()), ("selective", set(g.expensive()))):
+            expected = sum(g.ops[i].flops for i in range(g.stop) if i not in cached and g.ops[i].name == "mm")
+            assert _backward_mm_flops(lora, mode) - none == expected, (lora, mode)
+        down = next(i for i, o in enumerate(g.ops) if o.where == "mlp.down_proj.base_layer" or
+                    o.where == "mlp.down_proj" and o.name == "mm")
+        assert (down < g.stop) == lora   # the frozen down projection is re-run under full for LoRA only

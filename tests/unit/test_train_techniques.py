@@ -73,7 +73,7 @@ def _backward_matmul_flops(ac: str, precision: str = "fp32"):
     tq.apply_activation_checkpointing(model, TrainConfig(activation_checkpointing=ac))
     module = packed_causal_lm(model)
     b = _batch()
-    flops = [0]
+    flops = [0, 0]   # matrix-product FLOPs, attention forwards re-run
 
     class Count(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -81,25 +81,28 @@ def _backward_matmul_flops(ac: str, precision: str = "fp32"):
             if name in ("mm", "addmm"):
                 a, w = (args[1], args[2]) if name == "addmm" else (args[0], args[1])
                 flops[0] += 2 * a.shape[0] * a.shape[1] * w.shape[1]
+            flops[1] += name == "_scaled_dot_product_flash_attention_for_cpu"
             return func(*args, **(kwargs or {}))
 
     with tq.autocast(precision, "cpu"):
         out = module(labels=b.labels, **model_inputs(b, "sdpa"))
     with Count():
         out.backward()
-    return out.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}, flops[0]
+    return out.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}, tuple(flops)
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_selective_checkpointing_is_bitwise_and_recomputes_no_matmul(precision):
     """train.activation_checkpointing=selective: the same loss and gradients bit for bit as no checkpointing, and
-    backward runs exactly no-checkpointing's matrix products (full recomputes the layers' products again)."""
+    backward runs exactly no-checkpointing's matrix products and no attention forward (full re-runs both); what
+    it keeps is checked against torch's real cache in tests/bench/test_saved_graph.py."""
     ref_loss, ref_grads, ref_flops = _backward_matmul_flops("none", precision)
     loss, grads, flops = _backward_matmul_flops("selective", precision)
     _, _, full_flops = _backward_matmul_flops("full", precision)
     assert torch.equal(loss, ref_loss) and grads.keys() == ref_grads.keys()
     assert all(torch.equal(grads[k], ref_grads[k]) for k in grads)
-    assert flops == ref_flops < full_flops, (flops, ref_flops, full_flops)
+    assert flops[0] == ref_flops[0] < full_flops[0], (flops, ref_flops, full_flops)
+    assert flops[1] == ref_flops[1] == 0 < full_flops[1]   # the attention is not re-run either
     assert tq.checkpointed_layer_indices(3, "selective") == [0, 1, 2]
 
 

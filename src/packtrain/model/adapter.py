@@ -104,8 +104,9 @@ def adapter_input_casts(layers: list, enabled: bool) -> Iterator[None]:
     every branch and autocast casts it straight back to bf16 for the matmul, so each branch keeps its own 16-bit
     copy of its input for backward where one shared tensor would do (q, k, v share one input, gate and up
     another): on a Llama-3-8B layer that is about 15% of what autograd keeps (bench/results/lora_budget_8b.json,
-    measured on the CPU in eager mode). The bf16 → fp32 → bf16 round trip is exact, so the loss and every gradient are bitwise
-    unchanged (tests/unit/test_lora_adapter.py). Off for the whole run, not per forward, because activation
+    measured on the CPU in eager mode). The bf16 → fp32 → bf16 round trip is exact, so the loss and every
+    gradient are bitwise unchanged (tests/unit/test_lora_adapter.py; adapter dropout 0 — with dropout each branch
+    draws its own mask on its own copy anyway). Off for the whole run, not per forward, because activation
     checkpointing re-runs the forward during backward and must save the same tensors. A forward without
     autocast (the in-training evaluation in fp32) needs it on: a 16-bit input would meet the fp32 adapter."""
     before = [getattr(m, "cast_input_dtype_enabled", True) for m in layers]

@@ -285,8 +285,9 @@ def plan_memory(model_cfg: ModelConfig, train_cfg: TrainConfig, budget: int, pla
                            "gradients": st.persistent_grads + (head_grad if ga == 1 else 0),
                            # the recomputed layer's RMSNorm re-saves the checkpointed input itself (same
                            # storage) unless the norm keeps its own fp32 copy (pure 16-bit)
-                           "activations": acts - head_bytes + (layer_bytes - (ck_bytes if prec.residual_bytes == 4
-                                                                             or selective else 0) if last_ck else 0),
+                           "activations": acts - head_bytes + (max(0, layer_bytes - (ck_bytes if prec.residual_bytes
+                                                                             == 4 or selective else 0)) if last_ck
+                                                               else 0),
                            "attention_workspace": attn + (quad if last_ck else 0),
                            "backward_workspace": mem.layer_backward_workspace_bytes(shape, prec, n_tok)},
         "end backward": {**base, "gradients": max(st.grads, st.persistent_grads),

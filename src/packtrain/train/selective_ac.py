@@ -2,20 +2,22 @@
 and recomputes only the element-wise ops between them in backward (`train.activation_checkpointing=selective`).
 
     op                                         kept for backward?   why
-    linear layers' mm / addmm (both widths ≥ 64)   kept             the FLOPs: recomputing them is a second forward
+    linear layers' mm / addmm / _scaled_mm         kept             the FLOPs: recomputing them is a second forward
+      (widths ≥ 64, at most 16:1)
     fused attention (SDPA flash / efficient /      kept             quadratic FLOPs
       cuDNN, varlen, flex)
     RMSNorm, RoPE, SiLU, products, dtype casts,    recomputed       memory-bound and cheap; they are most of
       LoRA's rank-r products                                        a layer's saved bytes
 
-A whole layer re-runs nearly no FLOPs (the rank-r products) and keeps, per token, its input plus q, k, v, the
-attention output and its log-sum-exp, the o projection and the gate/up projections (planner.memory.
-selective_layer_bytes_per_token). bench/suites/lora_budget.py measures the same rule on an 8B LoRA layer
+A whole layer re-runs nearly no FLOPs (the rank-r products) and keeps, per token, its input plus every kept op's output —
+q, k, v, the attention output and its log-sum-exp, o, gate, up and down (torch caches every kept output, needed
+or not; planner.memory.selective_layer_bytes_per_token). bench/suites/lora_budget.py measures the same rule on an 8B LoRA layer
 (`bench/saved_graph.py` evaluates it op by op) and records what it keeps against no recompute and full recompute.
 
 Built on torch.utils.checkpoint's `create_selective_checkpoint_contexts` (non-reentrant checkpoint, as
-train.techniques wraps every mode), so torch.compile traces it like the full mode. `keeps(name, narrow)` is
-the one rule; bench/saved_graph.py applies it to its recorded ops.
+train.techniques wraps every mode), so torch.compile traces it like the full mode. `keeps(name, inner, out)` is
+the one rule; bench/saved_graph.py applies it to its recorded ops. Out-variant and other mutating overloads
+are always recomputed (a cached tensor written in place is an error in backward).
 """
 
 from __future__ import annotations
@@ -24,41 +26,51 @@ from functools import partial
 from typing import Any
 
 MIN_WIDTH = 64
-"""A matrix product is kept when its inner and output widths are both at least this: LoRA's r-wide products
-(and other tiny ones) are recomputed, every linear layer of a real model is kept."""
+MAX_ASPECT = 16
+"""A matrix product is kept when its inner and output widths are both at least MIN_WIDTH and neither is more
+than MAX_ASPECT times the other: every linear layer of a real model is kept (Llama-3-70B's k/v projection,
+8192 → 1024, is 8:1), LoRA's rank-r products (4096 → 64 is 64:1) and other tiny ones are recomputed."""
 
-MATMULS = frozenset({"mm", "addmm"})
+MATMULS = frozenset({"mm", "addmm", "_scaled_mm"})
+"""Matrix products by overload-packet name (_scaled_mm: the FP8 frozen base of train/fp8_frozen.py)."""
 ATTENTION = frozenset({"_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
                        "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu",
                        "_flash_attention_forward", "_efficient_attention_forward", "_cudnn_attention_forward",
-                       "_varlen_attn",
-                       "flex_attention"})
+                       "_varlen_attn", "flex_attention"})
 """Fused attention ops by overload-packet name (aten's SDPA kernels, torch.nn.attention.varlen's custom op,
 flex attention's higher-order op). Eager attention's bmm/softmax chain is recomputed (its (s, s) scores would
-be the biggest tensor of all)."""
+be the biggest tensor of all). Flex attention without train.compile runs as its own compiled kernel, which the
+policy does not see: it is then recomputed too."""
 
 
-def keeps(name: str, narrow: int = 0) -> bool:
+def keeps(name: str, inner: int = 0, out: int = 0) -> bool:
     """Whether the selective policy keeps the output of the op `name` (its overload packet, e.g. "mm");
-    `narrow`: a matrix product's smaller of its inner and output widths."""
-    return name in ATTENTION or (name in MATMULS and narrow >= MIN_WIDTH)
+    `inner`, `out`: a matrix product's contracted and output widths."""
+    if name in ATTENTION:
+        return True
+    lo, hi = min(inner, out), max(inner, out)
+    return name in MATMULS and lo >= MIN_WIDTH and hi <= MAX_ASPECT * lo
 
 
-def matmul_narrow(name: str, args: tuple) -> int:
-    """The smaller of a 2-D matrix product's inner and output widths (mm(a, b) / addmm(bias, a, b)); 0 otherwise."""
-    if name == "mm":
-        return min(args[0].shape[1], args[1].shape[1])
+def matmul_widths(name: str, args: tuple) -> tuple[int, int]:
+    """(inner, output) widths of a 2-D matrix product: mm(a, b), _scaled_mm(a, b, ...), addmm(bias, a, b);
+    (0, 0) for anything else."""
+    if name in ("mm", "_scaled_mm"):
+        return args[0].shape[1], args[1].shape[1]
     if name == "addmm":
-        return min(args[1].shape[1], args[2].shape[1])
-    return 0
+        return args[1].shape[1], args[2].shape[1]
+    return 0, 0
 
 
 def _policy(ctx: Any, op: Any, *args: Any, **kwargs: Any):
     from torch.utils.checkpoint import CheckpointPolicy
 
+    schema = getattr(op, "_schema", None)
+    if schema is not None and schema.is_mutable:   # mm.out and the like: a cached tensor must not be written
+        return CheckpointPolicy.PREFER_RECOMPUTE
     name = getattr(op, "__name__", "")
     packet = getattr(getattr(op, "overloadpacket", None), "__name__", name.split(".")[0])
-    if keeps(packet, matmul_narrow(packet, args)):
+    if keeps(packet, *matmul_widths(packet, args)):
         return CheckpointPolicy.MUST_SAVE
     return CheckpointPolicy.PREFER_RECOMPUTE
 
