@@ -199,7 +199,8 @@ def lora_budget(rec: dict) -> list[str]:
         if not keep or (r["variant"] != off_var and r["policy"] != "none"):
             continue
         what = {"none": "everything autograd saves (no recompute)", "full": "the layer input only",
-                "selective": "every matrix product and the attention"}.get(r["policy"]) or (
+                "selective": "every matrix product and the attention (eager torch: "
+                             f"{r.get('eager_kept_bytes_per_token', 0) / 1024:.1f} KiB)"}.get(r["policy"]) or (
             f"{_short(r.get('cached'))} — the most that fits")
         lines.append(f"| {'peft default (input cast per branch)' if r['variant'] != off_var else 'input cast off (training)'} | {what} | "
                      f"{r['kept_bytes_per_token'] / 1024:.1f} | {r['peak_gib']:.1f} | "
@@ -209,9 +210,13 @@ def lora_budget(rec: dict) -> list[str]:
     bmix = both.get("mix") or {}
 
     def mix_text(m: dict) -> str:
-        return (f"{_short(m.get('high'))} kept in {m.get('layers_high', 0)} of {m.get('layers', 0)} layers, "
-                f"{_short(m.get('low'))} in the rest — {m.get('recompute_gflop_per_token', 0):.2f} GFLOP/token "
-                "recomputed")
+        if not m:
+            return "no mix fits"
+        rec = f"{m.get('recompute_gflop_per_token', 0):.2f} GFLOP/token recomputed"
+        k, n = m.get("layers_high", 0), m.get("layers", 0)
+        if k in (0, n):
+            return f"{_short(m.get('high') if k else m.get('low'))} kept in every layer — {rec}"
+        return f"{_short(m.get('high'))} kept in {k} of {n} layers, {_short(m.get('low'))} in the rest — {rec}"
 
     lines += ["", f"Peaks start from {s['anchor']} ({s['anchor_gib']:.1f} GiB) and add what each policy keeps "
               f"beyond the layer inputs; within {cfg['gib']:.0f} GiB a layer may keep "
@@ -233,8 +238,9 @@ def lora_budget(rec: dict) -> list[str]:
         lines.append(f"Check against `{c['record']}` (measured {_f(c['real_tok_per_s'])} tok/s with full recompute; "
                      f"this suite's estimate for it: {_f(est)}): its "
                      f"recompute counts {c['record_recompute_gflop_per_token']:.2f} GFLOP/token (2·N + attention), "
-                     f"this suite's full policy {c['measured_here_gflop_per_token']:.2f} (the replay up to the last "
-                     "saved tensor: for LoRA the frozen down projection too, its adapter branch saves after it).")
+                     f"this suite's full policy {c['measured_here_gflop_per_token']:.2f} (what the compiled layer "
+                     "re-runs: the ancestors of the tensors backward needs, so not the down projection; eager torch "
+                     "would re-run it too).")
     if "input_cast_off_bitwise_equal" in s:
         lines.append("Loss, input gradient and adapter gradients with the input cast off (adapter dropout 0): "
                      + ("bitwise equal." if s["input_cast_off_bitwise_equal"] else "**not** bitwise equal."))

@@ -6,10 +6,10 @@ attention), and the storages autograd saved for backward. A storage is keyed by 
 ops and views resolve to the tensor that was actually saved; every op output is held alive while recording so no
 address is reused.
 
-`SavedGraph.policy(cached)` answers what selective activation checkpointing (torch.utils.checkpoint with a
-`create_selective_checkpoint_contexts` policy) keeps when the outputs of the ops in `cached` are saved and every
-other op is recomputed: walking back from each saved tensor to a cached output or an input of the region,
-it returns the bytes kept and the FLOPs re-run in backward. `cached=None` is no checkpointing (exactly what
+`SavedGraph.policy(cached, compiled)` answers what selective activation checkpointing (torch.utils.checkpoint
+with a `create_selective_checkpoint_contexts` policy) keeps when the outputs of the ops in `cached` are saved and
+every other op is recomputed — as eager torch runs it, or inside torch.compile (see the method) — as the bytes
+kept and the FLOPs re-run in backward. `cached=None` is no checkpointing (exactly what
 autograd saved); an empty set is full checkpointing (the region's inputs only, the whole forward re-run).
 Parameters and `shared` tensors (RoPE tables, common to every layer) are not counted. `expensive()` names the
 ops `train.activation_checkpointing=selective` keeps (packtrain.train.selective_ac.keeps, the one rule), so
@@ -34,6 +34,7 @@ class Op:
     flops: float                # 2·m·k·n for matrix products, 4·b·heads·s_q·s_k·d for attention, else 0
     inner: int = 0              # a matrix product's contracted width
     out: int = 0                # a matrix product's output width
+    mutable: bool = False       # an in-place / out= overload (never kept)
 
 
 @dataclass
@@ -54,29 +55,49 @@ class SavedGraph:
     stop: int = 0               # ops before this index ran when the last saved tensor was saved: what a
                                 # checkpoint's recompute replays before it stops early (torch's early stop)
 
-    def expensive(self) -> list[int]:
+    def expensive(self, rank: int | None = None) -> list[int]:
         """The ops whose outputs the selective policy keeps (packtrain.train.selective_ac.keeps: attention and
-        the linear layers' products; LoRA's rank-r products and element-wise ops are recomputed)."""
-        return [i for i, o in enumerate(self.ops) if keeps(o.name, o.inner, o.out)]
+        the linear layers' products; the adapter's rank-`rank` products and element-wise ops are recomputed)."""
+        return [i for i, o in enumerate(self.ops) if not o.mutable and keeps(o.name, o.inner, o.out, rank)]
 
-    def policy(self, cached: set[int] | None) -> Policy:
+    def policy(self, cached: set[int] | None, compiled: bool = False) -> Policy:
         """What torch.utils.checkpoint keeps and re-runs with the outputs of `cached` saved (its selective
-        contexts): every output of every cached op, needed or not, plus the region's inputs; in backward it
+        contexts). Eager: every output of every cached op, needed or not, plus the region's inputs; backward
         replays the forward in order, cached ops from the cache, until the last tensor autograd saves is saved
-        again (early stop), so every other op before that point runs once more. None: no checkpointing."""
+        again (early stop), so every other op before that point runs once more. Compiled (the region inside
+        torch.compile): the partitioner keeps only the cached outputs backward needs and recomputes only the
+        ancestors of what it saves — a walk back from each saved tensor to a cached output or an input. None: no
+        checkpointing."""
         if cached is None:   # no checkpointing: exactly what autograd saved
             return Policy(sum(self.nbytes[k] for k in _unique_storages(self.saved)), 0.0,
                           _by_producer(self, self.saved))
-        kept = {k for i in cached for k in self.ops[i].outputs} | self.inputs
-        rerun = [i for i in range(self.stop) if i not in cached]
+        if not compiled:
+            kept = {k for i in cached for k in self.ops[i].outputs} | self.inputs
+            rerun = [i for i in range(self.stop) if i not in cached]
+            return Policy(sum(self.nbytes[k] for k in _unique_storages(kept)),
+                          sum(self.ops[i].flops for i in rerun), _by_producer(self, kept))
+        kept, walked = set(), set()
+        stack = list(self.saved)
+        while stack:
+            key = stack.pop()
+            i = self.producer.get(key)
+            if i is None:                      # an input of the region (or a parameter: not in nbytes)
+                if key in self.nbytes:
+                    kept.add(key)
+            elif i in cached:
+                kept.add(key)
+            elif i not in walked:
+                walked.add(i)
+                stack.extend(self.ops[i].inputs)
         return Policy(sum(self.nbytes[k] for k in _unique_storages(kept)),
-                      sum(self.ops[i].flops for i in rerun), _by_producer(self, kept))
+                      sum(self.ops[i].flops for i in walked), _by_producer(self, kept))
 
-    def frontier(self) -> list[tuple[frozenset[int], Policy]]:
+    def frontier(self, rank: int | None = None, compiled: bool = False) -> list[tuple[frozenset[int], Policy]]:
         """Every subset of the expensive ops cached (2^n, n ≈ 8 for a decoder layer), Pareto-optimal in
         (kept bytes, recompute FLOPs), fewest bytes first."""
-        ex = self.expensive()
-        points = [(frozenset(c), self.policy(set(c))) for n in range(len(ex) + 1) for c in combinations(ex, n)]
+        ex = self.expensive(rank)
+        points = [(frozenset(c), self.policy(set(c), compiled)) for n in range(len(ex) + 1)
+                  for c in combinations(ex, n)]
         points.sort(key=lambda p: (p[1].kept_bytes, p[1].recompute_flops))
         best: list[tuple[frozenset[int], Policy]] = []
         for c, p in points:
@@ -168,7 +189,8 @@ def record(fn, *inputs, shared: tuple = (), params=(), module=None) -> SavedGrap
             if new:
                 for k in new:
                     producer[k] = len(ops)
-                ops.append(Op(name, where[-1] if where else "", before, new, *_flops(name, args)))
+                ops.append(Op(name, where[-1] if where else "", before, new, *_flops(name, args),
+                              mutable=bool(getattr(getattr(func, "_schema", None), "is_mutable", False))))
             return out
 
     for t in inputs:
@@ -178,11 +200,11 @@ def record(fn, *inputs, shared: tuple = (), params=(), module=None) -> SavedGrap
     stop = [0]
 
     def pack(t: Any):
-        k = key(t)
+        stop[0] = len(ops)   # every pack counts for the early stop; inputs are saved before their op is recorded,
+        k = key(t)           # outputs after
         if k[0] not in skip and t.numel():
             saved.add(k)
             nbytes.setdefault(k, t.untyped_storage().nbytes())
-            stop[0] = len(ops)   # autograd saves inputs before its op is recorded, outputs after
         return t
 
     try:

@@ -11,21 +11,22 @@ One decoder layer of the 8B shape (the product's `apply_adapter`: frozen bf16 ba
 autocast, SDPA causal attention: flash on the CPU, like varlen on the GPU it keeps only q, k, v, output and the
 log-sum-exp) runs one forward at two token counts under bench/saved_graph.py, which sees every aten op and every
 tensor autograd saves. Bytes per token are the difference of the two (what is constant, the adapter's bf16 weight
-copies, drops out). From that one graph:
+copies, drops out); FLOPs per token are the larger forward's (attention at one causal sequence of that length).
+From that one graph, as the product's GPU path runs it (inside torch.compile: SavedGraph.policy(compiled=True)):
 
   none          what autograd keeps (eager; inductor's partitioner keeps less by recomputing element-wise ops)
   selective     the outputs of every matrix product and the attention kept, everything else recomputed: the
                 fewest bytes without recomputing a matrix product (train.activation_checkpointing=selective)
   frontier      every subset of those 8 ops kept, Pareto-optimal in (bytes, recompute FLOPs)
-  full          the layer's input only, the whole forward recomputed
+  full          the layer's input only, the forward recomputed as far as backward needs
 
-and with peft's per-branch input cast off (`cast_input_dtype_enabled=False`, what packtrain's bf16 LoRA training does:
-model.adapter.adapter_input_casts: bitwise the same loss and gradients under autocast, checked here) as a
-second variant. Each policy is projected to the step (tokens × layers + the memory planner's other components at
-their largest phase) and its recompute FLOPs priced at the measured matrix rate on top
-of the no-recompute step: an upper bound on its speed. A policy mix across layers (some layers one policy, the
-rest another) lies on the segment between two frontier points; the cheapest mix within the budget is reported.
-Offload to host memory is priced as the bandwidth it needs: what must leave the GPU during the forward.
+and with peft's per-branch input cast off (`cast_input_dtype_enabled=False`, what packtrain's bf16 LoRA training
+does: model.adapter.adapter_input_casts; bitwise the same loss and gradients under autocast, checked here) as a
+second variant. Each policy is projected to the step — the measured full-recompute step's peak plus what its
+layers keep beyond their inputs — and its recompute FLOPs priced at the measured matrix rate on top of the
+no-recompute step: an optimistic estimate of its speed. The cheapest mix within the budget puts k layers on one
+frontier policy and the rest on another. Offload to host memory is priced as the bandwidth it needs (what must
+leave the GPU during the forward) and, at the link's rate, combined with recompute for the rest.
 """
 
 from __future__ import annotations
@@ -46,7 +47,9 @@ GOAL = {"tok_per_s": 16_000, "peak_gib_max": 40.0}
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shape", choices=list(SHAPES), default="llama3-8b")
-    p.add_argument("--tokens", default="256,512", help="two token counts of the layer's forward (per-token slope)")
+    p.add_argument("--tokens", default="512,1024",
+                   help="two token counts of the layer's forward (bytes: the per-token slope; attention FLOPs: the "
+                        "larger, one causal sequence — about the packed lognormal documents' Σs²/Σs)")
     p.add_argument("--rows", type=int, default=8)
     p.add_argument("--budget", type=int, default=2048)
     p.add_argument("--r", type=int, default=16)
@@ -121,23 +124,24 @@ def _bitwise_same_without_cast(peft_model, forward, x) -> bool:
     return all(torch.equal(a, b) for a, b in zip(*out, strict=True))
 
 
-def _policies(g_small, g_big, t_small: int, t_big: int) -> list[dict]:
-    """Per-token bytes (the slope between the two token counts) and FLOPs of each policy."""
+def _policies(g_small, g_big, t_small: int, t_big: int, rank: int) -> list[dict]:
+    """Per-token bytes (the slope between the two token counts) and FLOPs of each policy, as compiled."""
     def per_token(cached_small, cached_big):
-        a, b = g_small.policy(cached_small), g_big.policy(cached_big)
+        a, b = g_small.policy(cached_small, compiled=True), g_big.policy(cached_big, compiled=True)
         return ((b.kept_bytes - a.kept_bytes) / (t_big - t_small), b.recompute_flops / t_big, b.kept)
 
-    ex_s, ex_b = g_small.expensive(), g_big.expensive()
+    ex_s, ex_b = g_small.expensive(rank), g_big.expensive(rank)
     names = [g_big.ops[i].where or g_big.ops[i].name for i in ex_b]
     if [g_small.ops[i].where for i in ex_s] != [g_big.ops[i].where for i in ex_b]:
         raise RuntimeError(f"the two forwards differ in their expensive ops: {names}")
+    eager = (g_big.policy(set(ex_b)).kept_bytes - g_small.policy(set(ex_s)).kept_bytes) / (t_big - t_small)
     rows = []
     for label, cs, cb in (("none", None, None), ("selective", set(ex_s), set(ex_b)), ("full", set(), set())):
         bpt, fpt, kept = per_token(cs, cb)
         rows.append({"policy": label, "kept_bytes_per_token": bpt, "recompute_flops_per_token": fpt,
-                     "kept_by_op": kept})
+                     "kept_by_op": kept, **({"eager_kept_bytes_per_token": eager} if label == "selective" else {})})
     by_big = dict(zip(ex_b, ex_s, strict=True))
-    for cached, _ in g_big.frontier():
+    for cached, _ in g_big.frontier(rank, compiled=True):
         bpt, fpt, _kept = per_token({by_big[i] for i in cached}, set(cached))
         rows.append({"policy": "frontier", "cached": sorted(g_big.ops[i].where or g_big.ops[i].name
                                                             for i in cached),
@@ -194,8 +198,11 @@ def _anchor(spec: dict, args) -> tuple[float, str]:
     """The step peak with full recompute that the projections start from: the GPU record's measured one when it is
     this configuration, else the planner's."""
     rec = json.loads(args.full_ac_record.read_text(encoding="utf-8")) if args.full_ac_record.exists() else {}
+    ov = rec.get("overrides") or []
     same = (rec.get("shape", {}).get("hidden_size") == spec["hidden_size"] and rec.get("rows") == args.rows
-            and rec.get("budget") == args.budget and rec.get("activation_checkpointing") == "full")
+            and rec.get("budget") == args.budget and rec.get("activation_checkpointing") == "full"
+            and f"train.adapter.r={args.r}" in ov and "train.compile=true" in ov
+            and next((o for o in reversed(ov) if o.startswith("train.precision=")), "") == "train.precision=bf16")
     if same and rec.get("peak_alloc_gib"):
         return rec["peak_alloc_gib"], f"measured: {args.full_ac_record.name} (full recompute, peak allocated)"
     comps = _full_plan_components_gib(spec, args)
@@ -234,7 +241,7 @@ def _cheapest_mix(frontier: list[dict], allowed_bytes_per_token: float, layers: 
     return {**best, "layers": layers, "recompute_gflop_per_token": round(rec / 1e9, 3)}
 
 
-def _forward_share(g) -> float:
+def _forward_share(g, rank: int) -> float:
     """The forward's share of the step's FLOPs without recompute: the frozen base's products cost as much again
     in backward (input gradients only), the adapter's twice (input and weight gradients), attention 2.5×. A time
     share would be smaller still (backward has more memory-bound work), so offload bandwidth from it is a floor."""
@@ -244,7 +251,7 @@ def _forward_share(g) -> float:
         if o.name in ATTENTION:
             bwd += 2.5 * o.flops
         elif o.flops:
-            bwd += (1.0 if keeps(o.name, o.inner, o.out) else 2.0) * o.flops
+            bwd += (1.0 if keeps(o.name, o.inner, o.out, rank) else 2.0) * o.flops
     return fwd / (fwd + bwd)
 
 
@@ -257,7 +264,7 @@ def run(args, out: Path) -> Record:
         _set_input_cast(peft_model, cast)
         g_small, _, _ = _graph(peft_model, layer, rope, spec["hidden_size"], t_small)
         g_big, forward, x = _graph(peft_model, layer, rope, spec["hidden_size"], t_big)
-        variants[name], graphs[name] = _policies(g_small, g_big, t_small, t_big), g_big
+        variants[name], graphs[name] = _policies(g_small, g_big, t_small, t_big, args.r), g_big
         if not cast:
             checks["input_cast_off_bitwise_equal"] = _bitwise_same_without_cast(peft_model, forward, x)
     _set_input_cast(peft_model, True)
@@ -276,7 +283,7 @@ def run(args, out: Path) -> Record:
             p["variant"] = name
         rows += pols
     sel = next(r for r in rows if r["policy"] == "selective" and r["variant"] == "input cast off")
-    share = _forward_share(graphs["input cast off"])
+    share = _forward_share(graphs["input cast off"], args.r)
     fwd_s = share * tokens / args.goal_tok_s
     must_leave_gib = max(0.0, sel["peak_gib"] - args.gib)
     offload_gbs = must_leave_gib * GIB / 1e9 / fwd_s
@@ -357,7 +364,7 @@ def plot_frontier(rows: list[dict], goal_tok_s: float, gib: float, path: Path) -
     ax.fill_between([0, gib], goal_tok_s, ax.get_ylim()[1], color="tab:green", alpha=0.12,
                     label=f"the goal: ≥ {goal_tok_s:,.0f} tok/s at ≤ {gib:.0f} GiB")
     ax.set_xlim(0, None)
-    ax.set_xlabel("step peak GiB (8 × 2048 tokens, 32 layers; planner's other components)")
+    ax.set_xlabel("step peak GiB (8 × 2048 tokens, 32 layers; from the measured full-recompute step)")
     ax.set_ylabel("tok/s estimate (recompute at the matrix rate)")
     ax.set_title("LoRA r 16 on a Llama-3-8B shape: what each recompute policy keeps and costs")
     ax.legend(fontsize=8, loc="lower right")

@@ -6,6 +6,7 @@ what torch's selective checkpoint actually caches, byte for byte, and the planne
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from bench.saved_graph import record
@@ -32,21 +33,21 @@ def test_policies_of_a_two_matmul_mlp():
     assert [p.kept_bytes for _, p in frontier] == [f32 * t * d, f32 * (t * d + t * h)]
 
 
-def _layer(lora: bool, tokens: int):
+def _layer(lora: bool, tokens: int, r: int = 8, h: int = 128):
     from packtrain.config import ModelConfig
     from packtrain.config.train import AdapterConfig
     from packtrain.model.adapter import adapter_input_casts, apply_adapter, lora_layers
     from packtrain.model.build import build_model
 
     torch.manual_seed(0)
-    model = build_model(ModelConfig(hidden_size=128, intermediate_size=256, num_layers=1, num_heads=4,
+    model = build_model(ModelConfig(hidden_size=h, intermediate_size=2 * h, num_layers=1, num_heads=4,
                                     num_kv_heads=2), 64)
     dtype = torch.float32
     if lora:
-        apply_adapter(model, AdapterConfig(type="lora", r=8), base_dtype=torch.bfloat16)
+        apply_adapter(model, AdapterConfig(type="lora", r=r), base_dtype=torch.bfloat16)
         dtype = torch.bfloat16
     layer = model.model.layers[0]
-    x = torch.randn(1, tokens, 128).to(dtype).requires_grad_()
+    x = torch.randn(1, tokens, h).to(dtype).requires_grad_()
     pos = torch.arange(tokens)[None]
     cos, sin = model.model.rotary_emb(x, pos)
 
@@ -57,13 +58,13 @@ def _layer(lora: bool, tokens: int):
     return model, layer, x, (cos, sin), forward
 
 
-def _graph_bytes(lora: bool, tokens: int) -> int:
-    model, layer, x, shared, forward = _layer(lora, tokens)
+def _graph_bytes(lora: bool, tokens: int, r: int, h: int) -> int:
+    model, layer, x, shared, forward = _layer(lora, tokens, r, h)
     g = record(forward, x, shared=shared, params=list(model.parameters()), module=layer)
-    return g.policy(set(g.expensive())).kept_bytes
+    return g.policy(set(g.expensive(r if lora else None))).kept_bytes
 
 
-def _sac_bytes(lora: bool, tokens: int) -> int:
+def _sac_bytes(lora: bool, tokens: int, r: int, h: int) -> int:
     """Bytes torch's selective checkpoint (train.activation_checkpointing=selective's policy) really holds after
     the forward: the tensors in its cache (a private field of the caching mode) + the region's input."""
     from torch.utils._pytree import tree_leaves
@@ -74,11 +75,11 @@ def _sac_bytes(lora: bool, tokens: int) -> int:
     caches = []
 
     def context_fn():
-        caching, recompute = create_selective_checkpoint_contexts(selective_ac._policy)
+        caching, recompute = create_selective_checkpoint_contexts(selective_ac.policy_fn(r if lora else None))
         caches.append(caching.storage)
         return caching, recompute
 
-    _, _, x, _, forward = _layer(lora, tokens)
+    _, _, x, _, forward = _layer(lora, tokens, r, h)
     checkpoint(forward, x, use_reentrant=False, context_fn=context_fn)
     held = {}
     for per_op in caches[0].values():
@@ -90,20 +91,22 @@ def _sac_bytes(lora: bool, tokens: int) -> int:
     return sum(held.values()) + x.untyped_storage().nbytes()
 
 
-def test_the_recorded_selective_policy_is_what_torch_caches_and_what_the_planner_counts():
-    """Per token (the slope between two token counts), on a dense layer under bf16 autocast (fp32 residual) and a
-    LoRA layer (bf16 base, input cast off): bench/saved_graph.py's selective policy = the bytes in torch's
-    selective-checkpoint cache = planner.memory.selective_layer_bytes_per_token."""
+@pytest.mark.parametrize("lora,r,h", [(False, 8, 128), (True, 8, 128), (True, 64, 256)])
+def test_the_recorded_selective_policy_is_what_torch_caches_and_what_the_planner_counts(lora, r, h):
+    """Per token (the slope between two token counts), on a dense layer under bf16 autocast (fp32 residual) and
+    LoRA layers (bf16 base, input cast off; r 64 = a width the kept rule would otherwise keep): bench/saved_graph.py's
+    selective policy = the bytes in torch's selective-checkpoint cache = planner.memory.selective_layer_bytes_per_token
+    (eager)."""
     from packtrain.config import ModelConfig
     from packtrain.planner import memory as mem
     from packtrain.planner.shapes import model_shape
 
-    shape = model_shape(ModelConfig(hidden_size=128, intermediate_size=256, num_layers=1, num_heads=4,
+    shape = model_shape(ModelConfig(hidden_size=h, intermediate_size=2 * h, num_layers=1, num_heads=4,
                                     num_kv_heads=2), None, 64)
-    for lora, prec in ((False, mem.precision_of("torch", "bf16")), (True, mem.Precision("lora bf16", 2, 2, False))):
-        graph = (_graph_bytes(lora, 128) - _graph_bytes(lora, 64)) / 64
-        real = (_sac_bytes(lora, 128) - _sac_bytes(lora, 64)) / 64
-        assert graph == real == mem.selective_layer_bytes_per_token(shape, prec, "sdpa"), (lora, graph, real)
+    prec = mem.Precision("lora bf16", 2, 2, False) if lora else mem.precision_of("torch", "bf16")
+    graph = (_graph_bytes(lora, 128, r, h) - _graph_bytes(lora, 64, r, h)) / 64
+    real = (_sac_bytes(lora, 128, r, h) - _sac_bytes(lora, 64, r, h)) / 64
+    assert graph == real == mem.selective_layer_bytes_per_token(shape, prec, "sdpa"), (graph, real)
 
 
 def _backward_mm_flops(lora: bool, mode: str) -> float:
@@ -114,7 +117,7 @@ def _backward_mm_flops(lora: bool, mode: str) -> float:
     from packtrain.train.selective_ac import checkpoint_kwargs
 
     _, _, x, _, forward = _layer(lora, 64)
-    out = forward(x) if mode == "none" else checkpoint(forward, x, use_reentrant=False, **checkpoint_kwargs(mode))
+    out = forward(x) if mode == "none" else checkpoint(forward, x, use_reentrant=False, **checkpoint_kwargs(mode, 8 if lora else None))
     flops = [0.0]
 
     class Count(TorchDispatchMode):
@@ -138,7 +141,7 @@ def test_the_recorded_recompute_is_what_backward_re_runs():
         model, layer, x, shared, forward = _layer(lora, 64)
         g = record(forward, x, shared=shared, params=list(model.parameters()), module=layer)
         none = _backward_mm_flops(lora, "none")
-        for mode, cached in (("full", set()), ("selective", set(g.expensive()))):
+        for mode, cached in (("full", set()), ("selective", set(g.expensive(8 if lora else None)))):
             expected = sum(g.ops[i].flops for i in range(g.stop) if i not in cached and g.ops[i].name == "mm")
             assert _backward_mm_flops(lora, mode) - none == expected, (lora, mode)
         down = next(i for i, o in enumerate(g.ops) if o.where == "mlp.down_proj.base_layer" or

@@ -106,17 +106,18 @@ def layer_activation_bytes_per_token(shape: ModelShape, prec: Precision, backend
     return (8 + 4 * c) * h + 2 * c * q + 2 * c * kv + 4 * c * i + lse
 
 
-def selective_layer_bytes_per_token(shape: ModelShape, prec: Precision, backend: Backend) -> int:
+def selective_layer_bytes_per_token(shape: ModelShape, prec: Precision, backend: Backend,
+                                    compiled: bool = False) -> int:
     """Bytes a layer under selective checkpointing (train/selective_ac.py) keeps per token: its input (residual
-    bytes) + the outputs of q, k, v, o, gate, up and down (c bytes each; torch caches every kept output, the
-    down projection's too, though backward needs none of it) + the attention output and its log-sum-exp
-    (flash/varlen/flex/SDPA kernels; eager attention is recomputed whole and keeps nothing of its own). Equal,
-    byte for byte, to what torch's selective checkpoint caches on real dense and LoRA layers
-    (tests/bench/test_saved_graph.py)."""
+    bytes) + the outputs of q, k, v, o, gate and up (c bytes each) + the attention output and its log-sum-exp
+    (flash/varlen/flex/SDPA kernels; eager attention is recomputed whole and keeps nothing of its own). Eager torch
+    caches every kept output, the down projection's too though backward needs none of it (+ c·h); inside
+    torch.compile the partitioner keeps only what backward needs. Eager: equal, byte for byte, to what torch's
+    selective checkpoint caches on real dense and LoRA layers (tests/bench/test_saved_graph.py)."""
     h, i, a, q, kv = shape.hidden, shape.intermediate, shape.heads, shape.q_hidden, shape.kv_hidden
     c = prec.compute_bytes
     attn = 0 if backend == "eager" else c * q + 4 * a
-    return prec.residual_bytes * h + c * (q + 2 * kv + 2 * h + 2 * i) + attn
+    return prec.residual_bytes * h + c * (q + 2 * kv + h + 2 * i) + attn + (0 if compiled else c * h)
 
 
 def attention_quadratic_bytes(shape: ModelShape, prec: Precision, backend: Backend, rows: int, budget: int) -> int:

@@ -249,8 +249,13 @@ def plan_memory(model_cfg: ModelConfig, train_cfg: TrainConfig, budget: int, pla
                                          else mem.COMPILED_LAYER_ACTIVATION_FACTOR))
     selective = train_cfg.activation_checkpointing == "selective"
     # a checkpointed layer keeps its input; a selective one also its matrix products' and attention's outputs
-    ck_bytes = (mem.selective_layer_bytes_per_token(shape, prec, backend) if selective
+    ck_bytes = (mem.selective_layer_bytes_per_token(shape, prec, backend, compiled) if selective
                 else prec.residual_bytes * shape.hidden) * n_tok
+    # the last layer's recompute in backward re-creates what autograd saves; under selective the input and the
+    # attention's outputs are cached already
+    overlap = ((prec.residual_bytes * shape.hidden + (0 if backend == "eager" else prec.compute_bytes
+                * shape.q_hidden + 4 * shape.heads)) * n_tok if selective
+               else ck_bytes if prec.residual_bytes == 4 else 0)
     head_tok, shared_tok = mem.head_activation_bytes_per_token(shape, prec, chunk is not None)
     head_bytes = head_tok * n_tok
     acts = (shape.layers - n_ck) * layer_bytes + n_ck * ck_bytes + head_bytes + shared_tok * n_tok
@@ -285,9 +290,7 @@ def plan_memory(model_cfg: ModelConfig, train_cfg: TrainConfig, budget: int, pla
                            "gradients": st.persistent_grads + (head_grad if ga == 1 else 0),
                            # the recomputed layer's RMSNorm re-saves the checkpointed input itself (same
                            # storage) unless the norm keeps its own fp32 copy (pure 16-bit)
-                           "activations": acts - head_bytes + (max(0, layer_bytes - (ck_bytes if prec.residual_bytes
-                                                                             == 4 or selective else 0)) if last_ck
-                                                               else 0),
+                           "activations": acts - head_bytes + (max(0, layer_bytes - overlap) if last_ck else 0),
                            "attention_workspace": attn + (quad if last_ck else 0),
                            "backward_workspace": mem.layer_backward_workspace_bytes(shape, prec, n_tok)},
         "end backward": {**base, "gradients": max(st.grads, st.persistent_grads),

@@ -73,7 +73,8 @@ def apply_activation_checkpointing(model, cfg: TrainConfig) -> list[int]:
 
     layers = decoder_layers(model)
     idx = checkpointed_layer_indices(len(layers), cfg.activation_checkpointing, cfg.ac_every_k, cfg.ac_count)
-    extra = checkpoint_kwargs(cfg.activation_checkpointing)   # selective: the per-op policy's context_fn
+    rank = cfg.adapter.r if cfg.adapter.type == "lora" else None
+    extra = checkpoint_kwargs(cfg.activation_checkpointing, rank)   # selective: the per-op policy's context_fn
     for i in idx:
         layer = layers[i]
         if getattr(layer, "_packtrain_ac", False):
