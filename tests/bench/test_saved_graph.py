@@ -147,3 +147,51 @@ def test_the_recorded_recompute_is_what_backward_re_runs():
         down = next(i for i, o in enumerate(g.ops) if o.where == "mlp.down_proj.base_layer" or
                     o.where == "mlp.down_proj" and o.name == "mm")
         assert (down < g.stop) == lora   # the frozen down projection is re-run under full for LoRA only
+
+
+def _compiled_bytes(lora: bool, tokens: int, mode: str) -> int:
+    """Bytes a checkpointed layer compiled by AOTAutograd's partitioner (aot_eager_decomp_partition: inductor's
+    partitioning, eager kernels) saves for backward, through saved-tensor hooks."""
+    from torch.utils.checkpoint import checkpoint
+
+    from packtrain.train.selective_ac import checkpoint_kwargs
+
+    model, _, x, shared, forward = _layer(lora, tokens)
+    skip = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *shared]}
+    torch._dynamo.reset()
+    region = torch.compile(lambda x: checkpoint(forward, x, use_reentrant=False,
+                                                **checkpoint_kwargs(mode, 8 if lora else None)),
+                           backend="aot_eager_decomp_partition")
+    saved: dict[int, int] = {}
+
+    def pack(t):
+        if t.untyped_storage().data_ptr() not in skip:
+            saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        region(x)
+    torch._dynamo.reset()
+    return sum(saved.values())
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_the_compiled_model_is_what_the_partitioner_saves(lora):
+    """Inside torch.compile the partitioner keeps only the cached outputs backward needs (no down projection):
+    SavedGraph.policy(compiled=True) = what a compiled checkpointed layer saves = the planner's compiled count."""
+    from packtrain.config import ModelConfig
+    from packtrain.planner import memory as mem
+    from packtrain.planner.shapes import model_shape
+
+    model, layer, x, shared, forward = _layer(lora, 64)
+    small = record(forward, x, shared=shared, params=list(model.parameters()), module=layer)
+    model, layer, x, shared, forward = _layer(lora, 128)
+    big = record(forward, x, shared=shared, params=list(model.parameters()), module=layer)
+    rank = 8 if lora else None
+    graph = (big.policy(set(big.expensive(rank)), compiled=True).kept_bytes
+             - small.policy(set(small.expensive(rank)), compiled=True).kept_bytes) / 64
+    real = (_compiled_bytes(lora, 128, "selective") - _compiled_bytes(lora, 64, "selective")) / 64
+    shape = model_shape(ModelConfig(hidden_size=128, intermediate_size=256, num_layers=1, num_heads=4,
+                                    num_kv_heads=2), None, 64)
+    prec = mem.Precision("lora bf16", 2, 2, False) if lora else mem.precision_of("torch", "bf16")
+    assert graph == real == mem.selective_layer_bytes_per_token(shape, prec, "sdpa", compiled=True), (graph, real)

@@ -112,8 +112,9 @@ def selective_layer_bytes_per_token(shape: ModelShape, prec: Precision, backend:
     bytes) + the outputs of q, k, v, o, gate and up (c bytes each) + the attention output and its log-sum-exp
     (flash/varlen/flex/SDPA kernels; eager attention is recomputed whole and keeps nothing of its own). Eager torch
     caches every kept output, the down projection's too though backward needs none of it (+ c·h); inside
-    torch.compile the partitioner keeps only what backward needs. Eager: equal, byte for byte, to what torch's
-    selective checkpoint caches on real dense and LoRA layers (tests/bench/test_saved_graph.py)."""
+    torch.compile the partitioner keeps only what backward needs. Both equal, byte for byte, what torch keeps on
+    real dense and LoRA layers: the selective checkpoint's cache (eager) and what AOTAutograd's partitioner saves
+    (compiled; tests/bench/test_saved_graph.py)."""
     h, i, a, q, kv = shape.hidden, shape.intermediate, shape.heads, shape.q_hidden, shape.kv_hidden
     c = prec.compute_bytes
     attn = 0 if backend == "eager" else c * q + 4 * a
