@@ -198,7 +198,7 @@ def lora_budget(rec: dict) -> list[str]:
         keep = r["policy"] in ("none", "selective", "full") or r is largest_fit
         if not keep or (r["variant"] != off_var and r["policy"] != "none"):
             continue
-        what = {"none": "everything autograd saves (no recompute)", "full": "the layer input only",
+        what = {"none": "everything autograd saves, eager (compiled layers keep less)", "full": "the layer input only",
                 "selective": "every matrix product and the attention (eager torch: "
                              f"{r.get('eager_kept_bytes_per_token', 0) / 1024:.1f} KiB)"}.get(r["policy"]) or (
             f"{_short(r.get('cached'))} — the most that fits")
