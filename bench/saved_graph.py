@@ -69,13 +69,10 @@ class SavedGraph:
         ancestors of what it saves — a walk back from each saved tensor to a cached output or an input. None: no
         checkpointing."""
         if cached is None:   # no checkpointing: exactly what autograd saved
-            return Policy(sum(self.nbytes[k] for k in _unique_storages(self.saved)), 0.0,
-                          _by_producer(self, self.saved))
+            return self._kept(self.saved, ())
         if not compiled:
-            kept = {k for i in cached for k in self.ops[i].outputs} | self.inputs
-            rerun = [i for i in range(self.stop) if i not in cached]
-            return Policy(sum(self.nbytes[k] for k in _unique_storages(kept)),
-                          sum(self.ops[i].flops for i in rerun), _by_producer(self, kept))
+            return self._kept({k for i in cached for k in self.ops[i].outputs} | self.inputs,
+                              [i for i in range(self.stop) if i not in cached])
         kept, walked = set(), set()
         stack = list(self.saved)
         while stack:
@@ -89,8 +86,12 @@ class SavedGraph:
             elif i not in walked:
                 walked.add(i)
                 stack.extend(self.ops[i].inputs)
-        return Policy(sum(self.nbytes[k] for k in _unique_storages(kept)),
-                      sum(self.ops[i].flops for i in walked), _by_producer(self, kept))
+        return self._kept(kept, walked)
+
+    def _kept(self, keys, rerun) -> Policy:
+        """The Policy of keeping the storages of `keys` and re-running the ops `rerun`."""
+        return Policy(sum(self.nbytes[k] for k in _unique_storages(keys)), sum(self.ops[i].flops for i in rerun),
+                      _by_producer(self, keys))
 
     def frontier(self, rank: int | None = None, compiled: bool = False) -> list[tuple[frozenset[int], Policy]]:
         """Every subset of the expensive ops cached (2^n, n ≈ 8 for a decoder layer), Pareto-optimal in
@@ -139,6 +140,32 @@ def _flops(name: str, args: tuple) -> tuple[float, int, int]:
         q, k = args[0], args[1]
         return 4.0 * math.prod(q.shape[:-1]) * k.shape[-2] * q.shape[-1], 0, 0
     return 0.0, 0, 0
+
+
+def op_counter():
+    """A TorchDispatchMode that tallies, per op (overload packet), its calls and FLOPs (as `_flops` counts them):
+    `with op_counter() as c: loss.backward()` → c.calls["mm"], c.flops["mm"]."""
+    from collections import Counter
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class OpCounter(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.calls: Counter[str] = Counter()
+            self.flops: Counter[str] = Counter()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            name = func.overloadpacket.__name__
+            self.calls[name] += 1
+            self.flops[name] += _flops(name, args)[0]
+            return func(*args, **(kwargs or {}))
+
+        def matmul_flops(self) -> float:
+            """FLOPs of the 2-D matrix products (mm, addmm)."""
+            return self.flops["mm"] + self.flops["addmm"]
+
+    return OpCounter()
 
 
 def record(fn, *inputs, shared: tuple = (), params=(), module=None) -> SavedGraph:

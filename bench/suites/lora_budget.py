@@ -84,12 +84,6 @@ def _layer(spec: dict, r: int):
     return peft_model, model.model.layers[0], model.model.rotary_emb
 
 
-def _set_input_cast(peft_model, on: bool) -> None:
-    for m in peft_model.modules():
-        if hasattr(m, "lora_A"):
-            m.cast_input_dtype_enabled = on
-
-
 def _graph(peft_model, layer, rope, h: int, tokens: int):
     import torch
 
@@ -111,16 +105,17 @@ def _bitwise_same_without_cast(peft_model, forward, x) -> bool:
     """Loss, input gradient and adapter gradients with peft's input cast on and off: bitwise equal?"""
     import torch
 
+    from packtrain.model.adapter import adapter_input_casts, lora_layers
+
     out = []
     for on in (True, False):
-        _set_input_cast(peft_model, on)
-        xx = x.detach().clone().requires_grad_()
-        loss = forward(xx).float().pow(2).mean()
-        loss.backward()
+        with adapter_input_casts(lora_layers(peft_model), on):
+            xx = x.detach().clone().requires_grad_()
+            loss = forward(xx).float().pow(2).mean()
+            loss.backward()
         out.append([loss.detach(), xx.grad] + [p.grad for p in peft_model.parameters() if p.requires_grad])
         for p in peft_model.parameters():
             p.grad = None
-    _set_input_cast(peft_model, True)
     return all(torch.equal(a, b) for a, b in zip(*out, strict=True))
 
 
@@ -209,18 +204,32 @@ def _anchor(spec: dict, args) -> tuple[float, str]:
     return sum(comps.values()), "the memory planner at full recompute (no GPU record of this configuration)"
 
 
+def _tok_s(args, recompute_flops_per_token: float) -> int:
+    """The speed estimate: the no-recompute step plus `recompute_flops_per_token` (all layers) at the matrix rate."""
+    return round(1.0 / (1.0 / args.no_ac_tok_s + recompute_flops_per_token / (args.matmul_tflops * 1e12)))
+
+
+def _full_kept(pols: list[dict]) -> float:
+    """Bytes per token a layer keeps under full recompute (its input): what the anchor's layers keep."""
+    return next(r for r in pols if r["policy"] == "full")["kept_bytes_per_token"]
+
+
+def _allowed_kept(args, gib: float, anchor_gib: float, full_kept: float, layers: int) -> float:
+    """Kept bytes per token, summed over the layers, that keep the step within `gib` (from the anchor)."""
+    return (gib - anchor_gib) * GIB / (args.rows * args.budget) + full_kept * layers
+
+
 def _project(rows: list[dict], spec: dict, args, anchor_gib: float) -> None:
     """Each policy at the step: peak GiB = the full-recompute anchor + what its layers keep beyond their inputs,
-    and the speed bound (its recompute at the matrix rate on top of the no-recompute step)."""
+    and the speed estimate (its recompute at the matrix rate on top of the no-recompute step)."""
     tokens, layers = args.rows * args.budget, spec["num_hidden_layers"]
-    t_none = 1.0 / args.no_ac_tok_s
-    full = next(r for r in rows if r["policy"] == "full")["kept_bytes_per_token"]
+    full = _full_kept(rows)
     for r in rows:
         r["activations_gib"] = round(r["kept_bytes_per_token"] * tokens * layers / GIB, 2)
         r["peak_gib"] = round(anchor_gib + (r["kept_bytes_per_token"] - full) * tokens * layers / GIB, 2)
         rec = r["recompute_flops_per_token"] * layers
         r["recompute_gflop_per_token"] = round(rec / 1e9, 3)
-        r["tok_per_s_bound"] = round(1.0 / (t_none + rec / (args.matmul_tflops * 1e12)))
+        r["tok_per_s_bound"] = _tok_s(args, rec)
         r["fits"] = r["peak_gib"] <= args.gib
 
 
@@ -260,14 +269,15 @@ def run(args, out: Path) -> Record:
     t_small, t_big = (32, 64) if args.smoke else tuple(int(t) for t in args.tokens.split(","))
     peft_model, layer, rope = _layer(spec, args.r)
     variants, checks, graphs = {}, {}, {}
+    from packtrain.model.adapter import adapter_input_casts, lora_layers
+
     for name, cast in (("peft input cast (peft's default)", True), ("input cast off", False)):
-        _set_input_cast(peft_model, cast)
-        g_small, _, _ = _graph(peft_model, layer, rope, spec["hidden_size"], t_small)
-        g_big, forward, x = _graph(peft_model, layer, rope, spec["hidden_size"], t_big)
+        with adapter_input_casts(lora_layers(peft_model), cast):
+            g_small, _, _ = _graph(peft_model, layer, rope, spec["hidden_size"], t_small)
+            g_big, forward, x = _graph(peft_model, layer, rope, spec["hidden_size"], t_big)
         variants[name], graphs[name] = _policies(g_small, g_big, t_small, t_big, args.r), g_big
         if not cast:
             checks["input_cast_off_bitwise_equal"] = _bitwise_same_without_cast(peft_model, forward, x)
-    _set_input_cast(peft_model, True)
 
     anchor_gib, anchor_source = _anchor(spec, args)
     tokens, layers = args.rows * args.budget, spec["num_hidden_layers"]
@@ -276,8 +286,7 @@ def run(args, out: Path) -> Record:
     allowed_gflop = max(0.0, goal_s) * args.matmul_tflops * 1e12 / 1e9
     for name, pols in variants.items():
         _project(pols, spec, args, anchor_gib)
-        full = next(r for r in pols if r["policy"] == "full")["kept_bytes_per_token"]
-        allowed = (args.gib - anchor_gib) * GIB / tokens + full * layers   # kept bytes per token, all layers
+        allowed = _allowed_kept(args, args.gib, anchor_gib, _full_kept(pols), layers)
         mixes[name] = _cheapest_mix([p for p in pols if p["policy"] == "frontier"], allowed, layers)
         for p in pols:
             p["variant"] = name
@@ -292,23 +301,20 @@ def run(args, out: Path) -> Record:
     full_rec = _full_ac_check(args, spec, rows)
 
     def bound(mix: dict | None) -> int | None:
-        return (round(1.0 / (1.0 / args.no_ac_tok_s + mix["recompute_gflop_per_token"] * 1e9
-                             / (args.matmul_tflops * 1e12))) if mix else None)
+        return _tok_s(args, mix["recompute_gflop_per_token"] * 1e9) if mix else None
 
-    best_mix = mixes.get("input cast off")
-    mix_bound = bound(best_mix)
+    mix_bound = bound(mixes.get("input cast off"))
     # offload at the link's rate during the forward, the rest by recompute: the offloaded bytes come off the budget
     pols = variants["input cast off"]
-    full_kept = next(r for r in pols if r["policy"] == "full")["kept_bytes_per_token"]
+    full_kept = _full_kept(pols)
     offloadable_gib = link_gbs * 1e9 * fwd_s / GIB
-    allowed_off = (args.gib + offloadable_gib - anchor_gib) * GIB / tokens + full_kept * layers
+    allowed_off = _allowed_kept(args, args.gib + offloadable_gib, anchor_gib, full_kept, layers)
     off_mix = _cheapest_mix([p for p in pols if p["policy"] == "frontier"], allowed_off, layers)
     off_bound = bound(off_mix)
     summary = {
         "anchor_gib": anchor_gib, "anchor": anchor_source,
-        "allowed_kept_kib_per_token_layer": round(((args.gib - anchor_gib) * GIB / tokens / layers
-                                                   + next(r for r in rows if r["policy"] == "full")
-                                                   ["kept_bytes_per_token"]) / 1024, 1),
+        "allowed_kept_kib_per_token_layer": round(_allowed_kept(args, args.gib, anchor_gib, full_kept, layers)
+                                                  / layers / 1024, 1),
         "recompute_allowed_gflop_per_token": round(allowed_gflop, 3),
         "cheapest_mix_within_budget": mixes, "cheapest_mix_tok_per_s_bound": mix_bound,
         "offload": {"must_leave_gib_per_step": round(must_leave_gib, 2), "forward_share": round(share, 3),

@@ -111,26 +111,16 @@ def test_the_recorded_selective_policy_is_what_torch_caches_and_what_the_planner
 
 def _backward_mm_flops(lora: bool, mode: str) -> float:
     """FLOPs of the mm/addmm run during backward of one layer under checkpoint mode none / full / selective."""
-    from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils.checkpoint import checkpoint
 
+    from bench.saved_graph import op_counter
     from packtrain.train.selective_ac import checkpoint_kwargs
 
     _, _, x, _, forward = _layer(lora, 64)
     out = forward(x) if mode == "none" else checkpoint(forward, x, use_reentrant=False, **checkpoint_kwargs(mode, 8 if lora else None))
-    flops = [0.0]
-
-    class Count(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            name = func.overloadpacket.__name__
-            if name in ("mm", "addmm"):
-                a, w = (args[1], args[2]) if name == "addmm" else (args[0], args[1])
-                flops[0] += 2.0 * a.shape[0] * a.shape[1] * w.shape[1]
-            return func(*args, **(kwargs or {}))
-
-    with Count():
+    with op_counter() as count:
         out.float().pow(2).sum().backward()
-    return flops[0]
+    return count.matmul_flops()
 
 
 def test_the_recorded_recompute_is_what_backward_re_runs():

@@ -66,29 +66,20 @@ WIDE = ModelConfig(hidden_size=64, intermediate_size=128, num_layers=2, num_head
 
 def _backward_matmul_flops(ac: str, precision: str = "fp32"):
     """Loss, gradients and the FLOPs of every mm/addmm run during backward (recompute included)."""
-    from torch.utils._python_dispatch import TorchDispatchMode
+    from bench.saved_graph import op_counter
 
     torch.manual_seed(0)
     model = build_model(WIDE, V)
     tq.apply_activation_checkpointing(model, TrainConfig(activation_checkpointing=ac))
     module = packed_causal_lm(model)
     b = _batch()
-    flops = [0, 0]   # matrix-product FLOPs, attention forwards re-run
-
-    class Count(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            name = func.overloadpacket.__name__
-            if name in ("mm", "addmm"):
-                a, w = (args[1], args[2]) if name == "addmm" else (args[0], args[1])
-                flops[0] += 2 * a.shape[0] * a.shape[1] * w.shape[1]
-            flops[1] += name == "_scaled_dot_product_flash_attention_for_cpu"
-            return func(*args, **(kwargs or {}))
-
     with tq.autocast(precision, "cpu"):
         out = module(labels=b.labels, **model_inputs(b, "sdpa"))
-    with Count():
+    with op_counter() as count:
         out.backward()
-    return out.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}, tuple(flops)
+    # matrix-product FLOPs, attention forwards re-run
+    flops = (count.matmul_flops(), count.calls["_scaled_dot_product_flash_attention_for_cpu"])
+    return out.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}, flops
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])

@@ -110,13 +110,18 @@ def adapter_input_casts(layers: list, enabled: bool) -> Iterator[None]:
     checkpointing re-runs the forward during backward and must save the same tensors. A forward without
     autocast (the in-training evaluation in fp32) needs it on: a 16-bit input would meet the fp32 adapter."""
     before = [getattr(m, "cast_input_dtype_enabled", True) for m in layers]
-    for m in layers:
-        m.cast_input_dtype_enabled = enabled
+    set_adapter_input_casts(layers, enabled)
     try:
         yield
     finally:
         for m, b in zip(layers, before, strict=True):
             m.cast_input_dtype_enabled = b
+
+
+def set_adapter_input_casts(layers: list, enabled: bool) -> None:
+    """peft's per-branch input cast on or off for good (`adapter_input_casts` says when off is right)."""
+    for m in layers:
+        m.cast_input_dtype_enabled = enabled
 
 
 def adapter_param_count(model: Any) -> int:

@@ -130,7 +130,7 @@ def build_model_parts(model_cfg: ModelConfig, train_cfg: TrainConfig, data: Data
     leaves no counter running."""
     import torch
 
-    from packtrain.model.adapter import apply_adapter, lora_layers
+    from packtrain.model.adapter import apply_adapter, lora_layers, set_adapter_input_casts
     from packtrain.model.build import build_model, count_params
     from packtrain.model.families import pick_attention
     from packtrain.model.source import init_checkpoint_config
@@ -197,8 +197,7 @@ def build_model_parts(model_cfg: ModelConfig, train_cfg: TrainConfig, data: Data
             return tq.autocast(train_cfg.precision, device.type)
 
         if adapted is not None and train_cfg.precision != "fp32":   # every training forward runs under autocast:
-            for layer in lora_layers(adapted):                       # the branches share their layer's input
-                layer.cast_input_dtype_enabled = False               # (model.adapter.adapter_input_casts)
+            set_adapter_input_casts(lora_layers(adapted), False)     # the branches share their layer's input
     return ModelParts(backend, model, stepper.module, params, flop_dims, ac_layers, counter, optimizer, scheduler,
                       stepper, autocast, adapted, fp8_linears, fp8_params)
 
