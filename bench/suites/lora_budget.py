@@ -264,9 +264,17 @@ def _forward_share(g, rank: int) -> float:
     return fwd / (fwd + bwd)
 
 
+def _token_counts(text: str) -> tuple[int, int]:
+    """--tokens "A,B" → (A, B): two whole token counts, 0 < A < B (SystemExit naming the option otherwise)."""
+    parts = [t.strip() for t in text.split(",")]
+    if len(parts) != 2 or not all(t.isdigit() for t in parts) or not 0 < int(parts[0]) < int(parts[1]):
+        raise SystemExit(f"--tokens {text!r}: two whole token counts A,B with 0 < A < B (e.g. 512,1024)")
+    return int(parts[0]), int(parts[1])
+
+
 def run(args, out: Path) -> Record:
     spec = SHAPES["smoke" if args.smoke else args.shape]
-    t_small, t_big = (32, 64) if args.smoke else tuple(int(t) for t in args.tokens.split(","))
+    t_small, t_big = (32, 64) if args.smoke else _token_counts(args.tokens)
     peft_model, layer, rope = _layer(spec, args.r)
     variants, checks, graphs = {}, {}, {}
     from packtrain.model.adapter import adapter_input_casts, lora_layers

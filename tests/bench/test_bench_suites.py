@@ -39,6 +39,15 @@ def test_unknown_suite_is_named():
     assert proc.returncode == 2 and "no-such-suite" in proc.stderr and "pack-speed" in proc.stderr
 
 
+@pytest.mark.parametrize("tokens", ["512", "1024,512", "a,b", "0,64"])
+def test_lora_budget_refuses_bad_token_counts_and_keeps_the_record(tmp_path, tokens):
+    rec = tmp_path / "lora_budget.json"
+    rec.write_text('{"earlier": true}\n')
+    proc = _bench("lora-budget", "--tokens", tokens, "--out", str(rec))
+    assert proc.returncode == 1 and f"--tokens {tokens!r}" in proc.stderr and "0 < A < B" in proc.stderr
+    assert rec.read_text() == '{"earlier": true}\n' and not rec.with_suffix(".png").exists()
+
+
 @pytest.fixture(scope="module")
 def smoke_dir(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("bench-smoke")
