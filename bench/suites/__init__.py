@@ -34,6 +34,7 @@ SUITES = {
     "step-profile": "bench.suites.step_profile",
     "loss-kernels": "bench.suites.loss_kernels",
     "lora-budget": "bench.suites.lora_budget",
+    "seed-spread": "bench.suites.seed_spread",
 }
 
 

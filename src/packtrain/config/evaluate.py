@@ -69,6 +69,26 @@ class PromotionConfig(StrictModel):
     """Bootstrap resamples of the documents (each suite)."""
     seed: Seed = 0
     """Seed of the bootstrap: the same tables give the same verdict, bit for bit."""
+    seed_spread: Literal["auto"] | PathStr | None = "auto"
+    """Calibration record of every suite's between-seed spread (`python -m bench seed-spread`;
+    packtrain.evaluate.seed_spread). Each suite's margin becomes the larger of the configured one and
+    t(confidence, k − 1) · sd · √2, what a rerun differing only in `train.seed` exceeds with probability
+    1 − confidence, so a seed rerun is promoted in neither role. auto → bench/results/seed_spread_<name>.json of
+    the checkout, if it exists and was measured with this config (else the configured margins, said so in the
+    verdict); a path → that record (missing, or measured for another recipe or config: an error); null → none."""
+    power: Float = Field(0.8, gt=0, lt=1)
+    """Power of the minimum detectable effect (MDE) shown per suite: the smallest true effect the suite's test
+    detects with this probability, from its n documents and their paired spread."""
+    power_check: Literal["warn", "strict", "off"] = "warn"
+    """Before training: per suite, the MDE from the seed-spread record's per-document spread and the suite's n; a
+    suite whose MDE exceeds its margin cannot decide. warn → named in a warning; strict → a ConfigError (exit 2)
+    before any stage runs; off → not checked."""
+
+    @field_validator("power_check", mode="before")
+    @classmethod
+    def _off_from_yaml(cls, v):
+        """YAML reads a bare `off` as false: that is "off"."""
+        return "off" if v is False else v
 
 
 class EvalConfig(StrictModel):

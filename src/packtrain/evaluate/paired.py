@@ -58,13 +58,19 @@ class SuiteDelta:
     p_value: float | None
     passed: bool | None            # None: no champion to compare against
     loss_per_token: dict[str, float] = field(default_factory=dict)   # text suites, same tokenizer only
+    margin: float | None = None    # |threshold|: max(configured, seed margin); None in verdicts before margins
+    margin_source: str = "configured"   # configured | seed spread (k N, sd S): which one set the margin
+    mde: float | None = None       # minimum detectable effect at `level` and register.promotion.power
+    decides: bool | None = None    # mde ≤ the margin it must resolve (module doc); None without a champion
 
     def line(self) -> str:
         if self.delta is None:
             return f"{self.suite} ({self.role}): challenger {self.challenger:.4f} {self._val_unit()}, n {self.n}"
+        seed = " (seed-spread margin)" if self.margin_source.startswith("seed") else ""
+        mde = f", MDE {self.mde:.4f}" if self.mde is not None else ""
         return (f"{self.suite} ({self.role}, {self.test}): Δ {self.delta:+.4f} {self.unit}, {100 * (self.level or 0):.2f}% "
-                f"upper bound {self.upper:+.4f} {'<' if self.passed else '≥'} {self.threshold:+.4f} "
-                f"(CI [{self.ci_low:+.4f}, {self.ci_high:+.4f}], n {self.n}, p {self.p_value:.4f})")
+                f"upper bound {self.upper:+.4f} {'<' if self.passed else '≥'} {self.threshold:+.4f}{seed} "
+                f"(CI [{self.ci_low:+.4f}, {self.ci_high:+.4f}], n {self.n}, p {self.p_value:.4f}{mde})")
 
     def _val_unit(self) -> str:
         return "bits/byte" if self.kind == "text" else "accuracy"
@@ -97,6 +103,10 @@ class PromotionVerdict:
             p = f"suite.{s.suite}"
             t.update({f"{p}.role": s.role, f"{p}.n": str(s.n), f"{p}.md5": s.md5,
                       f"{p}.challenger": f"{s.challenger:.6g}"})
+            if s.margin is not None:
+                t[f"{p}.margin"] = f"{s.margin:.6g}"
+            if s.mde is not None:
+                t[f"{p}.mde"] = f"{s.mde:.6g}"
             if s.delta is not None:
                 t.update({f"{p}.delta": f"{s.delta:.6g}", f"{p}.ci": f"[{s.ci_low:.6g}, {s.ci_high:.6g}]",
                           f"{p}.upper": f"{s.upper:.6g}", f"{p}.passed": str(s.passed).lower()})
@@ -129,11 +139,29 @@ def _point(num: np.ndarray, den: np.ndarray | None) -> float:
     return float(num.sum() / den.sum()) if den is not None else float(num.mean())
 
 
-def suite_delta(s: dict, cfg: PromotionConfig) -> tuple[SuiteDelta, np.ndarray | None]:
+def suite_margin(role: str, kind: str, cfg: PromotionConfig, seed: dict | None, k: int = 0) -> tuple[float, str]:
+    """(margin, its source) of one suite: the configured one (primary delta, regression epsilon, task
+    epsilon_task) or, when larger, the seed margin t(confidence, k − 1)·sd·√2 of its seed-spread record entry
+    (packtrain.evaluate.seed_spread), e.g. (0.0376, "seed spread (k 4, sd 0.0113)")."""
+    from packtrain.evaluate.seed_spread import UNITS, seed_margin
+
+    configured = cfg.delta if role == "primary" else (cfg.epsilon if role == "regression" else cfg.epsilon_task)
+    if seed is None or seed.get("unit") != UNITS.get(kind) or k < 3:
+        return float(configured), "configured"
+    sm = seed_margin(float(seed["sd"]), k, cfg.confidence)
+    if sm <= configured:
+        return float(configured), f"configured (≥ seed margin {sm:.4f})"
+    return sm, f"seed spread (k {k}, sd {float(seed['sd']):.4g})"
+
+
+def suite_delta(s: dict, cfg: PromotionConfig, seed: dict | None = None, k: int = 0
+                ) -> tuple[SuiteDelta, np.ndarray | None]:
     """The point estimate and bootstrap replicates of one suite. `s`: {"suite", "role", "kind", "md5",
-    "challenger": {"nll", "tokens", "bytes"} or {"acc"}, "champion": same or None, "same_tokenizer"}."""
+    "challenger": {"nll", "tokens", "bytes"} or {"acc"}, "champion": same or None, "same_tokenizer"}; `seed`:
+    the suite's entry of a seed-spread record of `k` seeds (sets the margin, suite_margin)."""
     ch, cp, kind = s["challenger"], s.get("champion"), s["kind"]
-    threshold = (-cfg.delta if cfg.delta else 0.0) if s["role"] == "primary" else (cfg.epsilon if s["role"] == "regression" else cfg.epsilon_task)
+    margin, source = suite_margin(s["role"], kind, cfg, seed, k)
+    threshold = (-margin if margin else 0.0) if s["role"] == "primary" else margin
     if kind == "text":
         den = np.asarray(ch["bytes"], np.float64) * LN2
         value = _point(np.asarray(ch["nll"]), den)
@@ -152,7 +180,7 @@ def suite_delta(s: dict, cfg: PromotionConfig) -> tuple[SuiteDelta, np.ndarray |
         lpt = {"challenger": float(np.sum(ch["nll"])) / tok, "champion": float(np.sum(cp["nll"])) / tok}
     d = SuiteDelta(s["suite"], s["role"], kind, unit, len(ch["nll"] if kind == "text" else ch["acc"]), s["md5"],
                    value, champ, None, None, None, None, None, threshold,
-                   "superiority" if s["role"] == "primary" else "non-inferiority", None, None, lpt)
+                   "superiority" if s["role"] == "primary" else "non-inferiority", None, None, lpt, margin, source)
     if num is None:
         return d, None
     reps = bootstrap(num, den, cfg.resamples, _seed(cfg.seed, s["suite"]))
@@ -163,8 +191,14 @@ def suite_delta(s: dict, cfg: PromotionConfig) -> tuple[SuiteDelta, np.ndarray |
     return d, reps
 
 
-def holm(deltas: list[SuiteDelta], reps: list[np.ndarray], confidence: float) -> None:
-    """Holm step-down in place (module doc): sets level, upper and passed of every suite."""
+def holm(deltas: list[SuiteDelta], reps: list[np.ndarray], confidence: float, power: float = 0.8,
+         resolve: dict[str, float] | None = None) -> None:
+    """Holm step-down in place (module doc): sets level, upper and passed of every suite; and its MDE at that
+    level and `power` from the bootstrap's sd, `decides` = MDE ≤ max(margin, resolve[kind]) for a primary suite
+    (a superiority margin of 0 can never be resolved: it must see an effect of the regression margin's size),
+    MDE ≤ margin for the others."""
+    from packtrain.evaluate.seed_spread import mde
+
     alpha, m = 1.0 - confidence, len(deltas)
     order = sorted(range(m), key=lambda i: (deltas[i].p_value, deltas[i].suite))
     failed = False
@@ -174,23 +208,47 @@ def holm(deltas: list[SuiteDelta], reps: list[np.ndarray], confidence: float) ->
         d.upper = float(np.quantile(reps[i], 1.0 - a_k, method="higher"))
         failed = failed or not (d.p_value is not None and d.p_value < a_k and d.upper < d.threshold)
         d.passed = not failed
+        d.mde = mde(float(np.std(reps[i], ddof=1)), a_k, power)
+        need = abs(d.threshold)
+        if d.role == "primary" and resolve:
+            need = max(need, resolve.get(d.kind, 0.0))
+        d.decides = d.mde <= need
+
+
+def margins_note(spread: dict | None, deltas: list[SuiteDelta], cfg: PromotionConfig) -> str:
+    """One line: where the margins came from, e.g. "margins from the seed-spread record seed_spread_tiny-cpu.json
+    (recipe tiny-cpu, k 4 seeds): recent 0.0376 bits/byte, wordorder 0.0600 accuracy", or "no seed-spread record
+    for recipe r (…): the configured margins are assumed — delta 0, epsilon 0.01, epsilon_task 0.02"."""
+    configured = f"delta {cfg.delta:g}, epsilon {cfg.epsilon:g}, epsilon_task {cfg.epsilon_task:g}"
+    if not spread or not spread.get("suites"):
+        why = (spread or {}).get("note") or "no seed-spread record: the configured margins are assumed"
+        return f"{why} — {configured} (a rerun differing only in train.seed is not accounted for)"
+    per = ", ".join(f"{d.suite} {d.margin:.4f} {'bits/byte' if d.kind == 'text' else 'accuracy'}"
+                    + ("" if d.margin_source.startswith("seed") else " (configured)") for d in deltas)
+    return f"{spread['note']}: {per}"
 
 
 def decide_promotion(suites: list[dict], cfg: PromotionConfig, against: str | None,
-                     tokenizers_match: bool | None) -> PromotionVerdict:
+                     tokenizers_match: bool | None, spread: dict | None = None) -> PromotionVerdict:
     """The verdict over all suites (module doc). `against` None: no champion, the challenger is promoted as
-    the first champion."""
+    the first champion. `spread`: the seed-spread entry of suites.json (packtrain.evaluate.seed_spread
+    .resolve_seed_spread): each suite's margin is at least its recorded seed margin."""
     conf = cfg.model_dump()
     if not suites:
         return PromotionVerdict(False, "no suite was scored: nothing to decide on", against, tokenizers_match, [], conf)
-    pairs = [suite_delta(s, cfg) for s in suites]
+    recorded, k = (spread or {}).get("suites") or {}, int((spread or {}).get("k") or 0)
+    pairs = [suite_delta(s, cfg, recorded.get(s["suite"]), k) for s in suites]
     deltas = [d for d, _ in pairs]
-    note = ("tokenizers differ: every text suite compared in bits per byte (per-token losses are not comparable)"
-            if tokenizers_match is False else "")
+    notes = ["tokenizers differ: every text suite compared in bits per byte (per-token losses are not comparable)"
+             if tokenizers_match is False else "", margins_note(spread, deltas, cfg)]
+    note = "; ".join(n for n in notes if n)
     if against is None:
         return PromotionVerdict(True, "first champion: no version held the champion alias (the challenger was "
                                 "scored alone)", None, None, deltas, conf, note)
-    holm(deltas, [r for _, r in pairs], cfg.confidence)   # type: ignore[misc]
+    resolve = {"text": max([d.margin or 0.0 for d in deltas if d.kind == "text" and d.role != "primary"]
+                           + [cfg.epsilon]),
+               "task": max([d.margin or 0.0 for d in deltas if d.kind == "task"] + [cfg.epsilon_task])}
+    holm(deltas, [r for _, r in pairs], cfg.confidence, cfg.power, resolve)   # type: ignore[misc]
     bad = [d for d in deltas if not d.passed]
     primary = [d for d in deltas if d.role == "primary"]
     if not primary:
@@ -206,21 +264,28 @@ def decide_promotion(suites: list[dict], cfg: PromotionConfig, against: str | No
 
 
 def verdict_markdown(v: PromotionVerdict) -> str:
-    """validation.md: the verdict, one table row per suite."""
+    """validation.md: the verdict, one table row per suite (with its n, margin, MDE and whether it can decide)."""
     c = v.config
     lines = [f"# Validation: {'PROMOTE' if v.promote else 'KEEP CHAMPION'}", "", v.reason, ""]
     if v.note:
         lines += [f"> {v.note}", ""]
     lines += [f"Against: {v.against or 'no champion'}. Paired bootstrap over documents, {c['resamples']} resamples "
               f"(seed {c['seed']}), Holm across {len(v.suites)} suite(s) at {100 * c['confidence']:.1f}%; "
-              f"delta {c['delta']:g}, epsilon {c['epsilon']:g} bits/byte, epsilon_task {c['epsilon_task']:g}.", "",
-              "| suite | role | n | challenger | champion | Δ | CI | level | upper | threshold | pass | md5 |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              f"delta {c['delta']:g}, epsilon {c['epsilon']:g} bits/byte, epsilon_task {c['epsilon_task']:g}; "
+              f"MDE at power {c.get('power', 0.8):g}.", "",
+              "| suite | role | n | challenger | champion | Δ | CI | level | upper | threshold | margin from | MDE "
+              "| decides | pass | md5 |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+
+    def f(x: float | None, sign: bool = False) -> str:
+        return "–" if x is None else (f"{x:+.4f}" if sign else f"{x:.4f}")
+
+    def yes(b: bool | None) -> str:
+        return "–" if b is None else ("yes" if b else "NO")
+
     for s in v.suites:
-        def f(x: float | None, sign: bool = False) -> str:
-            return "–" if x is None else (f"{x:+.4f}" if sign else f"{x:.4f}")
         ci = "–" if s.ci_low is None else f"[{s.ci_low:+.4f}, {s.ci_high:+.4f}]"
         lines.append(f"| {s.suite} | {s.role} | {s.n} | {f(s.challenger)} | {f(s.champion)} | {f(s.delta, True)} "
-                     f"{s.unit} | {ci} | {f(s.level)} | {f(s.upper, True)} | {s.threshold:+.4f} | "
-                     f"{'–' if s.passed is None else ('yes' if s.passed else 'NO')} | `{s.md5}` |")
+                     f"{s.unit} | {ci} | {f(s.level)} | {f(s.upper, True)} | {s.threshold:+.4f} | {s.margin_source} "
+                     f"| {f(s.mde)} | {yes(s.decides)} | {yes(s.passed)} | `{s.md5}` |")
     return "\n".join(lines) + "\n"

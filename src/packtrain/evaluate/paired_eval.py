@@ -107,7 +107,7 @@ def resolve_against(cfg: RunConfig, ref: str, challenger: Path | None = None) ->
 
 def evaluate_identity(cfg: RunConfig, model_md5: str | None = None) -> dict:
     """What the evaluate stage's output depends on beyond its inputs and config (the stage cache key): the
-    champion version it is compared with and the md5 of every suite file. An unreadable registry gives a key
+    champion version it is compared with, the md5 of every suite file and the seed-spread record (its margins). An unreadable registry gives a key
     that never repeats (a miss, never a stale comparison)."""
     import time
 
@@ -142,7 +142,14 @@ def evaluate_identity(cfg: RunConfig, model_md5: str | None = None) -> dict:
                 f"unresolved {time.time_ns()}"
         except Exception:   # an unreachable store
             champion = f"unresolved {time.time_ns()}"
-    return {"champion": champion, "suites": suites}
+    from packtrain.evaluate.seed_spread import resolve_seed_spread
+
+    try:
+        sp = resolve_seed_spread(cfg)
+        spread = f"{sp.get('path')} {sp.get('md5')} {sp.get('config_hash')}"
+    except Exception as e:   # the evaluate stage itself reports it, with its exit code
+        spread = f"unresolved {type(e).__name__} {time.time_ns()}"
+    return {"champion": champion, "suites": suites, "seed_spread": spread}
 
 
 def score_suites(models: list[tuple[str, Path]], suites: list[Suite], cfg: EvalConfig,
@@ -301,7 +308,10 @@ def paired_evaluation(cfg: RunConfig, challenger: Path, ref: str, out_dir: Path,
 
     from packtrain.evaluate.suites import load_suites
 
+    from packtrain.evaluate.seed_spread import resolve_seed_spread
+
     suites = load_suites(cfg.evaluate)   # bad suites fail before any model is loaded or downloaded
+    spread = resolve_seed_spread(cfg)    # so does a seed-spread record of another recipe
     t0 = time.perf_counter()
     against, note = resolve_against(cfg, ref, Path(challenger))
     if against is not None and not against.same:
@@ -319,6 +329,7 @@ def paired_evaluation(cfg: RunConfig, challenger: Path, ref: str, out_dir: Path,
     t_write = time.perf_counter()
     manifest = paired_manifest(Path(challenger), against, note, cfg.evaluate, scored)
     manifest["task_metrics"] = metrics
+    manifest["seed_spread"] = spread
     write_scores(out_dir, rows, manifest)
     if timings is not None:
         timings["write_s"] = round(time.perf_counter() - t_write, 3)

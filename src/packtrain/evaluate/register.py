@@ -51,7 +51,7 @@ def promotion_verdict(eval_dir: str | Path, cfg: RegisterConfig):
 
     suites, manifest = read_decision_input(Path(eval_dir))
     against = (manifest.get("against") or {}).get("label")
-    v = decide_promotion(suites, cfg.promotion, against, manifest.get("tokenizers_match"))
+    v = decide_promotion(suites, cfg.promotion, against, manifest.get("tokenizers_match"), manifest.get("seed_spread"))
     if manifest.get("note") and manifest["note"] not in v.note:
         v.note = "; ".join(x for x in (manifest["note"], v.note) if x)
     return v

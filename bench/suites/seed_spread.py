@@ -1,0 +1,95 @@
+"""Seed spread: k trainings of one recipe that differ only in `train.seed`, every suite's metric of each, and the
+between-seed spread the promotion decision uses as its margins (packtrain.evaluate.seed_spread,
+docs/validation.md "Seed noise").
+
+    python -m bench seed-spread --recipe tiny-cpu --seeds 0 1 2 3 --out bench/results/seed_spread_tiny-cpu.json
+    python -m bench seed-spread --smoke --out /tmp/ss        # 3 seeds of 3 steps, scored on 8 documents
+
+Each seed is `packtrain run --recipe R --set train.seed=S --set evaluate.against=none` in one fresh working
+directory (the data stages come from the stage cache after the first seed; train and evaluate run for every
+seed), its evaluate output copied aside. The record carries, beside the harness's command and machine:
+
+    recipe, config_hash (packtrain.evaluate.seed_spread.recipe_hash: the resolved config minus train.seed),
+    seeds, k, suites: {name: {kind, unit, n, values (one per seed), mean, sd, doc_sd}},
+    rows: one per suite with sd, doc_sd and the margin t(0.95, k − 1)·sd·√2; runs: per seed seconds
+
+`register.promotion.seed_spread: auto` reads bench/results/seed_spread_<recipe>.json.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench.harness import Record, machine_info
+
+SUMMARY = "k trainings differing only in train.seed: each suite's between-seed spread (the promotion's margins)"
+DEVICE = "cpu"
+PACKTRAIN = Path(sys.executable).with_name("packtrain")
+SMOKE_SETS = ["train.max_steps=3", "train.warmup_steps=1", "evaluate.recent_max_documents=8",
+              "evaluate.max_batches=1", "evaluate.suites=[]"]
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--recipe", default="tiny-cpu", help="recipe name or YAML path (default tiny-cpu)")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3], help="train.seed values (≥ 3)")
+    p.add_argument("--set", dest="sets", action="append", default=[],
+                   help="extra --set KEY=VALUE for every seed's run (also hashed into config_hash)")
+    p.add_argument("--keep", action="store_true", help="keep the working directory")
+
+
+def run(args, out: Path) -> Record:
+    from packtrain.config import load_run_config
+    from packtrain.evaluate.seed_spread import recipe_hash, seed_margin, spread_from_evaluations
+
+    seeds = [0, 1, 2] if args.smoke else list(dict.fromkeys(args.seeds))
+    if len(seeds) < 3:
+        raise SystemExit(f"--seeds: at least 3 distinct seeds are needed (got {seeds})")
+    sets = [*(SMOKE_SETS if args.smoke else []), *args.sets]
+    cfg = load_run_config(args.recipe, sets)
+    cwd = Path(tempfile.mkdtemp(prefix="packtrain-seed-spread-"))
+    env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "PACKTRAIN_PARENT_RUN_ID")}
+    runs, eval_dirs = [], []
+    try:
+        for s in seeds:
+            cmd = [str(PACKTRAIN), "run", "--recipe", args.recipe, "--set", f"train.seed={s}",
+                   "--set", "evaluate.against=none", "--set", "register.promotion.power_check=off",
+                   *[x for kv in sets for x in ("--set", kv)]]
+            t0 = time.perf_counter()
+            r = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=3600)
+            wall = time.perf_counter() - t0
+            if r.returncode != 0:
+                raise SystemExit(f"seed {s}: `{' '.join(cmd)}` failed (exit {r.returncode}):\n{r.stdout[-3000:]}\n"
+                                 f"{r.stderr[-3000:]}")
+            ev = cwd / cfg.workdir / "evaluate"
+            keep = cwd / f"seed_{s}"
+            shutil.copytree(ev, keep)
+            eval_dirs.append(keep)
+            m = re.search(r"stages in ([\d.]+) s", r.stdout)
+            timing = json.loads((ev / "eval_result.json").read_text()).get("timings", {})
+            runs.append({"seed": s, "seconds": float(m.group(1)) if m else round(wall, 1), "wall_s": round(wall, 1),
+                         "evaluate_timings": timing})
+            print(f"seed {s}: {runs[-1]['seconds']} s", file=sys.stderr)
+        suites = spread_from_evaluations(eval_dirs)
+    finally:
+        if args.keep:
+            print(f"working directory kept: {cwd}", file=sys.stderr)
+        else:
+            shutil.rmtree(cwd, ignore_errors=True)
+    k = len(seeds)
+    rows = [{"name": name, "kind": s["kind"], "unit": s["unit"], "n": s["n"], "mean": s["mean"], "sd": s["sd"],
+             "doc_sd": s["doc_sd"], "margin_95": round(seed_margin(s["sd"], k, 0.95), 6)} for name, s in suites.items()]
+    return Record(suite="seed-spread", study=f"between-seed spread of every suite, recipe {cfg.name}, k {k}",
+                  command=args.command, machine=machine_info(),
+                  settings={"recipe": cfg.name, "sets": sets, "seeds": seeds,
+                            "run": f"packtrain run --recipe {args.recipe} --set train.seed=S --set evaluate.against=none"},
+                  rows=rows,
+                  extra={"recorded": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "recipe": cfg.name,
+                         "config_hash": recipe_hash(cfg), "seeds": seeds, "k": k, "suites": suites, "runs": runs})

@@ -1,0 +1,239 @@
+"""How much a suite's metric moves between two trainings that differ only in `train.seed`, and the margins
+and detectable effects that follow from it (docs/validation.md "Seed noise").
+
+The paired bootstrap of packtrain.evaluate.paired resamples documents with both models fixed: it says how sure
+we are that *these two weights* differ, not that the recipe change did anything. Two trainings of one recipe
+that differ only in the seed differ too (Dodge et al. 2020: of the order of the effects people report). The
+calibration record measures that spread:
+
+    python -m bench seed-spread --recipe tiny-cpu --seeds 0 1 2 3 --out bench/results/seed_spread_tiny-cpu.json
+
+    {"recipe": "tiny-cpu", "config_hash": "3f0c…" (recipe_hash: the resolved config minus train.seed),
+     "seeds": [0, 1, 2, 3], "k": 4,
+     "suites": {"recent":    {"kind": "text", "unit": "bits/byte", "n": 64, "values": [...], "sd": 0.0113,
+                              "doc_sd": 0.061},
+                "wordorder": {"kind": "task", "unit": "accuracy",  "n": 200, "values": [...], "sd": 0.021,
+                              "doc_sd": 0.43}}}
+
+`sd` is the between-seed standard deviation of the suite's metric (bits/byte or accuracy), k − 1 degrees of
+freedom; `doc_sd` the per-document standard deviation of the paired difference between two seeds (the
+bootstrap's own noise: its standard error at n documents is doc_sd / √n), averaged over the seed pairs.
+
+The margin a seed rerun alone exceeds with probability 1 − confidence (one-sided): the difference of two new
+seed draws M₁ − M₀ has standard deviation σ·√2, and with σ estimated from k seeds (M₁ − M₀) / (σ̂·√2) follows
+Student's t with k − 1 degrees of freedom (a prediction bound, exact under normality), so
+
+    seed_margin = t(confidence, k − 1) · sd · √2        e.g. k 4, sd 0.0113, 95 % → 2.353 · 0.0113 · 1.414 = 0.0376
+
+t rather than z because k is small: with k = 4 the estimate σ̂ itself is uncertain by ±40 %, and z would
+under-cover. Each suite's margin is the larger of the configured one (delta, epsilon, epsilon_task) and this.
+
+The minimum detectable effect of a suite of n documents at level 1 − a and power 1 − b:
+
+    mde = (z(1 − a) + z(1 − b)) · se          se = doc_sd / √n (preflight) or the bootstrap's sd (verdict)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from pathlib import Path
+from statistics import NormalDist
+from typing import TYPE_CHECKING
+
+from packtrain.errors import ConfigError, InputDataError, MissingDataError
+
+if TYPE_CHECKING:
+    from packtrain.config import RunConfig
+
+RECORD_PREFIX = "seed_spread_"
+HASHED_SECTIONS = ("ingest", "validate", "tokenize", "pack", "model", "train")
+"""The sections whose values make the trained weights (the recipe proper); train.seed is left out, and so are
+workdir, tracking, telemetry, the evaluate/register settings and the pipeline's."""
+UNITS = {"text": "bits/byte", "task": "accuracy"}
+
+
+def recipe_hash(cfg: RunConfig) -> str:
+    """sha256 (first 16 hex) of the resolved config's HASHED_SECTIONS, train.seed removed: two configs that differ
+    only in the seed (or in where they write) hash alike."""
+    d = cfg.model_dump(mode="json", by_alias=True)
+    sections = {k: d[k] for k in HASHED_SECTIONS}
+    sections["train"] = {k: v for k, v in sections["train"].items() if k != "seed"}
+    blob = json.dumps(sections, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:16]
+
+
+def t_cdf(t: float, df: int) -> float:
+    """Student's t CDF for an integer df, exactly: the finite series of Abramowitz & Stegun 26.7.3/26.7.4 in
+    θ = atan(t/√df) for A = P(|T| < |t|)."""
+    th = math.atan(abs(t) / math.sqrt(df))
+    c2, s_ = math.cos(th) ** 2, math.sin(th)
+    if df % 2:
+        term, acc = math.cos(th), 0.0
+        for j in range(1, (df - 1) // 2 + 1):   # cos θ · (1 + 2/3 cos²θ + 2·4/(3·5) cos⁴θ + …), df − 2 powers
+            acc += term
+            term *= c2 * (2 * j) / (2 * j + 1)
+        a = 2 / math.pi * (th + s_ * acc) if df > 1 else 2 * th / math.pi
+    else:
+        term, acc = 1.0, 0.0
+        for j in range(1, df // 2 + 1):          # 1 + ½ cos²θ + 1·3/(2·4) cos⁴θ + …
+            acc += term
+            term *= c2 * (2 * j - 1) / (2 * j)
+        a = s_ * acc
+    return 0.5 + 0.5 * a if t >= 0 else 0.5 - 0.5 * a
+
+
+def t_quantile(p: float, df: int) -> float:
+    """Student's t quantile for an integer df (bisection on t_cdf to 1e-12; tests compare with scipy).
+
+    >>> round(t_quantile(0.95, 2), 3), round(t_quantile(0.95, 3), 3)
+    (2.92, 2.353)
+    """
+    if df < 1 or not 0 < p < 1:
+        raise ValueError(f"t quantile needs df ≥ 1 and 0 < p < 1 (got df {df}, p {p})")
+    lo, hi = -1.0, 1.0
+    while t_cdf(lo, df) > p:
+        lo *= 2
+    while t_cdf(hi, df) < p:
+        hi *= 2
+    while hi - lo > 1e-12 * max(1.0, abs(hi)):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if t_cdf(mid, df) < p else (lo, mid)
+    return (lo + hi) / 2
+
+
+def seed_margin(sd: float, k: int, confidence: float) -> float:
+    """t(confidence, k − 1) · sd · √2 (module doc): what a seed rerun alone exceeds with probability 1 − confidence."""
+    return t_quantile(confidence, k - 1) * sd * math.sqrt(2.0)
+
+
+def mde(se: float, alpha: float, power: float) -> float:
+    """Minimum detectable effect of a one-sided test at level alpha with the given power: (z(1−α) + z(power))·se."""
+    nd = NormalDist()
+    return (nd.inv_cdf(1.0 - alpha) + nd.inv_cdf(power)) * se
+
+
+# --- the record: per-seed evaluation outputs → spread -------------------------------------------------------
+
+def _suite_docs(eval_dir: Path) -> dict[str, dict]:
+    """{suite: {"kind", "docs": {doc_id: (nll, bytes) | acc}}} of the challenger in an evaluate output."""
+    import pyarrow.parquet as pq
+
+    from packtrain.evaluate.paired_eval import SCORES_FILE
+
+    path = Path(eval_dir) / SCORES_FILE
+    if not path.is_file():
+        raise MissingDataError(f"{path} does not exist: the seed's evaluate stage did not write its suite scores")
+    t = pq.read_table(path).to_pydict()
+    out: dict[str, dict] = {}
+    for i, suite in enumerate(t["suite"]):
+        if t["model"][i] != "challenger":
+            continue
+        s = out.setdefault(suite, {"kind": t["kind"][i], "docs": {}})
+        s["docs"][t["doc_id"][i]] = (t["nll"][i], t["bytes"][i]) if t["kind"][i] == "text" else t["acc"][i]
+    return out
+
+
+def _metric(kind: str, docs: dict, ids: list) -> float:
+    if kind == "text":
+        return sum(docs[d][0] for d in ids) / (math.log(2.0) * sum(docs[d][1] for d in ids))
+    return sum(docs[d] for d in ids) / len(ids)
+
+
+def _pair_doc_sd(kind: str, a: dict, b: dict, ids: list) -> float:
+    """Per-document sd of the paired difference b − a in the metric's unit: for bits/byte the ratio estimator
+    linearized, u_d = (Δnll_d − Δ·ln2·bytes_d) / (ln2 · mean bytes), so that se(Δ) = sd(u) / √n."""
+    import numpy as np
+
+    if kind == "text":
+        dn = np.array([b[d][0] - a[d][0] for d in ids], np.float64)
+        by = np.array([a[d][1] for d in ids], np.float64) * math.log(2.0)
+        delta = dn.sum() / by.sum()
+        u = (dn - delta * by) / by.mean()
+    else:
+        u = np.array([a[d] - b[d] for d in ids], np.float64)
+    return float(u.std(ddof=1)) if len(u) > 1 else 0.0
+
+
+def spread_from_evaluations(eval_dirs: list[Path]) -> dict[str, dict]:
+    """Per suite: n, the metric of every seed, its mean and sd (ddof 1), doc_sd (module doc). Every seed must have
+    scored the same documents of a suite (same data, same suites: only the seed differs)."""
+    import numpy as np
+
+    if len(eval_dirs) < 3:
+        raise ConfigError(f"a seed-spread record needs at least 3 seeds (got {len(eval_dirs)}): the margin's "
+                          "t quantile has k − 1 degrees of freedom, and t(0.95, 1) = 6.3 is no estimate")
+    per = [_suite_docs(d) for d in eval_dirs]
+    out: dict[str, dict] = {}
+    for suite in per[0]:
+        kind = per[0][suite]["kind"]
+        ids = sorted(per[0][suite]["docs"])
+        for k, p in enumerate(per[1:], 1):
+            if suite not in p or sorted(p[suite]["docs"]) != ids:
+                raise InputDataError(f"{eval_dirs[k]}: suite {suite!r} was not scored on the same documents as in "
+                                     f"{eval_dirs[0]}: the seeds' runs must differ only in train.seed")
+        docs = [p[suite]["docs"] for p in per]
+        values = [_metric(kind, d, ids) for d in docs]
+        pair_vars = [_pair_doc_sd(kind, docs[i], docs[j], ids) ** 2
+                     for i in range(len(docs)) for j in range(i + 1, len(docs))]
+        out[suite] = {"kind": kind, "unit": UNITS[kind], "n": len(ids), "values": [round(v, 6) for v in values],
+                      "mean": round(float(np.mean(values)), 6), "sd": round(float(np.std(values, ddof=1)), 6),
+                      "doc_sd": round(math.sqrt(float(np.mean(pair_vars))), 6)}
+    return out
+
+
+# --- the record as the decision reads it -------------------------------------------------------------------
+
+def default_record_path(recipe: str) -> Path:
+    """Where `seed_spread: auto` looks: bench/results/seed_spread_<recipe>.json of the repository packtrain runs
+    from (a source checkout; an installed wheel has no bench/, so auto finds nothing there and says so)."""
+    import packtrain
+
+    # src/packtrain/__init__.py of a checkout (editable install or PYTHONPATH=src) → the checkout's root
+    return Path(packtrain.__file__).resolve().parents[2] / "bench" / "results" / f"{RECORD_PREFIX}{recipe}.json"
+
+
+def resolve_seed_spread(cfg: RunConfig, base: Path | None = None) -> dict:
+    """The seed-spread entry of suites.json for this run: {"recipe", "path", "md5", "config_hash", "k",
+    "suites": {name: {"sd", "doc_sd", "n", "unit"}}, "note"} from `register.promotion.seed_spread`, or {"recipe",
+    "path": None, "suites": {}, "note"} when there is none (the configured margins are assumed, and the note says
+    so). A record made for another recipe is a ConfigError naming both; auto skips a record whose config hash
+    differs (saying so), an explicit path refuses it."""
+    from packtrain.versioning import file_md5
+
+    setting = cfg.register_.promotion.seed_spread
+    recipe, digest = cfg.name, recipe_hash(cfg)
+    none = {"recipe": recipe, "config_hash": digest, "path": None, "suites": {}}
+    if setting is None:
+        return {**none, "note": "register.promotion.seed_spread is null: no seed-spread record, the configured "
+                                "margins are assumed"}
+    path = default_record_path(recipe) if setting == "auto" else (Path(base or Path.cwd()) / setting).resolve()
+    if not path.is_file():
+        if setting == "auto":
+            return {**none, "note": f"no seed-spread record for recipe {recipe} ({path} does not exist): the "
+                                    "configured margins are assumed"}
+        raise MissingDataError(f"register.promotion.seed_spread: {path} does not exist (a record of "
+                               "`python -m bench seed-spread`, auto, or null)")
+    try:
+        rec = json.loads(path.read_text(encoding="utf-8"))
+        suites, rec_recipe, rec_hash, k = rec["suites"], rec["recipe"], rec["config_hash"], int(rec["k"])
+        suites = {n: {"sd": float(s["sd"]), "doc_sd": float(s["doc_sd"]), "n": int(s["n"]), "unit": str(s["unit"])}
+                  for n, s in suites.items()}
+    except (ValueError, KeyError, TypeError, AttributeError, OSError) as e:
+        raise InputDataError(f"register.promotion.seed_spread: {path} is not a seed-spread record (needs recipe, "
+                             f"config_hash, k and suites.<name>.sd/doc_sd/n/unit): {e!r}") from None
+    if rec_recipe != recipe:
+        raise ConfigError(f"register.promotion.seed_spread: {path} was measured for recipe {rec_recipe!r}, this "
+                          f"run is recipe {recipe!r}: another recipe's seed spread says nothing about this one "
+                          f"(measure it: python -m bench seed-spread --recipe {recipe})")
+    if rec_hash != digest:
+        msg = (f"the seed-spread record {path} was measured for recipe {recipe} with config {rec_hash}, this run's "
+               f"config is {digest} (sections {', '.join(HASHED_SECTIONS)} minus train.seed differ)")
+        if setting == "auto":
+            return {**none, "note": f"{msg}: not used, the configured margins are assumed"}
+        raise ConfigError(f"register.promotion.seed_spread: {msg}; re-measure it, or set seed_spread to null")
+    if k < 3:
+        raise InputDataError(f"register.promotion.seed_spread: {path} has k {k} seeds; at least 3 are needed")
+    return {"recipe": recipe, "config_hash": digest, "path": str(path), "md5": file_md5(path), "k": k,
+            "suites": suites, "note": f"margins from the seed-spread record {path.name} (recipe {recipe}, k {k} seeds)"}
