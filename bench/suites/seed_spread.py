@@ -47,7 +47,7 @@ def add_arguments(p) -> None:
 
 def run(args, out: Path) -> Record:
     from packtrain.config import load_run_config
-    from packtrain.evaluate.seed_spread import recipe_hash, seed_margin, spread_from_evaluations
+    from packtrain.evaluate.seed_spread import seed_margin, spread_record
 
     seeds = [0, 1, 2] if args.smoke else list(dict.fromkeys(args.seeds))
     if len(seeds) < 3:
@@ -61,14 +61,14 @@ def run(args, out: Path) -> Record:
         for s in seeds:
             cmd = [str(PACKTRAIN), "run", "--recipe", args.recipe, "--set", f"train.seed={s}",
                    "--set", "evaluate.against=none", "--set", "register.promotion.power_check=off",
-                   *[x for kv in sets for x in ("--set", kv)]]
+                   *[x for kv in sets for x in ("--set", kv)], "--json", str(cwd / f"run_{s}.json")]
             t0 = time.perf_counter()
             r = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=3600)
             wall = time.perf_counter() - t0
             if r.returncode != 0:
                 raise SystemExit(f"seed {s}: `{' '.join(cmd)}` failed (exit {r.returncode}):\n{r.stdout[-3000:]}\n"
                                  f"{r.stderr[-3000:]}")
-            ev = cwd / cfg.workdir / "evaluate"
+            ev = Path(json.loads((cwd / f"run_{s}.json").read_text())["summary"]["evaluate_dir"])
             keep = cwd / f"seed_{s}"
             shutil.copytree(ev, keep)
             eval_dirs.append(keep)
@@ -77,13 +77,13 @@ def run(args, out: Path) -> Record:
             runs.append({"seed": s, "seconds": float(m.group(1)) if m else round(wall, 1), "wall_s": round(wall, 1),
                          "evaluate_timings": timing})
             print(f"seed {s}: {runs[-1]['seconds']} s", file=sys.stderr)
-        suites = spread_from_evaluations(eval_dirs)
+        spread = spread_record(cfg, seeds, eval_dirs)
     finally:
         if args.keep:
             print(f"working directory kept: {cwd}", file=sys.stderr)
         else:
             shutil.rmtree(cwd, ignore_errors=True)
-    k = len(seeds)
+    k, suites = len(seeds), spread["suites"]
     rows = [{"name": name, "kind": s["kind"], "unit": s["unit"], "n": s["n"], "mean": s["mean"], "sd": s["sd"],
              "doc_sd": s["doc_sd"], "margin_95": round(seed_margin(s["sd"], k, 0.95), 6)} for name, s in suites.items()]
     return Record(suite="seed-spread", study=f"between-seed spread of every suite, recipe {cfg.name}, k {k}",
@@ -91,5 +91,4 @@ def run(args, out: Path) -> Record:
                   settings={"recipe": cfg.name, "sets": sets, "seeds": seeds,
                             "run": f"packtrain run --recipe {args.recipe} --set train.seed=S --set evaluate.against=none"},
                   rows=rows,
-                  extra={"recorded": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "recipe": cfg.name,
-                         "config_hash": recipe_hash(cfg), "seeds": seeds, "k": k, "suites": suites, "runs": runs})
+                  extra={"recorded": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **spread, "runs": runs})

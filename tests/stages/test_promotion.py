@@ -5,6 +5,10 @@ decides from the paired per-document differences (real MLflow sqlite registry, r
     v2  trained on from v1 only on domain B (counting, easier), forgets A   → NOT promoted (replay regresses)
     v3  the identical rerun of v1 (same seed, same data)                  → NOT promoted (Δ = 0, CI ∋ 0)
     v4  v1 trained longer on domain A                                     → promoted
+    seed-1 rerun of v1 (only train.seed differs) vs v1, in both roles    → NOT promoted (seed-spread margin)
+
+The margins come from a seed-spread record of this recipe built here (packtrain.evaluate.seed_spread): three
+more trainings of v1's recipe with seeds 2, 3, 4, each scored on the same suites.
 
 Under the old rule (challenger's own held-out loss < champion's recorded loss) v2 would have been promoted:
 its loss on the easy domain B is far below v1's recorded loss on A (asserted below).
@@ -34,18 +38,37 @@ def world(tmp_path_factory):
     m["rerun"] = train_tiny(base, root / "m1b", a_train, steps=50, lr=3e-3, seed=0)
     m["forget"] = train_tiny(m["v1"], root / "m2", b_train, steps=40, lr=3e-3, seed=1)
     m["longer"] = train_tiny(m["v1"], root / "m3", a_train, steps=60, lr=3e-3, seed=2)
+    m["seed1"] = train_tiny(base, root / "m1s1", a_train, steps=50, lr=3e-3, seed=1)
     packs = {"a": root / "packs_a", "b": root / "packs_b"}
     write_eval_packs(packs["a"] / "eval", base, a_held)
     write_eval_packs(packs["b"] / "eval", base, b_held)
     replay = write_jsonl(root / "replay_a.jsonl", a_held)
-    return {"root": root, "models": m, "packs": packs, "replay": replay, "uri": f"sqlite:///{root / 'mlflow.db'}"}
+    w = {"root": root, "models": m, "packs": packs, "replay": replay, "uri": f"sqlite:///{root / 'mlflow.db'}",
+         "spread": root / "seed_spread.json"}
+    w["spread"].write_text(json.dumps(_calibrate(w, base, a_train)))
+    return w
+
+
+def _calibrate(world, base, texts, seeds=(2, 3, 4)) -> dict:
+    """The seed-spread record of v1's recipe: seeds 2..4 trained as v1 was, each scored alone on recent + replay."""
+    from packtrain.evaluate.paired_eval import paired_evaluation
+    from packtrain.evaluate.seed_spread import spread_record
+
+    cfg = _cfg(world, _replay(world), "tracking.enabled=false", "register.promotion.seed_spread=null")
+    dirs = []
+    for s in seeds:
+        model = train_tiny(base, world["root"] / f"cal{s}", texts, steps=50, lr=3e-3, seed=s)
+        paired_evaluation(cfg, model, "none", world["root"] / f"cal_ev{s}", recent_packs=world["packs"]["a"] / "eval")
+        dirs.append(world["root"] / f"cal_ev{s}")
+    return spread_record(cfg, list(seeds), dirs)
 
 
 def _cfg(world, *extra):
     return load_run_config("tiny-cpu", [
         f"workdir={world['root'] / 'work'}", f"tracking.tracking_uri={world['uri']}", f"register.model_name={NAME}",
         "tracking.system_metrics=false", "evaluate.sample_tokens=2", "evaluate.prompts=['The ']",
-        "evaluate.suite_budget=128", "register.promotion.resamples=500", *extra])
+        "evaluate.suite_budget=128", "register.promotion.resamples=500",
+        f"register.promotion.seed_spread={world['spread']}", *extra])
 
 
 def _replay(world) -> str:
@@ -124,13 +147,47 @@ def test_identical_rerun_is_not_promoted(history):
     assert "recent (primary) not improved" in reg.reason
 
 
-def test_longer_training_on_the_same_data_is_promoted(history):
+def test_longer_training_on_the_same_data_is_promoted(world, history):
+    from packtrain.evaluate.seed_spread import seed_margin
+
     _, reg, _ = history["longer"]
     assert (reg.version, reg.decision, history["champion_after_longer"]) == ("4", "champion", "4")
     t = reg.version_tags
-    assert t["validation"] == "promote" and float(t["suite.recent.upper"]) < 0
+    rec = json.loads(world["spread"].read_text())["suites"]
+    # the seed-spread margin applied, and cleared: the improvement is beyond what a seed rerun moves
+    assert float(t["suite.recent.margin"]) == pytest.approx(seed_margin(rec["recent"]["sd"], 3, 0.95), rel=1e-5)
+    assert t["validation"] == "promote" and float(t["suite.recent.upper"]) < -float(t["suite.recent.margin"]) < 0
     assert t["suite.replay.passed"] == "true"
     assert reg.metric == "bits_per_byte:recent" and reg.champion_value > reg.candidate_value
+
+
+@pytest.mark.parametrize("challenger, champion", [("seed1", "v1"), ("v1", "seed1")])
+def test_seed_rerun_is_not_promoted_in_either_role(world, tmp_path, challenger, champion):
+    """Two trainings that differ only in train.seed: one of them looks better on the documents (the bootstrap
+    holds both weights fixed), but not by more than the recorded seed spread, so neither takes the alias."""
+    from packtrain.config.evaluate import PromotionConfig
+    from packtrain.evaluate.paired import decide_promotion
+    from packtrain.evaluate.paired_eval import paired_evaluation, read_decision_input
+    from packtrain.evaluate.register import promotion_verdict
+    from packtrain.evaluate.seed_spread import seed_margin
+
+    cfg = _cfg(world, _replay(world), "tracking.enabled=false")
+    paired_evaluation(cfg, world["models"][challenger], str(world["models"][champion]), tmp_path / "out",
+                      recent_packs=world["packs"]["a"] / "eval")
+    v = promotion_verdict(tmp_path / "out", cfg.register_)
+    recent = v.suites[0]
+    assert not v.promote and "recent (primary) not improved" in v.reason and "seed-spread margin" in v.reason
+    assert recent.margin_source.startswith("seed spread (k 3") and recent.mde is not None and recent.n == 40
+    assert "margins from the seed-spread record seed_spread.json (recipe tiny-cpu, k 3 seeds)" in v.note
+    rec = json.loads(world["spread"].read_text())["suites"]
+    assert recent.threshold == pytest.approx(-seed_margin(rec["recent"]["sd"], 3, 0.95), rel=1e-6)
+    assert v.suites[1].threshold == pytest.approx(max(0.01, seed_margin(rec["replay"]["sd"], 3, 0.95)), rel=1e-6)
+    # the same tables without a record: only the document noise and the configured margins, said so
+    suites, _ = read_decision_input(tmp_path / "out")
+    plain = decide_promotion(suites, PromotionConfig(resamples=500), "v", True)
+    assert "configured margins are assumed — delta 0" in plain.note and plain.suites[0].threshold == 0.0
+    print(f"{challenger} vs {champion}: recent Δ {recent.delta:+.4f} CI [{recent.ci_low:+.4f}, {recent.ci_high:+.4f}] "
+          f"margin {recent.margin:.4f}; without the record: {'promote' if plain.promote else 'keep'}")
 
 
 def test_validation_artifacts_on_the_register_run(world, history):
@@ -157,7 +214,7 @@ def test_against_reproduces_every_number_and_registers_nothing(world, history, t
             "--against", f"models:/{NAME}/1", "--set", f"workdir={world['root'] / 'work'}",
             "--set", f"tracking.tracking_uri={world['uri']}", "--set", f"register.model_name={NAME}",
             "--set", "evaluate.suite_budget=128", "--set", "register.promotion.resamples=500",
-            "--set", _replay(world)]
+            "--set", f"register.promotion.seed_spread={world['spread']}", "--set", _replay(world)]
     n_before = len(mlflow.MlflowClient(tracking_uri=world["uri"]).search_model_versions(f"name = '{NAME}'"))
     outs = []
     for k in range(2):

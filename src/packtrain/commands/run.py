@@ -52,6 +52,9 @@ def run(cfg, args: argparse.Namespace) -> int:
     if args.progress is not None and not args.progress >= 0:
         raise ConfigError(f"--progress {args.progress}: must be a number of seconds ≥ 0")
     assert args.runner in RUNNERS   # argparse's choices are the runners of packtrain.pipeline.local
+    from packtrain.evaluate.power import check_power
+
+    check_power(cfg)   # can each suite decide? (docs/validation.md; strict: a ConfigError before any stage)
     result = run_local(cfg, runner=args.runner, verbose=args.verbose, use_cache=False if args.no_cache else None,
                        progress_s=PROGRESS_S if args.progress is None else args.progress)
     if args.json_out:

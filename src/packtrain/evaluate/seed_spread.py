@@ -183,6 +183,12 @@ def spread_from_evaluations(eval_dirs: list[Path]) -> dict[str, dict]:
     return out
 
 
+def spread_record(cfg: RunConfig, seeds: list[int], eval_dirs: list[Path]) -> dict:
+    """The record's own fields (module doc) from the evaluate outputs of `seeds`' runs of `cfg`'s recipe."""
+    return {"recipe": cfg.name, "config_hash": recipe_hash(cfg), "seeds": list(seeds), "k": len(seeds),
+            "suites": spread_from_evaluations(eval_dirs)}
+
+
 # --- the record as the decision reads it -------------------------------------------------------------------
 
 def default_record_path(recipe: str) -> Path:
