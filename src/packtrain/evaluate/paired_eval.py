@@ -306,9 +306,8 @@ def paired_evaluation(cfg: RunConfig, challenger: Path, ref: str, out_dir: Path,
     manifest's hashes + the scores' write (`write_s`)."""
     import time
 
-    from packtrain.evaluate.suites import load_suites
-
     from packtrain.evaluate.seed_spread import resolve_seed_spread
+    from packtrain.evaluate.suites import load_suites
 
     suites = load_suites(cfg.evaluate)   # bad suites fail before any model is loaded or downloaded
     spread = resolve_seed_spread(cfg)    # so does a seed-spread record of another recipe

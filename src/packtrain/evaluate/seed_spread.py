@@ -210,7 +210,7 @@ def resolve_seed_spread(cfg: RunConfig, base: Path | None = None) -> dict:
 
     setting = cfg.register_.promotion.seed_spread
     recipe, digest = cfg.name, recipe_hash(cfg)
-    none = {"recipe": recipe, "config_hash": digest, "path": None, "suites": {}}
+    none: dict = {"recipe": recipe, "config_hash": digest, "path": None, "suites": {}}
     if setting is None:
         return {**none, "note": "register.promotion.seed_spread is null: no seed-spread record, the configured "
                                 "margins are assumed"}

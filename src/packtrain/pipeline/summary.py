@@ -92,7 +92,22 @@ def build_summary(stages: dict) -> dict:
     out["cached"] = [s for s in STAGE_NAMES if (stats.get(s) or {}).get("cache") == "hit"]
     for stage in ("train", "evaluate"):   # this run's output directories: the runner's (run_dag), not a result's
         out[f"{stage}_dir"] = (stats.get(stage) or {}).get("output_dir")
+    out["margins"] = margins_line(out.get("evaluate_dir"), out.get("reason"))
     return out
+
+
+def margins_line(evaluate_dir: str | None, reason: str | None) -> str | None:
+    """Where the promotion's margins came from (the seed-spread record, or the configured ones assumed), from the
+    evaluate output's suites.json; None when there was no paired comparison (no champion) or no such file."""
+    import json
+
+    if not evaluate_dir or not reason or reason.startswith("first champion"):
+        return None
+    try:
+        spread = json.loads((Path(evaluate_dir) / "suites.json").read_text(encoding="utf-8")).get("seed_spread")
+    except (OSError, ValueError):
+        return None
+    return spread.get("note") if isinstance(spread, dict) else None
 
 
 def mlflow_ui_command(tracking_uri: str) -> str:
@@ -225,6 +240,8 @@ def _outputs(s: dict) -> list[str]:
 
 def _register(s: dict) -> list[str]:
     why = [f"             {_short(s['reason'])}"] if s.get("reason") else []
+    if s.get("margins"):
+        why.append(f"             margins: {_short(s['margins'], 150)}")
     if s.get("version") is not None and "registry_now" in s:   # restored from the cache: the registry as it is
         now = s["registry_now"]
         return [f"  register   {s.get('model_name') or 'model'} v{s['version']} (registered by an earlier run, "
