@@ -139,3 +139,26 @@ def test_power_check_names_a_suite_that_cannot_decide(tmp_path):
     with pytest.raises(ConfigError, match=r"power_check is strict .* recent \(MDE 0\.07"):
         check_power(strict, io.StringIO())
     assert check_power(load_run_config("tiny-cpu", [*sets, "register.promotion.power_check=off"])) == []
+
+
+def test_run_refuses_a_record_of_another_recipe_before_any_stage(tmp_path, capsys):
+    from packtrain.cli import main
+
+    rec = _record(tmp_path / "r.json", load_run_config("retrain-cpu"))
+    work = tmp_path / "work"
+    code = main(["run", "--set", f"workdir={work}", "--set", f"register.promotion.seed_spread={rec}"])
+    err = capsys.readouterr().err
+    assert code == 2 and "measured for recipe 'retrain-cpu', this run is recipe 'tiny-cpu'" in err
+    assert "Traceback" not in err and not (work / "ingest").exists()
+
+
+def test_run_summary_says_which_margins_were_assumed(tmp_path):
+    from packtrain.pipeline.summary import _register, margins_line
+
+    note = "no seed-spread record for recipe my-recipe (x does not exist): the configured margins are assumed"
+    (tmp_path / "suites.json").write_text(json.dumps({"seed_spread": {"note": note, "suites": {}}}))
+    assert margins_line(str(tmp_path), "not promoted over v1: recent ...") == note
+    assert margins_line(str(tmp_path), "first champion: no version held the champion alias") is None
+    lines = _register({"model_name": "lm", "version": "2", "alias": "challenger", "reason": "not promoted over v1",
+                       "margins": note})
+    assert lines[-1] == f"             margins: {note}"
