@@ -43,6 +43,9 @@ def add_arguments(p) -> None:
     p.add_argument("--set", dest="sets", action="append", default=[],
                    help="extra --set KEY=VALUE for every seed's run (also hashed into config_hash)")
     p.add_argument("--keep", action="store_true", help="keep the working directory")
+    p.add_argument("--workdir", type=Path, default=None,
+                   help="working directory to use and keep (default: a fresh temporary one); a seed whose "
+                        "evaluation is already there (seed_<S>/, from an interrupted session) is not run again")
 
 
 def run(args, out: Path) -> Record:
@@ -54,11 +57,19 @@ def run(args, out: Path) -> Record:
         raise SystemExit(f"--seeds: at least 3 distinct seeds are needed (got {seeds})")
     sets = [*(SMOKE_SETS if args.smoke else []), *args.sets]
     cfg = load_run_config(args.recipe, sets)
-    cwd = Path(tempfile.mkdtemp(prefix="packtrain-seed-spread-"))
+    cwd = Path(args.workdir).resolve() if args.workdir else Path(tempfile.mkdtemp(prefix="packtrain-seed-spread-"))
+    cwd.mkdir(parents=True, exist_ok=True)
     env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "PACKTRAIN_PARENT_RUN_ID")}
     runs, eval_dirs = [], []
     try:
         for s in seeds:
+            keep = cwd / f"seed_{s}"
+            if (keep / "suite_scores.parquet").is_file() and (cwd / f"run_{s}.json").is_file():
+                eval_dirs.append(keep)
+                done = json.loads((cwd / f"run_{s}.json").read_text())
+                runs.append(done.get("bench_run") or {"seed": s, "seconds": round(float(done["seconds"]), 1)})
+                print(f"seed {s}: reused from {keep}", file=sys.stderr)
+                continue
             cmd = [str(PACKTRAIN), "run", "--recipe", args.recipe, "--set", f"train.seed={s}",
                    "--set", "evaluate.against=none", "--set", "register.promotion.power_check=off",
                    *[x for kv in sets for x in ("--set", kv)], "--json", str(cwd / f"run_{s}.json")]
@@ -69,17 +80,18 @@ def run(args, out: Path) -> Record:
                 raise SystemExit(f"seed {s}: `{' '.join(cmd)}` failed (exit {r.returncode}):\n{r.stdout[-3000:]}\n"
                                  f"{r.stderr[-3000:]}")
             ev = Path(json.loads((cwd / f"run_{s}.json").read_text())["summary"]["evaluate_dir"])
-            keep = cwd / f"seed_{s}"
             shutil.copytree(ev, keep)
             eval_dirs.append(keep)
             m = re.search(r"stages in ([\d.]+) s", r.stdout)
             timing = json.loads((ev / "eval_result.json").read_text()).get("timings", {})
             runs.append({"seed": s, "seconds": float(m.group(1)) if m else round(wall, 1), "wall_s": round(wall, 1),
                          "evaluate_timings": timing})
+            done = json.loads((cwd / f"run_{s}.json").read_text())
+            (cwd / f"run_{s}.json").write_text(json.dumps({**done, "bench_run": runs[-1]}))
             print(f"seed {s}: {runs[-1]['seconds']} s", file=sys.stderr)
         spread = spread_record(cfg, seeds, eval_dirs)
     finally:
-        if args.keep:
+        if args.keep or args.workdir:
             print(f"working directory kept: {cwd}", file=sys.stderr)
         else:
             shutil.rmtree(cwd, ignore_errors=True)
