@@ -48,6 +48,31 @@ def add_arguments(p) -> None:
                         "evaluation is already there (seed_<S>/, from an interrupted session) is not run again")
 
 
+def pair_verdicts(cfg, seeds: list[int], eval_dirs: list[Path], spread: dict) -> list[dict]:
+    """Every ordered pair of seeds as challenger and champion, decided twice on the same tables: on the configured
+    margins alone, and with the margins of this record (what `register` would do with it)."""
+    from packtrain.evaluate.paired import decide_promotion
+    from packtrain.evaluate.paired_eval import read_decision_input
+
+    tables = [read_decision_input(d)[0] for d in eval_dirs]
+    entry = {"suites": spread["suites"], "k": spread["k"], "note": "this record"}
+    out = []
+    for i, a in enumerate(seeds):
+        for j, b in enumerate(seeds):
+            if i == j:
+                continue
+            suites = [dict(s, champion=t["challenger"]) for s, t in zip(tables[i], tables[j], strict=True)]
+            plain = decide_promotion(suites, cfg.register_.promotion, f"seed {b}", True)
+            seeded = decide_promotion(suites, cfg.register_.promotion, f"seed {b}", True, entry)
+            out.append({"challenger": a, "champion": b, "promoted_configured": plain.promote,
+                        "promoted_with_record": seeded.promote,
+                        "suites": {d.suite: {"delta": round(d.delta or 0.0, 6), "upper": round(d.upper or 0.0, 6),
+                                             "threshold_configured": d.threshold,
+                                             "threshold_with_record": round(e.threshold, 6)}
+                                   for d, e in zip(plain.suites, seeded.suites, strict=True)}})
+    return out
+
+
 def run(args, out: Path) -> Record:
     from packtrain.config import load_run_config
     from packtrain.evaluate.seed_spread import seed_margin, spread_record
@@ -90,6 +115,7 @@ def run(args, out: Path) -> Record:
             (cwd / f"run_{s}.json").write_text(json.dumps({**done, "bench_run": runs[-1]}))
             print(f"seed {s}: {runs[-1]['seconds']} s", file=sys.stderr)
         spread = spread_record(cfg, seeds, eval_dirs)
+        pairs = pair_verdicts(cfg, seeds, eval_dirs, spread)
     finally:
         if args.keep or args.workdir:
             print(f"working directory kept: {cwd}", file=sys.stderr)
@@ -103,4 +129,4 @@ def run(args, out: Path) -> Record:
                   settings={"recipe": cfg.name, "sets": sets, "seeds": seeds,
                             "run": f"packtrain run --recipe {args.recipe} --set train.seed=S --set evaluate.against=none"},
                   rows=rows,
-                  extra={"recorded": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **spread, "runs": runs})
+                  extra={"recorded": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **spread, "pairs": pairs, "runs": runs})
