@@ -92,7 +92,9 @@ def run(args, out: Path) -> Record:
             if (keep / "suite_scores.parquet").is_file() and (cwd / f"run_{s}.json").is_file():
                 eval_dirs.append(keep)
                 done = json.loads((cwd / f"run_{s}.json").read_text())
-                runs.append(done.get("bench_run") or {"seed": s, "seconds": round(float(done["seconds"]), 1)})
+                runs.append(done.get("bench_run") or {
+                    "seed": s, "seconds": round(float(done["seconds"]), 1),
+                    "evaluate_timings": json.loads((keep / "eval_result.json").read_text()).get("timings", {})})
                 print(f"seed {s}: reused from {keep}", file=sys.stderr)
                 continue
             cmd = [str(PACKTRAIN), "run", "--recipe", args.recipe, "--set", f"train.seed={s}",
