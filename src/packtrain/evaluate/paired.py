@@ -15,6 +15,10 @@ the bootstrap distribution of Δ; each suite's one-sided test is
     regression  non-inferiority   H0: Δ ≥ +epsilon       pass when the upper bound < +epsilon
     task        non-inferiority   H0: Δ ≥ +epsilon_task  pass when the upper bound < +epsilon_task
 
+where each margin (delta, epsilon, epsilon_task) is raised to the suite's seed margin t(confidence, k − 1)·sd·√2
+when a seed-spread record covers the suite (suite_margin; packtrain.evaluate.seed_spread): a retrain that differs
+only in train.seed is then promoted in neither role. Per suite the verdict also shows its MDE (holm).
+
 p = (1 + #{Δ* ≥ threshold}) / (1 + resamples). Holm step-down over the m suites at α = 1 − confidence: the
 k-th smallest p (k = 0..m−1) must be < α / (m − k), and that suite's upper bound is read at level
 1 − α / (m − k). Promote only when every suite passes. An identical rerun has Δ = 0 on every document: its upper
@@ -142,7 +146,7 @@ def _point(num: np.ndarray, den: np.ndarray | None) -> float:
 def suite_margin(role: str, kind: str, cfg: PromotionConfig, seed: dict | None, k: int = 0) -> tuple[float, str]:
     """(margin, its source) of one suite: the configured one (primary delta, regression epsilon, task
     epsilon_task) or, when larger, the seed margin t(confidence, k − 1)·sd·√2 of its seed-spread record entry
-    (packtrain.evaluate.seed_spread), e.g. (0.0376, "seed spread (k 4, sd 0.0113)")."""
+    (packtrain.evaluate.seed_spread), e.g. (0.0337, "seed spread (k 3, sd 0.008157)")."""
     from packtrain.evaluate.seed_spread import UNITS, seed_margin
 
     configured = cfg.delta if role == "primary" else (cfg.epsilon if role == "regression" else cfg.epsilon_task)
@@ -217,7 +221,7 @@ def holm(deltas: list[SuiteDelta], reps: list[np.ndarray], confidence: float, po
 
 def margins_note(spread: dict | None, deltas: list[SuiteDelta], cfg: PromotionConfig) -> str:
     """One line: where the margins came from, e.g. "margins from the seed-spread record seed_spread_tiny-cpu.json
-    (recipe tiny-cpu, k 4 seeds): recent 0.0376 bits/byte, wordorder 0.0600 accuracy", or "no seed-spread record
+    (recipe tiny-cpu, k 3 seeds): recent 0.0337 bits/byte, wordorder 0.1732 accuracy", or "no seed-spread record
     for recipe r (…): the configured margins are assumed — delta 0, epsilon 0.01, epsilon_task 0.02"."""
     configured = f"delta {cfg.delta:g}, epsilon {cfg.epsilon:g}, epsilon_task {cfg.epsilon_task:g}"
     if not spread or not spread.get("suites"):

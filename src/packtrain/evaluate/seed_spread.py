@@ -6,14 +6,14 @@ we are that *these two weights* differ, not that the recipe change did anything.
 that differ only in the seed differ too (Dodge et al. 2020: of the order of the effects people report). The
 calibration record measures that spread:
 
-    python -m bench seed-spread --recipe tiny-cpu --seeds 0 1 2 3 --out bench/results/seed_spread_tiny-cpu.json
+    python -m bench seed-spread --recipe tiny-cpu --seeds 0 1 2 --out bench/results/seed_spread_tiny-cpu.json
 
-    {"recipe": "tiny-cpu", "config_hash": "3f0c…" (recipe_hash: the resolved config minus train.seed),
-     "seeds": [0, 1, 2, 3], "k": 4,
-     "suites": {"recent":    {"kind": "text", "unit": "bits/byte", "n": 64, "values": [...], "sd": 0.0113,
-                              "doc_sd": 0.061},
-                "wordorder": {"kind": "task", "unit": "accuracy",  "n": 200, "values": [...], "sd": 0.021,
-                              "doc_sd": 0.43}}}
+    {"recipe": "tiny-cpu", "config_hash": "c4d8a44cd0654c3f" (recipe_hash: the resolved config minus train.seed),
+     "seeds": [0, 1, 2], "k": 3,
+     "suites": {"recent":    {"kind": "text", "unit": "bits/byte", "n": 37, "values": [2.8474, 2.8474, 2.8615],
+                              "sd": 0.008157, "doc_sd": 0.0432},
+                "wordorder": {"kind": "task", "unit": "accuracy",  "n": 200, "values": [0.51, 0.58, 0.585],
+                              "sd": 0.041932, "doc_sd": 0.682}}}
 
 `sd` is the between-seed standard deviation of the suite's metric (bits/byte or accuracy), k − 1 degrees of
 freedom; `doc_sd` the per-document standard deviation of the paired difference between two seeds (the
@@ -23,10 +23,10 @@ The margin a seed rerun alone exceeds with probability 1 − confidence (one-sid
 seed draws M₁ − M₀ has standard deviation σ·√2, and with σ estimated from k seeds (M₁ − M₀) / (σ̂·√2) follows
 Student's t with k − 1 degrees of freedom (a prediction bound, exact under normality), so
 
-    seed_margin = t(confidence, k − 1) · sd · √2        e.g. k 4, sd 0.0113, 95 % → 2.353 · 0.0113 · 1.414 = 0.0376
+    seed_margin = t(confidence, k − 1) · sd · √2        e.g. k 3, sd 0.008157, 95 % → 2.920 · 0.008157 · 1.414 = 0.0337
 
-t rather than z because k is small: with k = 4 the estimate σ̂ itself is uncertain by ±40 %, and z would
-under-cover. Each suite's margin is the larger of the configured one (delta, epsilon, epsilon_task) and this.
+t rather than z because k is small: with k = 3 or 4 the estimate σ̂ itself is uncertain by ±40–50 %, and z would
+under-cover (with k = 3, t(0.95, 2) = 2.92 against z 1.645). Each suite's margin is the larger of the configured one (delta, epsilon, epsilon_task) and this.
 
 The minimum detectable effect of a suite of n documents at level 1 − a and power 1 − b:
 
