@@ -13,7 +13,8 @@ documents of ≤ B tokens for records:
                         (`truncated_tokens`) — the end of the answer and its EOS are never learned
     split_with_prompt   (default) the first chunk as the record starts; every continuation chunk is a document
                         of its own that starts with the record's prompt (masked: not learned), then the turn's
-                        question when the chunk starts in a later turn, then the last answer tokens before the
+                        question when the chunk starts in a later turn (that question alone when it and the
+                        record's prompt leave no room for 2 tokens), then the last answer tokens before the
                         cut (masked, up to a quarter of the room: the learned tokens see the text they follow,
                         and "header → mid-sentence" is never learned), then the next slice of the record with its
                         own mask. Positions count on from the prompt through the slice (0..n-1, one document: no
@@ -108,19 +109,21 @@ def split_with_prompt(ids: list[int], mask: list[int], budget: int) -> FittedRec
         ctx: list[int] = []
         if a:
             i = next((k for k, (s, e) in enumerate(runs) if s <= a < e), None)
-            ctx = list(head)
+            nxt = i if i is not None else next(k for k, (s, _) in enumerate(runs) if s > a)
+            question = runs[nxt][0] - a if i is None else 0   # a chunk that starts at a later turn's question
+            if i is not None and i > 0:
+                question = runs[i][0] - runs[i - 1][1]
+            # the record's prompt, unless it and a later turn's question leave no room: then that question alone
+            ctx = list(head) if len(head) + question + 2 <= budget or not question else []
+            if question + 2 > budget:
+                return FittedRecord(problem=_no_room(len(head), question, budget))
             if i is not None:   # inside answer i: its question (a later turn) + the answer tokens before the cut
                 s = runs[i][0]
                 if i > 0:
                     ctx += ids[runs[i - 1][1]: s]
-                free = budget - len(ctx)
-                if free < 2:
-                    return FittedRecord(problem=_no_room(len(head), len(ctx) - len(head), budget))
-                back = min(a - s, free // OVERLAP_FRACTION)
+                back = min(a - s, (budget - len(ctx)) // OVERLAP_FRACTION)
                 ctx += ids[a - back: a]
         room = budget - len(ctx)
-        if room < 1:
-            return FittedRecord(problem=_no_room(len(head), len(ctx) - len(head), budget))
         b = min(n, a + room)
         if b < n:
             # b strictly inside the unlearned gap before run j (a question): cut at the gap's start instead
@@ -138,6 +141,6 @@ def split_with_prompt(ids: list[int], mask: list[int], budget: int) -> FittedRec
 
 
 def _no_room(prompt: int, question: int, budget: int) -> str:
-    return (f"cannot be split with its prompt: the prompt ({prompt:,} tokens) and a turn's question ({question:,} "
-            f"tokens) leave no room for its answer in the pack budget {budget:,} (raise pack.budget, or set "
+    return (f"cannot be split with its prompt: a later turn's question ({question:,} tokens; the record's prompt "
+            f"{prompt:,}) leaves no room for its answer in the pack budget {budget:,} (raise pack.budget, or set "
             "tokenize.long_records=truncate)")
