@@ -103,6 +103,8 @@ def split_with_prompt(ids: list[int], mask: list[int], budget: int) -> FittedRec
     if not runs:
         return FittedRecord(problem="no token to learn")
     head = ids[: runs[0][0]]
+    if len(head) + 2 > budget:   # tokenize refuses a prompt ≥ budget before (row_problem); a guard here
+        return FittedRecord(problem=_no_room(len(head), 0, budget))
     last_learned = runs[-1][1]
     a = 0
     while a < last_learned:
@@ -124,6 +126,8 @@ def split_with_prompt(ids: list[int], mask: list[int], budget: int) -> FittedRec
                 back = min(a - s, (budget - len(ctx)) // OVERLAP_FRACTION)
                 ctx += ids[a - back: a]
         room = budget - len(ctx)
+        if room < 1:
+            return FittedRecord(problem=_no_room(len(head), len(ctx) - len(head), budget))
         b = min(n, a + room)
         if b < n:
             # b strictly inside the unlearned gap before run j (a question): cut at the gap's start instead
