@@ -53,7 +53,8 @@ def _prompt(mask: list[int]) -> int:
 def test_long_answers_split_with_their_prompt_in_every_pack(tmp_path, capsys):
     common = _corpus(tmp_path)
     for stage in ("ingest", "validate", "tokenize", "pack"):
-        assert main([stage, *common]) == 0, (stage, capsys.readouterr().err)
+        tracked = ["--set", "tracking.enabled=true", "--set", "tracking.system_metrics=false"] * (stage == "tokenize")
+        assert main([stage, *common, *tracked]) == 0, (stage, capsys.readouterr().err)
     out = capsys.readouterr().out
     stats = json.loads((tmp_path / "tokenize" / "stats.json").read_text())
     records = _records(tmp_path)
@@ -62,6 +63,13 @@ def test_long_answers_split_with_their_prompt_in_every_pack(tmp_path, capsys):
     assert stats["long_records"] == "split_with_prompt" and stats["records_over_budget"] == 2
     assert stats["records_split"] == 2 and stats["split_chunks"] > 4 and stats["split_context_tokens"] > 0
     assert "2 record(s) longer than pack.budget 256 split with their prompt" in out, out
+    import mlflow
+
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    run = client.search_runs([e.experiment_id for e in client.search_experiments()],
+                             filter_string="attributes.run_name = 'tokenize'")[0]
+    assert run.data.metrics["records_split"] == 2 and run.data.metrics["split_chunks"] == stats["split_chunks"]
+    assert run.data.params["tokenize.long_records"] == "split_with_prompt"
     assert (f"appended to 0 text row(s) and {stats['record_rows']} of {stats['record_rows']} record(s)") in out, out
     learned_seen: dict[int, int] = {}
     n_segments = 0
