@@ -211,7 +211,7 @@ def test_mask_aligned_through_every_strategy_and_layout(tmp_path_factory, length
     masks = [np.concatenate([[0], m[1:]]) if i % 3 == 0 else m for i, m in enumerate(masks)]
     # longer than the budget: an all-learned text row (split / truncated by pack.overlong); a record longer than
     # the budget (masked tokens) is refused by pack: tokenize fits records to the budget (tokenize.long_records)
-    masks = [np.ones(n, np.uint8) if n > budget and i % 4 else m for i, (n, m) in enumerate(zip(lengths, masks))]
+    masks = [np.ones(n, np.uint8) if n > budget and i % 4 else m for i, (n, m) in enumerate(zip(lengths, masks, strict=True))]
     doc_ids = np.arange(len(lengths), dtype=np.int64) * 7 + 3
     write_token_store(tmp / "tok", toks, doc_ids, np.zeros(len(lengths), np.uint8),
                       {"vocab_size": 512, "eos_id": 0, "pad_id": 1}, masks=masks)

@@ -266,11 +266,11 @@ def tokenize_documents(docs: str | Path, out_dir: str | Path, cfg: TokenizeConfi
                     assert fit is not None
                     for start, rows in record_batches(pf, cfg.batch_docs):
                         for j, (text, fmt, rec, src) in enumerate(rows):
-                            docs, bad = fit.row(text, fmt, rec, wrap, prefix, chat == "tokenizer")
+                            written, bad = fit.row(text, fmt, rec, wrap, prefix, chat == "tokenizer")
                             if bad:
                                 problems.append(f"{src} (doc_id {int(doc_ids[start + j])}): {bad}")
-                                docs = [([eos if eos is not None else 0], [0])]   # placeholder; never published
-                            for ids, mask in docs:
+                                written = [([eos if eos is not None else 0], [0])]   # placeholder; never published
+                            for ids, mask in written:
                                 writer.append(ids, mask)
                                 loss_tokens += int(sum(mask))
                                 fit.rows_of_docs.append(start + j)
