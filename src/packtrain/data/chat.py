@@ -190,10 +190,12 @@ def control_strings(hf, builtin: bool) -> tuple[str, ...]:
     """The control strings a record's content must not turn into: the tokenizer's special tokens (EOS, BOS, pad,
     a real model's turn markers such as Qwen's `<|im_end|>`), and with the built-in template its markers
     `<|im_start|>` / `<|im_end|>` (text there, so a typed one reads exactly like the template's). Longest first."""
-    found = {t.content for t in hf.backend_tokenizer.get_added_tokens_decoder().values() if t.special}
+    from packtrain.data.chat_template import special_strings
+
+    found = set(special_strings(hf))
     if builtin:
         found |= {IM_START, IM_END}
-    return tuple(sorted((s for s in found if s), key=lambda s: (-len(s), s)))
+    return tuple(sorted(found, key=lambda s: (-len(s), s)))
 
 
 def typed_controls(fmt: str | None, record: object, strings: Sequence[str]) -> list[str]:

@@ -135,6 +135,12 @@ def _closed(ids: Sequence[int], texts: Sequence[str], eos: int | None) -> bool:
     return False
 
 
+def special_strings(hf) -> tuple[str, ...]:
+    """The tokenizer's special tokens as text (EOS, BOS, pad, turn markers), longest first."""
+    found = {t.content for t in hf.backend_tokenizer.get_added_tokens_decoder().values() if t.special and t.content}
+    return tuple(sorted(found, key=lambda s: (-len(s), s)))
+
+
 def _encode_pieces(backend, full: str, typed: list[tuple[int, int]]):
     """(ids, [(start, end)] offsets) of `full`, the character ranges `typed` (control strings typed in content)
     encoded as plain text. tokenizers cuts a text at special tokens before anything else, so the text between
@@ -176,12 +182,10 @@ def render_own_template(messages: Sequence[dict], hf, as_text: bool = True) -> T
     """ids + mask (module doc) of a chat record rendered by the tokenizer's own `chat_template`. `as_text`: a
     special token typed in any turn's content is encoded as plain text (that turn's content is placed in the
     rendering like an assistant turn's; a template that does not write it once is a TemplateRenderError)."""
-    from packtrain.data.chat import control_strings
-
     msgs = [{"role": m["role"], "content": m["content"]} for m in messages]
     template = hf.chat_template if isinstance(hf.chat_template, str) else ""
     eos = hf.eos_token_id
-    strings = control_strings(hf, builtin=False) if as_text else ()
+    strings = special_strings(hf) if as_text else ()
     typed_turns = [k for k, m in enumerate(msgs) if any(s in m["content"] for s in strings)]
     if typed_turns:
         return _render_typed(hf, msgs, typed_turns, strings)
