@@ -62,6 +62,7 @@ def test_long_answers_split_with_their_prompt_in_every_pack(tmp_path, capsys):
     assert stats["long_records"] == "split_with_prompt" and stats["records_over_budget"] == 2
     assert stats["records_split"] == 2 and stats["split_chunks"] > 4 and stats["split_context_tokens"] > 0
     assert "2 record(s) longer than pack.budget 256 split with their prompt" in out, out
+    assert f"tokenize: {len(ROWS)} rows → {stats['documents']} documents" in out, out
     import mlflow
 
     client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")

@@ -16,8 +16,11 @@ def summarize(d: dict) -> str:
     tok = (f"trained byte-level BPE, vocab {d['vocab_size']:,}, on {d['tokenizer_train_chars'] / 1e6:.1f} M chars"
            if d["tokenizer"] == "trained" else f"tokenizer from {d['tokenizer']}, vocab {d['vocab_size']:,}")
     eos = _eos_said(d)
+    rows = d.get("text_rows", 0) + d.get("record_rows", 0)
+    docs = (f"{rows:,} rows → {d['documents']:,} documents" if d.get("loss_mask") and rows != d["documents"]
+            else f"{d['documents']:,} documents")
     return (
-        f"tokenize: {d['documents']:,} documents → {d['tokens']:,} tokens ({d['chars_per_token']:.2f} chars/token; "
+        f"tokenize: {docs} → {d['tokens']:,} tokens ({d['chars_per_token']:.2f} chars/token; "
         f"train {d['train_documents']:,} docs / {d['train_tokens']:,} tokens, eval {d['eval_documents']:,} docs / "
         f"{d['eval_tokens']:,} tokens). Tokens per document: p50 {lt.get('p50', 0):,.0f}, p90 {lt.get('p90', 0):,.0f}, "
         f"p99 {lt.get('p99', 0):,.0f}, max {lt.get('max', 0):,}. {tok}; {eos}. {_records_said(d)}Store {d['output']}. "

@@ -35,6 +35,10 @@ prompt — the tokens before its first learned token — is longer than `prompt_
 pack.budget) would be packed as chunks whose answer cannot see its question: every such record, and every
 record that does not render (wrong role, missing content, ...: `packtrain validate` lists them first), is
 named by source (file:line) and doc_id in one InputDataError (exit 3), after the whole table was read.
+Records longer than `prompt_budget` follow `tokenize.long_records` (refuse | truncate | split_with_prompt,
+packtrain.data.long_records: a split record becomes several documents of the store, each ≤ the budget and each
+starting with the record's prompt, masked) and control strings typed in content follow `tokenize.control_text`
+(packtrain.data.record_fit, which counts both for the stats).
 
 Encoding uses `Tokenizer.encode_batch` on `batch_docs` documents at a time with tokenizers' Rayon thread
 pool enabled for the call (`workers` threads; TOKENIZERS_PARALLELISM is off elsewhere in packtrain):
