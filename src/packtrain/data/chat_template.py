@@ -64,8 +64,9 @@ def _render(hf, msgs: list[dict], **kw) -> str:
 
 def _refuse(k: int, why: str) -> TemplateRenderError:
     return TemplateRenderError(
-        f"the tokenizer's chat template: the assistant turn messages[{k}] cannot be located in the rendered "
-        f"text ({why}), so its loss mask is unknown; set tokenize.chat_template=builtin")
+        f"the tokenizer's chat template: the content of messages[{k}] cannot be located in the rendered "
+        f"text ({why}), so its loss mask (or its typed control text) is unknown; set "
+        "tokenize.chat_template=builtin")
 
 
 def learned_spans(hf, msgs: list[dict], also: Sequence[int] = ()) -> tuple[str, list[tuple[int, int, int]]]:

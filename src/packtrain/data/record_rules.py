@@ -134,9 +134,11 @@ class PromptCounter:
         """Prompt tokens of a well-formed record (None: text rows, or a record another check refuses)."""
         return self.probe(fmt, record)[0]
 
-    def probe(self, fmt: str | None, record: object) -> tuple[int | None, int | None, str | None]:
+    def probe(self, fmt: str | None, record: object, total: bool = True
+              ) -> tuple[int | None, int | None, str | None]:
         """(prompt tokens, all tokens, the renderer's problem) of a well-formed record, as tokenize will count
-        them (exact), or lower bounds; (None, None, None) for text rows and records another check refuses."""
+        them (exact), or lower bounds (`total=False`: the bound on all tokens is not computed, None);
+        (None, None, None) for text rows and records another check refuses."""
         if fmt not in ("messages", "prompt_completion") or any(record_checks(fmt, record).values()):
             return None, None, None
         if self.exact:
@@ -147,7 +149,7 @@ class PromptCounter:
             if not ids:
                 return None, None, str(mask[0]) if mask else "renders to no tokens"
             return (prompt_tokens(mask) if any(mask) else None), len(ids), None
-        return self._bound(fmt, record), self._bound_total(fmt, record), None
+        return self._bound(fmt, record), self._bound_total(fmt, record) if total else None, None
 
     def _bound_total(self, fmt: str, record: object) -> int:
         """A lower bound on the tokens of the whole record (built-in template, trained BPE: no BOS, + EOS)."""
@@ -283,7 +285,7 @@ def row_checks(fmt: str | None, record: object, text: object, rules: RowRules) -
     out["prompt_fits_budget"] = out["template_renders"] = out["record_fits_budget"] = out["control_text"] = None
     counter = rules.counter() if records else None
     if counter is not None and rules.prompt_budget is not None:
-        n, total, failed = counter.probe(fmt, record)
+        n, total, failed = counter.probe(fmt, record, total=rules.long_records == "refuse")
         out["template_renders"] = failed
         how = "" if counter.exact else "at least "
         bound = "" if counter.exact else " (a lower bound: pre-tokenizer pieces of the BPE tokenize trains)"
