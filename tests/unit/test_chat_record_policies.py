@@ -96,3 +96,11 @@ def marker_tokenizer_chatml():
     hf = PreTrainedTokenizerFast(tokenizer_object=tok, clean_up_tokenization_spaces=False, eos_token="<|endoftext|>")
     hf.chat_template = CHATML
     return hf
+
+
+def test_run_summary_names_long_records_and_the_policy():
+    from packtrain.pipeline.summary import _data
+
+    line = _data({"documents": 10, "tokens": 900, "records_over_budget": 2, "long_records": "split_with_prompt"})[0]
+    assert line.endswith("· 2 long record(s): split_with_prompt"), line
+    assert "long record" not in _data({"documents": 10, "tokens": 900, "records_over_budget": 0})[0]
