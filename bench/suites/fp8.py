@@ -48,7 +48,10 @@ def add_arguments(p) -> None:
     p.add_argument("--steps", type=int, default=None,
                    help="optimizer steps per precision (default 200, the goal's minimum; --smoke: 3)")
     p.add_argument("--warmup", type=int, default=10, help="steps the meter leaves out (compile happens here)")
-    p.add_argument("--rows", type=int, default=8, help="packs per step (8 × 2048: ~0.5 s a step in bf16)")
+    p.add_argument("--rows", default="8",
+                   help="packs per step (8 × 2048: ~0.5 s a step in bf16 on an H200), or 'auto': the most rows at "
+                        "which the bf16 row fits the card at hand (the planner's train.rows=auto on the bf16 "
+                        "overrides); every row then runs at that size, so bf16 and FP8 compare at one shape")
     p.add_argument("--budget", type=int, default=2048)
     p.add_argument("--fp8-recipe", default="tensorwise", choices=["tensorwise", "rowwise"])
     p.add_argument("--variants", default="bf16,fp8",
@@ -80,6 +83,35 @@ def overrides(args, row: str) -> list[str]:
     return ov + list(args.packtrain_set)
 
 
+def resolve_rows(args) -> None:
+    """--rows: an integer, or 'auto' → the planner's choice for the bf16 row on this machine's device.
+
+    bf16 keeps a bf16 copy of every linear weight for backward (autocast's cache) where torchao's float8 linears
+    keep only the fp32 parameter, so the bf16 row is the larger: the rows at which it fits fit every FP8 row too.
+    args.rows_source records where the number came from (the planner's device memory and predicted peak)."""
+    if args.rows != "auto":
+        try:
+            args.rows = int(args.rows)
+        except (TypeError, ValueError):
+            raise SystemExit(f"--rows {args.rows!r}: a whole number of packs per step ≥ 1, or 'auto'") from None
+        if args.rows < 1:
+            raise SystemExit(f"--rows {args.rows}: a whole number of packs per step ≥ 1, or 'auto'")
+        args.rows_source = "--rows"
+        return
+    from packtrain.planner import choose_shape
+    from packtrain.planner.plan import device_memory_source
+
+    cfg = workload.load_recipe("1b-h200", overrides(args, "bf16"))   # overrides() writes train.rows=auto
+    device = "cpu" if args.smoke else "cuda"
+    shape = choose_shape(cfg.model, cfg.train, args.budget, cfg.plan, 512 if args.smoke else args.vocab,
+                         device=device)
+    gib, source = device_memory_source(cfg.plan)
+    args.rows = shape.rows
+    args.rows_source = (f"planner (train.rows=auto on the bf16 row): {shape.rows} rows, predicted peak "
+                        f"{shape.plan.peak_gib:.1f} GiB ≤ {cfg.plan.target_fraction} × {gib:.1f} GiB ({source})"
+                        if shape.plan is not None else "planner")
+
+
 def _settle(args) -> list[str]:
     """Defaults that depend on --smoke; returns the variant names (SystemExit naming a bad one)."""
     args.steps = args.steps or (3 if args.smoke else 200)
@@ -88,9 +120,11 @@ def _settle(args) -> list[str]:
     if bad:
         raise SystemExit(f"--variants: {bad} not in {ROWS}")
     if args.smoke:
-        args.warmup, args.rows, args.budget, args.data_vocab = 1, 2, 256, 500
+        args.warmup, args.budget, args.data_vocab = 1, 256, 500
+        args.rows = "2" if args.rows == "8" else args.rows
     elif args.data_vocab > args.vocab:
         raise SystemExit(f"--data-vocab {args.data_vocab} > --vocab {args.vocab}: documents must fit the vocabulary")
+    resolve_rows(args)
     return names
 
 
@@ -110,7 +144,8 @@ def run(args, out: Path) -> Record:
         settings={"recipe": "1b-h200", "shape": "smoke" if args.smoke else {**SHAPE_3B, "vocab": vocab},
                   "params": None if args.smoke else f"{(2_818_747_392 + 3072 * vocab) / 1e9:.2f}B "
                   f"(2.82B non-embedding, tied embedding of {vocab:,}), Llama-3.2-3B shape",
-                  "budget": args.budget, "rows": args.rows, "tokens_per_step": args.rows * args.budget,
+                  "budget": args.budget, "rows": args.rows, "rows_source": args.rows_source,
+                  "tokens_per_step": args.rows * args.budget,
                   "steps": args.steps, "warmup": args.warmup, "fp8_recipe": args.fp8_recipe,
                   "data_vocab": args.data_vocab, "lr": args.lr, "seed": args.seed,
                   "overrides": {p: overrides(args, p) for p in names},

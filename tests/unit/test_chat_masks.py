@@ -209,14 +209,17 @@ def test_mask_aligned_through_every_strategy_and_layout(tmp_path_factory, length
     toks = [rng.integers(2, 500, n).astype(np.uint32) for n in lengths]
     masks = [(rng.random(n) < 0.5).astype(np.uint8) for n in lengths]
     masks = [np.concatenate([[0], m[1:]]) if i % 3 == 0 else m for i, m in enumerate(masks)]
+    # longer than the budget: an all-learned text row (split / truncated by pack.overlong); a record longer than
+    # the budget (masked tokens) is refused by pack: tokenize fits records to the budget (tokenize.long_records)
+    masks = [np.ones(n, np.uint8) if n > budget and i % 4 else m for i, (n, m) in enumerate(zip(lengths, masks, strict=True))]
     doc_ids = np.arange(len(lengths), dtype=np.int64) * 7 + 3
     write_token_store(tmp / "tok", toks, doc_ids, np.zeros(len(lengths), np.uint8),
                       {"vocab_size": 512, "eos_id": 0, "pad_id": 1}, masks=masks)
     try:
         pack_dataset(tmp / "tok", tmp / "pack", PackConfig(budget=budget, strategy=strategy, overlong=overlong,
                                                            seed=seed))
-    except Exception as e:   # the prompt-longer-than-budget guard is the one allowed refusal
-        assert "does not fit pack.budget" in str(e)
+    except Exception as e:   # the guards for records longer than the budget are the one allowed refusal
+        assert "does not fit pack.budget" in str(e) or "record(s) longer than pack.budget" in str(e)
         return
     store = PackStore.open(tmp / "pack" / "train")
     by_id = {int(d): i for i, d in enumerate(doc_ids)}

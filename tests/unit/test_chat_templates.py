@@ -172,8 +172,14 @@ def test_tokenize_stage_writes_one_eos_for_a_template_that_writes_it(tmp_path, m
     src = tmp_path / "c.jsonl"
     src.write_text(json.dumps({"messages": ALTERNATING}) + "\n", encoding="utf-8")
     ingest_documents(src, tmp_path / "ing", IngestConfig())
-    tokenize_documents(tmp_path / "ing", tmp_path / "tok", TokenizeConfig(tokenizer_dir=str(tmp_path / "own"),
-                                                                           eval_fraction=0.0))
+    stats = tokenize_documents(tmp_path / "ing", tmp_path / "tok", TokenizeConfig(
+        tokenizer_dir=str(tmp_path / "own"), eval_fraction=0.0))
+    from packtrain.commands.tokenize import _eos_said
+
+    # the summary's EOS sentence says the truth per row kind
+    assert (stats.record_rows, stats.eos_appended_records, stats.eos_from_template_records) == (1, 0, 1)
+    assert _eos_said(stats.to_dict()) == ("EOS (id 8) appended to 0 text row(s) and 0 of 1 record(s); 1 record(s) "
+                                          "end with their template's own EOS (none appended)")
     ts = TokenStore.open(tmp_path / "tok")
     hf = _tokenizer(marker_tokenizer, MISTRAL, "<s>", "</s>")
     toks = [hf.decode([int(i)]) for i in ts.doc(0)]

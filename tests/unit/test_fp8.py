@@ -181,12 +181,20 @@ def test_telemetry_counts_fp8_linears_at_the_fp8_peak():
     assert fp8["useful_tflops"] == bf16["useful_tflops"] == pytest.approx(58368 / 1e12)   # FLOPs are FLOPs
 
 
-def test_planner_plans_fp8_as_bf16():
+def test_planner_plans_fp8_as_bf16_without_decoder_weight_copies():
+    """fp8 plans like bf16 autocast (same activations, states, backend) except the weight casts: torchao's float8
+    linears save the fp32 parameter and cast on the fly, so only the LM head's bf16 copy stays."""
     from packtrain.planner.plan import plan_memory
 
     model = ModelConfig(hidden_size=512, intermediate_size=1536, num_layers=4, num_heads=8)
     plans = {p: plan_memory(model, TrainConfig(precision=p, device="cuda", rows=4, compile=True), 1024,
                             PlanConfig(), 80.0, vocab_size=4096, device="cuda", suggest=False)
              for p in ("bf16", "fp8")}
-    assert plans["fp8"].peak == plans["bf16"].peak and plans["fp8"].attention == "varlen"
-    assert plans["fp8"].precision.startswith("fp8")
+    bf16, fp8 = plans["bf16"], plans["fp8"]
+    layer_linears = 4 * (512 * 3 * 512 + 512 * 512 + 3 * 512 * 1536)   # q, k, v, o + gate, up, down per layer
+    assert bf16.peak_phase == fp8.peak_phase and fp8.attention == "varlen"
+    assert bf16.components["weight_casts"] - fp8.components["weight_casts"] == 2 * layer_linears
+    assert bf16.phases["forward"] - fp8.phases["forward"] == 2 * layer_linears   # the LM head's copy stays
+    assert {k: v for k, v in fp8.components.items() if k != "weight_casts"} == \
+        {k: v for k, v in bf16.components.items() if k != "weight_casts"}
+    assert fp8.precision.startswith("fp8")

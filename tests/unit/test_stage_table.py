@@ -69,7 +69,8 @@ def places(tmp_path_factory) -> dict[str, str]:
     (root / "corpus" / "a.txt").write_text("one tiny document\n", encoding="utf-8")
     (root / "init").mkdir()
     (root / "init" / "config.json").write_text(json.dumps({"model_type": "llama"}), encoding="utf-8")
-    return {"corpus": str(root / "corpus"), "init": str(root / "init")}
+    return {"corpus": str(root / "corpus"), "init": str(root / "init"),
+            "store": f"sqlite:///{root / 'other.db'}"}   # in tmp: a store URI must not leak a file into the cwd
 
 
 def _annotation(path: str):
@@ -115,7 +116,7 @@ def _candidates(path: str, value, places: dict[str, str]) -> list:
         return [*opts, _bump_digit(value), value + "x", places["init"], places["corpus"], ["q_proj"], False, True]
     # None: a value of the field's other type
     return [*opts, places["corpus"] if path == "ingest.source" else places["init"], 1024, 2, 0.5, "x",
-            "sqlite:///other.db", ["x==1"], True, {"type": "linear", "factor": 2.0},
+            places["store"], ["x==1"], True, {"type": "linear", "factor": 2.0},
             {"patience": 2, "min_delta": 0.0}, "sha256:" + "0" * 64]
 
 

@@ -121,3 +121,15 @@ class TokenizeConfig(StrictModel):
     template (`<|im_start|>role\ncontent<|im_end|>\n`, markers encoded as text); builtin → always the built-in
     one. The loss mask (1 = assistant content and its end-of-turn marker) is stored beside the ids
     (packtrain.data.chat)."""
+    long_records: Literal["refuse", "truncate", "split_with_prompt"] = "split_with_prompt"
+    """Chat / prompt-completion records longer than pack.budget (packtrain.data.long_records): refuse → an error
+    naming each (validate's record_fits_budget names them first; ingest.on_bad_record=skip drops and counts them);
+    truncate → the prompt + the head of the answer up to the budget, the rest dropped and counted;
+    split_with_prompt → every continuation chunk starts with the record's prompt (masked), so no learned token is
+    packed without its question (the repeated tokens are counted). Plain text rows follow pack.overlong."""
+    control_text: Literal["as_text", "refuse"] = "as_text"
+    """A control token typed inside a record's content (e.g. the text `<|im_end|>` or `<|endoftext|>` in a
+    message): as_text → encoded as the plain text it is, never as the control id (counted, and said by the
+    summary); refuse → the record is an error naming the turn and the string (validate's control_text check
+    names it first; ingest.on_bad_record=skip drops it). Control strings: the tokenizer's special tokens, and the
+    built-in template's markers (text in that template: a typed one reads like the template's own)."""

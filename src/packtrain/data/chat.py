@@ -155,21 +155,24 @@ def record_text(fmt: str, record: object) -> str:
     return record if fmt == "text" and isinstance(record, str) else ""
 
 
-def render_builtin(messages: Sequence[dict], encode: Encode) -> Rendered:
-    """The built-in ChatML-like template (module doc), piece by piece. `encode(text)` → ids, no specials."""
+def render_builtin(messages: Sequence[dict], encode: Encode, encode_content: Encode | None = None) -> Rendered:
+    """The built-in ChatML-like template (module doc), piece by piece. `encode(text)` → ids, no specials;
+    `encode_content` (default `encode`) encodes the contents: packtrain passes one that reads a typed special
+    token as plain text (tokenize.control_text=as_text)."""
     ids: list[int] = []
     mask: list[int] = []
+    enc_content = encode_content or encode
 
-    def put(text: str, m: int) -> None:
+    def put(text: str, m: int, enc: Encode = encode) -> None:
         if text:
-            piece = encode(text)
+            piece = enc(text)
             ids.extend(piece)
             mask.extend([m] * len(piece))
 
     for msg in messages:
         learn = int(msg["role"] == "assistant")
         put(f"{IM_START}{msg['role']}\n", 0)
-        put(msg["content"], learn)
+        put(msg["content"], learn, enc_content)
         put(IM_END, learn)
         put("\n", 0)
     return Rendered(ids, mask)
@@ -181,12 +184,62 @@ def render_prompt_completion(record: dict, encode: Encode) -> Rendered:
     return Rendered(p + c, [0] * len(p) + [1] * len(c))
 
 
-def render_with_template(messages: Sequence[dict], hf) -> Rendered:
+# ---- control tokens typed inside content (tokenize.control_text) ---------------------------------------------
+
+def control_strings(hf, builtin: bool) -> tuple[str, ...]:
+    """The control strings a record's content must not turn into: the tokenizer's special tokens (EOS, BOS, pad,
+    a real model's turn markers such as Qwen's `<|im_end|>`), and with the built-in template its markers
+    `<|im_start|>` / `<|im_end|>` (text there, so a typed one reads exactly like the template's). Longest first."""
+    from packtrain.data.chat_template import special_strings
+
+    found = set(special_strings(hf))
+    if builtin:
+        found |= {IM_START, IM_END}
+    return tuple(sorted(found, key=lambda s: (-len(s), s)))
+
+
+def typed_controls(fmt: str | None, record: object, strings: Sequence[str]) -> list[str]:
+    """'messages[1].content holds "<|im_end|>"' for each content / prompt / completion holding a control string.
+
+    >>> typed_controls("messages", [{"role": "user", "content": "end with <|im_end|>"}], ["<|im_end|>"])
+    ['messages[0].content holds "<|im_end|>"']
+    """
+    if not strings:
+        return []
+    if fmt == "messages" and isinstance(record, list):
+        fields = [(f"messages[{i}].content", m.get("content")) for i, m in enumerate(record) if isinstance(m, dict)]
+    elif fmt == "prompt_completion" and isinstance(record, dict):
+        fields = [(k, record.get(k)) for k in ("prompt", "completion")]
+    else:
+        return []
+    out = []
+    for name, value in fields:
+        if isinstance(value, str):
+            hits = [s for s in strings if s in value]
+            if hits:
+                out.append(f"{name} holds " + ", ".join(json.dumps(h, ensure_ascii=False) for h in hits))
+    return out
+
+
+def text_encoder(backend) -> Encode:
+    """encode(text) → ids with every special token typed in `text` read as plain text (tokenizers'
+    `encode_special_tokens`), never as its id. Text without one encodes exactly as before."""
+    def encode(text: str) -> list[int]:
+        old = backend.encode_special_tokens
+        backend.encode_special_tokens = True
+        try:
+            return list(backend.encode(text, add_special_tokens=False).ids)
+        finally:
+            backend.encode_special_tokens = old
+    return encode
+
+
+def render_with_template(messages: Sequence[dict], hf, as_text: bool = True) -> Rendered:
     """The tokenizer's own chat template (packtrain.data.chat_template): its ids and the assistant mask."""
     from packtrain.data.chat_template import TemplateRenderError, render_own_template
 
     try:
-        r = render_own_template(messages, hf)
+        r = render_own_template(messages, hf, as_text)
     except TemplateRenderError as e:
         raise RecordError(str(e)) from None
     return Rendered(r.ids, r.mask, r.closed)
@@ -197,9 +250,10 @@ def has_own_template(hf) -> bool:
     return isinstance(getattr(hf, "chat_template", None), str) and bool(hf.chat_template.strip())
 
 
-def render_record(fmt: str, record: object, hf, use_own_template: bool) -> Rendered:
+def render_record(fmt: str, record: object, hf, use_own_template: bool, as_text: bool = True) -> Rendered:
     """ids + mask of one non-text record (no BOS/EOS: the caller adds the tokenizer's rule); RecordError when
-    the record is malformed (the same problems `record_problems` lists)."""
+    the record is malformed (the same problems `record_problems` lists). `as_text` (tokenize.control_text):
+    a special token typed in a content is encoded as plain text, never as its id."""
     problems = record_problems(fmt, record)
     if problems:
         raise RecordError("; ".join(problems))
@@ -208,13 +262,14 @@ def render_record(fmt: str, record: object, hf, use_own_template: bool) -> Rende
     def encode(text: str) -> list[int]:
         return list(backend.encode(text, add_special_tokens=False).ids)
 
+    content = text_encoder(backend) if as_text else encode
     if fmt == "prompt_completion":
         assert isinstance(record, dict)
-        return render_prompt_completion(record, encode)
+        return render_prompt_completion(record, content)
     assert isinstance(record, list)
     if use_own_template:
-        return render_with_template(record, hf)
-    return render_builtin(record, encode)
+        return render_with_template(record, hf, as_text)
+    return render_builtin(record, encode, content)
 
 
 def ends_with_learned_turn(fmt: str, record: object) -> bool:
@@ -297,23 +352,27 @@ def record_batches(pf, batch_docs: int):
         start += len(rows)
 
 
-def encode_row(hf, fmt, rec, text, wrap, prefix: list[int], own_template: bool):
+def encode_row(hf, fmt, rec, text, wrap, prefix: list[int], own_template: bool, as_text: bool = True,
+               info: dict | None = None):
     """(ids, mask) of one row: a text row through the usual prefix/EOS rule with mask 1; a record rendered by
     packtrain.data.chat, the tokenizer's prefix (BOS) mask 0 — left out for its own template, which writes
     its BOS itself — and the appended EOS learned when the record ends with an assistant turn / completion
     (none appended when the template's rendering already ends with EOS).
-    A record that does not render gives ([], [problem]) for row_problem to report."""
+    A record that does not render gives ([], [problem]) for row_problem to report. `info` (a dict) gets
+    "closed": True when the template wrote the EOS itself."""
     if fmt in (None, "text") or rec is None:
         ids = wrap(list(hf.backend_tokenizer.encode(text or "", add_special_tokens=False).ids))
         return ids, [1] * len(ids)
     try:
         record = json.loads(rec)
-        r = render_record(fmt, record, hf, own_template)
+        r = render_record(fmt, record, hf, own_template, as_text)
     except (RecordError, json.JSONDecodeError, TypeError, KeyError) as e:
         return [], [str(e)]
     tail = wrap(r.ids)[len(prefix) + len(r.ids):]   # wrap: prefix + ids + suffix (+ EOS)
     if r.closed and tail and tail[-1] == hf.eos_token_id:
         tail = tail[:-1]                             # the template wrote the EOS itself: never a second one
+    if info is not None:
+        info["closed"] = r.closed
     head = [] if own_template else list(prefix)
     learned_end = int(ends_with_learned_turn(fmt, record))
     return head + r.ids + tail, [0] * len(head) + r.mask + [learned_end] * len(tail)

@@ -64,18 +64,21 @@ def _render(hf, msgs: list[dict], **kw) -> str:
 
 def _refuse(k: int, why: str) -> TemplateRenderError:
     return TemplateRenderError(
-        f"the tokenizer's chat template: the assistant turn messages[{k}] cannot be located in the rendered "
-        f"text ({why}), so its loss mask is unknown; set tokenize.chat_template=builtin")
+        f"the tokenizer's chat template: the content of messages[{k}] cannot be located in the rendered "
+        f"text ({why}), so its loss mask (or its typed control text) is unknown; set "
+        "tokenize.chat_template=builtin")
 
 
-def learned_spans(hf, msgs: list[dict]) -> tuple[str, list[tuple[int, int, int]]]:
+def learned_spans(hf, msgs: list[dict], also: Sequence[int] = ()) -> tuple[str, list[tuple[int, int, int]]]:
     """(the full rendering, [(content start, content end, marker end) of each assistant turn]), in characters;
     the marker end is a bound that render_own_template cuts to whole tokens and strips of whitespace.
+    `also`: more turns (of any role) whose contents are placed the same way; their spans come with marker end
+    -1 and are not learned (content_spans uses them to find control text typed in a user turn).
 
     ChatML, [user "Q", assistant "A"]: "<|im_start|>user\\nQ<|im_end|>\\n<|im_start|>assistant\\nA<|im_end|>\\n"
     → [(51, 52, 63)]: "A", then "<|im_end|>\\n" of which "<|im_end|>" is learned.
     """
-    turns = [k for k, m in enumerate(msgs) if m["role"] == "assistant"]
+    turns = [k for k, m in enumerate(msgs) if m["role"] == "assistant" or k in also]
     for k, m in enumerate(msgs):
         if "\ue000" in m["content"] or "\ue001" in m["content"]:
             raise _refuse(k, "its content holds the private-use characters U+E000/U+E001 packtrain marks turns with")
@@ -106,7 +109,8 @@ def learned_spans(hf, msgs: list[dict]) -> tuple[str, list[tuple[int, int, int]]
                 break
         else:
             raise _refuse(k, "the template renders the content other than as given or trimmed")
-        spans.append((pos, end, end + len(_end_of_turn(hf, marked, k, i, after))))
+        learned = msgs[k]["role"] == "assistant"
+        spans.append((pos, end, end + len(_end_of_turn(hf, marked, k, i, after)) if learned else -1))
         pos = end + len(after)
     return full, spans
 
@@ -132,11 +136,60 @@ def _closed(ids: Sequence[int], texts: Sequence[str], eos: int | None) -> bool:
     return False
 
 
-def render_own_template(messages: Sequence[dict], hf) -> TemplateRendering:
-    """ids + mask (module doc) of a chat record rendered by the tokenizer's own `chat_template`."""
+def special_strings(hf) -> tuple[str, ...]:
+    """The tokenizer's special tokens as text (EOS, BOS, pad, turn markers), longest first."""
+    found = {t.content for t in hf.backend_tokenizer.get_added_tokens_decoder().values() if t.special and t.content}
+    return tuple(sorted(found, key=lambda s: (-len(s), s)))
+
+
+def _encode_pieces(backend, full: str, typed: list[tuple[int, int]]):
+    """(ids, [(start, end)] offsets) of `full`, the character ranges `typed` (control strings typed in content)
+    encoded as plain text. tokenizers cuts a text at special tokens before anything else, so the text between
+    them encodes exactly as in one call."""
+    ids: list[int] = []
+    offsets: list[tuple[int, int]] = []
+    pos = 0
+    for a, b in [*typed, (len(full), len(full))]:
+        for lo, hi, plain in ((pos, a, False), (a, b, True)):
+            if hi > lo:
+                old = backend.encode_special_tokens
+                backend.encode_special_tokens = plain
+                try:
+                    enc = backend.encode(full[lo:hi], add_special_tokens=False)
+                finally:
+                    backend.encode_special_tokens = old
+                ids += list(enc.ids)
+                offsets += [(lo + s, lo + e) for s, e in enc.offsets]
+        pos = b
+    return ids, offsets
+
+
+def _typed_ranges(full: str, spans: list[tuple[int, int, int]], strings: Sequence[str]) -> list[tuple[int, int]]:
+    """Sorted, non-overlapping character ranges of the control strings inside the content spans."""
+    found: list[tuple[int, int]] = []
+    for a, c, _ in spans:
+        i = a
+        while i < c:
+            hit = next((s for s in strings if full.startswith(s, i) and i + len(s) <= c), None)
+            if hit is None:
+                i += 1
+                continue
+            found.append((i, i + len(hit)))
+            i += len(hit)
+    return sorted(found)
+
+
+def render_own_template(messages: Sequence[dict], hf, as_text: bool = True) -> TemplateRendering:
+    """ids + mask (module doc) of a chat record rendered by the tokenizer's own `chat_template`. `as_text`: a
+    special token typed in any turn's content is encoded as plain text (that turn's content is placed in the
+    rendering like an assistant turn's; a template that does not write it once is a TemplateRenderError)."""
     msgs = [{"role": m["role"], "content": m["content"]} for m in messages]
     template = hf.chat_template if isinstance(hf.chat_template, str) else ""
     eos = hf.eos_token_id
+    strings = special_strings(hf) if as_text else ()
+    typed_turns = [k for k, m in enumerate(msgs) if any(s in m["content"] for s in strings)]
+    if typed_turns:
+        return _render_typed(hf, msgs, typed_turns, strings)
     if any(tag in template for tag in GENERATION_TAGS):
         try:
             out = hf.apply_chat_template(msgs, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
@@ -148,9 +201,24 @@ def render_own_template(messages: Sequence[dict], hf) -> TemplateRendering:
         return TemplateRendering(ids, [int(bool(x)) for x in out["assistant_masks"]], _closed(ids, texts, eos))
     full, spans = learned_spans(hf, msgs)
     enc = hf.backend_tokenizer.encode(full, add_special_tokens=False)
-    ids, texts = list(enc.ids), [full[s:e] for s, e in enc.offsets]
-    starts = np.array([s for s, _ in enc.offsets], dtype=np.int64)   # [n] non-decreasing
-    ends = np.array([e for _, e in enc.offsets], dtype=np.int64)
+    return _masked(full, list(enc.ids), list(enc.offsets), spans, eos)
+
+
+def _render_typed(hf, msgs: list[dict], typed_turns: list[int], strings: Sequence[str]) -> TemplateRendering:
+    """A record with control strings typed in `typed_turns`: those contents placed too, their control strings
+    encoded as plain text; the mask from the assistant spans as usual."""
+    full, spans = learned_spans(hf, msgs, also=typed_turns)
+    typed = _typed_ranges(full, spans, strings)
+    ids, offsets = _encode_pieces(hf.backend_tokenizer, full, typed)
+    return _masked(full, ids, offsets, [sp for sp in spans if sp[2] >= 0], hf.eos_token_id)
+
+
+def _masked(full: str, ids: list[int], offsets: list[tuple[int, int]], spans: list[tuple[int, int, int]],
+            eos: int | None) -> TemplateRendering:
+    """The mask of `ids` (character `offsets` into `full`) from the learned spans (module doc)."""
+    texts = [full[s:e] for s, e in offsets]
+    starts = np.array([s for s, _ in offsets], dtype=np.int64)   # [n] non-decreasing
+    ends = np.array([e for _, e in offsets], dtype=np.int64)
     mask = np.zeros(len(ids), dtype=np.uint8)
     for a, c, m in spans:
         mask[(starts >= a) & (starts < c)] = 1                      # the content

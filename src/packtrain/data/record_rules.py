@@ -9,6 +9,10 @@ column holding each row's problem) and ingest (`ingest.on_bad_record: skip` drop
                                                          accident upstream). Blank texts are text_not_empty's.
     role_order           chat records                    roles out of order (ROLE_ORDER below)
     prompt_fits_budget   chat / prompt-completion        a prompt of ≥ pack.budget tokens (PromptCounter)
+    template_renders     chat records, a known tokenizer  its chat template refuses the record (Gemma: "System role
+                                                         not supported"): rendered once here, as tokenize renders
+    record_fits_budget   records, long_records=refuse    a record of > pack.budget tokens (exact, or a lower bound)
+    control_text         records, control_text=refuse    a control string typed in a content (chat.control_strings)
 
 plus packtrain.data.chat.CHECKS (record_shape, roles_allowed, has_assistant_turn, content_not_empty).
 
@@ -29,7 +33,8 @@ from typing import Literal
 from packtrain.data.chat import CHECKS as RECORD_CHECKS
 from packtrain.data.chat import IM_END, IM_START, ROLES, record_checks
 
-RULES = ("has_visible_text", "role_order", "prompt_fits_budget")
+RULES = ("has_visible_text", "role_order", "prompt_fits_budget", "template_renders", "record_fits_budget",
+         "control_text")
 """The rules of this module, in report order; has_visible_text also applies to plain-text tables."""
 ROW_CHECKS = (*RECORD_CHECKS, *RULES)
 
@@ -121,17 +126,42 @@ class PromptCounter:
     own_template: bool = False
     _wrap: object = None
     _prefix: list = field(default_factory=list)
+    append_eos: bool = True
+    as_text: bool = True
+    strings: tuple = ()   # the control strings (packtrain.data.chat.control_strings) of the run's tokenizer
 
     def __call__(self, fmt: str | None, record: object) -> int | None:
         """Prompt tokens of a well-formed record (None: text rows, or a record another check refuses)."""
+        return self.probe(fmt, record)[0]
+
+    def probe(self, fmt: str | None, record: object, total: bool = True
+              ) -> tuple[int | None, int | None, str | None]:
+        """(prompt tokens, all tokens, the renderer's problem) of a well-formed record, as tokenize will count
+        them (exact), or lower bounds (`total=False`: the bound on all tokens is not computed, None);
+        (None, None, None) for text rows and records another check refuses."""
         if fmt not in ("messages", "prompt_completion") or any(record_checks(fmt, record).values()):
-            return None
+            return None, None, None
         if self.exact:
             from packtrain.data.chat import encode_row, prompt_tokens
 
             ids, mask = encode_row(self.hf, fmt, json.dumps(record), "", self._wrap, self._prefix,
-                                   self.own_template)
-            return prompt_tokens(mask) if ids and any(mask) else None
+                                   self.own_template, self.as_text)
+            if not ids:
+                return None, None, str(mask[0]) if mask else "renders to no tokens"
+            return (prompt_tokens(mask) if any(mask) else None), len(ids), None
+        return self._bound(fmt, record), self._bound_total(fmt, record) if total else None, None
+
+    def _bound_total(self, fmt: str, record: object) -> int:
+        """A lower bound on the tokens of the whole record (built-in template, trained BPE: no BOS, + EOS)."""
+        eos = int(self.append_eos)
+        if fmt == "prompt_completion":
+            assert isinstance(record, dict)
+            return _pieces(record["prompt"]) + _pieces(record["completion"]) + eos
+        assert isinstance(record, list)
+        return eos + sum(_pieces(f"{IM_START}{m['role']}\n") + _pieces(m["content"]) + _pieces(IM_END)
+                         + _pieces("\n") for m in record)
+
+    def _bound(self, fmt: str, record: object) -> int | None:
         if fmt == "prompt_completion":
             assert isinstance(record, dict)
             return _pieces(record["prompt"])
@@ -165,21 +195,33 @@ def _pieces(text: str) -> int:
 
 
 def prompt_counter(tokenizer_dir: str | None, chat_template: str, append_eos: bool,
-                   init_from: str = "scratch") -> PromptCounter | None:
-    """The counter for a run's tokenizer: exact for tokenize.tokenizer_dir, a lower bound for the BPE tokenize
-    will train; None when the run fine-tunes model.init_from without tokenizer_dir (its tokenizer is resolved
-    by the tokenize stage, which then checks the prompts itself)."""
+                   init_from: str = "scratch", as_text: bool = True) -> PromptCounter | None:
+    """The counter for a run's tokenizer: exact for tokenize.tokenizer_dir — or model.init_from when it is a
+    local directory that ships a tokenizer (the one tokenize will use) —, a lower bound for the BPE tokenize
+    will train; None when the run fine-tunes a registry model (models:/…, champion) without tokenizer_dir (its
+    tokenizer is resolved by the tokenize stage, which then checks the records itself)."""
+    from packtrain.data.chat import IM_END, IM_START
+
+    if not tokenizer_dir and init_from not in ("scratch", "champion") and not init_from.startswith("models:/"):
+        from packtrain.data.tokenizer_files import has_tokenizer
+
+        if has_tokenizer(init_from):
+            tokenizer_dir = init_from
     if tokenizer_dir:
-        from packtrain.data.chat import has_own_template
+        from packtrain.data.chat import control_strings, has_own_template
         from packtrain.data.tokenizer_setup import _document_ids, load_tokenizer, special_tokens_rule
 
         hf = load_tokenizer(tokenizer_dir)
         prefix, suffix = special_tokens_rule(hf)
         own = chat_template == "auto" and has_own_template(hf)
-        return PromptCounter(True, hf, own, _document_ids(prefix, suffix, hf.eos_token_id, append_eos), prefix)
+        return PromptCounter(True, hf, own, _document_ids(prefix, suffix, hf.eos_token_id, append_eos), prefix,
+                             append_eos, as_text, control_strings(hf, builtin=not own))
     if init_from != "scratch":
         return None
-    return PromptCounter(False)
+    from packtrain.data.tokenizer_setup import EOS_TOKEN, PAD_TOKEN
+
+    return PromptCounter(False, append_eos=append_eos, as_text=as_text,
+                         strings=(EOS_TOKEN, IM_START, IM_END, PAD_TOKEN))
 
 
 @dataclass
@@ -195,6 +237,10 @@ class RowRules:
     append_eos: bool = True
     init_from: str = "scratch"
     """tokenize.tokenizer_dir / chat_template / append_eos and model.init_from: which tokenizer counts prompts."""
+    long_records: Literal["refuse", "truncate", "split_with_prompt"] = "split_with_prompt"
+    """tokenize.long_records: under refuse, record_fits_budget refuses a record longer than prompt_budget."""
+    control_text: Literal["as_text", "refuse"] = "as_text"
+    """tokenize.control_text: under refuse, control_text refuses a control string typed in a content."""
     _counter: list = field(default_factory=list, repr=False)   # [] until counter() ran, then [counter or None]
 
     @classmethod
@@ -202,22 +248,29 @@ class RowRules:
         """The rules of a RunConfig."""
         return cls(role_order=cfg.validate_.role_order, prompt_budget=cfg.pack.budget,
                    tokenizer_dir=cfg.tokenize.tokenizer_dir, chat_template=cfg.tokenize.chat_template,
-                   append_eos=cfg.tokenize.append_eos, init_from=cfg.model.init_from)
+                   append_eos=cfg.tokenize.append_eos, init_from=cfg.model.init_from,
+                   long_records=cfg.tokenize.long_records, control_text=cfg.tokenize.control_text)
 
     def counter(self) -> PromptCounter | None:
         """The prompt counter (loaded on first use: only tables with records need it)."""
         if not self._counter:
             self._counter.append(None if self.prompt_budget is None else prompt_counter(
-                self.tokenizer_dir, self.chat_template, self.append_eos, self.init_from))
+                self.tokenizer_dir, self.chat_template, self.append_eos, self.init_from,
+                self.control_text == "as_text"))
         return self._counter[0]
 
     def checks(self, with_records: bool) -> tuple[str, ...]:
         """The checks that run (ROW_CHECKS order): has_visible_text always; for tables with records also the
-        record checks, role_order unless off, prompt_fits_budget when prompts can be counted."""
+        record checks, role_order unless off, prompt_fits_budget when prompts can be counted, template_renders
+        when the tokenizer is known (exact), record_fits_budget / control_text when their policy is refuse."""
         if not with_records:
             return ("has_visible_text",)
-        return tuple(c for c in ROW_CHECKS if (c != "role_order" or self.role_order == "alternating")
-                     and (c != "prompt_fits_budget" or self.counter() is not None))
+        counter = self.counter()
+        on = {"role_order": self.role_order == "alternating", "prompt_fits_budget": counter is not None,
+              "template_renders": counter is not None and counter.exact,
+              "record_fits_budget": counter is not None and self.long_records == "refuse",
+              "control_text": counter is not None and self.control_text == "refuse"}
+        return tuple(c for c in ROW_CHECKS if on.get(c, True))
 
 
 def row_checks(fmt: str | None, record: object, text: object, rules: RowRules) -> dict[str, str | None]:
@@ -229,12 +282,22 @@ def row_checks(fmt: str | None, record: object, text: object, rules: RowRules) -
         out = record_checks(fmt, record)
     out["has_visible_text"] = visible_text_problem(fmt, record, text)
     out["role_order"] = role_order_problem(fmt, record) if records and rules.role_order == "alternating" else None
-    out["prompt_fits_budget"] = None
+    out["prompt_fits_budget"] = out["template_renders"] = out["record_fits_budget"] = out["control_text"] = None
     counter = rules.counter() if records else None
     if counter is not None and rules.prompt_budget is not None:
-        n = counter(fmt, record)
+        n, total, failed = counter.probe(fmt, record, total=rules.long_records == "refuse")
+        out["template_renders"] = failed
+        how = "" if counter.exact else "at least "
+        bound = "" if counter.exact else " (a lower bound: pre-tokenizer pieces of the BPE tokenize trains)"
+        if rules.long_records == "refuse" and total is not None and total > rules.prompt_budget:
+            out["record_fits_budget"] = (f"record of {how}{total:,} tokens is longer than the pack budget "
+                                         f"{rules.prompt_budget:,} (tokenize.long_records=refuse){bound}")
+        if rules.control_text == "refuse":
+            from packtrain.data.chat import typed_controls
+
+            typed = typed_controls(fmt, record, counter.strings)
+            out["control_text"] = ("; ".join(typed) + " (tokenize.control_text=refuse)") if typed else None
         if n is not None and n >= rules.prompt_budget:
-            how = "" if counter.exact else "at least "
             out["prompt_fits_budget"] = (
                 f"prompt of {how}{n:,} tokens (before the first learned token) does not fit the pack budget "
                 f"{rules.prompt_budget:,}" + ("" if counter.exact else

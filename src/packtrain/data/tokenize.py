@@ -35,6 +35,10 @@ prompt — the tokens before its first learned token — is longer than `prompt_
 pack.budget) would be packed as chunks whose answer cannot see its question: every such record, and every
 record that does not render (wrong role, missing content, ...: `packtrain validate` lists them first), is
 named by source (file:line) and doc_id in one InputDataError (exit 3), after the whole table was read.
+Records longer than `prompt_budget` follow `tokenize.long_records` (refuse | truncate | split_with_prompt,
+packtrain.data.long_records: a split record becomes several documents of the store, each ≤ the budget and each
+starting with the record's prompt, masked) and control strings typed in content follow `tokenize.control_text`
+(packtrain.data.record_fit, which counts both for the stats).
 
 Encoding uses `Tokenizer.encode_batch` on `batch_docs` documents at a time with tokenizers' Rayon thread
 pool enabled for the call (`workers` threads; TOKENIZERS_PARALLELISM is off elsewhere in packtrain):
@@ -50,8 +54,9 @@ from pathlib import Path
 import numpy as np
 
 from packtrain.config import TokenizeConfig
-from packtrain.data.chat import encode_row, record_batches, row_problem
+from packtrain.data.chat import record_batches
 from packtrain.data.ingest import length_summary
+from packtrain.data.record_fit import RecordFit
 from packtrain.data.token_store import SPLIT_EVAL, SPLIT_TRAIN, TokenStoreWriter
 from packtrain.data.tokenize_stats import TokenizeStats
 from packtrain.data.tokenizer_files import tokenizer_hash
@@ -258,18 +263,21 @@ def tokenize_documents(docs: str | Path, out_dir: str | Path, cfg: TokenizeConfi
                 writer.enable_mask()
             chars, loss_tokens = 0, 0
             problems: list[str] = []
+            fit = RecordFit(cfg, prompt_budget, hf, chat == "builtin") if records else None
             t2 = time.perf_counter()
             with tqdm(total=n_docs, unit="doc", desc="tokenize", file=sys.stderr, delay=2.0, leave=False) as bar:
                 if records:
+                    assert fit is not None
                     for start, rows in record_batches(pf, cfg.batch_docs):
                         for j, (text, fmt, rec, src) in enumerate(rows):
-                            ids, mask = encode_row(hf, fmt, rec, text, wrap, prefix, chat == "tokenizer")
-                            bad = row_problem(ids, mask, fmt, rec, prompt_budget)
+                            written, bad = fit.row(text, fmt, rec, wrap, prefix, chat == "tokenizer")
                             if bad:
                                 problems.append(f"{src} (doc_id {int(doc_ids[start + j])}): {bad}")
-                                ids, mask = [eos if eos is not None else 0], [0]   # placeholder; never published
-                            writer.append(ids, mask)
-                            loss_tokens += int(sum(mask))
+                                written = [([eos if eos is not None else 0], [0])]   # placeholder; never published
+                            for ids, mask in written:
+                                writer.append(ids, mask)
+                                loss_tokens += int(sum(mask))
+                                fit.rows_of_docs.append(start + j)
                             chars += len(text)
                         bar.update(len(rows))
                 else:
@@ -285,14 +293,20 @@ def tokenize_documents(docs: str | Path, out_dir: str | Path, cfg: TokenizeConfi
                     f"{path}: {len(problems)} record(s) cannot be tokenized for training: "
                     + "; ".join(problems[:20]) + (f"; ... ({len(problems) - 20} more)" if len(problems) > 20 else "")
                     + ". Fix or remove them (`packtrain validate` lists malformed records row by row); a prompt "
-                    "longer than the pack budget needs a larger pack.budget or a shorter prompt")
+                    "longer than the pack budget needs a larger pack.budget or a shorter prompt"
+                    + ("" if fit is None else fit.hint()))
             encode_s = time.perf_counter() - t2
             meta = {"vocab_size": len(hf), "eos_id": eos, "pad_id": hf.pad_token_id, "bos_id": hf.bos_token_id,
                     "append_eos": cfg.append_eos, "tokenizer": source, "tokenizer_hash": tok_hash,
                     "tokenizer_from": tokenizer_from, "special_prefix": prefix, "special_suffix": suffix}
             if chat is not None:
                 meta["chat_template"] = chat
-            store = writer.finish(doc_ids, split, meta)
+            if fit is not None:
+                meta.update(fit.meta())
+                rows_of = np.frombuffer(fit.rows_of_docs, dtype=np.int64)   # table row of every store document
+                store = writer.finish(doc_ids[rows_of], split[rows_of], meta)
+            else:
+                store = writer.finish(doc_ids, split, meta)
 
     lengths = store.lengths()
     is_eval = store.split == SPLIT_EVAL
@@ -307,4 +321,4 @@ def tokenize_documents(docs: str | Path, out_dir: str | Path, cfg: TokenizeConfi
         tokens_per_second=round(n_tok / max(encode_s, 1e-9), 1), seconds=round(time.perf_counter() - t0, 3),
         output=str(out_dir), tokenizer_hash=tok_hash, tokenizer_from=tokenizer_from, special_prefix=prefix,
         special_suffix=suffix, loss_mask=records, loss_tokens=loss_tokens if records else None,
-        chat_template=chat)
+        chat_template=chat, **(fit.stats() if fit is not None else {"text_rows": n_docs}))

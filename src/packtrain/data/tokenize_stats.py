@@ -38,6 +38,23 @@ class TokenizeStats:
     loss_mask: bool = False                 # loss_mask.bin written (chat / prompt-completion records)
     loss_tokens: int | None = None          # tokens with mask 1 (None without a mask: all of them)
     chat_template: str | None = None        # "tokenizer" (its own chat_template) | "builtin" | None (no chat)
+    # Rows of the table by kind, and the EOS rule each got (packtrain.data.record_fit): every text row gets the
+    # appended EOS (append_eos); a record gets it unless its template wrote the tokenizer's EOS itself.
+    text_rows: int = 0
+    record_rows: int = 0
+    eos_appended_records: int = 0
+    eos_from_template_records: int = 0
+    # Records longer than pack.budget (tokenize.long_records, packtrain.data.long_records). None: no records.
+    long_records: str | None = None         # refuse | truncate | split_with_prompt
+    record_budget: int | None = None        # the budget records were fitted to (pack.budget)
+    records_over_budget: int = 0            # records longer than the budget (truncated or split; refused → error)
+    records_split: int = 0                  # split_with_prompt: records written as several documents
+    split_chunks: int = 0                   # ... the documents they became (each ≤ budget, each with the prompt)
+    split_context_tokens: int = 0           # ... masked prompt/context tokens repeated in continuation chunks
+    records_truncated: int = 0              # truncate: records cut to the budget
+    record_truncated_tokens: int = 0        # tokens of records not written (the cut tails)
+    control_text: str | None = None         # tokenize.control_text: as_text | refuse
+    control_text_records: int = 0           # records with a control string typed in a content (as_text)
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -1,6 +1,7 @@
 """Noise-aware default rules: each threshold from the recorded run-to-run noise of the device kind.
 
-`bench/gate_noise.py` repeats an unchanged training run N times and records, per canonical metric,
+`python -m bench gate-noise` (bench/suites/gate_noise.py) repeats an unchanged training run N times and records,
+per canonical metric,
 
     noise = (max − min) / |median|          e.g. H200 real tokens/s, 5 repeats: 155,149 … 155,608 → 0.30%
 

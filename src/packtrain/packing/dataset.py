@@ -120,6 +120,23 @@ def _check_prompts(ts: TokenStore, budget: int) -> None:
             "pack.budget or shorten those prompts (tokenize names their source rows)")
 
 
+def _check_records(ts: TokenStore, budget: int) -> None:
+    """A record (a document with masked tokens: a prompt, template markup) longer than the budget would be cut
+    into chunks whose continuations have no prompt: tokenize fits records to pack.budget
+    (tokenize.long_records), so such a document means the store was made for another budget. Names doc_ids."""
+    lengths = ts.lengths()
+    bad = [int(ts.doc_ids[i]) for i in np.flatnonzero(lengths > budget) if not ts.doc_mask(int(i)).all()]
+    if bad:
+        made = ts.meta.get("record_budget")
+        raise InputDataError(
+            f"token store {ts.root}: {len(bad)} chat / prompt-completion record(s) longer than pack.budget {budget}: "
+            f"doc_ids {bad[:10]}{' ...' if len(bad) > 10 else ''}; split here, their continuation chunks would be "
+            f"trained without their prompt. The store was tokenized for "
+            + (f"pack.budget {made}" if made else "no pack budget (or before tokenize.long_records existed)")
+            + f": re-run `packtrain tokenize` with pack.budget={budget} (tokenize.long_records decides what "
+            "happens to records longer than it)")
+
+
 def _check_store(ts: TokenStore, budget: int | None = None) -> None:
     if ts.n_docs == 0:
         raise InputDataError(f"token store {ts.root} holds no documents (offsets.npy is empty)")
@@ -132,6 +149,7 @@ def _check_store(ts: TokenStore, budget: int | None = None) -> None:
     vocab = ts.vocab_size
     if budget is not None and ts.loss_mask is not None:
         _check_prompts(ts, budget)
+        _check_records(ts, budget)
     for a in range(0, len(ts.tokens), 1 << 24):
         block = ts.tokens[a: a + (1 << 24)]
         if block.max() >= vocab:

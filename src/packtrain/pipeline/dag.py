@@ -16,7 +16,8 @@ Each stage runs as if in a process of its own (`own_process`): what a stage chan
 environment, the working directory, logging levels and handlers, warning filters, torch's thread count,
 default dtype, grad mode and RNG (reset to a fresh process's seed), compiled graphs, a leftover MLflow fluent
 run — is put back before the next one, so the numbers are those of one process per stage (`--runner kfp`;
-tests/pipelines/test_runners_agree.py checks it). A stage that needs processes of its own still starts them
+tests/pipelines/test_kfp_runner.py and
+tests/unit/test_run_dag.py check it). A stage that needs processes of its own still starts them
 (train with train.gpus > 1 launches its ranks through torchrun: packtrain.train.launch).
 
 `output` receives everything the stages print: their Python-level stdout/stderr, and with `capture_fds` also

@@ -43,6 +43,8 @@ FIELDS: dict[str, tuple[str, str]] = {
     "tok_p50": ("tokenize", "length_tokens.p50"),
     "tok_p90": ("tokenize", "length_tokens.p90"),
     "tok_p99": ("tokenize", "length_tokens.p99"),
+    "long_records": ("tokenize", "long_records"),             # chat records longer than pack.budget: the policy,
+    "records_over_budget": ("tokenize", "records_over_budget"),   # and how many it applied to
     "fill": ("pack", "fill"),
     "tokens_per_s": ("train", "throughput.real_tokens_per_s"),
     "utilization": ("train", "system.utilization_mean"),
@@ -145,6 +147,8 @@ def _data(s: dict) -> list[str]:
         line += f" · {_fmt(s['tokens'])} tokens"
     if s.get("tok_p50") is not None:
         line += f" · tokens/doc p50 {_fmt(s['tok_p50'])} p90 {_fmt(s['tok_p90'])} p99 {_fmt(s['tok_p99'])}"
+    if s.get("records_over_budget"):
+        line += f" · {_fmt(s['records_over_budget'])} long record(s): {s.get('long_records')}"
     return [line]
 
 

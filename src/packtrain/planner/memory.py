@@ -78,11 +78,11 @@ already saves 0.81× the autocast layer's bytes): 1B, varlen, fused loss, 8 × 2
 def precision_of(engine: str, precision: str) -> Precision:
     """torch + bf16/fp16 → autocast over fp32 params; DeepSpeed bf16/fp16 → the module itself in 16 bit.
 
-    fp8 (torchao float8 linears, docs/fp8.md) is planned as bf16 autocast: the converted linears keep fp32 weights
-    and save their bf16 input for backward like an autocast linear; torchao's extra — the e4m3 copy of one
-    linear's weight and input while it runs (1 B/element, freed after the matmul) — is below the planner's
-    resolution and not counted (the FP8 probe in docs/design.md, pure-bf16 weights, saw FP8 peak *lower* than bf16, so this
-    should be an upper bound; `python -m bench fp8` records planner vs measured)."""
+    fp8 (torchao float8 linears, docs/fp8.md) is planned as bf16 autocast for activations: a float8 linear saves
+    its bf16 input for backward like an autocast linear. Its weight differs: torchao saves the fp32 parameter
+    itself and casts it to e4m3 inside the matmul (one linear's 1 B/element copy at a time, below the planner's
+    resolution), so plan_memory counts no per-layer bf16 weight copy under fp8 (the LM head, left bf16, keeps its
+    copy). `python -m bench fp8` records planner vs measured for both precisions at one shape."""
     if precision == "fp32":
         return Precision("fp32", 4, 4, False)
     if engine == "fsdp2":   # MixedPrecisionPolicy: the layers compute in gathered bf16 params, no autocast

@@ -264,8 +264,12 @@ def plan_memory(model_cfg: ModelConfig, train_cfg: TrainConfig, budget: int, pla
     loss_fwd, loss_bwd = mem.loss_bytes(shape, prec, n_tok, chunk, kernel, head_trains=not lora)
     fw = mem.CUDA_WORKSPACE_BYTES if device == "cuda" else 0
 
-    # LoRA: the frozen base already is in the autocast dtype (no bf16 copies); the embedding/LM head get no gradient
-    cast_layer = 2 * shape.layer_linear_params if prec.autocast and not lora else 0
+    # LoRA: the frozen base already is in the autocast dtype (no bf16 copies); the embedding/LM head get no gradient.
+    # fp8 (torch engine): torchao's float8 linears save the fp32 parameter itself for backward and cast to e4m3 on
+    # the fly (one linear's 1 B/param copy at a time), so the decoder keeps no per-layer weight copy; the LM head
+    # stays an autocast bf16 linear (its cast is counted below)
+    fp8_linears = train_cfg.precision == "fp8" and train_cfg.engine == "torch"
+    cast_layer = 2 * shape.layer_linear_params if prec.autocast and not lora and not fp8_linears else 0
     cast_head = 2 * shape.vocab * shape.hidden if prec.autocast and not lora else 0
     casts_all = shape.layers * cast_layer + cast_head
     casts_saved = (shape.layers - n_ck) * cast_layer + (cast_head if chunk is None else 0)
@@ -308,7 +312,8 @@ def plan_memory(model_cfg: ModelConfig, train_cfg: TrainConfig, budget: int, pla
     ctx = int(plan_cfg.cuda_context_gib * GIB) if device == "cuda" else 0
     notes = {
         "parameters": st.notes.get("params", ""), "master_weights": st.notes.get("master", ""),
-        "weight_casts": "bf16 copies of the matmul weights (autocast cache)" if prec.autocast else "",
+        "weight_casts": ("bf16 copy of the LM head (float8 decoder linears keep no copy)" if fp8_linears and not lora
+                         else "bf16 copies of the matmul weights (autocast cache)" if prec.autocast else ""),
         "gradients": st.notes.get("grads", ""), "optimizer_states": st.notes.get("optimizer", ""),
         "optimizer_workspace": st.notes.get("step_workspace", ""), "zero_buffers": st.notes.get("zero_buffers", ""),
         "activations": f"{shape.layers - n_ck} layers × {layer_bytes / GIB:.3f} GiB"

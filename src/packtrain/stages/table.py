@@ -138,7 +138,7 @@ class StageSpec:
 
 
 ROW_RULE_FIELDS = ("pack.budget", "tokenize.tokenizer_dir", "tokenize.chat_template", "tokenize.append_eos",
-                   "model.init_from")
+                   "tokenize.long_records", "tokenize.control_text", "model.init_from")
 """What the per-document rules (packtrain.data.record_rules.RowRules.of) read outside the stage's own section."""
 
 STAGES: tuple[StageSpec, ...] = (
@@ -161,7 +161,7 @@ STAGES: tuple[StageSpec, ...] = (
     ),
     StageSpec(
         name="tokenize", inputs=("documents",), output="tokens",
-        config=("tokenize", "model.init_from"),
+        config=("tokenize", "model.init_from", "pack.budget"),   # records are fitted to pack.budget
         code=("src/packtrain/data", "src/packtrain/stages/tokenize.py"),
         help="train/load a BPE tokenizer and write memory-mappable token ids",
         stats_file="stats.json", cli_flags=("--docs",), after=("validate",),
