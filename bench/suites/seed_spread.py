@@ -9,7 +9,8 @@ Each seed is `packtrain run --recipe R --set train.seed=S --set evaluate.against
 directory (the data stages come from the stage cache after the first seed; train and evaluate run for every
 seed), its evaluate output copied aside. The record carries, beside the harness's command and machine:
 
-    recipe, config_hash (packtrain.evaluate.seed_spread.recipe_hash: the resolved config minus train.seed),
+    recipe, config_hash (packtrain.evaluate.seed_spread.recipe_hash: the resolved config minus train.seed; built by
+    packtrain.evaluate.seed_record.spread_record),
     seeds, k, suites: {name: {kind, unit, n, values (one per seed), mean, sd, doc_sd}},
     rows: one per suite with sd, doc_sd and the margin t(0.95, k − 1)·sd·√2; runs: per seed seconds
 
@@ -75,7 +76,8 @@ def pair_verdicts(cfg, seeds: list[int], eval_dirs: list[Path], spread: dict) ->
 
 def run(args, out: Path) -> Record:
     from packtrain.config import load_run_config
-    from packtrain.evaluate.seed_spread import seed_margin, spread_record
+    from packtrain.evaluate.seed_record import spread_record
+    from packtrain.evaluate.seed_spread import seed_margin
 
     seeds = [0, 1, 2] if args.smoke else list(dict.fromkeys(args.seeds))
     if len(seeds) < 3:

@@ -52,7 +52,7 @@ def world(tmp_path_factory):
 def _calibrate(world, base, texts, seeds=(2, 3, 4)) -> dict:
     """The seed-spread record of v1's recipe: seeds 2..4 trained as v1 was, each scored alone on recent + replay."""
     from packtrain.evaluate.paired_eval import paired_evaluation
-    from packtrain.evaluate.seed_spread import spread_record
+    from packtrain.evaluate.seed_record import spread_record
 
     cfg = _cfg(world, _replay(world), "tracking.enabled=false", "register.promotion.seed_spread=null")
     dirs = []
