@@ -3,7 +3,7 @@ between-seed spread the promotion decision uses as its margins (packtrain.evalua
 docs/validation.md "Seed noise").
 
     python -m bench seed-spread --recipe tiny-cpu --seeds 0 1 2 3 --out bench/results/seed_spread_tiny-cpu.json
-    python -m bench seed-spread --smoke --out /tmp/ss        # 3 seeds of 3 steps, scored on 8 documents
+    python -m bench seed-spread --smoke --out /tmp/ss        # 3 random-init tiny models on 12 documents (seconds)
 
 Each seed is `packtrain run --recipe R --set train.seed=S --set evaluate.against=none` in one fresh working
 directory (the data stages come from the stage cache after the first seed; train and evaluate run for every
@@ -34,8 +34,8 @@ from bench.harness import Record, machine_info
 SUMMARY = "k trainings differing only in train.seed: each suite's between-seed spread (the promotion's margins)"
 DEVICE = "cpu"
 PACKTRAIN = Path(sys.executable).with_name("packtrain")
-SMOKE_SETS = ["train.max_steps=3", "train.warmup_steps=1", "evaluate.recent_max_documents=8",
-              "evaluate.max_batches=1", "evaluate.suites=[]"]
+SMOKE_DOCS = [f"def f{i}(x):\n    return x * {i} + {i % 3}\n" for i in range(12)]
+"""--smoke: twelve tiny documents, scored by three random-init models of seeds 0, 1, 2 (no `packtrain run`)."""
 
 
 def add_arguments(p) -> None:
@@ -47,6 +47,23 @@ def add_arguments(p) -> None:
     p.add_argument("--workdir", type=Path, default=None,
                    help="working directory to use and keep (default: a fresh temporary one); a seed whose "
                         "evaluation is already there (seed_<S>/, from an interrupted session) is not run again")
+
+
+def _smoke_sets(cwd: Path) -> list[str]:
+    (cwd / "smoke.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in SMOKE_DOCS), encoding="utf-8")
+    return ["evaluate.recent_role=off", f"evaluate.suites=[{{name: smoke, role: primary, path: {cwd / 'smoke.jsonl'}}}]",
+            "evaluate.suite_budget=64", "tracking.enabled=false", "register.promotion.seed_spread=null",
+            "register.promotion.resamples=200"]
+
+
+def _smoke_seed(cfg, cwd: Path, seed: int) -> Path:
+    """--smoke: a random-init tiny model of `seed` scored alone on the smoke suite → its evaluate output."""
+    from packtrain.evaluate.paired_eval import paired_evaluation
+    from packtrain.evaluate.tiny import build_tiny_model_dir
+
+    model = build_tiny_model_dir(cwd / f"model_{seed}", SMOKE_DOCS, vocab_size=300, seed=seed)
+    paired_evaluation(cfg, model, "none", cwd / f"seed_{seed}")
+    return cwd / f"seed_{seed}"
 
 
 def pair_verdicts(cfg, seeds: list[int], eval_dirs: list[Path], spread: dict) -> list[dict]:
@@ -82,10 +99,10 @@ def run(args, out: Path) -> Record:
     seeds = [0, 1, 2] if args.smoke else list(dict.fromkeys(args.seeds))
     if len(seeds) < 3:
         raise SystemExit(f"--seeds: at least 3 distinct seeds are needed (got {seeds})")
-    sets = [*(SMOKE_SETS if args.smoke else []), *args.sets]
-    cfg = load_run_config(args.recipe, sets)
     cwd = Path(args.workdir).resolve() if args.workdir else Path(tempfile.mkdtemp(prefix="packtrain-seed-spread-"))
     cwd.mkdir(parents=True, exist_ok=True)
+    sets = [*(_smoke_sets(cwd) if args.smoke else []), *args.sets]
+    cfg = load_run_config(args.recipe, sets)
     env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "PACKTRAIN_PARENT_RUN_ID")}
     runs, eval_dirs = [], []
     try:
@@ -98,6 +115,11 @@ def run(args, out: Path) -> Record:
                     "seed": s, "seconds": round(float(done["seconds"]), 1),
                     "evaluate_timings": json.loads((keep / "eval_result.json").read_text()).get("timings", {})})
                 print(f"seed {s}: reused from {keep}", file=sys.stderr)
+                continue
+            if args.smoke:
+                t0 = time.perf_counter()
+                eval_dirs.append(_smoke_seed(cfg, cwd, s))
+                runs.append({"seed": s, "seconds": round(time.perf_counter() - t0, 2)})
                 continue
             cmd = [str(PACKTRAIN), "run", "--recipe", args.recipe, "--set", f"train.seed={s}",
                    "--set", "evaluate.against=none", "--set", "register.promotion.power_check=off",
