@@ -27,8 +27,9 @@ COMMANDS: dict[str, str] = {
 }
 
 
-LOCKED = (*STAGE_NAMES, "run", "mlflow")
-"""Commands that write into the workdir: they hold its lock (packtrain.pipeline.lock) while they run. Not the
+LOCKED = (*STAGE_NAMES, "run")
+"""Commands that write into the workdir: they hold its lock (packtrain.pipeline.lock) while they run (`packtrain
+mlflow replay` locks the buffer it replays instead, wherever it lies: packtrain.pipeline.lock.buffer_lock). Not the
 ranks of a distributed launch (RANK set by torchrun): `--gpus N` holds the lock for its ranks (packtrain.train.launch
 starts them), and a multi-node job's ranks are one run, scheduled as one by the cluster."""
 
