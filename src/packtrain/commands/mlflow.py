@@ -91,7 +91,6 @@ def resolve(cfg, args) -> int:
 
 def replay(cfg, args) -> int:
     import json
-    import sys
     from pathlib import Path
 
     from packtrain.errors import MissingDataError

@@ -169,6 +169,9 @@ def _find_version(uri: str, shown: str, value: str, name: str, alias: str | None
 
     from packtrain.tracking.transport import is_transient, short_http
 
+    from packtrain.tracking.store import ensure_store
+
+    ensure_store(uri)   # a fresh sqlite store: created by one process at a time
     client = MlflowClient(tracking_uri=uri, registry_uri=uri)
     with short_http(uri, 30):
         try:

@@ -54,6 +54,7 @@ from packtrain.secrets import redact_text, redact_uri, redact_value
 from packtrain.tracking.apply import PENDING, apply_op
 from packtrain.tracking.ledger import AppliedLog, read_ids
 from packtrain.tracking.replay import ReplayResult, replay_file, replay_files
+from packtrain.tracking.store import ensure_store
 from packtrain.tracking.transport import Blocked, is_transient, short_http
 
 log = logging.getLogger(__name__)
@@ -76,6 +77,7 @@ class BufferedClient:
         self.retry_after_s = retry_after_s
         self.applied = AppliedLog(self.buffer_dir)
         os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")   # its "View run at <uri>" line
+        ensure_store(tracking_uri)   # a fresh sqlite store is created by one process at a time (tracking.store)
         self._client = MlflowClient(tracking_uri)
         self._lock = threading.RLock()
         self._down_until = 0.0
