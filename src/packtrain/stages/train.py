@@ -159,9 +159,11 @@ def _run_train(cfg: RunConfig, packs_dir: Path, tokens_dir: Path, out_dir: Path,
                overwrite: bool) -> TrainResult | None:
     from packtrain.model.registry_source import resolve_init
     from packtrain.model.warm_start import check_store_matches_model
+    from packtrain.telemetry.memory import begin_stage_memory
     from packtrain.train.loop import train
     from packtrain.train.runtime import dist_info
 
+    begin_stage_memory()   # memory.cpu_peak_rss_gib: this stage's own peak, whatever ran before it in the process
     tokenizer_dir, backend = check_inputs(cfg, packs_dir, tokens_dir)
     refuse_existing_run(out_dir, resume, overwrite)
     from packtrain.train.launch import launch_ranks, needs_launch
