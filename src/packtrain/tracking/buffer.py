@@ -37,6 +37,7 @@ own file while alive; a replay skips locked files, so two processes never replay
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import logging
@@ -210,9 +211,15 @@ class BufferedClient:
             fcntl.flock(self._fh, fcntl.LOCK_EX)
             tmp.rename(self.buffer_dir / name)  # visible to replayers only once locked
             self._own_path = self.buffer_dir / name
-        self._fh.write(json.dumps(op, default=str) + "\n")
-        self._fh.flush()
-        os.fsync(self._fh.fileno())
+        start = self._fh.tell()
+        try:
+            self._fh.write(json.dumps(op, default=str) + "\n")
+            self._fh.flush()
+            os.fsync(self._fh.fileno())
+        except OSError:   # a full disk: no half line is left behind, the ops before it stay replayable
+            with contextlib.suppress(OSError):
+                self._fh.truncate(start)
+            raise
         self._backlog += 1
 
     def _replay_backlog(self) -> None:

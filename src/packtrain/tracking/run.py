@@ -233,11 +233,26 @@ def stage_run(stage: str, cfg: RunConfig, section: Any = None, tags: Mapping[str
         raise
     finally:
         try:
-            handle.flush()
-            stop_system_metrics(monitor)
-            client.set_terminated(run_id, status)
+            _end_stage_run(handle, client, run_id, status, monitor)
         finally:  # never leave the fluent run active, whatever the store said
             active = mlflow.active_run()
             if fluent is not None and active is not None and active.info.run_id == run_id:
                 with short_http(client.uri, 2), contextlib.suppress(Exception):
                     mlflow.end_run(status)
+
+
+def _end_stage_run(handle: StageRun, client: BufferedClient, run_id: str, status: str, monitor: Any) -> None:
+    """Flush the stage's metrics and end its run with `status`. A run ending FAILED/KILLED ends while the stage's
+    own error propagates: a store that cannot take the end now (the disk that filled up holds it too) costs a
+    warning, never that error (before, a full disk surfaced as the buffer's `OSError: [Errno 28]` and the run
+    stayed RUNNING). Each step is tried whatever the one before did."""
+    steps = (handle.flush, lambda: stop_system_metrics(monitor), lambda: client.set_terminated(run_id, status))
+    for step in steps:
+        if status == "FINISHED":
+            step()
+            continue
+        try:
+            step()
+        except Exception as e:   # noqa: BLE001 - the stage's own error is the one to report
+            log.warning("could not mark MLflow run %s %s: %s", run_id, status,
+                        str(e).splitlines()[0][:200] if str(e) else type(e).__name__)
