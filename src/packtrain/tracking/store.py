@@ -56,7 +56,14 @@ def ensure_store(uri: str) -> None:
             fcntl.flock(fh, fcntl.LOCK_EX)   # blocks while another process creates the store (seconds)
             from mlflow import MlflowClient
 
-            client = MlflowClient(tracking_uri=uri, registry_uri=uri)
-            client.search_experiments(max_results=1)          # the tracking store: tables + migrations
-            client.search_registered_models(max_results=1)    # the registry store (same file, checks its tables)
+            from packtrain.tracking.transport import is_transient
+
+            try:
+                client = MlflowClient(tracking_uri=uri, registry_uri=uri)
+                client.search_experiments(max_results=1)          # the tracking store: tables + migrations
+                client.search_registered_models(max_results=1)    # the registry store (same file, its tables)
+            except Exception as e:
+                if not is_transient(e):   # "database is locked": the caller's own ops buffer and retry
+                    raise
+                return
         _ready.add(uri)
