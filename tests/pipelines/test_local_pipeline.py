@@ -57,7 +57,7 @@ def test_full_run_summary_and_mlflow(tiny_pipeline):
     assert re.search(r"^\[5/7\] train     step 1/2 \(50%\) · loss \d+\.\d+ · [\d,]+ tok/s · ", out, re.M), out
     # where to look, the run id (short + full), what to type next
     hint = re.search(rf"MLflow     \S*mlflow ui --backend-store-uri sqlite:///{wd / 'mlflow.db'}, then open "
-                     r"http://127\.0\.0\.1:5000/#/experiments/(\w+)/runs/(\w{32})$", out, re.M)
+                     r"http://127\.0\.0\.1:5000/#/experiments/(\w+)/runs/(\w{32})\?workflowType=machine_learning$", out, re.M)
     ids = re.search(r"^  run id     (\w{8}) \(pipeline run (\w{32})\)$", out, re.M)
     assert hint and ids and ids.group(2) == hint.group(2) and ids.group(2).startswith(ids.group(1)), out
     assert re.search(rf"^  compare    packtrain compare {ids.group(1)} --set workdir={wd}$", out, re.M), out
