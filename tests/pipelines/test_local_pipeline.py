@@ -55,6 +55,9 @@ def test_full_run_summary_and_mlflow(tiny_pipeline):
     assert m, out
     # a progress line of the train stage without --verbose: step, loss, tok/s
     assert re.search(r"^\[5/7\] train     step 1/2 \(50%\) · loss \d+\.\d+ · [\d,]+ tok/s · ", out, re.M), out
+    # and of evaluate: documents of each suite (a task suite's items), with the suite, its place and the rate
+    assert re.search(r"^\[6/7\] evaluate  docs \d+/\d+ \(\d+%\) · suite wordorder \(challenger\) \d/\d · "
+                     r"[\d.,]+ docs/s · \d+:\d\d elapsed", out, re.M), out
     # where to look, the run id (short + full), what to type next
     hint = re.search(rf"MLflow     \S*mlflow ui --backend-store-uri sqlite:///{wd / 'mlflow.db'}, then open "
                      r"http://127\.0\.0\.1:5000/#/experiments/(\w+)/runs/(\w{32})\?workflowType=machine_learning$", out, re.M)
