@@ -5,7 +5,7 @@ load time. Values that cannot work are refused there, not at the stage that woul
 finite, sizes and counts are positive, `true`/`false` is never read as 1/0, paths and names are not empty.
 Errors name where the value came from, the dotted field path, the value and what is allowed, e.g.::
 
-    recipe tiny-cpu.yaml: pack.budgett: unknown key (allowed: budget, min_doc_tokens, overlong, ...)
+    recipe tiny-cpu.yaml: pack.budgett: unknown key — did you mean pack.budget? (allowed: budget, ...)
     --set pack.budget=abc: pack.budget: 'abc' is not allowed: must be an integer ≥ 2 — tokens per pack (...)
     --set train.lr=inf: train.lr: 'inf' is not allowed: must be a finite number > 0
 """
