@@ -138,9 +138,10 @@ def score_task(model, tokenizer, suite: TaskSuite, device, batch_size: int = 16,
         # include_defaults=False: index only our include directory, not lm-eval's ~14,000 shipped task YAMLs
         # (≈14 s of YAML parsing per call on a 2-core CPU); a suite YAML is self-contained (data only, checked).
         tm = TaskManager(include_path=str(inc), include_defaults=False)
-        res = simple_evaluate(model=lm, tasks=[suite.task], task_manager=tm,
-                              num_fewshot=0, limit=suite.max_documents, log_samples=True, bootstrap_iters=0,
-                              random_seed=0, numpy_random_seed=0, torch_random_seed=0, fewshot_random_seed=0)
+        with quiet_git_hash():
+            res = simple_evaluate(model=lm, tasks=[suite.task], task_manager=tm,
+                                  num_fewshot=0, limit=suite.max_documents, log_samples=True, bootstrap_iters=0,
+                                  random_seed=0, numpy_random_seed=0, torch_random_seed=0, fewshot_random_seed=0)
     if res is None or suite.task not in res.get("results", {}):
         raise InputDataError(f"suite {suite.name!r}: lm-eval returned no results for task {suite.task!r}")
     out = res["results"][suite.task]
@@ -203,3 +204,30 @@ def counting_lm(on_items: Callable[[int, int], None] | None):
             return super().generate_until(requests, disable_tqdm=True)
 
     return CountingLM
+
+
+@contextlib.contextmanager
+def quiet_git_hash() -> Iterator[None]:
+    """lm-eval records the current directory's `git describe --always` in its results (`git_hash`) with git's
+    stderr on ours: outside a git checkout every task suite printed "fatal: not a git repository". For the call,
+    its helper runs git with stderr captured; the hash it records is the same (packtrain does not read it)."""
+    import subprocess
+
+    from lm_eval import evaluator
+    from lm_eval.loggers import utils
+
+    def git_hash():
+        try:
+            out = subprocess.run(["git", "describe", "--always"], capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return out.stdout.strip() if out.returncode == 0 else None
+
+    saved = [(m, m.get_git_commit_hash) for m in (utils, evaluator)]   # evaluator holds its own name for it
+    for m, _ in saved:
+        m.get_git_commit_hash = git_hash
+    try:
+        yield
+    finally:
+        for m, fn in saved:
+            m.get_git_commit_hash = fn
