@@ -10,6 +10,7 @@ before tokenize/train with exit 4 and the report path.
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from pathlib import Path
@@ -90,7 +91,12 @@ def test_full_run_summary_and_mlflow(tiny_pipeline):
     assert 0.0 <= ev.data.metrics["suite.wordorder.challenger.acc"] <= 1.0
     assert 0.0 < ev.data.metrics["suite.wordorder.challenger.acc_stderr"] < 0.1
     assert ev.data.metrics["suite.recent.challenger.bits_per_byte"] > 0
-    assert mv.tags["suite.wordorder.role"] == "task" and mv.tags["suite.wordorder.n"] == "200"
+    assert not [k for k in mv.tags if k.startswith("suite.")] and mv.tags["validation_failed"] == "none"
+    reg = next(x for x in children if x.info.run_name == "register")   # each suite's numbers: its verdict file
+    verdict = json.loads(Path(client.download_artifacts(reg.info.run_id, "validation/validation.json")).read_text())
+    wordorder = next(s for s in verdict["suites"] if s["suite"] == "wordorder")
+    assert (wordorder["role"], wordorder["n"]) == ("task", 200)
+    assert mv.tags["packtrain.register_run_id"] == reg.info.run_id
     assert mv.tags["validation"] == "promote" and mv.tags["validation_against"] == "none"
 
 
