@@ -27,8 +27,9 @@ COMMANDS: dict[str, str] = {
 }
 
 
-LOCKED = (*STAGE_NAMES, "run", "mlflow")
-"""Commands that write into the workdir: they hold its lock (packtrain.pipeline.lock) while they run. Not the
+LOCKED = (*STAGE_NAMES, "run")
+"""Commands that write into the workdir: they hold its lock (packtrain.pipeline.lock) while they run (`packtrain
+mlflow replay` locks the buffer it replays instead, wherever it lies: packtrain.pipeline.lock.buffer_lock). Not the
 ranks of a distributed launch (RANK set by torchrun): `--gpus N` holds the lock for its ranks (packtrain.train.launch
 starts them), and a multi-node job's ranks are one run, scheduled as one by the cluster."""
 
@@ -72,7 +73,9 @@ def main(argv: list[str] | None = None) -> int:
     # MLflow prints "View run NAME at: <store URI>/#/..." with the URI as given, credentials included
     os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
     from packtrain.errors import PacktrainError
+    from packtrain.noise import silence_known_noise
 
+    silence_known_noise()   # torchao's CPU-build and lm-eval's expected warnings (packtrain.noise)
     parser = build_parser()
     args = parser.parse_args(argv)
     if not args.command:

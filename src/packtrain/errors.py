@@ -5,7 +5,8 @@ Every stage raises `PacktrainError` (or a subclass) for bad input; the CLI print
 1 regression (gate) / generic failure, 7 the workdir or output directory is in use by another run (retry later),
 6 the utilization guard stopped training on an event (telemetry.guard.actions ... checkpoint_and_stop: a checkpoint
 of that step is saved, `--resume` continues from it), 8 training diverged (non-finite loss, gradient norm or
-weights; the last good checkpoint is kept).
+weights; the last good checkpoint is kept), 9 no space left on the device an output was being written to (the
+message names what, where and how much was free; earlier outputs and checkpoints are kept).
 """
 
 from __future__ import annotations
@@ -61,6 +62,13 @@ class TrainingDiverged(PacktrainError):
     """The loss, gradient norm or weights became non-finite; nothing after the last good checkpoint is saved."""
 
     exit_code = 8
+
+
+class DiskFull(PacktrainError):
+    """No space left (ENOSPC, a quota) while writing an output: the message names what was being written, where,
+    and how much the file system had free; what was written before it (earlier checkpoints) is intact."""
+
+    exit_code = 9
 
 
 class GuardStopped(PacktrainError):

@@ -3,6 +3,8 @@ settings (GPUs from train.gpus, /dev/shm, secret, retries, caching, images) and 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import yaml
 from pipeline_helpers import REPO, run_cli
@@ -29,7 +31,8 @@ def test_committed_ir_matches_a_fresh_compile(tmp_path):
     r = run_cli(["pipeline", "compile", "--out", str(out), "--code-version", __version__], cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert out.read_text() == COMMITTED.read_text(), (
-        "pipelines/packtrain_pipeline.yaml is stale: run `packtrain pipeline compile` and commit it")
+        "pipelines/packtrain_pipeline.yaml is stale: run `packtrain pipeline compile --out "
+        f"pipelines/packtrain_pipeline.yaml --code-version {__version__}` and commit it")
 
 
 def test_ir_has_every_stage_in_dag_order_with_artifacts():
@@ -177,3 +180,17 @@ def test_a_bad_image_digest_is_a_clear_error_and_writes_nothing(tmp_path):
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert "pipeline.base_image_digest" in r.stderr and "sha256: and 64 hex digits" in r.stderr, r.stderr
     assert not out.exists()
+
+
+def test_compile_without_out_writes_into_the_workdir_not_the_committed_ir(tmp_path):
+    """A plain `packtrain pipeline compile` in a checkout must not rewrite pipelines/packtrain_pipeline.yaml (it
+    stamps this checkout's git version): it writes <workdir>/pipelines/packtrain_pipeline.yaml and says so."""
+    committed = tmp_path / "pipelines" / "packtrain_pipeline.yaml"
+    committed.parent.mkdir()
+    committed.write_text("# the committed IR\n")
+    r = run_cli(["pipeline", "compile", "--set", "workdir=wd"], cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert committed.read_text() == "# the committed IR\n"
+    out = tmp_path / "wd" / "pipelines" / "packtrain_pipeline.yaml"
+    assert r.stdout.strip() == f"compiled {Path('wd') / 'pipelines' / 'packtrain_pipeline.yaml'}", r.stdout
+    assert "pipelineInfo" in out.read_text()

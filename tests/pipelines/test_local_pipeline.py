@@ -10,6 +10,7 @@ before tokenize/train with exit 4 and the report path.
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from pathlib import Path
@@ -55,9 +56,12 @@ def test_full_run_summary_and_mlflow(tiny_pipeline):
     assert m, out
     # a progress line of the train stage without --verbose: step, loss, tok/s
     assert re.search(r"^\[5/7\] train     step 1/2 \(50%\) · loss \d+\.\d+ · [\d,]+ tok/s · ", out, re.M), out
+    # and of evaluate: documents of each suite (a task suite's items), with the suite, its place and the rate
+    assert re.search(r"^\[6/7\] evaluate  docs \d+/\d+ \(\d+%\) · suite wordorder \(challenger\) \d/\d · "
+                     r"[\d.,]+ docs/s · \d+:\d\d elapsed", out, re.M), out
     # where to look, the run id (short + full), what to type next
     hint = re.search(rf"MLflow     \S*mlflow ui --backend-store-uri sqlite:///{wd / 'mlflow.db'}, then open "
-                     r"http://127\.0\.0\.1:5000/#/experiments/(\w+)/runs/(\w{32})$", out, re.M)
+                     r"http://127\.0\.0\.1:5000/#/experiments/(\w+)/runs/(\w{32})\?workflowType=machine_learning$", out, re.M)
     ids = re.search(r"^  run id     (\w{8}) \(pipeline run (\w{32})\)$", out, re.M)
     assert hint and ids and ids.group(2) == hint.group(2) and ids.group(2).startswith(ids.group(1)), out
     assert re.search(rf"^  compare    packtrain compare {ids.group(1)} --set workdir={wd}$", out, re.M), out
@@ -87,7 +91,12 @@ def test_full_run_summary_and_mlflow(tiny_pipeline):
     assert 0.0 <= ev.data.metrics["suite.wordorder.challenger.acc"] <= 1.0
     assert 0.0 < ev.data.metrics["suite.wordorder.challenger.acc_stderr"] < 0.1
     assert ev.data.metrics["suite.recent.challenger.bits_per_byte"] > 0
-    assert mv.tags["suite.wordorder.role"] == "task" and mv.tags["suite.wordorder.n"] == "200"
+    assert not [k for k in mv.tags if k.startswith("suite.")] and mv.tags["validation_failed"] == "none"
+    reg = next(x for x in children if x.info.run_name == "register")   # each suite's numbers: its verdict file
+    verdict = json.loads(Path(client.download_artifacts(reg.info.run_id, "validation/validation.json")).read_text())
+    wordorder = next(s for s in verdict["suites"] if s["suite"] == "wordorder")
+    assert (wordorder["role"], wordorder["n"]) == ("task", 200)
+    assert mv.tags["packtrain.register_run_id"] == reg.info.run_id
     assert mv.tags["validation"] == "promote" and mv.tags["validation_against"] == "none"
 
 

@@ -140,7 +140,7 @@ def test_mlflow_hint_opens_the_run_on_the_server(runs, server):
     out = runs["first"].stdout
     _, full = _ids(out)
     exp = runs["client"].get_run(full).info.experiment_id
-    assert f"  MLflow     open {server.uri}/#/experiments/{exp}/runs/{full}\n" in out, out
+    assert f"  MLflow     open {server.uri}/#/experiments/{exp}/runs/{full}?workflowType=machine_learning\n" in out, out
     assert "--backend-store-uri" not in out
     page = urllib.request.urlopen(f"{server.uri}/#/experiments/{exp}/runs/{full}", timeout=10)
     assert page.status == 200 and b"<html" in page.read(4096).lower()

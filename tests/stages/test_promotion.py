@@ -17,6 +17,7 @@ its loss on the easy domain B is far below v1's recorded loss on A (asserted bel
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
@@ -86,6 +87,14 @@ def _evaluate_and_register(world, key, packs, tag, *extra):
     return ev, reg, ev_dir
 
 
+def _validation(reg) -> dict:
+    """The verdict's suites by name, from the register run's validation/validation.json (not version tags)."""
+    from mlflow import MlflowClient
+
+    path = MlflowClient(reg.tracking_uri).download_artifacts(reg.run_id, "validation/validation.json")
+    return {s["suite"]: s for s in json.loads(Path(path).read_text())["suites"]}
+
+
 def _champion():
     import mlflow
 
@@ -128,10 +137,12 @@ def test_forgetting_challenger_is_not_promoted(history):
     assert (reg.version, reg.decision, history["champion_after_forget"]) == ("2", "challenger", "1")
     assert "replay (regression) not non-inferior" in reg.reason and "upper bound" in reg.reason and "CI [" in reg.reason
     t = reg.version_tags
-    assert t["validation"] == "keep" and t["validation_against"] == "v1"
-    assert t["suite.replay.passed"] == "false" and float(t["suite.replay.delta"]) > 0.05
-    assert t["suite.recent.passed"] == "true" and float(t["suite.recent.delta"]) < 0   # better on its new data
-    assert t["suite.replay.md5"] == json.loads((ev_dir / "suites.json").read_text())["suites"][1]["md5"]
+    assert t["validation"] == "keep" and t["validation_against"] == "v1" and t["validation_failed"] == "replay"
+    assert not [k for k in t if k.startswith("suite.")]   # per-suite numbers: validation/validation.json
+    v = _validation(reg)
+    assert v["replay"]["passed"] is False and v["replay"]["delta"] > 0.05
+    assert v["recent"]["passed"] is True and v["recent"]["delta"] < 0   # better on its new data
+    assert v["replay"]["md5"] == json.loads((ev_dir / "suites.json").read_text())["suites"][1]["md5"]
     # both models scored on the same documents with the same byte counts
     s = pq.read_table(ev_dir / "suite_scores.parquet").to_pandas()
     for _, g in s.groupby("suite"):
@@ -142,8 +153,8 @@ def test_forgetting_challenger_is_not_promoted(history):
 def test_identical_rerun_is_not_promoted(history):
     _, reg, _ = history["rerun"]
     assert (reg.decision, history["champion_after_rerun"]) == ("challenger", "1")
-    t = reg.version_tags
-    assert float(t["suite.recent.delta"]) == 0.0 and t["suite.recent.ci"] == "[0, 0]"
+    v = _validation(reg)
+    assert v["recent"]["delta"] == 0.0 and (v["recent"]["ci_low"], v["recent"]["ci_high"]) == (0.0, 0.0)
     assert "recent (primary) not improved" in reg.reason
 
 
@@ -152,12 +163,13 @@ def test_longer_training_on_the_same_data_is_promoted(world, history):
 
     _, reg, _ = history["longer"]
     assert (reg.version, reg.decision, history["champion_after_longer"]) == ("4", "champion", "4")
-    t = reg.version_tags
+    t, v = reg.version_tags, _validation(reg)
     rec = json.loads(world["spread"].read_text())["suites"]
+    assert t["validation"] == "promote" and t["validation_failed"] == "none"
     # the seed-spread margin applied, and cleared: the improvement is beyond what a seed rerun moves
-    assert float(t["suite.recent.margin"]) == pytest.approx(seed_margin(rec["recent"]["sd"], 3, 0.95), rel=1e-5)
-    assert t["validation"] == "promote" and float(t["suite.recent.upper"]) < -float(t["suite.recent.margin"]) < 0
-    assert t["suite.replay.passed"] == "true"
+    assert v["recent"]["margin"] == pytest.approx(seed_margin(rec["recent"]["sd"], 3, 0.95), rel=1e-6)
+    assert v["recent"]["upper"] < -v["recent"]["margin"] < 0 and v["recent"]["mde"] > 0
+    assert v["replay"]["passed"] is True
     assert reg.metric == "bits_per_byte:recent" and reg.champion_value > reg.candidate_value
 
 

@@ -135,10 +135,10 @@ def test_restore_never_opens_a_sqlite_file_that_is_not_an_mlflow_store(store, tm
 def test_mlflow_hint_per_store_kind():
     rid = "3f2a9c0e1b7d4c5a8e6f0a1b2c3d4e5f"
     assert mlflow_hint("http://alice:s3cret@127.0.0.1:5000/", "1", rid) == \
-        f"open http://127.0.0.1:5000/#/experiments/1/runs/{rid}"
+        f"open http://127.0.0.1:5000/#/experiments/1/runs/{rid}?workflowType=machine_learning"
     hint = mlflow_hint("sqlite:////abs/data/mlflow.db", "1", rid)
     assert "mlflow ui --backend-store-uri sqlite:////abs/data/mlflow.db, then open " \
-           f"http://127.0.0.1:5000/#/experiments/1/runs/{rid}" in hint
+           f"http://127.0.0.1:5000/#/experiments/1/runs/{rid}?workflowType=machine_learning" in hint
     pg = mlflow_hint("postgresql://u:s3cret@db/mlflow", "2", rid)
     assert "postgresql://u:***@db/mlflow (put the password back)" in pg and "s3cret" not in pg
     assert mlflow_hint("databricks", "2", rid) == f"open experiment 2, run {rid} in your Databricks workspace"

@@ -61,10 +61,16 @@ def test_plan_says_what_it_assumed_without_a_gpu(capsys):
     assert main(["plan", "--set", "train.device=auto"]) == 0
     out = capsys.readouterr().out
     assert "assumed: no CUDA device here: planned for one GPU of 80 GiB" in out
+    assert "--set train.device=cpu to plan for this host's CPU" in out
     assert "attention flex is what train.attention auto picks on CUDA" in out
     assert main(["plan"]) == 0   # the CPU recipe says it plans a CPU process
     out = capsys.readouterr().out
     assert "assumed: train.device cpu: one CPU process's step, against the default 80 GiB" in out
+    # a CPU host's plan speaks of the CPU, never of a GPU, and says how to plan for this host or a GPU
+    assert "GPU:" not in out.splitlines()[0] and "CPU (train.device cpu): 2048 tokens per step" in out
+    assert "· torch · CPU" in out and "1 GPU" not in out and "CUDA context" not in out
+    assert "of 80.0 GiB for the CPU process" in out and "e.g. this host's " in out
+    assert "--set train.device=cuda to plan for a GPU" in out
     assert "attention sdpa is what train.attention auto picks on the CPU" in out
     assert main(["plan", "--device-memory-gib", "40", "--set", "train.attention=sdpa"]) == 0
     out = capsys.readouterr().out

@@ -27,6 +27,25 @@ def test_typo_key_names_field_and_allowed_keys():
     assert "pack.budgett" in str(e.value) and "budget" in str(e.value) and "unknown key" in str(e.value)
 
 
+@pytest.mark.parametrize("override, line", [
+    # an unknown section set by --set: the --set is named (not the recipe), and the key meant is suggested
+    ("trian.lr=1", "--set trian.lr=1: trian: unknown key — did you mean train.lr? (allowed: evaluate, ingest,"),
+    ("train.lrr=1", "--set train.lrr=1: train.lrr: unknown key — did you mean train.lr? (allowed: ac_count,"),
+    ("zzz.qq=1", "--set zzz.qq=1: zzz: unknown key (allowed: evaluate,"),   # nothing near: no guess
+])
+def test_unknown_key_of_an_override_names_the_override_and_the_key_meant(override, line):
+    with pytest.raises(ConfigError) as e:
+        load_run_config("tiny-cpu", [override])
+    assert str(e.value).startswith(line) and "recipe tiny-cpu.yaml" not in str(e.value), str(e.value)
+
+
+def test_unknown_key_in_a_recipe_file_names_the_file_and_the_key_meant(tmp_path):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("pack:\n  budgett: 64\n")
+    with pytest.raises(ConfigError, match=r"^recipe r\.yaml: pack\.budgett: unknown key — did you mean pack\.budget\?"):
+        load_run_config(recipe)
+
+
 def test_wrong_type_names_field_and_value():
     with pytest.raises(ConfigError) as e:
         load_run_config("tiny-cpu", ["pack.budget=abc"])

@@ -49,3 +49,19 @@ def test_dvc_line_names_the_remote_or_how_to_set_one():
     cached = _summary(dataset={"md5": md5, "repo": "/c", "remote": None, "legacy": None})
     assert cached.splitlines()[1:] == [
         f"  dvc        documents md5 {md5} in the DVC cache of /c (no default remote: dvc remote add -d NAME URL)"]
+
+
+def test_promotion_reason_is_wrapped_between_words_never_cut():
+    reason = ("not promoted: suite recent (primary) bits/byte 2.345678 → 2.351234, Δ +0.005556 (95% CI "
+              "[+0.001234, +0.009876]) is worse than the allowed 0.000000; suite wordorder (task) acc 0.5150 → "
+              "0.5200, Δ +0.0050 within ε 0.0200; 2 suites scored against packtrain-lm v3 (champion)")
+    text = _summary(version="4", model_name="packtrain-lm", alias=None, reason=reason)
+    lines = text.splitlines()
+    first = next(i for i, ln in enumerate(lines) if ln.startswith("  register   packtrain-lm v4"))
+    shown = []
+    for ln in lines[first + 1:]:
+        if not ln.startswith("             ") or not ln.strip():
+            break
+        shown.append(ln.strip())
+    assert " ".join(shown) == reason, shown          # every word, every number, in order
+    assert len(shown) > 1 and all(len(ln) <= 100 for ln in shown) and "…" not in text

@@ -20,7 +20,9 @@ registrations produced; "refused": one message per buffer line whose file path l
 artifacts/ — buffer file, line, path, what is allowed — which is not applied, uploads nothing and deletes
 nothing, and is kept in rejected.jsonl). Exit 0 when nothing is left, 1 when ops remain (store still
 unreachable, a file held by a running process, or credentials missing: the message names the redacted URI),
-3 when a line was refused (whatever else is left), 5 when --buffer does not exist.
+3 when a line was refused (whatever else is left), 5 when --buffer does not exist, 7 while another replay of the
+same buffer runs. A replay locks the buffer it replays (a lock file beside it), never the workdir of the folder it
+is started from: replays of unrelated buffers run side by side.
 """
 
 from __future__ import annotations
@@ -89,12 +91,11 @@ def resolve(cfg, args) -> int:
 
 def replay(cfg, args) -> int:
     import json
-    import sys
     from pathlib import Path
 
     from packtrain.errors import MissingDataError
     from packtrain.secrets import redact_uri
-    from packtrain.tracking import buffer_dir_for, recorded_uris, replay_dir
+    from packtrain.tracking import buffer_dir_for
 
     buf = Path(args.buffer) if args.buffer else buffer_dir_for(cfg)
     target = redact_uri(args.tracking_uri)
@@ -106,6 +107,18 @@ def replay(cfg, args) -> int:
                                    f"*.jsonl files written while the MLflow store was unreachable)")
         print(json.dumps(empty))
         return 0
+    from packtrain.pipeline.lock import buffer_lock
+
+    with buffer_lock(buf, "mlflow replay"):   # the buffer's own location, not the workdir of the current folder
+        return _replay_locked(buf, args, target, empty)
+
+
+def _replay_locked(buf, args, target: str | None, empty: dict[str, Any]) -> int:
+    import json
+    import sys
+
+    from packtrain.tracking import recorded_uris, replay_dir
+
     recorded = recorded_uris(buf)
     for uri, n in recorded.items():
         where = f" → replayed to {target}" if target else ""

@@ -1,6 +1,6 @@
 """`packtrain pipeline compile | submit | pytorchjob`: the KFP pipeline for a cluster.
 
-    packtrain pipeline compile [--out pipelines/packtrain_pipeline.yaml]
+    packtrain pipeline compile [--out FILE]      # default <workdir>/pipelines/packtrain_pipeline.yaml
     packtrain pipeline submit --host http://ml-pipeline-ui.kubeflow:80 [--schedule "0 0 3 * * 1"] --recipe 1b-h200
     packtrain pipeline pytorchjob --nodes 4 --gpus-per-node 8 [--kind trainjob] [--out job.yaml] --recipe 1b-h200
     packtrain pipeline export pack --recipe params.yaml     # dvc.yaml: metrics/pack.json (+ plots for train)
@@ -8,6 +8,10 @@
 The IR depends on the recipe's `pipeline` section (images, requests, secret) and the train task's GPUs
 (train.gpus; none when train.device is cpu) only; the whole RunConfig travels as the run-time parameter `config`
 (submit passes it).
+
+compile writes into the workdir unless --out names a file: the committed pipelines/packtrain_pipeline.yaml is
+rewritten only on purpose (`--out pipelines/packtrain_pipeline.yaml --code-version 0.1.0`), never by a plain
+compile in the checkout.
 """
 
 from __future__ import annotations
@@ -27,7 +31,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         return sub.add_parser(name, help=text, description=text)
 
     c = action("compile", "compile the KFP pipeline of the recipe to IR YAML (upload it in the KFP UI)")
-    c.add_argument("--out", default="pipelines/packtrain_pipeline.yaml", help="output YAML path")
+    c.add_argument("--out", default=None, metavar="FILE",
+                   help="output YAML path (default <workdir>/pipelines/packtrain_pipeline.yaml; the committed IR is "
+                        "refreshed with --out pipelines/packtrain_pipeline.yaml --code-version <package version>)")
     c.add_argument("--code-version", default=None, metavar="VERSION",
                    help="default of the code_version parameter (default: this checkout's, e.g. 0.1.0+g<sha>; "
                         "the committed pipelines/packtrain_pipeline.yaml pins the package version)")
@@ -58,9 +64,12 @@ def run(cfg, args: argparse.Namespace) -> int:
     from packtrain.errors import ConfigError
 
     if args.action == "compile":
+        from pathlib import Path
+
         from packtrain.pipeline.kfp_ops import compile_pipeline
 
-        path = compile_pipeline(args.out, cfg, args.code_version)
+        out = args.out or Path(cfg.workdir) / "pipelines" / "packtrain_pipeline.yaml"
+        path = compile_pipeline(out, cfg, args.code_version)
         print(f"compiled {path}")
         return 0
     if args.action == "submit":

@@ -95,8 +95,9 @@ def run(cfg, args) -> int:
         print(json.dumps(doc, indent=2, default=str))
     else:
         rows = f"train.rows=auto → {shape.rows} rows" if shape.source == "auto" else f"{shape.rows} rows"
+        on = "CPU (train.device cpu)" if plan.device == "cpu" else f"{shape.gpus} GPU"
         print(f"memory plan: recipe {cfg.name}, {rows} × {shape.budget} tokens per pack, grad_accum "
-              f"{shape.grad_accum}, {shape.gpus} GPU: {shape.tokens_per_step} tokens per step")
+              f"{shape.grad_accum}, {on}: {shape.tokens_per_step} tokens per step")
         note = assumptions(cfg, plan, source)
         if note:
             print(note)
@@ -113,11 +114,26 @@ def assumptions(cfg, plan, source: str) -> str:
     cpu = cfg.train.device == "cpu"
     said = []
     if source == "default":
-        said.append((f"train.device cpu: one CPU process's step, against the default {DEFAULT_DEVICE_MEMORY_GIB:.0f} "
-                     "GiB" if cpu else f"no CUDA device here: planned for one GPU of {DEFAULT_DEVICE_MEMORY_GIB:.0f} "
-                     "GiB") + " (--device-memory-gib G or plan.device_memory_gib to plan for another)")
+        host = host_memory_gib()
+        mem = "--device-memory-gib G or plan.device_memory_gib to plan for another size" + (
+            f", e.g. this host's {host:.1f} GiB" if cpu and host else "")
+        said.append(f"train.device cpu: one CPU process's step, against the default {DEFAULT_DEVICE_MEMORY_GIB:.0f} "
+                    f"GiB, not this host's memory ({mem}; --set train.device=cuda to plan for a GPU)" if cpu else
+                    f"no CUDA device here: planned for one GPU of {DEFAULT_DEVICE_MEMORY_GIB:.0f} GiB, the device "
+                    f"train.device {cfg.train.device} would use on a GPU host ({mem}; --set train.device=cpu to "
+                    "plan for this host's CPU)")
     if cfg.train.attention == "auto":
         said.append(f"attention {plan.attention} is what train.attention auto picks on {'the CPU' if cpu else 'CUDA'} "
                     f"in {plan.precision} (--set train.attention=... to plan another)")
     return ("assumed: " + "; ".join(said)) if said else ""
 
+
+
+def host_memory_gib() -> float | None:
+    """This host's physical memory in GiB (None where the OS does not say)."""
+    import os
+
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    except (AttributeError, ValueError, OSError):
+        return None

@@ -1,6 +1,7 @@
 """`packtrain train [--packs DIR] [--tokens DIR] [--out DIR] [--resume | --overwrite] [--gpus N]`.
 
-An --out that already holds checkpoints is refused (exit 2) unless --resume (continue from the newest one that
+`--resume` into an --out without any checkpoint is refused (exit 5, naming the directory): nothing is started
+over silently. An --out that already holds checkpoints is refused (exit 2) unless --resume (continue from the newest one that
 verifies; broken ones are moved to <out>/checkpoints/quarantine/) or --overwrite (delete them, start at 0;
 quarantine/ is kept as it is, and quarantined checkpoints alone are no reason to refuse). An --out that another
 run is writing, from any workdir, is refused at once (exit 7, naming that run).
@@ -63,11 +64,13 @@ def run(cfg, args) -> int:
 
     from packtrain.paths import RunPaths
     from packtrain.stages.results import as_dict
-    from packtrain.stages.train import run_train
+    from packtrain.stages.train import refuse_nothing_to_resume, run_train
 
     check_gpus(args)
     paths = RunPaths(Path(cfg.workdir))
     out = Path(args.out) if args.out else paths.train_dir
+    if args.resume:
+        refuse_nothing_to_resume(out)
     s = as_dict(run_train(cfg, args.packs or paths.pack_dir, args.tokens or paths.tokenize_dir, out,
                           resume=args.resume, overwrite=args.overwrite))
     if int(os.environ.get("RANK", "0")) == 0:   # a multi-node job's ranks each run this command

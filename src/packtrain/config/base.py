@@ -5,7 +5,7 @@ load time. Values that cannot work are refused there, not at the stage that woul
 finite, sizes and counts are positive, `true`/`false` is never read as 1/0, paths and names are not empty.
 Errors name where the value came from, the dotted field path, the value and what is allowed, e.g.::
 
-    recipe tiny-cpu.yaml: pack.budgett: unknown key (allowed: budget, min_doc_tokens, overlong, ...)
+    recipe tiny-cpu.yaml: pack.budgett: unknown key — did you mean pack.budget? (allowed: budget, ...)
     --set pack.budget=abc: pack.budget: 'abc' is not allowed: must be an integer ≥ 2 — tokens per pack (...)
     --set train.lr=inf: train.lr: 'inf' is not allowed: must be a finite number > 0
 """
@@ -146,16 +146,49 @@ def _deepcopy(d: Any) -> Any:
     return d
 
 
+def check_unique_keys(node: yaml.Node | None, path: str = "") -> None:
+    """Refuse a mapping that gives one key twice, anywhere in a composed YAML document (PyYAML keeps the last
+    one silently: a recipe with `lr: 1e-3` and, further down, `lr: 1e-2` trains at 1e-2 while its reader sees
+    1e-3). ConfigError: `key 'train.lr' is given twice (line 3 and line 5) ...`."""
+    if isinstance(node, yaml.MappingNode):
+        seen: dict[str, int] = {}
+        for key_node, value_node in node.value:
+            key = str(key_node.value) if isinstance(key_node, yaml.ScalarNode) else None
+            if key is None or key == "<<":   # complex keys and merge keys: YAML's own rules
+                continue
+            line, dotted = key_node.start_mark.line + 1, f"{path}{key}"
+            if key in seen:
+                raise ConfigError(f"key {dotted!r} is given twice (line {seen[key]} and line {line}): YAML keeps "
+                                  "only the last one silently; keep one of them")
+            seen[key] = line
+            check_unique_keys(value_node, f"{dotted}.")
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            check_unique_keys(item, f"{path.rstrip('.')}[{i}].")
+
+
 def read_yaml(path: Path) -> dict:
-    """Read a recipe file; a non-mapping or unparsable file is a ConfigError naming the file."""
+    """Read a recipe file; a non-mapping, empty or unparsable file, or one giving a key twice, is a ConfigError
+    naming the file (and the key and its lines):
+
+        recipe r.yaml: key 'train.lr' is given twice (line 3 and line 5): YAML keeps only the last one ...
+        recipe empty.yaml is empty (0 bytes): a recipe is a mapping of sections (...)
+    """
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
+        check_unique_keys(yaml.compose(text, Loader=yaml.SafeLoader))
+        data = yaml.safe_load(text)
     except FileNotFoundError:
         raise ConfigError(f"recipe file not found: {path}") from None
+    except ConfigError as e:
+        raise ConfigError(f"recipe {path}: {e}") from None
     except (yaml.YAMLError, UnicodeDecodeError) as e:
         raise ConfigError(f"recipe {path}: not valid YAML: {e}") from None
     if data is None:
-        return {}
+        what = "0 bytes" if not text else "only comments or blank lines"
+        raise ConfigError(f"recipe {path} is empty ({what}): a recipe is a mapping of sections (pack:, train:, ...); "
+                          "an empty one would silently run on built-in defaults — start from a shipped recipe "
+                          "(recipes/tiny-cpu.yaml) or pass --recipe tiny-cpu")
     if not isinstance(data, dict):
         raise ConfigError(f"recipe {path}: top level must be a mapping of sections, got {type(data).__name__}")
     return data

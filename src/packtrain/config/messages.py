@@ -157,7 +157,7 @@ def format_validation_error(err: ValidationError, model: type[BaseModel], origin
                              + (f" — {moved[1]}" if moved[1] else ""))
                 continue
             known = _allowed_keys(model, e["loc"][:-1])
-            lines.append(f"{_origin(path, keys, origin)}: {path}: unknown key (allowed: {', '.join(known)})")
+            lines.append(_unknown_key(path, known, keys, origin))
             continue
         if path in seen:            # a union reports one error per member: one line per field is enough
             continue
@@ -239,6 +239,28 @@ def _field(model: type[BaseModel], key: Any) -> FieldInfo | None:
     if key in fields:
         return fields[key]
     return next((f for f in fields.values() if f.alias == key), None)
+
+
+def _unknown_key(path: str, known: list[str], keys: list[tuple[str, str]], origin: str) -> str:
+    """The line for an unknown key `path`: the `--set` that gave it (its key is `path` or under it: `--set
+    trian.lr=1` gives the unknown section `trian`), else `origin`; the nearest allowed spelling, as the key the
+    user meant to set, then what is allowed::
+
+        --set trian.lr=1: trian: unknown key — did you mean train.lr? (allowed: evaluate, ingest, ...)
+        recipe r.yaml: pack.budgett: unknown key — did you mean pack.budget? (allowed: budget, ...)
+    """
+    import difflib
+
+    given = [(k, t) for k, t in keys if k == path or k.startswith(path + ".")]
+    where = f"--set {given[-1][1]}" if given else _origin(path, keys, origin)
+    head, _, last = path.rpartition(".")
+    guess = difflib.get_close_matches(last, known, n=1, cutoff=0.6)
+    meant = ""
+    if guess:
+        fixed = f"{head}.{guess[0]}" if head else guess[0]
+        rest = given[-1][0][len(path):] if given else ""   # the part of the --set key below the unknown key
+        meant = f" — did you mean {fixed}{rest}?"
+    return f"{where}: {path}: unknown key{meant} (allowed: {', '.join(known)})"
 
 
 def _origin(path: str, keys: list[tuple[str, str]], origin: str, section: bool = False) -> str:

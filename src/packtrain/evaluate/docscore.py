@@ -22,6 +22,7 @@ documents give the same numbers bit for bit on the CPU (fp32).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -119,10 +120,11 @@ def pack_documents(docs: list[SuiteDoc], tokenizer, budget: int, suite: str = ""
 
 
 def score_packed(model, packed: PackedDocs, rows: int, precision: str = "fp32", backend: str = "sdpa",
-                 device=None, compiled: bool = False) -> DocScores:
+                 device=None, compiled: bool = False, on_docs: Callable[[int], None] | None = None) -> DocScores:
     """Per-document NLL of packed documents, `rows` rows per forward. The scored positions and their documents
     are found on the host before each batch is copied, and the per-token losses stay on the device until the
-    end: one device→host sync per suite, not per batch."""
+    end: one device→host sync per suite, not per batch. `on_docs(k)` after each forward: the first k documents
+    are scored (rows hold the documents in order, so every document before the next row's first is done)."""
     import contextlib
 
     import torch
@@ -154,7 +156,10 @@ def score_packed(model, packed: PackedDocs, rows: int, precision: str = "fp32", 
                     seg_doc[off: off + ln] = d
                     off += ln
             keep = (b.labels[0, 1:] != IGNORE).numpy()
+            done = packed.rows[i + rows][3][0] if i + rows < len(packed.rows) else n   # documents scored after it
             if not keep.any():
+                if on_docs is not None:
+                    on_docs(done)
                 continue
             index = torch.from_numpy(np.flatnonzero(keep))
             owners.append(seg_doc[1:][keep])
@@ -164,6 +169,8 @@ def score_packed(model, packed: PackedDocs, rows: int, precision: str = "fp32", 
             target = b.labels[0, 1:]                                               # (T-1,)
             logits = softcap_logits(head(hidden[:-1].index_select(0, index)).float(), cap)   # (N, V)
             losses.append(F.cross_entropy(logits, target.index_select(0, index), reduction="none").double())
+            if on_docs is not None:
+                on_docs(done)
     nll = torch.zeros(n, dtype=torch.float64)
     if losses:
         nll.index_add_(0, torch.from_numpy(np.concatenate(owners)), torch.cat(losses).cpu())   # syncs

@@ -100,21 +100,14 @@ class PromotionVerdict:
         return cls(**{**d, "suites": [SuiteDelta(**s) for s in d["suites"]]})
 
     def tags(self) -> dict[str, str]:
-        """Model-version tags: the verdict, and per suite its Δ, CI, n and md5."""
-        t = {"validation": "promote" if self.promote else "keep", "validation_reason": self.reason[:4000],
-             "validation_against": self.against or "none"}
-        for s in self.suites:
-            p = f"suite.{s.suite}"
-            t.update({f"{p}.role": s.role, f"{p}.n": str(s.n), f"{p}.md5": s.md5,
-                      f"{p}.challenger": f"{s.challenger:.6g}"})
-            if s.margin is not None:
-                t[f"{p}.margin"] = f"{s.margin:.6g}"
-            if s.mde is not None:
-                t[f"{p}.mde"] = f"{s.mde:.6g}"
-            if s.delta is not None:
-                t.update({f"{p}.delta": f"{s.delta:.6g}", f"{p}.ci": f"[{s.ci_low:.6g}, {s.ci_high:.6g}]",
-                          f"{p}.upper": f"{s.upper:.6g}", f"{p}.passed": str(s.passed).lower()})
-        return t
+        """Model-version tags, the ones a registry user filters on: the verdict, what it was against, why, and the
+        suites that failed (`validation_failed`: "replay,wordorder", or "none"). Each suite's role, n, md5, Δ, CI
+        and bound are in the register run's validation/validation.json (this verdict's to_dict; the version's
+        tag packtrain.register_run_id names the run): as tags, 4 to 8 a suite made a version ~45 tags, its row
+        in the registry page ~1,500 px tall."""
+        failed = [s.suite for s in self.suites if s.passed is False]
+        return {"validation": "promote" if self.promote else "keep", "validation_reason": self.reason[:4000],
+                "validation_against": self.against or "none", "validation_failed": ",".join(failed) or "none"}
 
 
 def _seed(seed: int, suite: str) -> list[int]:

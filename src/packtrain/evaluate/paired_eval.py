@@ -77,6 +77,9 @@ def resolve_against(cfg: RunConfig, ref: str, challenger: Path | None = None) ->
 
     uri = resolve_tracking_uri(cfg)
     name, alias, version = registry_ref(ref, cfg.register_.model_name)
+    from packtrain.tracking.store import ensure_store
+
+    ensure_store(uri)   # a fresh sqlite store: created by one process at a time
     client = MlflowClient(tracking_uri=uri, registry_uri=uri)
     try:
         with short_http(uri, 30):
@@ -168,9 +171,12 @@ def score_suites(models: list[tuple[str, Path]], suites: list[Suite], cfg: EvalC
     from packtrain.data.tokenizer_files import tokenizer_hash
     from packtrain.evaluate.docscore import pack_documents, score_packed
     from packtrain.evaluate.loading import load_for_eval
+    from packtrain.evaluate.suite_progress import SuiteBar
     from packtrain.evaluate.suite_types import TextSuite
     from packtrain.evaluate.suites import recent_suite
 
+    with_recent = recent_packs is not None and cfg.recent_role != "off"
+    progress = SuiteBar(len(models) * (len(suites) + int(with_recent)))   # the terminal's progress (module doc)
     rows: list[dict] = []
     metrics: list[dict] = []
     scored = list(suites)
@@ -183,7 +189,7 @@ def score_suites(models: list[tuple[str, Path]], suites: list[Suite], cfg: EvalC
         model, tok, backend, dev = ld.model, ld.tokenizer, ld.backend, ld.device
         precision, n_rows = eval_precision(cfg.precision, dev.type), forward_rows(cfg.rows, dev.type, cfg.suite_budget)
         t_enc = time.perf_counter()
-        if k == 0 and recent_packs is not None and cfg.recent_role != "off":
+        if k == 0 and with_recent and recent_packs is not None:
             scored.insert(0, recent_suite(cfg.recent_role, recent_packs, tok, cfg.recent_max_documents))
         tok_key = tokenizer_hash(model_dir) or f"model {k}"
         spent["encode_s"] += time.perf_counter() - t_enc
@@ -194,7 +200,9 @@ def score_suites(models: list[tuple[str, Path]], suites: list[Suite], cfg: EvalC
                     t_enc = time.perf_counter()
                     encoded[key] = pack_documents(s.docs, tok, cfg.suite_budget, suite=s.name)
                     spent["encode_s"] += time.perf_counter() - t_enc
-                sc = score_packed(model, encoded[key], n_rows, precision, backend, dev, ld.compiled)  # type: ignore[arg-type]
+                with progress.suite(s.name, label, len(s.docs)) as advance:
+                    sc = score_packed(model, encoded[key], n_rows, precision, backend, dev,  # type: ignore[arg-type]
+                                      ld.compiled, on_docs=advance)
                 spent["text_forward_s"] += sc.seconds
                 rows += [{"suite": s.name, "role": s.role, "kind": "text", "model": label, "doc_id": d.doc_id,
                           "nll": float(sc.nll[i]), "tokens": int(sc.tokens[i]), "bytes": int(sc.bytes[i]),
@@ -203,8 +211,9 @@ def score_suites(models: list[tuple[str, Path]], suites: list[Suite], cfg: EvalC
                 from packtrain.evaluate.tasks import score_task
 
                 t_task = time.perf_counter()
-                with ld.eager():   # lm-eval's batches have a shape each: no graph per shape
-                    res = score_task(model, tok, s, dev)
+                # eager: lm-eval's batches have a shape each, no graph per shape
+                with ld.eager(), progress.suite(s.name, label, s.max_documents) as advance:
+                    res = score_task(model, tok, s, dev, on_items=advance)
                 spent["tasks_s"] += time.perf_counter() - t_task
                 metrics.append({"suite": s.name, "model": label, **res.metric})
                 rows += [{"suite": s.name, "role": s.role, "kind": "task", "model": label, "doc_id": str(doc),

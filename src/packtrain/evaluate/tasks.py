@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -123,23 +123,25 @@ def _include_dir(suite: TaskSuite) -> Iterator[Path]:
         shutil.rmtree(tmp, ignore_errors=True)   # our own temporary include directory, never user data
 
 
-def score_task(model, tokenizer, suite: TaskSuite, device, batch_size: int = 16) -> TaskResult:
-    """Run the suite's task on the loaded model (module doc): the metric with its stderr, and per document."""
+def score_task(model, tokenizer, suite: TaskSuite, device, batch_size: int = 16,
+               on_items: Callable[[int, int], None] | None = None) -> TaskResult:
+    """Run the suite's task on the loaded model (module doc): the metric with its stderr, and per document.
+    `on_items(done, n)` as lm-eval's requests return (counting_lm): about `done` of the task's `n` items scored."""
     try:
         from lm_eval import simple_evaluate
-        from lm_eval.models.huggingface import HFLM
         from lm_eval.tasks import TaskManager
     except ImportError as e:
         raise InputDataError(f"suite {suite.name!r} ({suite.path}) is an lm-eval task, but lm-evaluation-harness "
                              f"is not installed ({e}): pip install lm-eval") from None
     with _include_dir(suite) as inc:
-        lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size, device=str(device))
+        lm = counting_lm(on_items)(pretrained=model, tokenizer=tokenizer, batch_size=batch_size, device=str(device))
         # include_defaults=False: index only our include directory, not lm-eval's ~14,000 shipped task YAMLs
         # (≈14 s of YAML parsing per call on a 2-core CPU); a suite YAML is self-contained (data only, checked).
         tm = TaskManager(include_path=str(inc), include_defaults=False)
-        res = simple_evaluate(model=lm, tasks=[suite.task], task_manager=tm,
-                              num_fewshot=0, limit=suite.max_documents, log_samples=True, bootstrap_iters=0,
-                              random_seed=0, numpy_random_seed=0, torch_random_seed=0, fewshot_random_seed=0)
+        with quiet_git_hash():
+            res = simple_evaluate(model=lm, tasks=[suite.task], task_manager=tm,
+                                  num_fewshot=0, limit=suite.max_documents, log_samples=True, bootstrap_iters=0,
+                                  random_seed=0, numpy_random_seed=0, torch_random_seed=0, fewshot_random_seed=0)
     if res is None or suite.task not in res.get("results", {}):
         raise InputDataError(f"suite {suite.name!r}: lm-eval returned no results for task {suite.task!r}")
     out = res["results"][suite.task]
@@ -155,3 +157,77 @@ def score_task(model, tokenizer, suite: TaskSuite, device, batch_size: int = 16)
     value = sum(a for _, a in per_doc) / n
     stderr = (value * (1 - value) / max(n - 1, 1)) ** 0.5   # binomial: bootstrap_iters=0 leaves lm-eval's unset
     return TaskResult({"metric": name, "value": value, "stderr": stderr, "n": n}, per_doc)
+
+
+def counting_lm(on_items: Callable[[int, int], None] | None):
+    """lm-eval's HFLM that reports its progress in items: `on_items(done, n)` each time a request returns.
+
+    An item (an lm-eval document) is one request or several (a multiple_choice item: one loglikelihood request
+    per choice, 2 for wordorder), returned in lm-eval's own order (longest first), so `done` is the returned
+    requests × items / requests: e.g. 120 of 400 requests of 200 items → 60. lm-eval's own request bars are
+    off (the stage's bar says it). Requests are counted where lm-eval hands each result to its cache hook
+    (`CacheHook.add_partial`: once per request for every request type, with or without a cache)."""
+    from lm_eval.api.model import CacheHook
+    from lm_eval.models.huggingface import HFLM
+
+    class Counter(CacheHook):
+        def __init__(self) -> None:
+            super().__init__(None)
+            self.done, self.requests, self.items = 0, 0, 0
+
+        def start(self, requests: list) -> None:
+            self.done, self.requests = 0, len(requests)
+            self.items = len({(r.task_name, r.doc_id) for r in requests}) or len(requests)
+
+        def add_partial(self, attr, req, res) -> None:
+            super().add_partial(attr, req, res)
+            self.done += 1
+            if on_items is not None and self.requests:
+                on_items(self.done * self.items // self.requests, self.items)
+
+    class CountingLM(HFLM):
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            self.counter = Counter()
+            self.set_cache_hook(self.counter)
+
+        def loglikelihood(self, requests, disable_tqdm: bool = False):
+            self.counter.start(requests)
+            return super().loglikelihood(requests, disable_tqdm=True)
+
+        def loglikelihood_rolling(self, requests, disable_tqdm: bool = False):
+            self.counter.start(requests)
+            return super().loglikelihood_rolling(requests, disable_tqdm=True)
+
+        def generate_until(self, requests, disable_tqdm: bool = False):
+            self.counter.start(requests)
+            return super().generate_until(requests, disable_tqdm=True)
+
+    return CountingLM
+
+
+@contextlib.contextmanager
+def quiet_git_hash() -> Iterator[None]:
+    """lm-eval records the current directory's `git describe --always` in its results (`git_hash`) with git's
+    stderr on ours: outside a git checkout every task suite printed "fatal: not a git repository". For the call,
+    its helper runs git with stderr captured; the hash it records is the same (packtrain does not read it)."""
+    import subprocess
+
+    from lm_eval import evaluator
+    from lm_eval.loggers import utils
+
+    def git_hash():
+        try:
+            out = subprocess.run(["git", "describe", "--always"], capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return out.stdout.strip() if out.returncode == 0 else None
+
+    saved = [(m, m.get_git_commit_hash) for m in (utils, evaluator)]   # evaluator holds its own name for it
+    for m, _ in saved:
+        m.get_git_commit_hash = git_hash
+    try:
+        yield
+    finally:
+        for m, fn in saved:
+            m.get_git_commit_hash = fn

@@ -51,11 +51,15 @@ CURVES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("tokens/s", r"tokens?_per_s$", ("real_tokens_per_s", "slot_tokens_per_s")),
     ("MFU", r"mfu$", ("useful_mfu", "dense_mfu")),
     ("utilization", r"util", ("system/train_utilization_percentage", "system.utilization_pct")),
-    # memory, not disk: MLflow's system/disk_* series are disk space
-    ("memory", r"^(?!.*disk).*(gib$|megabytes$|memory)", ("system/train_memory_used_gib", "system/train_allocated_gib",
-                                                         "system/train_reserved_gib", "system.memory_used_gib",
-                                                         "system.allocated_gib", "system.reserved_gib")),
+    # memory, not disk or network: MLflow's system/disk_* series are disk space, system/network_* traffic
+    ("memory", r"^(?!.*(disk|network)).*(gib$|megabytes$|memory)", ("system/train_memory_used_gib",
+                                                                   "system/train_allocated_gib",
+                                                                   "system/train_reserved_gib", "system.memory_used_gib",
+                                                                   "system.allocated_gib", "system.reserved_gib")),
+    ("network", r"^system/network_", ("system/network_receive_megabytes", "system/network_transmit_megabytes")),
 )
+OPTIONAL_CURVES = ("network",)
+"""Groups drawn only when a compared run has such a series (MLflow's own monitor, tracking.system_metrics)."""
 MAX_CURVES = 3
 # single values logged once per run (a "curve" of one point); never fetched as histories
 SUMMARY_PREFIXES = ("summary.", "throughput.", "memory.", "timings.", "init_", "final_")
@@ -231,7 +235,7 @@ def curve_metrics(names: set[str]) -> dict[str, list[str]]:
     """Group title → the metric names to draw (preferred first, ≤ MAX_CURVES after fetching).
 
     >>> curve_metrics({"loss", "final_loss", "summary.useful_mfu", "useful_mfu", "system.utilization_pct"})
-    {'loss': ['loss'], 'eval loss': [], 'tokens/s': [], 'MFU': ['useful_mfu'], 'utilization': ['system.utilization_pct'], 'memory': []}
+    {'loss': ['loss'], 'eval loss': [], 'tokens/s': [], 'MFU': ['useful_mfu'], 'utilization': ['system.utilization_pct'], 'memory': [], 'network': []}
     """
     out = {}
     for title, pattern, preferred in CURVES:
@@ -268,6 +272,8 @@ def fetch_curves(client, curve_runs: list) -> tuple[dict[str, list[str]], dict[s
             drawn, histories[single] = [single], fetched[single]
             notes.append(f"{title}: one {single} point per run (the train stage took less than two telemetry "
                          "samples, telemetry.interval_s)")
+        elif not drawn and title in OPTIONAL_CURVES:
+            continue
         elif not drawn:
             notes.append(f"no {title} series in the compared runs' metric histories")
         curves[title] = drawn
@@ -279,11 +285,35 @@ def history(client, run_id: str, name: str) -> list[tuple[float, float]]:
     system.* (step = ms since its sampler started) and MLflow's own system/* (step = sample index, so x is the
     sample's timestamp in seconds since the first one), so both kinds of system plot share one x."""
     hist = sorted(client.get_metric_history(run_id, name), key=lambda m: (m.step, m.timestamp))
+    if name.startswith("system/network_"):
+        return network_traffic([((m.timestamp - hist[0].timestamp) / 1000.0, float(m.value)) for m in hist])
     if name.startswith("system/") and hist:
         t0 = hist[0].timestamp
         return [((m.timestamp - t0) / 1000.0, float(m.value)) for m in hist]
     scale = 1e-3 if name.startswith("system.") else 1.0
     return [(m.step * scale, float(m.value)) for m in hist]
+
+
+def network_traffic(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """MLflow's system/network_* series as traffic since the run started: never negative, never falling.
+
+    MLflow logs the host's network bytes summed over every interface (psutil.net_io_counters) minus that sum at
+    the run's start. When an interface goes away during the run (a container's veth: podman, a KFP local
+    run), its bytes leave the sum and the series falls, below zero (−62 MB seen on a shared host). Here each
+    fall counts as no traffic, so the curve adds up the rises only:
+
+    >>> network_traffic([(0, 0.0), (1, 5.0), (2, -62.0), (3, -60.0)])
+    [(0, 0.0), (1, 5.0), (2, 5.0), (3, 7.0)]
+    """
+    out, total, prev = [], 0.0, None
+    for x, v in points:
+        if prev is not None:
+            total += max(0.0, v - prev)
+        else:
+            total = max(0.0, v)
+        prev = v
+        out.append((x, total))
+    return out
 
 
 def x_label(name: str) -> str:

@@ -53,6 +53,8 @@ class GateResult:
     baseline: str
     rules: str
     rows: list[GateRow] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    """What the reader must know besides the rows (e.g. "same model as the champion ...")."""
 
     @property
     def regressions(self) -> list[GateRow]:
@@ -72,7 +74,7 @@ class GateResult:
 
     def to_dict(self) -> dict:
         return {"verdict": self.verdict, "exit_code": self.exit_code, "candidate": self.candidate,
-                "baseline": self.baseline, "rules": self.rules,
+                "baseline": self.baseline, "rules": self.rules, "notes": self.notes,
                 "regressions": [r.metric for r in self.regressions], "missing": [r.metric for r in self.missing],
                 "rows": [{k: (_json_num(v) if isinstance(v, float) else v) for k, v in asdict(r).items()}
                          for r in self.rows]}
@@ -93,6 +95,7 @@ class GateResult:
         out += [line(c) for c in cells]
         if not cells:
             out.append("(no metric matched a rule)")
+        out += [f"note: {n}" for n in self.notes]
         return "\n".join(out)
 
     def markdown(self) -> str:
@@ -104,6 +107,7 @@ class GateResult:
         for c in self._cells():
             verdict = f"**{c[5]}**" if c[5] != PASS else c[5]
             out.append(f"| `{c[0]}` | {c[1]} | {c[2]} | {c[3]} | {c[4]} | {verdict} | {c[6]} |")
+        out += ([""] + [f"> **Note:** {n}" for n in self.notes]) if self.notes else []
         return "\n".join(out) + "\n"
 
 
@@ -116,10 +120,15 @@ def _num(v: float | None) -> str:
 
 
 def _change(v: float | None) -> str:
+    """The relative change as a percentage; from a baseline of 0 there is none: "new (was 0)".
+
+    >>> _change(0.0123), _change(float("inf")), _change(None)
+    ('+1.23%', 'new (was 0)', '–')
+    """
     if v is None:
         return "–"
     if math.isinf(v):
-        return "+inf" if v > 0 else "-inf"
+        return "new (was 0)"
     return f"{100 * v:+.2f}%"
 
 
@@ -147,6 +156,8 @@ def check(rule: Rule, base: float | None, cand: float) -> tuple[str, float | Non
         return PASS, None, ""
     assert base is not None   # change is None without a baseline
     regressed = _relative_regression(rule, change)
+    if regressed and math.isinf(change):   # from 0 no percentage means anything: say what the numbers are
+        regressed = f"{'rose' if change > 0 else 'fell'} to {cand:.4g} from 0 (new: the baseline was 0)"
     diff = cand - base
     if abs(diff) <= rule.abs_tol:   # a large relative change of a tiny number: said, so a pass is not a puzzle
         return PASS, change, f"|Δ| {abs(diff):.3g} ≤ {rule.abs_tol:g} absolute" if regressed else ""
@@ -197,7 +208,22 @@ def evaluate_gate(candidate: MetricSource | list[MetricSource], baseline: Metric
             continue
         verdict, change, reason = check(rule, base, cand)
         result.rows.append(GateRow(name, base, cand, change, rule.describe(), verdict, reason))
+    same = same_model_note(cands, baseline)
+    if same:
+        result.notes.append(same)
     return result
+
+
+def same_model_note(cands: list[MetricSource], baseline: MetricSource) -> str:
+    """"same model as the champion …" when every candidate's model is the baseline's (one training run, or a
+    cached copy of it): the gate then compares a model with itself, and only run-to-run noise can differ."""
+    if not baseline.model_id or not all(c.model_id == baseline.model_id for c in cands):
+        return ""
+    what = ("the champion" if baseline.ref and baseline.ref.endswith("@champion")
+            else baseline.ref or "the baseline")
+    return (f"same model as {what}: the candidate's training run is {baseline.model_id[:8]}, the one "
+            f"{'it was registered from' if baseline.ref else 'the baseline is'} (restored from the stage cache or "
+            "the same run): this compares a model with itself")
 
 
 gate = evaluate_gate

@@ -70,6 +70,11 @@ class MetricSource:
     where: dict[str, tuple[str, str]] = field(default_factory=dict)
     scheme: str = "file"
     device: str | None = None
+    model_id: str | None = None
+    """The training run whose weights the source's model is: its train run, or the run that train run was restored
+    from (a cached stage's run is a copy, tag packtrain.restored_from). Equal ids: the same model."""
+    ref: str | None = None
+    """The model reference the source was found by (`packtrain-lm@champion`), when it was."""
 
     def values(self, name: str) -> list[float] | None:
         """All recorded values of `name` in step order (one value when only the latest is known)."""
@@ -262,9 +267,12 @@ def load_run(client, run_id: str, how: str = "", model_ref: str | None = None,
     label += f" of pipeline {parent.info.run_id[:8]})" if parent is not None else ")"
     device = next((r.data.tags["packtrain.gpu"] for r in (train, run, parent)
                    if r is not None and r.data.tags.get("packtrain.gpu")), None)
+    from packtrain.tracking.restore import RESTORED_TAG
+
+    model_id = (train.data.tags.get(RESTORED_TAG) or train.info.run_id) if train is not None else None
     return MetricSource(label=label + (f" via {how}" if how else ""), metrics=metrics, run_id=main.info.run_id,
                         params=dict(main.data.params), client=client, where=where, scheme="packtrain",
-                        device=device)
+                        device=device, model_id=model_id, ref=model_ref)
 
 
 def _plain_run(client, run, how: str) -> MetricSource:

@@ -5,8 +5,9 @@ a changed source file behind an unchanged config would be served stale). `packtr
 process and `--runner kfp`) therefore keys every stage on what actually determines its output:
 
     key = sha256( stage,
-                  md5 of what the stage reads of its inputs (StageSpec.read_paths: file names + contents,
-                  like DVC's directory md5; a train output's checkpoints/ are read by no later stage),
+                  content md5 of what the stage reads of its inputs (StageSpec.read_paths: file names + contents,
+                  like DVC's directory md5; a train output's checkpoints/ are read by no later stage; a stage's
+                  JSON stats files without the run's measurements and paths: `content_md5`, MEASURED),
                   the config sections the stage declares in the stage table (packtrain.stages.table;
                   packtrain.pipeline.runtime.config_parts; JSON, sorted keys),
                   packtrain version + md5 of the packtrain source files (+ git sha when available) )
@@ -50,6 +51,112 @@ def dir_md5(path: str | Path) -> str:
     return data_md5(p, skip_hidden=True) if p.exists() else "missing"
 
 
+MEASURED: dict[str, tuple[str, ...]] = {
+    "ingest_stats.json": (".source", "output", "seconds"),
+    "stats.json": ("input", "output", "seconds", "train_seconds", "encode_seconds", "tokens_per_second"),
+    "pack_stats.json": ("input", "output", "seconds", "seconds_plan"),
+    "train_result.json": ("model_dir", ".checkpoint", "telemetry_files", "violations", "timings", "throughput",
+                          ".system", ".guard", ".memory"),
+    "eval_result.json": ("model_dir", "eval_split_dir", "seconds", "tokens_per_s", "peak_memory_gib", "timings"),
+    "suites.json": ("model_dir", "suites[].path"),
+}
+"""What a stage's JSON output records about *how* its run went — wall times, speeds, memory and utilization
+measured while it ran, and the absolute paths it ran in — by file name. A plain name is that key at any depth
+(pack_stats.json's `seconds` of each split too); a path from the top is dotted or starts with "." (`.source`:
+ingest's spelled source, not `lineage.input_md5.source`, its md5; `suites[].path`: key path of every item of
+list suites). A cache key hashes those files without them (`content_md5`): they change on every run (ingest's
+`seconds`, its absolute `output`), and when they were hashed, identical documents got a new key and so did every
+stage downstream of them (`--no-cache` stored a second entry per stage each time instead of replacing the one of
+the same key). Nothing a later stage computes depends on them; a value a later stage only quotes (register's
+`mfu` and `peak_memory_gib` tags) is the one of the run that produced the cached output."""
+
+
+def content_md5(path: str | Path) -> str:
+    """`dir_md5` of a file or directory, with every JSON file named in MEASURED hashed as its content without the
+    measured keys (sorted-key JSON), so two runs that produced the same content have the same md5 wherever and
+    however fast they ran. "missing" when absent.
+
+    >>> # {"documents": 3, "seconds": 0.31, "output": "/a/x"} and {"documents": 3, "seconds": 0.29,
+    >>> # "output": "/b/x"} as ingest_stats.json: the same content_md5; {"documents": 4, ...}: another
+    """
+    from packtrain.versioning import DVC_IGNORED, files_md5
+
+    p = Path(path)
+    if not p.exists():
+        return "missing"
+    if p.is_file():
+        return _json_content_md5(p) if p.name in MEASURED else dir_md5(p)
+    plain: dict[str, Path] = {}
+    measured: dict[str, str] = {}
+    for dirpath, dirnames, filenames in os.walk(p):
+        dirnames[:] = sorted(d for d in dirnames if d not in DVC_IGNORED and not d.startswith("."))
+        rel_dir = Path(dirpath).relative_to(p)
+        for name in filenames:
+            if name in DVC_IGNORED or name.startswith("."):
+                continue
+            rel = (rel_dir / name).as_posix()
+            if name in MEASURED:
+                measured[rel] = _json_content_md5(Path(dirpath) / name)
+            else:
+                plain[rel] = Path(dirpath) / name
+    if not measured:
+        return dir_md5(p)
+    blob = json.dumps({"files": files_md5(plain) if plain else "", "json": measured}, sort_keys=True)
+    return hashlib.md5(blob.encode()).hexdigest() + ".content"
+
+
+def without_measured(name: str, data: Any) -> Any:
+    """`data` (a parsed JSON file called `name`) without the keys MEASURED lists for that name.
+
+    >>> without_measured("pack_stats.json", {"fill": 0.99, "seconds": 1.2, "train": {"seconds": 0.5, "n": 3}})
+    {'fill': 0.99, 'train': {'n': 3}}
+    >>> without_measured("suites.json", {"suites": [{"name": "recent", "path": "/a/eval"}], "note": "n"})
+    {'suites': [{'name': 'recent'}], 'note': 'n'}
+    """
+    for entry in MEASURED.get(name, ()):
+        if "." in entry or "[]" in entry:
+            data = _drop_path(data, entry.lstrip(".").split("."))
+        else:
+            data = _drop_everywhere(data, entry)
+    return data
+
+
+def _drop_everywhere(data: Any, key: str) -> Any:
+    if isinstance(data, dict):
+        return {k: _drop_everywhere(v, key) for k, v in data.items() if k != key}
+    if isinstance(data, list):
+        return [_drop_everywhere(v, key) for v in data]
+    return data
+
+
+def _drop_path(data: Any, parts: list[str]) -> Any:
+    head, rest = parts[0], parts[1:]
+    each = head.endswith("[]")
+    key = head[:-2] if each else head
+    if not isinstance(data, dict) or key not in data:
+        return data
+    out = dict(data)
+    if not rest:
+        del out[key]
+    elif each and isinstance(out[key], list):
+        out[key] = [_drop_path(item, rest) for item in out[key]]
+    elif not each:
+        out[key] = _drop_path(out[key], rest)
+    return out
+
+
+def _json_content_md5(path: Path) -> str:
+    """md5 of a JSON file's content without its measured keys; a file that does not parse: md5 of its bytes."""
+    from packtrain.versioning import file_md5
+
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return file_md5(path)
+    canon = json.dumps(without_measured(path.name, data), sort_keys=True, default=str)
+    return hashlib.md5(canon.encode()).hexdigest()
+
+
 def source_md5() -> str:
     """md5 of the packtrain package's .py files: any code change invalidates the cache (~10 ms)."""
     import packtrain
@@ -66,12 +173,12 @@ def stage_cache_key(stage: str, inputs: Mapping[str, str | Path], config_parts: 
                     code: str) -> tuple[str, dict]:
     """Return (sha256 hex, the parts it was computed from) for one stage invocation.
 
-    `inputs` maps input names to directories (hashed by content), `config_parts` holds the JSON-able
+    `inputs` maps input names to directories (hashed by content: `content_md5`), `config_parts` holds the JSON-able
     config sections the stage reads, `code` the code version string.
     """
     parts = {
         "stage": stage,
-        "inputs": {name: dir_md5(p) for name, p in sorted(inputs.items())},
+        "inputs": {name: content_md5(p) for name, p in sorted(inputs.items())},
         "config": config_parts,
         "code": code,
         "python": sys.version.split()[0],

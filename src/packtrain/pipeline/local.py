@@ -297,8 +297,16 @@ def _run_local(cfg, *, runner: Runner, verbose: bool, use_cache: bool | None, ou
         if parent:
             metrics = {f"{s}.{k}": v for s, st in stages.items() for k, v in _flat_numbers(st).items()}
             name = pipeline_run_name(cfg.name, data_version_of(stages.get("ingest")))   # kfp: ingest ran elsewhere
-            _end_parent(cfg, parent, status, metrics, {"packtrain.log": str(log_path), **_stage_run_tags(stages),
-                                                       **({"mlflow.runName": name} if stages.get("ingest") else {})})
+            tags = {"packtrain.log": str(log_path), **_stage_run_tags(stages),
+                    **({"mlflow.runName": name} if stages.get("ingest") else {})}
+            if status == "FINISHED":
+                _end_parent(cfg, parent, status, metrics, tags)
+            else:   # the stage's own error is the one to report, also when the store cannot take the end now
+                try:
+                    _end_parent(cfg, parent, status, metrics, tags)
+                except Exception as e:   # noqa: BLE001 - e.g. the disk that filled up holds the store too
+                    logging.getLogger(__name__).warning("could not mark the pipeline run %s %s: %s", parent, status,
+                                                        str(e).splitlines()[0][:200] if str(e) else type(e).__name__)
     summary = build_summary(stages)
     reg = stages.get("register") or {}
     if tracking_uri and isinstance(reg, dict) and reg.get("cache") == "hit" and reg.get("version") is not None:

@@ -168,3 +168,21 @@ def output_lock(out_dir: str | Path, command: str) -> Iterator[Path | None]:
             yield path
         finally:
             _held_outputs.discard(str(path))
+
+
+@contextlib.contextmanager
+def buffer_lock(buffer_dir: str | Path, command: str) -> Iterator[Path]:
+    """Hold the lock of an MLflow buffer directory while `packtrain mlflow replay` applies it (OutputBusy, exit 7,
+    when another replay of the same buffer holds it). The lock file sits beside the buffer, like an output lock
+    (`<parent>/.<name>.packtrain-lock`): a replay locks the buffer it reads and writes, never the workdir of the
+    folder it was started from, so replays of unrelated buffers never stop each other."""
+    real = Path(os.path.realpath(buffer_dir))
+    path = output_lock_path(real)
+    path.parent.mkdir(parents=True, exist_ok=True)
+
+    def busy(holder: str) -> OutputBusy:
+        return OutputBusy(f"MLflow buffer {real} is being replayed by {holder}: wait for it to finish (each op "
+                          f"is applied once either way); lock file {path}")
+
+    with _flock(path, command, busy, remove=True):
+        yield path

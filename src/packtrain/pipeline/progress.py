@@ -15,6 +15,12 @@ line) and `parse_bar` reads it back. Either way at most one line every `every_s`
     tqdm:  "    train:  33%|███▎      | 2/6 [00:12<00:24,  0.17step/s, loss=5.3648, tok_s=10,233]"
     line:  "step 2/6 (33%) · loss 5.3648 · 10,233 tok/s · 0:12 elapsed · ETA 0:24"
 
+A bar counting something else than steps says what it counts and how fast (evaluate's bar over a suite: its
+documents, or a task suite's items):
+
+    tqdm:  "    evaluate:  30%|███       | 60/200 [00:05<00:12,  11.20doc/s, suite=wordorder (challenger) 2/4]"
+    line:  "docs 60/200 (30%) · suite wordorder (challenger) 2/4 · 11.2 docs/s · 0:05 elapsed · ETA 0:12"
+
 Only the stage's own bar counts (the train loop's "train", evaluate's "evaluate"): the short bars of
 libraries ("Loading weights", "Writing model shards") are not progress of the stage. A finished bar (n = total)
 is not shown either: the stage's status line follows it.
@@ -31,22 +37,35 @@ from typing import Any, Literal, TextIO
 _BAR = re.compile(r"(?P<desc>[^\s|:][^|:]*?):\s+(?P<pct>\d+)%\|[^|]*\|\s*(?P<n>\d+)/(?P<total>\d+)\s+"
                   r"\[(?P<elapsed>[\d:]+)<(?P<remaining>[\d:?]+)(?P<rest>[^\]]*)\]")
 _POSTFIX = re.compile(r"(\w+)=(.*?)(?=,\s*\w+=|$)")
+# tqdm's rate: "0.17step/s", "?doc/s" (no rate yet) or, under one per second, "3.45s/doc"
+_RATE = re.compile(r"^,\s*(?:(?P<per_s>[\d.]+|\?)(?P<unit>[A-Za-z]+)/s|(?P<s_per>[\d.]+)s/(?P<unit2>[A-Za-z]+))")
 
 
 def parse_bar(line: str) -> dict | None:
-    """A tqdm line → {"desc", "n", "total", "pct", "elapsed", "remaining", "postfix": {k: v}}, else None.
+    """A tqdm line → {"desc", "n", "total", "pct", "elapsed", "remaining", "postfix": {k: v}, "unit", "rate"},
+    else None (`rate`: units per second, None before tqdm has one).
 
     >>> parse_bar("    train:  33%|███▎      | 2/6 [00:12<00:24,  0.17step/s, loss=5.3648, tok_s=10,233]")["postfix"]
     {'loss': '5.3648', 'tok_s': '10,233'}
+    >>> b = parse_bar("evaluate:  1%|          | 2/200 [00:07<11:33,  3.50s/doc, suite=wordorder (champion) 4/4]")
+    >>> b["unit"], round(b["rate"], 3), b["postfix"]
+    ('doc', 0.286, {'suite': 'wordorder (champion) 4/4'})
     """
     m = _BAR.search(line)
     if not m:
         return None
     rest = m["rest"]
-    # the rate comes first ("0.17step/s" or "?step/s"); key=value pairs after it are the postfix
+    # the rate comes first ("0.17step/s", "?step/s" or "3.45s/step"); key=value pairs after it are the postfix
     post = {k: v.strip() for k, v in _POSTFIX.findall(rest)}
+    r = _RATE.match(rest)
+    unit, rate = None, None
+    if r and r["unit"]:
+        unit, rate = r["unit"], (None if r["per_s"] == "?" else float(r["per_s"]))
+    elif r:
+        unit, rate = r["unit2"], (1 / float(r["s_per"]) if float(r["s_per"]) else None)
     return {"desc": m["desc"].strip(), "n": int(m["n"]), "total": int(m["total"]), "pct": int(m["pct"]),
-            "elapsed": _clock(m["elapsed"]), "remaining": _clock(m["remaining"]), "postfix": post}
+            "elapsed": _clock(m["elapsed"]), "remaining": _clock(m["remaining"]), "postfix": post,
+            "unit": unit, "rate": rate}
 
 
 def format_bar(bar: dict, stage: str) -> str:
@@ -55,11 +74,23 @@ def format_bar(bar: dict, stage: str) -> str:
     >>> format_bar({"desc": "train", "n": 2, "total": 6, "pct": 33, "elapsed": "0:12", "remaining": "0:24",
     ...             "postfix": {"loss": "5.3648", "tok_s": "10,233"}}, "train")
     'step 2/6 (33%) · loss 5.3648 · 10,233 tok/s · 0:12 elapsed · ETA 0:24'
+
+    A bar in other units than steps (tqdm's `unit`) is counted in them, with its rate:
+
+    >>> format_bar({"desc": "evaluate", "n": 60, "total": 200, "pct": 30, "elapsed": "0:05", "remaining": "0:12",
+    ...             "postfix": {"suite": "wordorder (challenger) 2/4"}, "unit": "doc", "rate": 11.2}, "evaluate")
+    'docs 60/200 (30%) · suite wordorder (challenger) 2/4 · 11.2 docs/s · 0:05 elapsed · ETA 0:12'
     """
-    head = "step" if bar["desc"] == stage else bar["desc"]
+    unit = bar.get("unit") or "step"
+    counted = unit not in ("step", "it")
+    head = bar["desc"] if bar["desc"] != stage else f"{unit}s" if counted else "step"
     parts = [f"{head} {bar['n']}/{bar['total']} ({bar['pct']}%)"]
     for k, v in bar["postfix"].items():
         parts.append(f"{v} tok/s" if k == "tok_s" else f"{k} {v}")
+    if counted and bar.get("rate"):
+        rate = bar["rate"]
+        parts.append(f"{rate:,.0f} {unit}s/s" if rate >= 100 else f"{rate:.1f} {unit}s/s" if rate >= 1
+                     else f"{rate:.2f} {unit}s/s")
     parts.append(f"{bar['elapsed']} elapsed")
     if bar["remaining"] != "?":
         parts.append(f"ETA {bar['remaining']}")
@@ -108,8 +139,7 @@ def bar_state(bar: Any) -> dict:
     """A live tqdm bar → the dict `parse_bar` reads from its text (same numbers, same rounding as the bar shows).
 
     >>> from tqdm import tqdm
-    >>> b = tqdm(total=6, desc="train", disable=False, file=open("/dev/null", "w")); b.update(2)
-    True
+    >>> b = tqdm(total=6, desc="train", disable=False, file=open("/dev/null", "w")); _ = b.update(2)
     >>> b.set_postfix(loss="5.3648", tok_s="10,233"); bar_state(b)["postfix"], bar_state(b)["pct"]
     ({'loss': '5.3648', 'tok_s': '10,233'}, 33)
     """
@@ -123,7 +153,8 @@ def bar_state(bar: Any) -> dict:
     remaining = tqdm.format_interval((total - n) / rate) if rate and total else "?"
     return {"desc": (d["prefix"] or "").strip(), "n": int(n), "total": int(total or 0),
             "pct": int(f"{100 * n / total:.0f}") if total else 0, "elapsed": _clock(tqdm.format_interval(elapsed)),
-            "remaining": _clock(remaining), "postfix": dict(_POSTFIX.findall(d["postfix"] or ""))}
+            "remaining": _clock(remaining), "postfix": dict(_POSTFIX.findall(d["postfix"] or "")),
+            "unit": d.get("unit") or None, "rate": rate or None}
 
 
 def live_bar(stage: str) -> dict | None:

@@ -75,7 +75,8 @@ def config_parts(stage: str, cfg, inputs: dict[str, str] | None = None) -> dict[
 
     Exactly the sections/fields its stage-table entry declares (`StageSpec.config`, keyed by dotted path),
     plus what no recipe field says but the output depends on:
-    - ingest: `source`, the md5 of the source directory (or the default corpus' Python installation);
+    - ingest: `source`, the md5 of the source directory (or the default corpus' Python installation) in place
+      of the `ingest.source` path: the same documents in another directory are the same key;
     - tokenize, train with `model.init_from` not scratch: `init`, what it resolves to
       (packtrain.model.registry_source.cache_identity: the init tokenizer's hash; the registered version or
       the directory's fingerprint), so a new champion is a miss and the same one a hit; train then also
@@ -91,8 +92,9 @@ def config_parts(stage: str, cfg, inputs: dict[str, str] | None = None) -> dict[
     spec = stage_spec(stage)
     d = cfg.to_dict()
     parts: dict[str, Any] = {path: _at(d, path) for path in spec.config}
-    if stage == "ingest":
+    if stage == "ingest":   # the source by content, not by where it lies: a copy elsewhere is the same key
         parts["source"] = _source_fingerprint(cfg.ingest.source)
+        parts["ingest"] = {k: v for k, v in parts["ingest"].items() if k != "source"}
     if stage in ("tokenize", "train"):
         from packtrain.model.registry_source import cache_identity
 

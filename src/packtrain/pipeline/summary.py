@@ -243,9 +243,9 @@ def _outputs(s: dict) -> list[str]:
 
 
 def _register(s: dict) -> list[str]:
-    why = [f"             {_short(s['reason'])}"] if s.get("reason") else []
-    if s.get("margins"):
-        why.append(f"             margins: {_short(s['margins'], 150)}")
+    why = [f"             {line}" for line in _wrap(s["reason"])] if s.get("reason") else []
+    if s.get("margins"):   # where the promotion's margins came from (docs/validation.md "Seed noise")
+        why += [f"             {line}" for line in _wrap(f"margins: {s['margins']}")]
     if s.get("version") is not None and "registry_now" in s:   # restored from the cache: the registry as it is
         now = s["registry_now"]
         return [f"  register   {s.get('model_name') or 'model'} v{s['version']} (registered by an earlier run, "
@@ -259,9 +259,16 @@ def _register(s: dict) -> list[str]:
     return []
 
 
-def _short(text: str, n: int = 110) -> str:
-    text = " ".join(str(text).split())
-    return text if len(text) <= n else text[: n - 1] + "…"
+def _wrap(text: str, n: int = 100) -> list[str]:
+    """`text` on lines of at most `n` characters, broken between words only: a reason is read whole, never cut
+    (a number cut in the middle reads as another number).
+
+    >>> _wrap("suite recent: bits/byte 2.3456 → 2.3012 (−0.0444, 95% CI [−0.0512, −0.0371])", 40)
+    ['suite recent: bits/byte 2.3456 → 2.3012', '(−0.0444, 95% CI [−0.0512, −0.0371])']
+    """
+    import textwrap
+
+    return textwrap.wrap(" ".join(str(text).split()), n, break_long_words=False, break_on_hyphens=False) or [""]
 
 
 def registry_now(tracking_uri: str, name: str, version: str) -> str:

@@ -69,6 +69,7 @@ class MemoryPlan:
     target_fraction: float
     cpu_offload: int = 0
     adapter_params: int = 0           # LoRA: trainable adapter parameters (states.lora_params); 0: full fine-tune
+    device: str = "cuda"              # "cpu": one CPU process's step (no GPU, no CUDA context)
     suggestion: str = ""
     alternatives: list[dict] = field(default_factory=list)
 
@@ -113,7 +114,8 @@ class MemoryPlan:
             f"{self.tokens_per_step} tokens per step · "
             f"{self.precision} · attention {self.attention} · checkpointing {self.checkpointing} "
             f"({self.checkpointed_layers}/{s.layers} layers) · {self.engine}"
-            + (f" ZeRO-{self.zero_stage}" if self.zero_stage is not None else "") + f" · {self.gpus} GPU"
+            + (f" ZeRO-{self.zero_stage}" if self.zero_stage is not None else "")
+            + (" · CPU" if self.device == "cpu" else f" · {self.gpus} GPU")
             + (f" · LoRA {self.adapter_params / 1e6:.2f}M trainable" if self.adapter_params else ""),
             "",
             f"{'component':<22}{'GiB':>9}  note",
@@ -125,11 +127,12 @@ class MemoryPlan:
                 lines.append(f"{name.replace('_', ' '):<22}{v / GIB:9.3f}  {self.notes.get(name, '')}")
         lines += [
             "-" * 78,
-            f"{'= allocated peak':<22}{self.peak_allocated_gib:9.3f}  at {self.peak_phase} "
-            "(≈ torch.cuda.max_memory_allocated)",
+            f"{'= allocated peak':<22}{self.peak_allocated_gib:9.3f}  at {self.peak_phase}"
+            + ("" if self.device == "cpu" else " (≈ torch.cuda.max_memory_allocated)"),
             f"{'allocator overhead':<22}{self.allocator_overhead / GIB:9.3f}",
-            f"{'CUDA context':<22}{self.cuda_context / GIB:9.3f}",
-            f"{'= predicted peak':<22}{self.peak_gib:9.3f}  of {self.device_memory_gib:.1f} GiB; target "
+            *([] if self.device == "cpu" else [f"{'CUDA context':<22}{self.cuda_context / GIB:9.3f}"]),
+            f"{'= predicted peak':<22}{self.peak_gib:9.3f}  of {self.device_memory_gib:.1f} GiB"
+            + (" for the CPU process" if self.device == "cpu" else "") + "; target "
             f"{self.target_fraction:.2f} → {self.target_gib:.1f} GiB: " + ("fits" if self.fits else "DOES NOT FIT"),
             "",
             "phases (allocated GiB): " + " · ".join(f"{k} {v / GIB:.2f}" for k, v in self.phases.items()),
@@ -334,7 +337,7 @@ def plan_memory(model_cfg: ModelConfig, train_cfg: TrainConfig, budget: int, pla
         peak_allocated=int(peak_alloc), allocator_overhead=overhead, cuda_context=ctx,
         peak=int(peak_alloc + overhead + ctx), device_memory_gib=dev_gib,
         target_fraction=plan_cfg.target_fraction, cpu_offload=st.cpu,
-        adapter_params=lora_params(shape, adapter.r, adapter.target_modules) if lora else 0,
+        adapter_params=lora_params(shape, adapter.r, adapter.target_modules) if lora else 0, device=device,
     )
     if suggest:
         suggest_changes(plan, model_cfg, train_cfg, plan_cfg, vocab_size, device, attention)

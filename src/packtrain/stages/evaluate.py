@@ -38,8 +38,10 @@ def run_evaluate(cfg: RunConfig, model_dir: str | Path, packs_dir: str | Path, o
     from packtrain.evaluate.loading import check_model_dir
     from packtrain.evaluate.perplexity import evaluate
     from packtrain.packing.store import PackStore
+    from packtrain.telemetry.memory import begin_stage_memory
     from packtrain.tracking import stage_run
 
+    begin_stage_memory()   # its peak memory on the CPU: this stage's own, whatever ran before it in the process
     model_dir, packs_dir, out_dir = Path(model_dir), Path(packs_dir), Path(out_dir)
     check_replaceable(out_dir, OUTPUTS, "evaluate")
     check_model_dir(model_dir)

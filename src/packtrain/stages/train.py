@@ -141,6 +141,20 @@ def refuse_existing_run(out_dir: Path, resume: bool, overwrite: bool) -> None:
         raise ConfigError(existing_run_message(out_dir / "checkpoints", found))
 
 
+def refuse_nothing_to_resume(out_dir: Path) -> None:
+    """A user's `--resume` into an output dir with no checkpoint at all (a typo'd --out, say) is an error, not a
+    silent start from step 0 (exit 5, naming the directory looked in). Quarantined checkpoints count as
+    something: --resume then starts over with a warning that names them. (A KFP pod's train always resumes:
+    its first attempt has nothing yet, so only the command checks this.)"""
+    from packtrain.train.checkpoint import existing_run, quarantined
+
+    root = out_dir / "checkpoints"
+    if not existing_run(root) and not quarantined(root):
+        where = f"{root} does not exist" if not root.exists() else f"{root} holds no checkpoint"
+        raise MissingDataError(f"--resume: nothing to resume: {where} (is --out {out_dir} the run's output "
+                               "directory?); run without --resume to start from step 0")
+
+
 def run_train(cfg: RunConfig, packs_dir: str | Path, tokens_dir: str | Path, out_dir: str | Path,
               resume: bool = False, overwrite: bool = False) -> TrainResult | None:
     """Train (module doc); the TrainResult on rank 0, None on the other ranks (only rank 0 writes stats).
@@ -159,9 +173,11 @@ def _run_train(cfg: RunConfig, packs_dir: Path, tokens_dir: Path, out_dir: Path,
                overwrite: bool) -> TrainResult | None:
     from packtrain.model.registry_source import resolve_init
     from packtrain.model.warm_start import check_store_matches_model
+    from packtrain.telemetry.memory import begin_stage_memory
     from packtrain.train.loop import train
     from packtrain.train.runtime import dist_info
 
+    begin_stage_memory()   # memory.cpu_peak_rss_gib: this stage's own peak, whatever ran before it in the process
     tokenizer_dir, backend = check_inputs(cfg, packs_dir, tokens_dir)
     refuse_existing_run(out_dir, resume, overwrite)
     from packtrain.train.launch import launch_ranks, needs_launch

@@ -129,8 +129,9 @@ def experiment_id(bc, name: str) -> str:
 
 
 EXPERIMENT_KIND, TRAINING_KIND = "mlflow.experimentKind", "custom_model_development"
-"""The experiment tag the MLflow 3 UI reads to choose its view: packtrain's experiments open in the training
-view (runs, metrics, models), not the GenAI traces view it otherwise infers. A kind the user chose is kept."""
+"""The experiment tag older MLflow 3 UIs read to choose its view (training: runs, metrics, models; not GenAI
+traces). MLflow 3.17's UI follows its "GenAI | Model training" switch instead: the links packtrain prints carry
+it (packtrain.tracking.links.TRAINING_VIEW). A kind the user chose is kept."""
 
 
 def run_id_of(bc, run_id: str) -> str:

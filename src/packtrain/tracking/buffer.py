@@ -37,6 +37,7 @@ own file while alive; a replay skips locked files, so two processes never replay
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import logging
@@ -54,6 +55,7 @@ from packtrain.secrets import redact_text, redact_uri, redact_value
 from packtrain.tracking.apply import PENDING, apply_op
 from packtrain.tracking.ledger import AppliedLog, read_ids
 from packtrain.tracking.replay import ReplayResult, replay_file, replay_files
+from packtrain.tracking.store import ensure_store
 from packtrain.tracking.transport import Blocked, is_transient, short_http
 
 log = logging.getLogger(__name__)
@@ -76,6 +78,7 @@ class BufferedClient:
         self.retry_after_s = retry_after_s
         self.applied = AppliedLog(self.buffer_dir)
         os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")   # its "View run at <uri>" line
+        ensure_store(tracking_uri)   # a fresh sqlite store is created by one process at a time (tracking.store)
         self._client = MlflowClient(tracking_uri)
         self._lock = threading.RLock()
         self._down_until = 0.0
@@ -208,9 +211,15 @@ class BufferedClient:
             fcntl.flock(self._fh, fcntl.LOCK_EX)
             tmp.rename(self.buffer_dir / name)  # visible to replayers only once locked
             self._own_path = self.buffer_dir / name
-        self._fh.write(json.dumps(op, default=str) + "\n")
-        self._fh.flush()
-        os.fsync(self._fh.fileno())
+        start = self._fh.tell()
+        try:
+            self._fh.write(json.dumps(op, default=str) + "\n")
+            self._fh.flush()
+            os.fsync(self._fh.fileno())
+        except OSError:   # a full disk: no half line is left behind, the ops before it stay replayable
+            with contextlib.suppress(OSError):
+                self._fh.truncate(start)
+            raise
         self._backlog += 1
 
     def _replay_backlog(self) -> None:

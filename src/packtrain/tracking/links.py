@@ -1,10 +1,11 @@
 """Where to look at a run, for every kind of tracking store, with credentials redacted.
 
     mlflow_hint("http://alice:pw@127.0.0.1:5000", "1", "3f2a…")
-      → 'open http://127.0.0.1:5000/#/experiments/1/runs/3f2a…'     (the browser asks for the login)
+      → 'open http://127.0.0.1:5000/#/experiments/1/runs/3f2a…?workflowType=machine_learning'
+                                                                    (the browser asks for the login)
     mlflow_hint("sqlite:////abs/data/mlflow.db", "1", "3f2a…")
       → '.venv/bin/mlflow ui --backend-store-uri sqlite:////abs/data/mlflow.db, then open
-         http://127.0.0.1:5000/#/experiments/1/runs/3f2a…'
+         http://127.0.0.1:5000/#/experiments/1/runs/3f2a…?workflowType=machine_learning'
     mlflow_hint("postgresql://u:pw@db/mlflow", ...)
       → '.venv/bin/mlflow ui --backend-store-uri postgresql://u:***@db/mlflow (put the password back), then …'
     mlflow_hint("databricks", "1", "3f2a…")
@@ -12,6 +13,12 @@
 
 A tracking server serves the UI itself (`mlflow ui --backend-store-uri http://…` cannot open one: `mlflow ui`
 wants a database or a directory). Anything else is a store `mlflow ui` can serve on its default port 5000.
+
+Every link carries `?workflowType=machine_learning` (TRAINING_VIEW): MLflow 3.17's UI picks an experiment's
+view from its sidebar switch "GenAI | Model training" — the URL's `workflowType`, else the browser's remembered
+choice (localStorage `mlflow.workflowType`), GenAI by default — and not from the experiment's
+`mlflow.experimentKind` tag. Without it a fresh browser opens a run's experiment on the GenAI "Overview" (traces,
+a "Detect Issues" popup) and the run page's breadcrumb reads "Evaluations"; with it, the Runs table and "Runs".
 """
 
 from __future__ import annotations
@@ -21,17 +28,21 @@ import sys
 from pathlib import Path
 
 UI_PORT = 5000
+TRAINING_VIEW = "?workflowType=machine_learning"
+"""The MLflow UI's query that opens the training ("Model training") view whatever the browser remembers."""
 
 
 def run_path(experiment_id: str | None, run_id: str | None) -> str:
-    """The MLflow UI's fragment for a run (or an experiment; '' without one).
+    """The MLflow UI's fragment for a run (or an experiment's runs table; '' without one), in the training view.
 
     >>> run_path("1", "3f2a")
-    '/#/experiments/1/runs/3f2a'
+    '/#/experiments/1/runs/3f2a?workflowType=machine_learning'
+    >>> run_path("1", None)
+    '/#/experiments/1/runs?workflowType=machine_learning'
     """
     if not experiment_id:
         return ""
-    return f"/#/experiments/{experiment_id}" + (f"/runs/{run_id}" if run_id else "")
+    return f"/#/experiments/{experiment_id}/runs" + (f"/{run_id}" if run_id else "") + TRAINING_VIEW
 
 
 def mlflow_exe() -> str:
@@ -86,7 +97,7 @@ def run_footer(tracking_uri: str, experiment_id: str | None, run_id: str | None,
                model: str, champion: bool, extra_args: str = "") -> list[str]:
     """The lines `packtrain run` ends with: where to look, the run id, what to type next.
 
-        MLflow     open http://127.0.0.1:5000/#/experiments/1/runs/3f2a9c0e1b7d4c5a8e6f0a1b2c3d4e5f
+        MLflow     open http://127.0.0.1:5000/#/experiments/1/runs/3f2a9c0e1b7d4c5a8e6f0a1b2c3d4e5f?workflowType=machine_learning
         run id     3f2a9c0e (pipeline run 3f2a9c0e1b7d4c5a8e6f0a1b2c3d4e5f)
         compare    packtrain compare 77c1d2e3 3f2a9c0e
         gate       packtrain gate --candidate 3f2a9c0e --baseline packtrain-lm@champion

@@ -18,12 +18,15 @@ start time. Such a run becomes KILLED (end time: when it was noticed) with the t
 
     packtrain.end_reason     "its process (pid 4242 on node-3) is gone: killed (SIGKILL, OOM) or crashed
                              before it could end the run; marked KILLED by pid 4300 opening stage train"
+                             (or "... opening pipeline run" when a new `packtrain run` starts)
 
 and a note on stderr. Whatever cannot be decided from here is left RUNNING: a run of another host, container
 or boot (another machine may share the host name), a run without owner tags (made by an older packtrain), and,
 while the buffer still holds ops, a run that was created from the buffer (its own replayed ops may still end it).
-On a system without /proc (not Linux) nothing is ever marked. The pipeline's parent run has no owner tags: on
-KFP it is opened by one component and ended by another.
+On a system without /proc (not Linux) nothing is ever marked. The pipeline's parent run opened by `packtrain run`
+(packtrain.tracking.run.start_pipeline_run) carries the same owner tags — the process that opens it ends it — and
+opening one sweeps too, so a killed `packtrain run` leaves neither its stage run nor its pipeline run RUNNING. The
+parent run of a KFP run on a cluster has none: it is opened by one component and ended by another.
 """
 
 from __future__ import annotations
@@ -94,7 +97,7 @@ def owner_gone(tags: Mapping[str, str], here: Mapping[str, str], start_of: Calla
 
 def end_orphaned_runs(client: Any, experiment: str, opening: str) -> list[str]:
     """Mark KILLED (with packtrain.end_reason) the RUNNING runs of `experiment` whose owner is gone (module doc);
-    `client` is the stage's BufferedClient, `opening` the stage about to open a run. Returns their ids. Never
+    `client` is the stage's BufferedClient, `opening` what is about to open a run ("stage train", "pipeline run"). Returns their ids. Never
     fails a stage: a store that cannot be searched now is left as it is."""
     from packtrain.tracking.apply import PENDING_TAG
     from packtrain.tracking.transport import short_http
@@ -118,7 +121,7 @@ def end_orphaned_runs(client: Any, experiment: str, opening: str) -> list[str]:
             continue
         rid, name = run.info.run_id, run.info.run_name
         reason = (f"its process (pid {tags[PID]} on {tags[HOST]}) is gone: killed (SIGKILL, OOM) or crashed before "
-                  f"it could end the run; marked KILLED by pid {os.getpid()} opening stage {opening} at "
+                  f"it could end the run; marked KILLED by pid {os.getpid()} opening {opening} at "
                   f"{time.strftime('%Y-%m-%dT%H:%M:%S')}")
         client.log_batch(rid, tags={REASON: reason})
         client.set_terminated(rid, "KILLED")

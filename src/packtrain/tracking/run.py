@@ -110,15 +110,19 @@ def start_pipeline_run(cfg: RunConfig) -> str | None:
 
     Named after the recipe (`tiny-cpu`) until the data version is known (`name_pipeline_run`). Params: the
     whole run config, flattened (`pack.budget`, `train.lr`, ...). Returns the run id (`pending-...` while the
-    store is unreachable), or None when tracking is off or rank ≠ 0.
+    store is unreachable), or None when tracking is off or rank ≠ 0. The run records this process as its owner
+    (packtrain.tracking.owner: this process ends it), and opening it marks KILLED the runs — pipeline runs
+    included — that a killed process left RUNNING in the experiment.
     """
     from packtrain.tracking.layout import pipeline_run_name
+    from packtrain.tracking.owner import end_orphaned_runs, owner_tags
 
     if not cfg.tracking.enabled or not is_rank_zero():
         return None
     client = get_client(cfg)
     run_id = client.create_run(cfg.tracking.experiment, pipeline_run_name(cfg.name, None),
-                               base_tags("pipeline", cfg.name))
+                               {**base_tags("pipeline", cfg.name), **owner_tags()})
+    end_orphaned_runs(client, cfg.tracking.experiment, "pipeline run")   # e.g. a kill -9'd `packtrain run`
     handle = StageRun(client, run_id, "pipeline")
     handle.log_params(flatten(cfg.to_dict()))
     os.environ[PARENT_ENV] = run_id
@@ -203,7 +207,7 @@ def stage_run(stage: str, cfg: RunConfig, section: Any = None, tags: Mapping[str
     if parent:
         run_tags["mlflow.parentRunId"] = client.resolve(parent) or parent
     run_id = client.create_run(cfg.tracking.experiment, stage, run_tags)
-    end_orphaned_runs(client, cfg.tracking.experiment, stage)   # runs a killed process left RUNNING → KILLED
+    end_orphaned_runs(client, cfg.tracking.experiment, f"stage {stage}")   # runs a killed process left RUNNING → KILLED
     _stage_runs[stage] = (client, run_id)
     handle = StageRun(client, run_id, stage, cfg.tracking.flush_interval_s, parent=parent or None)
     fluent = monitor = None
@@ -229,11 +233,26 @@ def stage_run(stage: str, cfg: RunConfig, section: Any = None, tags: Mapping[str
         raise
     finally:
         try:
-            handle.flush()
-            stop_system_metrics(monitor)
-            client.set_terminated(run_id, status)
+            _end_stage_run(handle, client, run_id, status, monitor)
         finally:  # never leave the fluent run active, whatever the store said
             active = mlflow.active_run()
             if fluent is not None and active is not None and active.info.run_id == run_id:
                 with short_http(client.uri, 2), contextlib.suppress(Exception):
                     mlflow.end_run(status)
+
+
+def _end_stage_run(handle: StageRun, client: BufferedClient, run_id: str, status: str, monitor: Any) -> None:
+    """Flush the stage's metrics and end its run with `status`. A run ending FAILED/KILLED ends while the stage's
+    own error propagates: a store that cannot take the end now (the disk that filled up holds it too) costs a
+    warning, never that error (before, a full disk surfaced as the buffer's `OSError: [Errno 28]` and the run
+    stayed RUNNING). Each step is tried whatever the one before did."""
+    steps = (handle.flush, lambda: stop_system_metrics(monitor), lambda: client.set_terminated(run_id, status))
+    for step in steps:
+        if status == "FINISHED":
+            step()
+            continue
+        try:
+            step()
+        except Exception as e:   # noqa: BLE001 - the stage's own error is the one to report
+            log.warning("could not mark MLflow run %s %s: %s", run_id, status,
+                        str(e).splitlines()[0][:200] if str(e) else type(e).__name__)

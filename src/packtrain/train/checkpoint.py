@@ -40,6 +40,7 @@ Nothing is deleted implicitly:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import re
@@ -49,7 +50,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
-from packtrain.errors import InputDataError
+from packtrain.errors import DiskFull, InputDataError
 from packtrain.faults import kill_point
 from packtrain.train.checkpoint_manifest import build_manifest, manifest_loss, verify_checkpoint
 
@@ -109,11 +110,11 @@ def commit_checkpoint(ckpt_root: Path, tmp: Path, step: int, state: dict, keep_l
 
     kill_point("checkpoint.payload")
     plain, tensors = rng_state()
-    torch.save(tensors, tmp / "rng.pt")
-    (tmp / "state.json").write_text(json.dumps({**state, "step": step, "rng": plain}))
+    torch.save(tensors, writing(tmp / "rng.pt"))
+    writing(tmp / "state.json").write_text(json.dumps({**state, "step": step, "rng": plain}))
     loss = interval_loss(state.get("history"), after_step)
     ev = next((h.get("eval_loss") for h in reversed(state.get("history") or []) if h.get("step") == step), None)
-    (tmp / "manifest.json").write_text(json.dumps(build_manifest(tmp, step, loss, ev), indent=1))
+    writing(tmp / "manifest.json").write_text(json.dumps(build_manifest(tmp, step, loss, ev), indent=1))
     kill_point("checkpoint.manifest")
     final = ckpt_root / step_dir_name(step)
     if final.exists():
@@ -135,6 +136,77 @@ def interval_loss(history: list[dict] | None, after_step: int) -> float | None:
     vals = [float(h["loss"]) for h in history or [] if h.get("step", 0) > after_step
             and isinstance(h.get("loss"), (int, float))]
     return sum(vals) / len(vals) if vals else None
+
+
+DISK_FULL_ERRNOS = (28, 122)   # ENOSPC, EDQUOT
+_writing: dict[str, Path] = {}   # "path": the checkpoint file this process is writing now (named on a full disk)
+
+
+def writing(path: Path) -> Path:
+    """Note that `path` is the checkpoint file being written now (a full disk's error names it); returns it."""
+    _writing["path"] = path
+    return path
+LOW_SPACE = 4 << 20
+"""Free bytes below which a write that failed without an errno (torch.save's C++ stream says only `basic_ios::clear:
+iostream error`; safetensors `failed to write`) is taken for a full disk."""
+
+
+def is_disk_full(err: BaseException, where: Path) -> bool:
+    """True when `err` (or what caused it) is ENOSPC/EDQUOT or says so (safetensors), or a write error of a library
+    that lost the errno (torch.save) on a file system with less than LOW_SPACE free at `where`."""
+    seen: set[int] = set()
+    e: BaseException | None = err
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in DISK_FULL_ERRNOS:
+            return True
+        if any(text in str(e) for text in ("No space left on device", "Disk quota exceeded")):
+            return True   # safetensors' SafetensorError: "I/O error: No space left on device (os error 28)"
+        e = e.__cause__ or e.__context__
+    free = _free_bytes(where)
+    return free is not None and free < LOW_SPACE
+
+
+def _free_bytes(where: Path) -> int | None:
+    for p in (where, *where.parents):
+        try:
+            return shutil.disk_usage(p).free
+        except OSError:
+            continue
+    return None
+
+
+def _human(n: float) -> str:
+    for unit in ("bytes", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:,.0f} {unit}" if unit == "bytes" else f"{n:,.1f} {unit}"
+        n /= 1024
+    return f"{n:,.1f} GiB"
+
+
+def disk_full_error(ckpt_root: Path, tmp: Path, step: int, err: BaseException) -> DiskFull:
+    """The one-line DiskFull of a checkpoint write that ran out of space; removes the partial `.tmp-step_N` first
+    (an incomplete write is never a usable checkpoint; the next save would remove it anyway) so the run can still
+    end its MLflow runs on that disk. Names the file last written, the directory, free space before and after."""
+    files = sorted((p for p in tmp.rglob("*") if p.is_file()), key=lambda p: p.stat().st_mtime) if tmp.is_dir() else []
+    current = _writing.get("path")
+    last = current if current is not None and current.parent == tmp else files[-1] if files else None
+    wrote = sum(p.stat().st_size for p in files)
+    free = _free_bytes(tmp)
+    shutil.rmtree(tmp, ignore_errors=True)
+    freed = _free_bytes(ckpt_root)
+    usage = None
+    with contextlib.suppress(OSError):
+        usage = shutil.disk_usage(ckpt_root)
+    kept = list_checkpoints(ckpt_root)
+    what = last.name if last is not None else "its first file"
+    return DiskFull(
+        f"no space left on the device while writing checkpoint step {step} ({what}, {_human(wrote)} written) to "
+        f"{tmp}: {_human(free or 0)} free" + (f" of {_human(usage.total)}" if usage else "")
+        + (f" on that file system ({_human(freed)} after removing the incomplete write)" if freed is not None else "")
+        + (f"; the earlier checkpoints are intact (newest: {kept[0][1].name})" if kept else "; no earlier checkpoint")
+        + " — free space (or lower train.checkpoint.keep_last), then rerun with --resume"
+        + f" [{type(err).__name__}: {str(err).splitlines()[0][:120] if str(err) else ''}]")
 
 
 def save_checkpoint(ckpt_root: Path, step: int, state: dict, write_payload: Callable[[Path], None],
@@ -280,10 +352,10 @@ def torch_payload_writer(model, optimizer, trainable_only: bool = False) -> Call
 
         if trainable_only:
             tensors = {n: p.detach().contiguous() for n, p in model.named_parameters() if p.requires_grad}
-            save_file(tensors, str(tmp / ADAPTER_FILE))
+            save_file(tensors, str(writing(tmp / ADAPTER_FILE)))
         else:
-            save_model(model, str(tmp / "model.safetensors"))
-        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+            save_model(model, str(writing(tmp / "model.safetensors")))
+        torch.save(optimizer.state_dict(), writing(tmp / "optimizer.pt"))
 
     return write
 

@@ -100,6 +100,7 @@ def train(model_cfg, train_cfg, pack_cfg, telemetry_cfg, packs_dir, tokenizer_di
         last_end = time.perf_counter()     # when the previous step's numbers reached the host
         bar = tqdm(total=train_cfg.max_steps, initial=start, desc="train", unit="step", file=sys.stderr,
                    disable=not s.dist.is_main, dynamic_ncols=True)
+        s.on_close(bar.close)   # a failing step ends the bar's line: the `error:` line then starts its own
         t_loop = time.perf_counter()
         # One step behind on CUDA without a loss scaler: the host reads step t's loss/grad norm only after it
         # has queued step t+1, so the GPU never idles on a per-step `.item()` (NVML util 94% → 99%). Over

@@ -155,14 +155,19 @@ def save_checkpoint(s: CheckpointedSession, step: int) -> None:
     tmp = ckpt.begin_checkpoint(c.root, step) if s.dist.is_main else None
     barrier(s.dist)
     tmp = tmp or c.root / f".tmp-{ckpt.step_dir_name(step)}"
-    if s.cfg.engine in ("deepspeed", "fsdp2") or s.dist.is_main:   # every rank writes its DeepSpeed/DCP shard
-        m.stepper.save(tmp)
-    barrier(s.dist)
-    if s.dist.is_main:
-        state = {"scheduler": m.scheduler.state_dict(), "scaler": m.stepper.scaler_state(),
-                 "loader": s.data.loader_state(), "history": c.history}
-        prev = int(c.last.name.split("_")[1]) if c.last else 0
-        keep_best = cfg.keep_best or s.cfg.eval_every_steps > 0   # the lowest-eval_loss one is what gets exported
-        c.last = ckpt.commit_checkpoint(c.root, tmp, step, state, cfg.keep_last, keep_best, after_step=prev)
+    try:
+        if s.cfg.engine in ("deepspeed", "fsdp2") or s.dist.is_main:   # every rank writes its DeepSpeed/DCP shard
+            m.stepper.save(tmp)
+        barrier(s.dist)
+        if s.dist.is_main:
+            state = {"scheduler": m.scheduler.state_dict(), "scaler": m.stepper.scaler_state(),
+                     "loader": s.data.loader_state(), "history": c.history}
+            prev = int(c.last.name.split("_")[1]) if c.last else 0
+            keep_best = cfg.keep_best or s.cfg.eval_every_steps > 0   # the lowest-eval_loss one gets exported
+            c.last = ckpt.commit_checkpoint(c.root, tmp, step, state, cfg.keep_last, keep_best, after_step=prev)
+    except Exception as e:   # a full disk: one clear error, the earlier checkpoints untouched
+        if not ckpt.is_disk_full(e, c.root):
+            raise
+        raise ckpt.disk_full_error(c.root, tmp, step, e) from None
     barrier(s.dist)
     s.timings["checkpoint_s"] += time.perf_counter() - t0

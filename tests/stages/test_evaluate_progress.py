@@ -1,0 +1,78 @@
+"""`packtrain evaluate` shows its progress on the terminal: a bar per (model, suite) in documents — a text
+suite's documents, a task suite's items (lm-eval's requests counted as they return) — with its rate and ETA,
+and `packtrain run` turns the same bar into its progress lines (packtrain.pipeline.progress; the pipeline's own
+line is checked in tests/pipelines/test_local_pipeline.py)."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from packtrain.cli import main
+from packtrain.evaluate.tiny import build_tiny_model_dir, write_tiny_packs
+from packtrain.pipeline.progress import Progress, format_bar, parse_bar
+
+TEXTS = ["def f(x):\n    return x\n", "import os\n", "The cat sat on the mat."] * 6
+
+
+def test_standalone_evaluate_draws_a_bar_per_suite_in_documents(tmp_path, capfd, monkeypatch):
+    """... and says nothing else: run outside a git checkout, no "fatal: not a git repository" (lm-eval's `git
+    describe`), no torchao CPU-build or torch _pytree messages (packtrain.noise)."""
+    monkeypatch.chdir(tmp_path)   # not a git checkout
+    model = build_tiny_model_dir(tmp_path / "model", TEXTS)
+    rng = np.random.default_rng(0)
+    write_tiny_packs(tmp_path / "packs" / "eval", [rng.integers(0, 250, size=20) for _ in range(7)], budget=32)
+    capfd.readouterr()   # the set-up's own output (building the model imported torchao before any filter)
+    code = main(["evaluate", "--model", str(model), "--packs", str(tmp_path / "packs"), "--out", str(tmp_path / "ev"),
+                 "--set", f"workdir={tmp_path / 'work'}", "--set", "tracking.enabled=false",
+                 "--set", "evaluate.against=none", "--set", "evaluate.sample_tokens=2",
+                 "--set", "evaluate.suites=[{name: wordorder, role: task, "
+                          "path: '@recipes/tasks/wordorder/wordorder.yaml', max_documents: 16}]"])
+    err = capfd.readouterr().err   # the process's fd 2 too: git's stderr reaches it directly
+    assert code == 0, err[-3000:]
+    for noise in ("fatal: not a git repository", "Failed to load", "_pytree", "Enum subclass",
+                  "Overwriting default num_fewshot", "Passed an already-initialized model"):
+        assert noise not in err, (noise, err[-3000:])
+    # tqdm's frames ("\r"-separated): the last frame of each suite's bar, as a terminal shows it once it ends
+    frames = [parse_bar(f) for f in re.split(r"[\r\n]", err)]
+    bars = [b for b in frames if b and b["desc"] == "evaluate" and b["unit"] == "doc"]
+    bars = [b for b in bars if "suite" in b["postfix"]]   # (its first frame is drawn before the postfix is set)
+    final = {b["postfix"]["suite"]: b for b in bars}   # the last frame of each suite wins
+    assert set(final) == {"recent (challenger) 1/2", "wordorder (challenger) 2/2"}, sorted(final)
+    assert (final["recent (challenger) 1/2"]["n"], final["recent (challenger) 1/2"]["total"]) == (7, 7)
+    assert (final["wordorder (challenger) 2/2"]["n"], final["wordorder (challenger) 2/2"]["total"]) == (16, 16)
+    task = [b["n"] for b in bars if b["postfix"]["suite"].startswith("wordorder")]
+    assert task == sorted(task) and len(set(task)) > 2, task   # items counted as lm-eval's requests return
+    assert "Running loglikelihood requests" not in err   # lm-eval's own request bar is off: the stage's says it
+    # what `packtrain run` prints for an unfinished frame of that bar
+    mid = next(f for f in re.split(r"[\r\n]", err) if (b := parse_bar(f)) and b["unit"] == "doc"
+               and b["postfix"].get("suite", "").startswith("wordorder") and 0 < b["n"] < b["total"])
+    line = Progress(0).line(mid, "evaluate")
+    assert re.fullmatch(r"docs \d+/16 \(\d+%\) · suite wordorder \(challenger\) 2/2 · [\d.,]+ docs/s · "
+                        r"\d+:\d\d elapsed · ETA \d+:\d\d", line), line
+
+
+def test_progress_line_of_a_slow_bar_in_seconds_per_unit():
+    bar = parse_bar("evaluate:   1%|          | 2/200 [00:07<11:33,  3.50s/doc, suite=wordorder (champion) 4/4]")
+    assert format_bar(bar, "evaluate") == \
+        "docs 2/200 (1%) · suite wordorder (champion) 4/4 · 0.29 docs/s · 0:07 elapsed · ETA 11:33"
+    train = parse_bar("    train:  33%|███▎      | 2/6 [00:12<00:24,  0.17step/s, loss=5.3648, tok_s=10,233]")
+    assert format_bar(train, "train") == "step 2/6 (33%) · loss 5.3648 · 10,233 tok/s · 0:12 elapsed · ETA 0:24"
+
+
+def test_known_library_noise_is_dropped_at_its_logger_and_nothing_else(caplog):
+    import logging
+
+    from packtrain.noise import silence_known_noise
+
+    silence_known_noise()
+    so = "Failed to load /venv/site-packages/torchao/_C_mxfp8.cpython-310-x86_64-linux-gnu.so: Could not load"
+    with caplog.at_level(logging.WARNING):
+        logging.getLogger("torchao").warning(so)
+        logging.getLogger("torch.utils._pytree").warning("<enum 'KernelPreference'> is an Enum subclass and is now "
+                                                         "natively supported by torch.compile as an opaque value type")
+        logging.getLogger("torchao").warning("Float8Linear: a real problem")
+        logging.getLogger("lm_eval.evaluator").warning("Overwriting default num_fewshot of t from None to 0")
+        logging.getLogger("lm_eval.evaluator").warning("task t: 3 documents dropped")
+    assert [r.getMessage() for r in caplog.records] == ["Float8Linear: a real problem", "task t: 3 documents dropped"]
