@@ -15,11 +15,16 @@ export MLFLOW_DISABLE_TELEMETRY := true
 export DO_NOT_TRACK := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: run test typecheck setup setup-airflow lint clean bench-pack lock repro chromium wheelhouse
+.PHONY: run test typecheck setup setup-airflow lint clean bench-pack lock repro chromium wheelhouse dvc-files
 
 # `dvc repro` with the venv's packtrain on PATH (dvc.yaml calls the CLI)
 repro: $(STAMP)
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(VENV)/bin/dvc repro
+
+# dvc.yaml from the stage table and params.yaml from recipes/tiny-cpu.yaml (packtrain.pipeline.dvc_export): after a
+# change to the stage table, the recipe or a config default (tests/pipelines/test_dvc.py fails until then)
+dvc-files: $(STAMP)
+	$(PY) -m packtrain.pipeline.dvc_export
 
 setup: $(STAMP)
 
