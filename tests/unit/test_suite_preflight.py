@@ -53,6 +53,13 @@ def without(monkeypatch):
     return take_away
 
 
+def test_task_suffixes_are_the_evaluate_rooms():
+    from packtrain.config import preflight
+    from packtrain.evaluate import suites
+
+    assert preflight.TASK_SUFFIXES == suites.TASK_SUFFIXES
+
+
 def test_the_default_recipe_passes_where_lm_eval_is_installed():
     cfg = load_run_config("tiny-cpu")
     assert [s.role for s in cfg.evaluate.suites] == ["task"]   # the shipped lm-eval task: what is checked

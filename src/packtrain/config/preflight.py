@@ -91,6 +91,11 @@ def check_attention_settings(cfg: RunSections) -> dict[str, list[str]]:
     return out
 
 
+TASK_SUFFIXES = (".yaml", ".yml")
+"""A suite path with this suffix is an lm-eval task YAML: packtrain.evaluate.suites.TASK_SUFFIXES, repeated here
+because the evaluate room imports config, never the other way round (tests/unit/test_suite_preflight.py checks
+that the two agree)."""
+
 TASK_SUITE_MODULES: tuple[tuple[str, str], ...] = (("lm_eval", "lm-eval"), ("accelerate", "accelerate"))
 """(module, distribution) an lm-eval task suite imports (packtrain.evaluate.tasks.score_task): lm-eval itself and
 accelerate, which its HF model class (lm_eval.models.huggingface) imports; lm-eval's own Requires-Dist are checked
@@ -154,8 +159,6 @@ def _pin_of(dist: str) -> str:
 def missing_suite_packages(evaluate: EvalConfig) -> list[tuple[int, str, str, str]]:
     """(suite index, distribution, why, pip spec) for each package a configured suite needs that this environment lacks,
     in suite order; [] when every suite can be scored here. Text suites need nothing beyond packtrain's core."""
-    from packtrain.evaluate.suites import TASK_SUFFIXES
-
     task = next((i for i, sc in enumerate(evaluate.suites) if str(sc.path).lower().endswith(TASK_SUFFIXES)), None)
     if task is None:
         return []
