@@ -165,9 +165,10 @@ def test_dvc_repro_chain_noop_plan_change_and_metrics(tiny_pipeline, tmp_path):
 VERDICT = ("decision", "reason", "metric", "candidate_value", "champion_value", "threshold", "margin")
 """What the register stage decided, and on which number."""
 SAME_TAGS = ("model_md5", "tokenizer_hash", "tokens_md5", "eval_loss", "perplexity", "validation",
-             "validation_reason", "validation_against", "decision", "decision_reason", "had_champion")
-"""Version tags of the same weights judged the same way (beside every `suite.*` tag: the suites scored, their
-md5, n and the challenger's score)."""
+             "validation_reason", "validation_against", "validation_failed", "decision", "decision_reason",
+             "had_champion")
+"""Version tags of the same weights judged the same way (beside the register run's validation/validation.json:
+every suite scored, its md5, n, the challenger's score and the test applied)."""
 
 
 def _same_configs_weights_and_verdict(tiny_pipeline, repo: Path) -> None:
@@ -189,6 +190,9 @@ def _same_configs_weights_and_verdict(tiny_pipeline, repo: Path) -> None:
     reg_dvc = json.loads((repo / "data" / "register" / "register_result.json").read_text())
     assert {k: reg_dvc[k] for k in VERDICT} == {k: reg_run[k] for k in VERDICT}
     tags_run, tags_dvc = reg_run["version_tags"], reg_dvc["version_tags"]
-    keys = [*SAME_TAGS, *sorted(k for k in tags_run if k.startswith("suite."))]
-    assert {k: tags_dvc.get(k) for k in keys} == {k: tags_run.get(k) for k in keys}
-    assert "suite.wordorder.challenger" in keys and tags_dvc["model_md5"]   # the recipe's task suite, scored
+    assert {k: tags_dvc.get(k) for k in SAME_TAGS} == {k: tags_run.get(k) for k in SAME_TAGS}
+    assert tags_dvc["model_md5"] and tags_dvc["validation"] == "promote"
+    verdicts = [json.loads(Path(client.download_artifacts(reg["run_id"], "validation/validation.json")).read_text())
+                for client, reg in ((ours, reg_dvc), (theirs, reg_run))]
+    assert verdicts[0] == verdicts[1]
+    assert [s["suite"] for s in verdicts[0]["suites"]] == ["recent", "wordorder"]   # the recipe's task suite too
