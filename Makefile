@@ -15,11 +15,16 @@ export MLFLOW_DISABLE_TELEMETRY := true
 export DO_NOT_TRACK := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: run test typecheck setup setup-airflow lint clean bench-pack lock repro chromium wheelhouse
+.PHONY: run test typecheck setup setup-airflow lint clean bench-pack lock repro chromium wheelhouse dvc-files
 
 # `dvc repro` with the venv's packtrain on PATH (dvc.yaml calls the CLI)
 repro: $(STAMP)
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(VENV)/bin/dvc repro
+
+# dvc.yaml from the stage table and params.yaml from recipes/tiny-cpu.yaml (packtrain.pipeline.dvc_export): after a
+# change to the stage table, the recipe or a config default (tests/pipelines/test_dvc.py fails until then)
+dvc-files: $(STAMP)
+	$(PY) -m packtrain.pipeline.dvc_export
 
 setup: $(STAMP)
 
@@ -42,9 +47,12 @@ $(STAMP): pyproject.toml $(CONSTRAINTS) | $(UV)
 
 setup-airflow: $(AF_STAMP)
 
-# constraints-airflow.txt: the Airflow venv's resolved set, installed as it is (a resolver would otherwise backtrack
-# over fastapi/cadwyn). Its third-party part builds while .venv builds (`make -j3`, as .ci/run does); the editable
-# install of packtrain waits for .venv's, so the two never write src/*.egg-info at once.
+# constraints-airflow.txt: the Airflow venv's resolved set (packtrain's own dependencies, lm-eval included: the
+# default recipe's task suite runs there; plus the airflow and dev extras), installed as it is (a resolver would
+# otherwise backtrack over fastapi/cadwyn). Its third-party part builds while .venv builds (`make -j3`, as .ci/run
+# does); packtrain itself, '.[airflow,dev]' with its dependencies under those pins (nothing left to resolve but a
+# dependency added since the last `make lock`), waits for .venv's install, so the two never write src/*.egg-info at
+# once. tests/unit/test_constraints.py checks that the file pins every requirement of those extras.
 AF_DEPS := $(AF_VENV)/.deps-installed
 
 $(AF_DEPS): constraints-airflow.txt | $(UV)
@@ -53,7 +61,7 @@ $(AF_DEPS): constraints-airflow.txt | $(UV)
 	@touch $(AF_DEPS)
 
 $(AF_STAMP): pyproject.toml $(AF_DEPS) $(STAMP)
-	$(UV_PIP) --python $(AF_VENV)/bin/python --no-deps -e .
+	$(UV_PIP) --python $(AF_VENV)/bin/python -c constraints-airflow.txt "$(TORCH_SPEC)" -e '.[airflow,dev]'
 	@touch $(AF_STAMP)
 
 run: $(STAMP)

@@ -20,7 +20,8 @@ component's pod in cluster mode) is the stage runner, which launches the N ranks
 as `packtrain train --gpus N`; the DAG has no launch code of its own.
 
 Schedule: Mondays 03:00 (Airflow's 5-field cron; the KFP recurring run uses the 6-field form `0 0 3 * * 1`).
-Airflow lives in .venv-airflow (`make setup-airflow`), see docs/pipeline.md.
+Airflow lives in .venv-airflow (`make setup-airflow`: packtrain with its dependencies, lm-eval included, and the
+airflow extra, under constraints-airflow.txt), see docs/pipeline.md.
 """
 
 from __future__ import annotations
@@ -58,7 +59,9 @@ def _config(params: dict):
 def packtrain_retrain():
     @task
     def detect_data_version(params=None) -> dict:
-        """The source's DVC md5 vs the last version trained on; unchanged → skip the whole run."""
+        """The source's DVC md5 vs the last version trained on; unchanged → skip the whole run. In local mode a
+        recipe whose suites need a package this worker lacks (lm-eval for a task suite) fails here, naming it,
+        before anything is ingested or trained (packtrain.config.preflight.check_suite_packages)."""
         from airflow.sdk.exceptions import AirflowSkipException
 
         from packtrain.pipeline.retrain import detect_data_version as detect

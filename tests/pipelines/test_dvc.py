@@ -1,6 +1,9 @@
-"""dvc.yaml (generated from the stage table) + params.yaml + the committed .dvc/config in a fresh git repo (a
-tmp copy, tiny settings): `dvc repro` runs the chain, a second `dvc repro` does nothing, changing
-plan.target_fraction reruns train and the stages after it only, and `dvc metrics show` fits in 100 columns."""
+"""dvc.yaml (generated from the stage table) + params.yaml (generated from the tiny-cpu recipe) + the committed
+.dvc/config in a fresh git repo (a tmp copy, tiny settings): `dvc repro` runs the chain, a second `dvc repro` does
+nothing, changing plan.target_fraction reruns train and the stages after it only, and `dvc metrics show` fits in
+100 columns. The chain runs the session's `packtrain run` config (`tiny_pipeline`: the same recipe and settings but
+for the paths) and reaches the same weights and the same verdict: the configs its stage runs logged, the suites
+scored and the register decision are the run's."""
 
 from __future__ import annotations
 
@@ -14,11 +17,12 @@ from pathlib import Path
 
 import pytest
 import yaml
-from pipeline_helpers import REPO, tiny_corpus, tiny_settings
+from pipeline_helpers import REPO, tiny_corpus
 
 from packtrain import STAGES
-from packtrain.config import load_run_config
-from packtrain.pipeline.dvc_export import export_stage, render_dvc_yaml
+from packtrain.config import flatten, load_run_config
+from packtrain.config.base import apply_overrides
+from packtrain.pipeline.dvc_export import PARAMS_RECIPE, export_stage, render_dvc_yaml, render_params_yaml
 from packtrain.stages.table import stage_spec
 
 DVC = Path(sys.executable).with_name("dvc")
@@ -37,23 +41,36 @@ def _repro(repo: Path) -> str:
     return r.stdout + r.stderr
 
 
-def _tiny_params(repo: Path) -> dict:
-    """The repo's params.yaml with the tiny test settings applied (same keys the stages read)."""
+PATHS = {"workdir": "data", "ingest.source": "corpus"}
+"""The settings that are paths: the checkout's own (relative, as a user's params.yaml has them) in `dvc repro`."""
+
+
+def _tiny_params(settings: list[str]) -> dict:
+    """The committed params.yaml with the `packtrain run` settings applied as `--set` applies them, the paths made
+    the checkout's (PATHS)."""
     params = yaml.safe_load((REPO / "params.yaml").read_text())
-    for s in tiny_settings(Path("data"), Path("corpus")):
-        key, value = s.split("=", 1)
-        *path, last = key.split(".")
-        d = params
-        for p in path:
-            d = d.setdefault(p, {})
-        d[last] = yaml.safe_load(value)
-    return params
+    local = [s for s in settings if s.split("=", 1)[0] not in PATHS] + [f"{k}={v}" for k, v in PATHS.items()]
+    return apply_overrides(params, local)
+
+
+def _but_paths(d: dict) -> dict:
+    return {k: v for k, v in d.items() if k not in PATHS}
 
 
 def test_dvc_yaml_is_the_generated_one():
     """Edit the stage table, then `python -m packtrain.pipeline.dvc_export` (never dvc.yaml by hand)."""
     assert (REPO / "dvc.yaml").read_text(encoding="utf-8") == render_dvc_yaml(), \
         "dvc.yaml differs from the stage table: run `python -m packtrain.pipeline.dvc_export`"
+
+
+def test_params_yaml_is_the_recipe_resolved():
+    """params.yaml is tiny-cpu with every field written out, so `dvc repro` runs what `packtrain run` runs (the
+    suites, the device, the promotion rule). A recipe or a default that changes makes this fail until
+    `make dvc-files` (python -m packtrain.pipeline.dvc_export) regenerates it."""
+    text = (REPO / "params.yaml").read_text(encoding="utf-8")
+    assert text == render_params_yaml(), \
+        f"params.yaml differs from recipe {PARAMS_RECIPE} resolved: run `make dvc-files`"
+    assert load_run_config(REPO / "params.yaml").to_dict() == load_run_config(PARAMS_RECIPE).to_dict()
 
 
 def test_params_yaml_is_a_valid_recipe():
@@ -95,7 +112,8 @@ def test_exported_metrics_are_a_few_numbers(tmp_path):
 
 
 @pytest.mark.slow
-def test_dvc_repro_chain_noop_plan_change_and_metrics(tmp_path):
+def test_dvc_repro_chain_noop_plan_change_and_metrics(tiny_pipeline, tmp_path):
+    assert tiny_pipeline["result"].returncode == 0
     repo = tmp_path / "repo"
     repo.mkdir()
     subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
@@ -105,9 +123,13 @@ def test_dvc_repro_chain_noop_plan_change_and_metrics(tmp_path):
         shutil.copy(REPO / f, repo / f)
     shutil.copytree(REPO / "src" / "packtrain", repo / "src" / "packtrain",
                     ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-    tiny_corpus(repo / "corpus")
-    params = _tiny_params(repo)
+    tiny_corpus(repo / "corpus")   # the session pipeline's corpus, byte for byte
+    params = _tiny_params(tiny_pipeline["settings"])
     (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    # the two resolved configs: identical but for the paths
+    run_cfg = flatten(load_run_config(PARAMS_RECIPE, tiny_pipeline["settings"]).to_dict())
+    dvc_cfg = flatten(load_run_config(repo / "params.yaml").to_dict())
+    assert {k for k in run_cfg.keys() | dvc_cfg.keys() if run_cfg.get(k) != dvc_cfg.get(k)} == set(PATHS)
 
     out = _repro(repo)
     assert _ran(out) == list(STAGES), out[-3000:]
@@ -115,6 +137,7 @@ def test_dvc_repro_chain_noop_plan_change_and_metrics(tmp_path):
         assert (repo / "data" / s).is_dir() and (repo / "metrics" / f"{s}.json").is_file()
     assert (repo / "plots" / "train_steps.csv").read_text().startswith("step,loss,")
     assert "pack:" in (repo / "dvc.lock").read_text()
+    _same_configs_weights_and_verdict(tiny_pipeline, repo)
 
     out = _repro(repo)
     assert _ran(out) == [] and "Data and pipelines are up to date" in out
@@ -137,3 +160,39 @@ def test_dvc_repro_chain_noop_plan_change_and_metrics(tmp_path):
     r = subprocess.run([str(DVC), "push"], cwd=repo, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     assert any((repo / ".packtrain" / "dvc-remote").rglob("*"))
+
+
+VERDICT = ("decision", "reason", "metric", "candidate_value", "champion_value", "threshold", "margin")
+"""What the register stage decided, and on which number."""
+SAME_TAGS = ("model_md5", "tokenizer_hash", "tokens_md5", "eval_loss", "perplexity", "validation",
+             "validation_reason", "validation_against", "validation_failed", "decision", "decision_reason",
+             "had_champion")
+"""Version tags of the same weights judged the same way (beside the register run's validation/validation.json:
+every suite scored, its md5, n, the challenger's score and the test applied)."""
+
+
+def _same_configs_weights_and_verdict(tiny_pipeline, repo: Path) -> None:
+    """The stage runs of `dvc repro` logged the configs the session's `packtrain run` logged (but for the paths),
+    trained the same weights, scored the same suites with the same results and reached the same verdict."""
+    from mlflow import MlflowClient
+
+    run = json.loads(tiny_pipeline["json"].read_text())
+    theirs = MlflowClient(run["tracking_uri"])
+    ours = MlflowClient(f"sqlite:///{repo / 'data' / 'mlflow.db'}")
+    dvc_runs = {r.info.run_name: r for r in ours.search_runs(
+        [ours.get_experiment_by_name("packtrain").experiment_id], max_results=50)}
+    for stage in STAGES:
+        logged = theirs.get_run(run["stages"][stage]["mlflow_run"]["run_id"]).data.params
+        assert _but_paths(dvc_runs[stage].data.params) == _but_paths(logged), stage
+        assert any(k.startswith(f"{stage}.") for k in logged) or stage in ("ingest", "validate"), (stage, logged)
+
+    reg_run = run["stages"]["register"]
+    reg_dvc = json.loads((repo / "data" / "register" / "register_result.json").read_text())
+    assert {k: reg_dvc[k] for k in VERDICT} == {k: reg_run[k] for k in VERDICT}
+    tags_run, tags_dvc = reg_run["version_tags"], reg_dvc["version_tags"]
+    assert {k: tags_dvc.get(k) for k in SAME_TAGS} == {k: tags_run.get(k) for k in SAME_TAGS}
+    assert tags_dvc["model_md5"] and tags_dvc["validation"] == "promote"
+    verdicts = [json.loads(Path(client.download_artifacts(reg["run_id"], "validation/validation.json")).read_text())
+                for client, reg in ((ours, reg_dvc), (theirs, reg_run))]
+    assert verdicts[0] == verdicts[1]
+    assert [s["suite"] for s in verdicts[0]["suites"]] == ["recent", "wordorder"]   # the recipe's task suite too

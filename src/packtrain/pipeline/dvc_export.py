@@ -1,9 +1,18 @@
-"""`dvc.yaml` from the stage table, and the small DVC metrics/plots each stage exports for it.
+"""`dvc.yaml` from the stage table, `params.yaml` from the recipe, and the small DVC metrics/plots each stage
+exports for them.
 
-`dvc.yaml` is generated (a test fails when the committed file differs): regenerate it with
+Both files are generated (tests fail when a committed file differs): regenerate them with
 
-    python -m packtrain.pipeline.dvc_export            # writes dvc.yaml in the current directory
-    python -m packtrain.pipeline.dvc_export --check    # exit 1 when dvc.yaml is not the generated text
+    make dvc-files                                     # = python -m packtrain.pipeline.dvc_export
+    python -m packtrain.pipeline.dvc_export            # writes dvc.yaml and params.yaml in the current directory
+    python -m packtrain.pipeline.dvc_export --check    # exit 1 when either is not the generated text
+
+`params.yaml` is recipe PARAMS_RECIPE (tiny-cpu) resolved: `load_run_config("tiny-cpu").to_dict()`, every field
+written out, defaults included. `dvc repro` (`packtrain <stage> --recipe params.yaml`) therefore runs exactly the
+config `packtrain run --recipe tiny-cpu` runs — the same suites, the same device, the same promotion rule — and
+reaches the same verdict on the same weights (tests/pipelines/test_dvc.py compares the two). A recipe field or a
+default that changes changes params.yaml, so DVC reruns the stages whose sections changed, as the stage cache of
+`packtrain run` does.
 
 Each stage of the table (packtrain.stages.table) becomes one DVC stage:
 
@@ -184,19 +193,57 @@ def render_dvc_yaml() -> str:
     return HEADER + "\n".join(render_stage(s) for s in STAGES)
 
 
+# ---- params.yaml -------------------------------------------------------------------------------------------------
+
+PARAMS_RECIPE = "tiny-cpu"
+"""The recipe params.yaml is generated from (the default of `packtrain run`)."""
+
+PARAMS_HEADER = """\
+# GENERATED from recipes/{recipe}.yaml by `python -m packtrain.pipeline.dvc_export` (`make dvc-files`): do not
+# edit; tests/pipelines/test_dvc.py fails when this file differs from the recipe resolved. Change the recipe (or a
+# default in src/packtrain/config) and regenerate. For a one-off experiment: `dvc exp run -S train.lr=1e-3`.
+# The DVC parameters are the whole recipe, every field written out: `packtrain <stage> --recipe params.yaml` in
+# dvc.yaml runs exactly the config of `packtrain run --recipe {recipe}` (the same suites, device and promotion
+# rule: the same verdict on the same weights). DVC reruns a stage when a section it lists under `params:` in
+# dvc.yaml changes here; `workdir` also names the outputs there (${{workdir}}/<stage>).
+"""
+
+
+def render_params_yaml(recipe: str = PARAMS_RECIPE) -> str:
+    """params.yaml: the header, then recipe `recipe` resolved (every RunConfig field, in declaration order)."""
+    import yaml
+
+    from packtrain.config import load_run_config
+
+    body = yaml.safe_dump(load_run_config(recipe).to_dict(), sort_keys=False, allow_unicode=True, width=110)
+    return PARAMS_HEADER.format(recipe=recipe) + body
+
+
 def main(argv: list[str] | None = None) -> int:
-    """`python -m packtrain.pipeline.dvc_export [--check] [PATH]` (PATH default dvc.yaml)."""
-    args = list(sys.argv[1:] if argv is None else argv)
-    check = "--check" in args
-    paths = [a for a in args if a != "--check"]
-    path = Path(paths[0] if paths else "dvc.yaml")
-    text = render_dvc_yaml()
-    if check:
-        same = path.is_file() and path.read_text(encoding="utf-8") == text
-        print(f"{path}: {'up to date' if same else 'differs from the stage table: regenerate it'}")
-        return 0 if same else 1
-    atomic_write_text(path, text)
-    print(f"wrote {path} ({len(STAGES)} stages)")
+    """`python -m packtrain.pipeline.dvc_export [--check] [--params PATH] [--recipe NAME] [DVC_YAML]`: write (or
+    check) dvc.yaml (DVC_YAML, default dvc.yaml) and params.yaml (default: beside it) from the stage table and the
+    recipe (default tiny-cpu)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m packtrain.pipeline.dvc_export",
+                                     description="Generate dvc.yaml (stage table) and params.yaml (the recipe).")
+    parser.add_argument("dvc_yaml", nargs="?", default="dvc.yaml", help="dvc.yaml to write (default dvc.yaml)")
+    parser.add_argument("--params", default=None, help="params.yaml to write (default: beside dvc.yaml)")
+    parser.add_argument("--recipe", default=PARAMS_RECIPE, help=f"recipe of params.yaml (default {PARAMS_RECIPE})")
+    parser.add_argument("--check", action="store_true", help="write nothing; exit 1 when a file differs")
+    args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+    dvc_path = Path(args.dvc_yaml)
+    params_path = Path(args.params) if args.params else dvc_path.parent / "params.yaml"
+    files = [(dvc_path, render_dvc_yaml(), f"the stage table ({len(STAGES)} stages)"),
+             (params_path, render_params_yaml(args.recipe), f"recipe {args.recipe}")]
+    if args.check:
+        stale = [path for path, text, _ in files if not (path.is_file() and path.read_text(encoding="utf-8") == text)]
+        for path, _, source in files:
+            print(f"{path}: {'differs from ' + source + ': run `make dvc-files`' if path in stale else 'up to date'}")
+        return 1 if stale else 0
+    for path, text, source in files:
+        atomic_write_text(path, text)
+        print(f"wrote {path} (from {source})")
     return 0
 
 

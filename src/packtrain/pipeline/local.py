@@ -225,12 +225,14 @@ def run_local(cfg, *, runner: Runner = "in-process", verbose: bool = False, use_
     """Run the whole DAG locally on `cfg` with `runner` (see the module docstring); prints progress + summary
     to `out` (a progress line of the running stage every `progress_s` seconds). Holds the workdir lock
     throughout (a no-op when the calling CLI already holds it)."""
+    from packtrain.config.preflight import check_suite_packages
     from packtrain.pipeline.lock import workdir_lock
 
     if runner not in RUNNERS:
         from packtrain.errors import ConfigError
 
         raise ConfigError(f"runner {runner!r}: must be one of {', '.join(RUNNERS)}")
+    check_suite_packages(cfg.evaluate)   # a suite this environment cannot score fails now, not after training
     with workdir_lock(cfg.workdir, "run"):
         return _run_local(cfg, runner=runner, verbose=verbose, use_cache=use_cache, out=out or sys.stdout,
                           progress_s=progress_s)

@@ -71,7 +71,13 @@ def data_version(cfg) -> tuple[str, str]:
 
 
 def detect_data_version(cfg, force: bool = False) -> dict:
-    """Compare the source's DVC md5 with the last version trained on."""
+    """Compare the source's DVC md5 with the last version trained on. In local mode first the preflight of the
+    suites' packages (packtrain.config.preflight.check_suite_packages): a worker that cannot score a suite fails
+    this first task, before ingest or training (in cluster mode the images score them)."""
+    if cfg.pipeline.mode == "local":
+        from packtrain.config.preflight import check_suite_packages
+
+        check_suite_packages(cfg.evaluate)
     version, source = data_version(cfg)
     prev = None
     p = state_path(cfg)

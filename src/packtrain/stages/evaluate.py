@@ -35,12 +35,14 @@ OUTPUTS = (EvaluateResult.FILE, "samples.json", "suite_scores.parquet", "suites.
 
 def run_evaluate(cfg: RunConfig, model_dir: str | Path, packs_dir: str | Path, out_dir: str | Path
                  ) -> EvaluateResult:
+    from packtrain.config.preflight import check_suite_packages
     from packtrain.evaluate.loading import check_model_dir
     from packtrain.evaluate.perplexity import evaluate
     from packtrain.packing.store import PackStore
     from packtrain.telemetry.memory import begin_stage_memory
     from packtrain.tracking import stage_run
 
+    check_suite_packages(cfg.evaluate)   # a task suite lm-eval is missing for: now, not after the held-out loss
     begin_stage_memory()   # its peak memory on the CPU: this stage's own, whatever ran before it in the process
     model_dir, packs_dir, out_dir = Path(model_dir), Path(packs_dir), Path(out_dir)
     check_replaceable(out_dir, OUTPUTS, "evaluate")

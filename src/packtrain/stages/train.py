@@ -162,9 +162,11 @@ def run_train(cfg: RunConfig, packs_dir: str | Path, tokens_dir: str | Path, out
     The whole run holds the lock of `out_dir` (packtrain.pipeline.lock.output_lock): a second run into the same
     output directory, from any workdir, stops at once with OutputBusy (exit 7) naming this one. The ranks of a
     distributed launch do not lock again (the launching process, or the cluster's job, is the one run)."""
+    from packtrain.config.preflight import check_suite_packages
     from packtrain.pipeline.lock import output_lock
     from packtrain.train.launch import is_rank
 
+    check_suite_packages(cfg.evaluate)   # `dvc repro`, a KFP pod: the evaluate stage after this one must be able to run
     with contextlib.nullcontext() if is_rank() else output_lock(out_dir, "train"):
         return _run_train(cfg, Path(packs_dir), Path(tokens_dir), Path(out_dir), resume, overwrite)
 
