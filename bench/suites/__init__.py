@@ -35,6 +35,7 @@ SUITES = {
     "loss-kernels": "bench.suites.loss_kernels",
     "lora-budget": "bench.suites.lora_budget",
     "seed-spread": "bench.suites.seed_spread",
+    "wordorder-chance": "bench.suites.wordorder_chance",
 }
 
 

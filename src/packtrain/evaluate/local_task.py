@@ -1,16 +1,31 @@
 """The shipped local lm-eval task `packtrain_wordorder`: which of two lines is real Python, the line or the
-same words in reverse order? Generated here, never downloaded:
+same words in another order? Generated here, never downloaded:
 
     python -m packtrain.evaluate.local_task recipes/tasks/wordorder     → wordorder.yaml, wordorder.jsonl
 
-    {"context": "def load(self, path):", "choices": ["if path is None:", "None: is path if"], "label": 0}
+    {"context": "    # skip empty entries and blank lines",
+     "choices": ["for size in range(key):", "in size range(key): for"], "label": 0}
 
 A multiple-choice log-likelihood task (metric acc). Each choice follows the context after one space, so every
 word carries its leading space and both choices split into the same pre-tokens (byte-level BPE merges never
-cross them): the same tokens in another order. A model that ignores order (a random init, near uniform) scores
-≈ 0.5; one trained on the default corpus (Python standard library source) prefers the real order
-(tests/stages/test_local_task.py). The correct choice's position alternates, so always picking one position
-scores 0.5. 200 items from 32 line templates × identifiers.
+cross them): the same tokens in another order. One trained on the default corpus (Python standard library
+source) prefers the real order (tests/stages/test_local_task.py); a random-init model scores chance, by
+construction:
+
+- **No token is shared** between the context (a comment from COMMENTS) and the choices, and no pre-token
+  repeats inside a choice (checked with the byte-level pre-tokenizer while generating). Then the wrong choice is
+  the real one with its tokens relabelled: swapping those token ids in the embedding (and LM head) maps one
+  sequence onto the other and leaves the context alone, and a random init draws every token's row i.i.d., so
+  P(real line scores higher) = 1/2 exactly, item by item, over initialisations. The first generator took its
+  context from the line's own identifiers ("def text(self, line):" → "return self.text"): 0.466 mean over 20
+  seeds, 0.355 to 0.575 (a shared token or a repeated one breaks the symmetry).
+- **The wrong order is a random permutation** (not the reversal): items of one template then differ in how
+  they are wrong, so one random model's preferences are less alike across items (spread over seeds 0.078 →
+  0.042; a binomial over 200 independent items would give 0.035).
+
+Measured (bench/results/wordorder_chance.json): random-init tiny-cpu models, the pipeline's BPE: mean
+accuracy 0.497 over 40 seeds, standard deviation 0.042. The correct choice's position alternates, so always
+picking one position scores 0.5. 200 items from 28 line templates × identifiers × 12 comments.
 """
 
 from __future__ import annotations
@@ -24,17 +39,32 @@ import numpy as np
 TASK = "packtrain_wordorder"
 NAMES = ["name", "value", "path", "data", "key", "result", "items", "line", "node", "text", "size", "args"]
 LINES = [
-    "if {a} is None:", "return self.{a}", "self.{a} = {a}", "for {a} in {b}:", "raise ValueError({a})",
-    "if not {a}:", "return {a}", "elif {a} is not None:", "while {a} is not None:", "import {m}",
-    "from {m} import {a}", "with open({a}) as f:", "except KeyError as {a}:", "def {a}(self):",
-    "def __init__(self, {a}):", "for {a} in range({b}):", "if {a} in {b}:", "return len({a})",
-    "{a} = {b}.get({a})", "assert {a} is not None", "{a}.append({b})", "if isinstance({a}, str):",
-    "return {a} + {b}", "yield from {a}", "del self.{a}", "return not {a}", "if {a} == {b}:",
-    "{a} = self.{b}", "print({a})", "return {a}[0]", "class {c}(object):", "try:",
+    "if {a} is None:", "return self.{a}", "self.{a} = {b}", "for {a} in {b}:", "raise ValueError({a})",
+    "elif {a} is not None:", "while {a} is not None:", "from {m} import {a}", "with open({a}) as f:",
+    "except KeyError as {a}:", "def {a}(self):", "def __init__(self, {a}):", "for {a} in range({b}):",
+    "if {a} in {b}:", "return len({a})", "{a} = {b}.get({c})", "assert {a} is not None", "{a}.append({b})",
+    "if isinstance({a}, str):", "return {a} + {b}", "yield from {a}", "del self.{a}", "return not {a}",
+    "if {a} == {b}:", "{a} = self.{b}", "return {a}[0]", "class {k}(object):", "import {m} as {a}",
 ]
 MODULES = ["os", "sys", "re", "json", "time", "types", "string", "math"]
-CLASSES = ["Parser", "Reader", "Handler", "Node", "Loader", "Writer"]
-CONTEXTS = ["def {a}(self, {b}):", "def main({a}):", "class {c}:", "    # {a} and {b}", "def run(self):"]
+CLASSES = ["Parser", "Reader", "Handler", "Loader", "Writer"]
+COMMENTS = [   # no word (nor punctuation) of any line: the context shares no token with the choices
+    "keep the previous state around until later", "use the builtin default when missing",
+    "normalise first so the lookup always works", "cache the parsed header between calls",
+    "skip empty entries and blank lines", "the caller owns the buffer here",
+    "checked once at startup and then trusted", "see the module docstring about this",
+    "may be slow on very large inputs", "retry after a short delay on failure",
+    "order matters because callers rely on this", "must stay compatible with older releases",
+]
+
+
+def pretokens(text: str) -> list[str]:
+    """The byte-level pre-tokens of `text` without their space marker, blanks dropped:
+    `pretokens(" for a in b:")` → ['for', 'a', 'in', 'b', ':']."""
+    from tokenizers import pre_tokenizers
+
+    pre = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    return [w.lstrip("Ġ") for w, _ in pre.pre_tokenize_str(text) if w.strip("Ġ")]
 
 
 def make_items(n: int = 200, seed: int = 0) -> list[dict]:
@@ -43,15 +73,21 @@ def make_items(n: int = 200, seed: int = 0) -> list[dict]:
     items: list[dict] = []
     seen: set[str] = set()
     while len(items) < n:
-        a, b = (str(x) for x in rng.choice(NAMES, 2, replace=False))
-        fill = {"a": a, "b": b, "m": str(rng.choice(MODULES)), "c": str(rng.choice(CLASSES))}
+        a, b, c = (str(x) for x in rng.choice(NAMES, 3, replace=False))
+        fill = {"a": a, "b": b, "c": c, "m": str(rng.choice(MODULES)), "k": str(rng.choice(CLASSES))}
         line = str(rng.choice(LINES)).format(**fill)
         words = line.split(" ")
         if len(words) < 2 or line in seen:
             continue
+        ctx = "    # " + str(rng.choice(COMMENTS))
+        pieces = pretokens(" " + line)
+        if len(set(pieces)) != len(pieces) or set(pieces) & set(pretokens(ctx)):
+            continue   # a repeated or shared token would break the symmetry (module doc)
         seen.add(line)
-        wrong = " ".join(reversed(words))
-        ctx = str(rng.choice(CONTEXTS)).format(**fill)
+        order = list(range(len(words)))
+        while order == sorted(order):
+            order = [int(i) for i in rng.permutation(len(words))]
+        wrong = " ".join(words[i] for i in order)
         label = len(items) % 2   # alternate: 0, 1, 0, 1, ...
         choices = [line, wrong] if label == 0 else [wrong, line]
         items.append({"context": ctx, "choices": choices, "label": label})
