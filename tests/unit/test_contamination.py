@@ -13,10 +13,13 @@ def _words(n: int, tag: str) -> str:
     return " ".join(f"{tag}{i}" for i in range(n))
 
 
-def test_normalize_lowercases_deletes_punctuation_collapses_space():
-    assert normalize("The  Quick,\n\tBROWN fox's") == ["the", "quick", "brown", "foxs"]
-    assert normalize("a_b -- c!") == ["ab", "c"]
-    assert normalize("") == []
+def test_normalize_lowercases_and_keeps_code_words_apart():
+    assert normalize("The  Quick,\n\tBROWN fox's") == ["the", "quick", "brown", "fox", "s"]
+    assert normalize("a_b -- c!") == ["a_b", "c"]
+    assert normalize("def text(self, line): return self.text[0]") == [
+        "def", "text", "self", "line", "return", "self", "text", "0"]   # merged before: "textself", "selftext0"
+    assert normalize("- - - # # #") == [] and normalize("") == []
+    assert normalize("Ça «marche»: très_bien") == ["ça", "marche", "très_bien"]
 
 
 @pytest.mark.parametrize("n", [3, 13])

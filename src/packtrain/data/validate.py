@@ -30,13 +30,15 @@ holding the row's first problem (None when the row is fine; plain-text rows alwa
     prompt_fits_budget the prompt's tokens (exact with tokenize.tokenizer_dir, else a lower bound) < pack.budget
                        (left out when the tokenizer is model.init_from's: tokenize checks it)
 
-With `validate.contamination.against` set (packtrain.data.contamination) one more expectation,
-ExpectColumnValuesToBeNull on `contamination_problem` (per row: the eval record it shares an n-gram with):
+When there is something to check against (the stage: the run's suites, its held-out split and
+`validate.contamination.against`; packtrain.data.contamination) one more expectation, ExpectColumnValuesToBeNull
+on `contamination_problem` (per row: the eval record it holds):
 
-    contamination      no document shares a word n-gram (validate.contamination.ngram) with an eval file
+    contamination      no training document holds validate.contamination.min_coverage of an eval document's
+                       word n-grams (validate.contamination.ngram)
 
 It fails the suite — with exit 3, bad input, naming every such document and suite — only under policy fail;
-under drop/warn it is reported (success false, `report.contamination`) but not counted in `failed`.
+under drop (the default) / warn it is reported (success false, `report.contamination`) but not counted in `failed`.
 
 Every failing expectation lists its rows in `offending_rows`: doc_id, `source` (file:line / file#row) and,
 for these checks, the problem (`messages[1].role is "bot", allowed: ...`); the exit-4 message names them too.
@@ -61,9 +63,13 @@ import re
 import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from packtrain.config import ValidateConfig
 from packtrain.data.record_rules import RowRules
+
+if TYPE_CHECKING:
+    from packtrain.data.contamination_sources import EvalSources
 from packtrain.errors import InputDataError, MissingDataError, PacktrainError, ValidationFailed
 from packtrain.publish import write_json
 
@@ -207,7 +213,7 @@ def build_suite(cfg: ValidateConfig, checks: tuple[str, ...] = ()) -> list[tuple
     """[(name, GX expectation)] in report order; names are stored in each expectation's meta. `checks`: the
     per-document rules computed into `<check>_problem` columns (load_frame): has_visible_text follows
     text_not_empty, the record checks come first; contamination (the column packtrain.data.contamination adds
-    when validate.contamination.against is set) comes last."""
+    when there is something to check against) comes last."""
     import great_expectations.expectations as gxe
 
     def named(name, exp):
@@ -308,14 +314,17 @@ def _offending_rows(ids: list[int], df, column: str | None) -> list[dict]:
 
 def validate_documents(docs: str | Path, out_dir: str | Path, cfg: ValidateConfig,
                        raise_on_failure: bool = True, published_dir: str | Path | None = None,
-                       rules: RowRules | None = None) -> ValidationReport:
+                       rules: RowRules | None = None, contamination: EvalSources | None = None
+                       ) -> ValidationReport:
     """Run the suite on `docs` (a directory with documents.parquet, or the file); write report + Data Docs.
 
     Raises ValidationFailed (after writing both) naming the failed expectations and the report path,
     unless `raise_on_failure` is False (the stage runner logs to MLflow first, then raises). `published_dir`:
     where the stage will publish `out_dir` when it is a staging directory — the paths inside report.json and
     the message name it (default `out_dir`). `rules`: what the per-document rules need from the run
-    (packtrain.data.record_rules.RowRules.of(cfg); default: role order checked, prompts not).
+    (packtrain.data.record_rules.RowRules.of(cfg); default: role order checked, prompts not). `contamination`:
+    what the contamination check compares with (packtrain.data.contamination_sources.sources_of(run config):
+    the stage passes the run's suites and held-out split); None → `cfg.contamination.against` alone.
     """
     os.environ.setdefault("GX_ANALYTICS_ENABLED", "False")
     path = resolve_documents(docs)
@@ -324,7 +333,7 @@ def validate_documents(docs: str | Path, out_dir: str | Path, cfg: ValidateConfi
     from packtrain.data.contamination import add_problem_column
 
     df = load_frame(path, rules=rules)
-    contamination = add_problem_column(df, path, cfg.contamination)   # None: check off
+    found = add_problem_column(df, path, cfg.contamination, contamination)   # None: nothing to check against
 
     import great_expectations as gx
     from great_expectations.checkpoint import UpdateDataDocsAction
@@ -370,7 +379,7 @@ def validate_documents(docs: str | Path, out_dir: str | Path, cfg: ValidateConfi
     failed = [r.name for r in results if not r.success and counts_as_failure(r.name, cfg.contamination)]
     report = ValidationReport(
         success=not failed, documents=len(df), input=str(path), report="", data_docs=None,
-        failed=failed, thresholds=cfg.model_dump(mode="json"), results=results, contamination=contamination)
+        failed=failed, thresholds=cfg.model_dump(mode="json"), results=results, contamination=found)
     report = write_report(report, out_dir, published_dir if published_dir is not None else out_dir)
     if failed and raise_on_failure:
         raise validation_error(report)

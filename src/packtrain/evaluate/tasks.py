@@ -44,7 +44,7 @@ class TaskResult:
     per_doc: list[tuple[int, float]]      # (doc_id, 1.0 | 0.0)
 
 
-def _data_files(where: str, spec: dict, base: Path) -> dict[str, str]:
+def data_files(where: str, spec: dict, base: Path) -> dict[str, str]:
     files = (spec.get("dataset_kwargs") or {}).get("data_files") if isinstance(spec.get("dataset_kwargs"), dict) else None
     if isinstance(files, str):
         files = {"test": files}
@@ -97,7 +97,7 @@ def load_task_suite(where: str, sc: SuiteConfig, path: Path) -> TaskSuite:
     from packtrain.versioning import files_md5
 
     spec = read_task_yaml(f"{where}", path)
-    files = _data_files(f"{where}.path: {path}", spec, path.parent)
+    files = data_files(f"{where}.path: {path}", spec, path.parent)
     task = sc.task or spec["task"]
     if task != spec["task"]:
         raise InputDataError(f"{where}.task: {task!r} is not the task {path} defines ({spec['task']!r})")

@@ -2,7 +2,7 @@
 
     packtrain run — tiny-cpu — 7 stages in 95.2 s (2 from cache)
       data       1,446 documents · 7,331,486 tokens · tokens/doc p50 1,790 p90 12,853 p99 48,283
-      validate   passed (11/11 expectations)
+      validate   passed (11/12 expectations) · contamination: 17 of 1,409 training documents hold an eval document, dropped
       pack       fill 99.7% (padding 0.3%)
       train      12,340 tok/s · CPU util 87% · MFU 0.40% · peak RSS 1.21 GiB
       guard      1 event(s): throughput at step 40 (data_wait) → warned        (only when the guard saw any)
@@ -39,6 +39,9 @@ FIELDS: dict[str, tuple[str, str]] = {
     "validation_success": ("validate", "success"),
     "expectations": ("validate", "expectations"),
     "expectations_passed": ("validate", "passed"),
+    "contaminated": ("validate", "contamination.contaminated"),   # training documents holding an eval document
+    "contamination_checked": ("validate", "contamination.documents"),
+    "contamination_policy": ("validate", "contamination.policy"),
     "tokens": ("tokenize", "tokens"),
     "tok_p50": ("tokenize", "length_tokens.p50"),
     "tok_p90": ("tokenize", "length_tokens.p90"),
@@ -156,7 +159,12 @@ def _validate(s: dict) -> list[str]:
     if s.get("validation_success") is None:
         return []
     ok = "passed" if s["validation_success"] else "FAILED"
-    return [f"  validate   {ok} ({s.get('expectations_passed')}/{s.get('expectations')} expectations)"]
+    line = f"  validate   {ok} ({s.get('expectations_passed')}/{s.get('expectations')} expectations)"
+    if s.get("contaminated") is not None:   # the contamination check ran (docs/data.md#contamination)
+        what = {"drop": "dropped", "warn": "kept (policy warn)", "fail": "refused"}.get(s.get("contamination_policy"), "")
+        line += (f" · contamination: {_fmt(s['contaminated'])} of {_fmt(s.get('contamination_checked'))} training "
+                 f"documents hold an eval document" + (f", {what}" if s["contaminated"] else ""))
+    return [line]
 
 
 def _pack(s: dict) -> list[str]:

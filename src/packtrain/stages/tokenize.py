@@ -13,8 +13,8 @@ and its BOS/EOS rules apply (packtrain.data.tokenize). `tokenize.tokenizer_dir` 
 same tokenizer (same tokenizer_hash), else exit 2 naming both. meta.json and stats.json record
 `tokenizer_hash` and `tokenizer_from` (and the lineage its tokenizer_hash); MLflow tags `packtrain.tokenizer_hash`, `packtrain.tokenizer_from`.
 
-Contamination (`validate.contamination.policy: drop`): the documents the validate stage's n-gram check lists
-(packtrain.data.contamination, the same pure check on the same table and eval files) are left out of the store —
+Contamination (`validate.contamination.policy: drop`, the default): the documents the validate stage's n-gram
+check lists (packtrain.data.contamination, the same pure check on the same table and eval sources) are left out of the store —
 neither trained on nor in the eval split; stats.json `contamination_dropped` lists their doc_ids, and the
 input's md5 (lineage) is still documents.parquet's.
 """
@@ -46,6 +46,7 @@ def run_tokenize(cfg: RunConfig, docs_dir: str | Path | None = None, out_dir: st
     MLflow tags: `dvc.md5.documents`, `dvc.md5.tokenizer`, `dvc.md5.tokens`.
     """
     from packtrain.data.contamination import contaminated_ids, write_without
+    from packtrain.data.contamination_sources import sources_of
     from packtrain.data.tokenize import tokenize_documents
     from packtrain.data.tokenizer_setup import check_tokenizer_dir
     from packtrain.data.validate import resolve_documents
@@ -58,7 +59,7 @@ def run_tokenize(cfg: RunConfig, docs_dir: str | Path | None = None, out_dir: st
     md5 = data_md5(docs)
     tok_md5 = data_md5(check_tokenizer_dir(cfg.tokenize.tokenizer_dir)) if cfg.tokenize.tokenizer_dir else None
     tok_cfg, init_from = tokenizer_of_init(cfg)
-    dropped = contaminated_ids(docs, cfg.validate_.contamination)   # [] unless policy drop found some
+    dropped = contaminated_ids(docs, cfg.validate_.contamination, sources_of(cfg))   # [] unless drop found some
     with stage_run("tokenize", cfg, section=cfg.tokenize) as run, \
             staged_output(out, OUTPUTS, "tokenize", required=REQUIRED) as tmp, contextlib.ExitStack() as temp:
         run.set_tags({"dvc.md5.documents": md5, "dvc.md5.tokenizer": tok_md5})

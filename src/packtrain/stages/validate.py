@@ -38,6 +38,7 @@ def run_validate(cfg: RunConfig, docs_dir: str | Path | None = None, out_dir: st
     as it was. Either way MLflow gets the metrics/artifacts/tags (`dvc.md5.documents`, `validate.success`)
     before the raise, so a failed validation is fully inspectable; the MLflow run then ends FAILED.
     """
+    from packtrain.data.contamination_sources import sources_of
     from packtrain.data.record_rules import RowRules
     from packtrain.data.validate import resolve_documents, validate_documents, validation_error, write_report
     from packtrain.tracking import stage_run
@@ -55,7 +56,8 @@ def run_validate(cfg: RunConfig, docs_dir: str | Path | None = None, out_dir: st
         run.set_tags({"dvc.md5.documents": md5})
         run.log_dataset(docs, "documents", md5, context="input")
         report = validate_documents(docs, tmp, cfg.validate_, raise_on_failure=False, published_dir=out,
-                                    rules=RowRules.of(cfg))   # role order; prompts against pack.budget
+                                    rules=RowRules.of(cfg),   # role order; prompts against pack.budget
+                                    contamination=sources_of(cfg))   # suites, held-out split, against
         if not report.success:
             report = write_report(report, tmp, failed)
         dup = next((r for r in report.results if r.name == "duplicate_ratio"), None)

@@ -1,0 +1,210 @@
+"""What the contamination check (packtrain.data.contamination) compares the training documents with, by
+default everything the run will score:
+
+    source                          eval documents                                 suite named in the report
+    evaluate.suites, text           each record's text (prompt + completion,       the suite's name ("replay")
+                                    chat turns' contents)
+    evaluate.suites, task (.yaml)   per item: doc_to_text + target_delimiter +     the suite's name ("wordorder")
+                                    the gold choice (or doc_to_target), rendered
+                                    from the task's own fields as lm-eval does;
+                                    `doc_to_decontamination_query` when given
+    the held-out split ("recent")   the documents of this table that tokenize      "recent (held-out split)"
+                                    holds out (tokenize.eval_fraction, the same
+                                    doc_id hash): they are not checked
+                                    themselves, only the training split is
+    validate.contamination.against  .txt / .jsonl / .parquet records, or a task    the path as given
+                                    YAML (.yaml/.yml) read as above
+
+wordorder, for example: {"context": "    # skip empty entries and blank lines", "choices": ["for size in
+range(key):", "in size range(key): for"], "label": 0} → "    # skip empty entries and blank lines for size
+in range(key):" (11 words after normalisation).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Hashable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from packtrain.errors import InputDataError
+
+if TYPE_CHECKING:
+    from packtrain.config import RunConfig
+
+HELD_OUT = "recent (held-out split)"
+TASK_SUFFIXES = (".yaml", ".yml")
+EvalDoc = tuple[tuple[str, str, str], str]
+"""((suite, eval file, record locator), text)."""
+
+
+@dataclass(frozen=True)
+class EvalSources:
+    """The eval side of one check: `against` paths, (suite name, path) of evaluate.suites, and the held-out
+    fraction (None: the held-out split is not an eval source)."""
+
+    against: tuple[str, ...] = ()
+    suites: tuple[tuple[str, str], ...] = ()
+    held_out_fraction: float | None = None
+
+    @property
+    def empty(self) -> bool:
+        return not self.against and not self.suites and self.held_out_fraction is None
+
+
+def sources_of(cfg: RunConfig) -> EvalSources:
+    """The sources `validate.contamination` asks for in this run (module doc). A suite file listed twice (a
+    perturbed copy of a regression suite) is read once, under its first name."""
+    c = cfg.validate_.contamination
+    seen: dict[str, str] = {}
+    if c.suites:
+        for s in cfg.evaluate.suites:
+            seen.setdefault(s.path, s.name)
+    held = cfg.tokenize.eval_fraction if c.held_out and cfg.tokenize.eval_fraction > 0 else None
+    return EvalSources(tuple(c.against), tuple((name, path) for path, name in seen.items()), held)
+
+
+def read_sources(src: EvalSources, text_field: str = "text", base: Path | None = None) -> list[EvalDoc]:
+    """Every eval document of `against` and the suites (the held-out split is read from the table by the
+    check). A missing file is the same error the evaluate stage would give, naming the suite."""
+    from packtrain.evaluate.suites import suite_path
+
+    base = Path.cwd() if base is None else base
+    out: list[EvalDoc] = []
+    for name, value in src.suites:
+        path = suite_path(value, base)
+        where = f"evaluate.suites ({name!r}).path"
+        if not path.is_file():
+            from packtrain.errors import MissingDataError
+
+            raise MissingDataError(f"{where}: {path} does not exist (validate.contamination.suites checks every "
+                                   "suite the run will score; fix the path, or set validate.contamination.suites=false)")
+        if path.suffix.lower() in TASK_SUFFIXES:
+            out += [((name, str(f), loc), text) for f, loc, text in task_documents(path, where)]
+        else:
+            out += [((name, str(path), loc), text) for loc, text in text_suite_documents(path, where)]
+    for value in src.against:
+        path = Path(value)
+        if path.is_file() and path.suffix.lower() in TASK_SUFFIXES:
+            where = f"validate.contamination.against {value}"
+            out += [((value, str(f), loc), text) for f, loc, text in task_documents(path, where)]
+        else:
+            out += read_against(value, text_field)
+    return out
+
+
+def read_against(value: str, text_field: str) -> list[EvalDoc]:
+    """One `against` entry's text records (packtrain.data.contamination.read_eval_documents), a .jsonl record
+    without the text field refused with a hint naming the record's real text keys."""
+    from packtrain.data.contamination import read_eval_documents
+
+    try:
+        return read_eval_documents([value], text_field)
+    except InputDataError as e:
+        if f"no field {text_field!r}" not in str(e):
+            raise
+        raise InputDataError(_missing_field_hint(str(e).split(": line")[0], text_field)) from None
+
+
+def _missing_field_hint(file: str, text_field: str) -> str:
+    """'<file>: a record has no field 'text' (its string fields: context; lists: choices). Set
+    validate.contamination.text_field=context, or name the lm-eval task YAML beside it (wordorder.yaml) ...'"""
+    path = Path(file)
+    rec: dict = {}
+    try:
+        with open(path, encoding="utf-8") as fh:
+            rec = next((json.loads(x) for x in fh if x.strip()), {})
+    except (OSError, ValueError):
+        pass
+    strings = sorted(k for k, v in rec.items() if isinstance(v, str))
+    lists = sorted(k for k, v in rec.items() if isinstance(v, list))
+    best = max(strings, key=lambda k: len(rec[k]), default=None)
+    yamls = sorted(p.name for p in path.parent.glob("*.y*ml")) if path.parent.is_dir() else []
+    fields = f"its string fields: {', '.join(strings) or 'none'}" + (f"; lists: {', '.join(lists)}" if lists else "")
+    task = (f"; it looks like an lm-eval task's data: name the task YAML ({path.parent / yamls[0]}) instead, which "
+            "builds each item's document from its own fields (text + gold choice)") if yamls else ""
+    return (f"{file}: a record has no field {text_field!r} ({fields}). Set validate.contamination.text_field="
+            f"{best or 'NAME'} to check that field{task}")
+
+
+def text_suite_documents(path: Path, where: str) -> list[tuple[str, str]]:
+    """(record locator, text) of a text suite file (packtrain.evaluate.suites.read_documents): the text of its
+    pieces without the chat markup, joined by newlines."""
+    from packtrain.evaluate.suites import IM_END, IM_START, read_documents
+
+    out = []
+    for d in read_documents(path, where):
+        text = "\n".join(p.text for p in d.pieces if not p.text.startswith(IM_START) and p.text not in (IM_END, "\n"))
+        out.append((f"{path.name}:{d.doc_id}", text))
+    return out
+
+
+def task_documents(path: Path, where: str) -> list[tuple[Path, str, str]]:
+    """(data file, record locator, document) of every item of an lm-eval task YAML (module doc)."""
+    from packtrain.evaluate.tasks import data_files, read_task_yaml
+
+    spec = read_task_yaml(where, path)
+    out = []
+    for f in map(Path, data_files(f"{where}: {path}", spec, path.parent).values()):
+        for k, rec in enumerate(_records(f), 1):
+            loc = f"{f.name}:{k}" if f.suffix.lower() in (".jsonl", ".json", ".csv") else f"{f.name}#{k - 1}"
+            out.append((f, loc, task_text(spec, rec, f"{where}: {f}: record {k}")))
+    return out
+
+
+def _records(f: Path) -> list[dict]:
+    if f.suffix.lower() == ".parquet":
+        import pyarrow.parquet as pq
+
+        return pq.read_table(f).to_pylist()
+    if f.suffix.lower() == ".csv":
+        import csv
+
+        with open(f, encoding="utf-8", newline="") as fh:
+            return list(csv.DictReader(fh))
+    text = f.read_text(encoding="utf-8")
+    if f.suffix.lower() == ".json" and text.lstrip().startswith("["):
+        return json.loads(text)
+    return [json.loads(x) for x in text.splitlines() if x.strip()]
+
+
+def _render(template: Hashable | list, rec: dict, where: str):
+    """A task field as lm-eval reads it: a record key → its value; a Jinja template → rendered; else itself."""
+    if isinstance(template, list):
+        return [_render(t, rec, where) for t in template]
+    if isinstance(template, str) and template in rec:
+        return rec[template]
+    if isinstance(template, str) and ("{{" in template or "{%" in template):
+        import jinja2
+
+        try:
+            return jinja2.Environment(undefined=jinja2.StrictUndefined).from_string(template).render(**rec)
+        except jinja2.TemplateError as e:
+            raise InputDataError(f"{where}: template {template!r} does not render ({e}); the record's fields: "
+                                 f"{', '.join(sorted(rec))}") from None
+    return template
+
+
+def task_text(spec: dict, rec: dict, where: str) -> str:
+    """One item's document: the decontamination query when the YAML names one, else the rendered prompt, the
+    target delimiter and the gold answer (the gold choice of a multiple_choice task)."""
+    if "doc_to_decontamination_query" in spec:
+        return str(_render(spec["doc_to_decontamination_query"], rec, where))
+    text = str(_render(spec["doc_to_text"], rec, where))
+    target = _render(spec["doc_to_target"], rec, where)
+    if spec.get("output_type") == "multiple_choice":
+        import ast
+
+        choices = _render(spec["doc_to_choice"], rec, where)
+        if isinstance(choices, str):
+            try:
+                choices = ast.literal_eval(choices)
+            except (ValueError, SyntaxError):
+                raise InputDataError(f"{where}: doc_to_choice rendered {choices[:80]!r}, not a list") from None
+        if isinstance(target, str) and target.strip().lstrip("-").isdigit():
+            target = int(target)
+        if isinstance(target, int) and isinstance(choices, list) and 0 <= target < len(choices):
+            target = choices[target]
+    delim = spec.get("target_delimiter", " ")
+    return f"{text}{delim}{target}" if isinstance(target, str | int | float) else text
