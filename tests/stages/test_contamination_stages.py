@@ -100,3 +100,31 @@ def test_drop_removes_exactly_that_document_downstream(corpus, capsys):
     assert (warn["pack"]["train"]["n_docs"] + warn["pack"]["eval"]["n_docs"]
             - drop["pack"]["train"]["n_docs"] - drop["pack"]["eval"]["n_docs"]) == 1
     np.testing.assert_array_equal(np.setdiff1d(kept.doc_ids, TokenStore.open(root / "drop" / "tokenize").doc_ids), [7])
+
+
+def test_defaults_drop_a_planted_task_item_and_a_held_out_copy(tmp_path, capsys):
+    """No contamination setting at all: the run's task suite and its own held-out split are checked, and the
+    default policy drops the planted documents, naming their suites."""
+    from packtrain.data.tokenize import split_eval
+
+    wordorder = Path(__file__).resolve().parents[2] / "recipes" / "tasks" / "wordorder" / "wordorder.yaml"
+    item = json.loads(wordorder.with_suffix(".jsonl").read_text().splitlines()[0])
+    rng = random.Random(1)
+    docs = [" ".join(rng.choices([f"w{i}" for i in range(500)], k=60)) for _ in range(30)]
+    docs[5] += "\n" + item["context"] + "\n    " + item["choices"][item["label"]]   # a wordorder item, verbatim
+    held = [int(i) for i in np.flatnonzero(split_eval(np.arange(31), 0.1))]
+    docs.append(docs[held[0]])   # doc 30 (train.jsonl:31): a copy of a held-out document, lands in training
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
+    sets = [*BASE, "--set", f"workdir={tmp_path / 'wd'}",
+            "--set", f"evaluate.suites=[{{name: wordorder, role: task, path: {wordorder}}}]"]
+    assert main(["ingest", "--source", str(tmp_path / "train.jsonl"), *sets]) == 0
+    assert main(["validate", *sets]) == 0 and main(["tokenize", *sets]) == 0
+    err = capsys.readouterr().err
+    stats = json.loads((tmp_path / "wd" / "validate" / "validate_stats.json").read_text())["contamination"]
+    assert stats["policy"] == "drop" and stats["dropped"] == [5, 30]
+    assert [(o["suite"], o["eval_record"]) for o in stats["overlaps"]] == [
+        ("wordorder", "wordorder.jsonl:1"), ("recent (held-out split)", f"train.jsonl:{held[0] + 1}")]
+    assert "2 of 28 training document(s) overlap the eval data" in err and "dropped from training" in err
+    tok = json.loads((tmp_path / "wd" / "tokenize" / "stats.json").read_text())
+    assert tok["contamination_dropped"] == [5, 30] and tok["documents"] == 29
+    assert held[0] in TokenStore.open(tmp_path / "wd" / "tokenize").doc_ids.tolist()   # the held-out one stays

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
+import numpy as np
 import pytest
 
+from packtrain.errors import InputDataError
 from packtrain.data.contamination import find_contamination, normalize, read_eval_documents
 
 EVAL = "the quick brown fox jumps over the lazy dog near the river bank today"   # 14 words
@@ -71,3 +76,68 @@ def test_read_eval_documents_locates_records(tmp_path):
                    ((suite, f"{suite}/notes.txt", "notes.txt:4"), "para two"),
                    ((suite, f"{suite}/qa.jsonl", "qa.jsonl:1"), "one"),
                    ((suite, f"{suite}/qa.jsonl", "qa.jsonl:3"), "two")]
+
+
+# --- what the default check reads: task suites, the held-out split, the hint (packtrain.data.contamination_sources)
+
+WORDORDER = Path(__file__).resolve().parents[2] / "recipes" / "tasks" / "wordorder" / "wordorder.yaml"
+
+
+def _table(path: Path, texts: list[str]) -> Path:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"doc_id": list(range(len(texts))), "text": texts,
+                             "source": [f"train.jsonl:{i + 1}" for i in range(len(texts))]}), path)
+    return path
+
+
+def test_task_documents_are_prompt_plus_gold_choice():
+    from packtrain.data.contamination_sources import task_documents
+
+    docs = task_documents(WORDORDER, "suite 'wordorder'")
+    items = [json.loads(x) for x in WORDORDER.with_suffix(".jsonl").read_text().splitlines()]
+    assert len(docs) == len(items) == 200
+    f, loc, text = docs[0]
+    assert (f.name, loc) == ("wordorder.jsonl", "wordorder.jsonl:1")
+    assert text == items[0]["context"] + " " + items[0]["choices"][items[0]["label"]]
+    assert min(len(normalize(t)) for _, _, t in docs) >= 8   # every item long enough to be matched (min_ngram)
+
+
+def test_default_check_finds_a_planted_task_item_and_a_held_out_copy(tmp_path):
+    from packtrain.config.data import ContaminationConfig
+    from packtrain.data.contamination import check_table
+    from packtrain.data.contamination_sources import HELD_OUT, EvalSources
+    from packtrain.data.tokenize import split_eval
+
+    rng = np.random.default_rng(0)
+    texts = [" ".join(f"w{i}" for i in rng.integers(0, 5000, 80)) for _ in range(30)]
+    item = json.loads(WORDORDER.with_suffix(".jsonl").read_text().splitlines()[4])
+    texts[3] = texts[3][:40] + "\n" + item["context"] + "\n    " + item["choices"][item["label"]] + "\n" + texts[3][40:]
+    held = np.flatnonzero(split_eval(np.arange(31), 0.1)).tolist()
+    assert held and 30 not in held
+    texts.append(texts[held[0]])   # doc 30: a verbatim copy of a held-out document, in the training split
+    cfg = ContaminationConfig()    # the defaults: drop, min_coverage 0.5, 13-grams, matched whole from 8 words
+    found = check_table(_table(tmp_path / "documents.parquet", texts), cfg,
+                        EvalSources(suites=(("wordorder", str(WORDORDER)),), held_out_fraction=0.1))
+    got = {o["doc_id"]: (o["suite"], o["eval_record"], o["coverage"]) for o in found["overlaps"]}
+    assert got == {3: ("wordorder", "wordorder.jsonl:5", 1.0), 30: (HELD_OUT, f"train.jsonl:{held[0] + 1}", 1.0)}
+    assert found["policy"] == "drop" and found["held_out_documents"] == len(held)
+    assert found["documents"] == 31 - len(held)                    # the held-out documents are not checked
+    assert not set(got) & set(held)
+
+
+def test_a_record_without_the_text_field_names_its_real_keys(tmp_path):
+    from packtrain.data.contamination_sources import EvalSources, read_sources
+
+    (tmp_path / "t.yaml").write_text(WORDORDER.read_text())
+    (tmp_path / "wordorder.jsonl").write_text(WORDORDER.with_suffix(".jsonl").read_text())
+    with pytest.raises(InputDataError) as e:
+        read_sources(EvalSources(against=(str(tmp_path / "wordorder.jsonl"),)))
+    msg = str(e.value)
+    assert "no field 'text' (its string fields: context; lists: choices)" in msg
+    assert "validate.contamination.text_field=context" in msg and str(tmp_path / "t.yaml") in msg
+    assert "ingest.text_field" not in msg
+    docs = read_sources(EvalSources(against=(str(tmp_path / "t.yaml"),)))   # the task YAML itself is supported
+    assert len(docs) == 200 and docs[0][0] == (str(tmp_path / "t.yaml"), str(tmp_path / "wordorder.jsonl"),
+                                               "wordorder.jsonl:1")
