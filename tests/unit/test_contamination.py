@@ -8,8 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from packtrain.data.contamination import find_contamination, normalize
+from packtrain.data.contamination_sources import read_eval_documents
 from packtrain.errors import InputDataError
-from packtrain.data.contamination import find_contamination, normalize, read_eval_documents
 
 EVAL = "the quick brown fox jumps over the lazy dog near the river bank today"   # 14 words
 

@@ -6,8 +6,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from packtrain.data.split import _splitmix64, doc_hash_unit, split_eval
 from packtrain.data.token_store import SPLIT_EVAL, SPLIT_TRAIN
-from packtrain.data.tokenize import _splitmix64, doc_hash_unit, split_eval
 
 
 def test_splitmix64_reference_values():

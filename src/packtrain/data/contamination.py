@@ -27,7 +27,7 @@ found exactly. ASCII text is normalised with `str.translate` (30× the regex use
 
 `find_contamination(train_docs, eval_docs, n)` is pure: any iterables of (doc_id, text), ids of any
 hashable type (the validate stage passes doc_ids and (suite, eval file, record) triples), and returns a
-`ContaminationReport`. Reading eval files (.txt/.jsonl/.parquet) is `read_eval_documents`.
+`ContaminationReport`. Reading eval files is packtrain.data.contamination_sources.
 """
 
 from __future__ import annotations
@@ -194,7 +194,7 @@ class _EvalIndex:
         key = np.unique(np.stack([doc, ev, st], axis=1), axis=0)
         pair, first_row, shared = np.unique(key[:, :2], axis=0, return_index=True, return_counts=True)
         cov = shared / np.maximum(self.grams[pair[:, 1]], 1)
-        first_pos = {}
+        first_pos: dict[tuple[int, int], int] = {}
         for d, e, p in zip(doc.tolist(), ev.tolist(), pos.tolist(), strict=True):
             first_pos[(d, e)] = min(first_pos.get((d, e), p), p)
         for (d, e), c, s in zip(pair.tolist(), cov.tolist(), shared.tolist(), strict=True):
@@ -243,30 +243,6 @@ def _doc_len(index: _EvalIndex, e: int) -> int:
     return int(end - index.flat_start[e])
 
 
-def read_eval_documents(paths: Iterable[str | Path], text_field: str = "text"
-                        ) -> list[tuple[tuple[str, str, str], str]]:
-    """[((suite, eval file, record locator), text)] of every eval file — `suite` is the entry of `paths` the
-    file was found under (the file itself, or its folder): .txt one record per blank-line-separated block
-    (`a.txt:12`), .jsonl per line (`q.jsonl:3`; the `text_field`, or a chat / prompt-completion record's
-    text), .parquet per row (`p.parquet#41`); a folder: every such file in it. Read with ingest's readers, so a
-    missing, empty or malformed eval file is the same InputDataError (exit 3) naming the file and line."""
-    from packtrain.data.source_files import discover_files
-    from packtrain.data.sources import SkippedRecord, read_jsonl, read_parquet, read_txt
-
-    out: list[tuple[tuple[str, str, str], str]] = []
-    for p in paths:
-        root = Path(p)
-        for f in discover_files(root).files:
-            label = str(root) if root.is_file() else str(root / f.name)
-            if f.kind == "txt":
-                docs = ((t, loc) for t, loc in read_txt(f, "paragraph", max_chars=1 << 62))
-            else:   # on_bad="fail" (the default) never yields a SkippedRecord: a bad eval record is an error
-                read = read_jsonl if f.kind == "jsonl" else read_parquet
-                docs = ((d[0], d[1]) for d in read(f, text_field) if not isinstance(d, SkippedRecord))
-            out.extend(((str(p), label, loc), text) for text, loc in docs)
-    return out
-
-
 def table_documents(path: Path, batch_rows: int = 2048) -> Iterator[tuple[int, str]]:
     """(doc_id, text) of a documents.parquet, streamed; rows whose text is not a string are skipped (the
     text_not_null / text_type expectations report them)."""
@@ -304,7 +280,7 @@ def check_table(path: Path, cfg: ContaminationConfig, sources: EvalSources | Non
     ids, where = t.column("doc_id").to_pylist(), t.column("source").to_pylist()
     held: set[int] = set()
     if src.held_out_fraction is not None and ids and all(isinstance(d, int) for d in ids):
-        from packtrain.data.tokenize import split_eval
+        from packtrain.data.split import split_eval
 
         split = split_eval(np.asarray(ids, dtype=np.int64), src.held_out_fraction)
         held = {d for d, s in zip(ids, split.tolist(), strict=True) if s}   # SPLIT_EVAL = 1

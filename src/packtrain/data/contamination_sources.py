@@ -23,7 +23,7 @@ in range(key):" (11 words after normalisation).
 from __future__ import annotations
 
 import json
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -97,14 +97,36 @@ def read_sources(src: EvalSources, text_field: str = "text", base: Path | None =
 def read_against(value: str, text_field: str) -> list[EvalDoc]:
     """One `against` entry's text records (packtrain.data.contamination.read_eval_documents), a .jsonl record
     without the text field refused with a hint naming the record's real text keys."""
-    from packtrain.data.contamination import read_eval_documents
-
     try:
         return read_eval_documents([value], text_field)
     except InputDataError as e:
         if f"no field {text_field!r}" not in str(e):
             raise
         raise InputDataError(_missing_field_hint(str(e).split(": line")[0], text_field)) from None
+
+
+def read_eval_documents(paths: Iterable[str | Path], text_field: str = "text"
+                        ) -> list[tuple[tuple[str, str, str], str]]:
+    """[((suite, eval file, record locator), text)] of every eval file — `suite` is the entry of `paths` the
+    file was found under (the file itself, or its folder): .txt one record per blank-line-separated block
+    (`a.txt:12`), .jsonl per line (`q.jsonl:3`; the `text_field`, or a chat / prompt-completion record's
+    text), .parquet per row (`p.parquet#41`); a folder: every such file in it. Read with ingest's readers, so a
+    missing, empty or malformed eval file is the same InputDataError (exit 3) naming the file and line."""
+    from packtrain.data.source_files import discover_files
+    from packtrain.data.sources import SkippedRecord, read_jsonl, read_parquet, read_txt
+
+    out: list[tuple[tuple[str, str, str], str]] = []
+    for p in paths:
+        root = Path(p)
+        for f in discover_files(root).files:
+            label = str(root) if root.is_file() else str(root / f.name)
+            if f.kind == "txt":
+                docs = ((t, loc) for t, loc in read_txt(f, "paragraph", max_chars=1 << 62))
+            else:   # on_bad="fail" (the default) never yields a SkippedRecord: a bad eval record is an error
+                read = read_jsonl if f.kind == "jsonl" else read_parquet
+                docs = ((d[0], d[1]) for d in read(f, text_field) if not isinstance(d, SkippedRecord))
+            out.extend(((str(p), label, loc), text) for text, loc in docs)
+    return out
 
 
 def _missing_field_hint(file: str, text_field: str) -> str:

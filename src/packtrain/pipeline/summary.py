@@ -161,7 +161,7 @@ def _validate(s: dict) -> list[str]:
     ok = "passed" if s["validation_success"] else "FAILED"
     line = f"  validate   {ok} ({s.get('expectations_passed')}/{s.get('expectations')} expectations)"
     if s.get("contaminated") is not None:   # the contamination check ran (docs/data.md#contamination)
-        what = {"drop": "dropped", "warn": "kept (policy warn)", "fail": "refused"}.get(s.get("contamination_policy"), "")
+        what = {"drop": "dropped", "warn": "kept (policy warn)", "fail": "refused"}.get(str(s.get("contamination_policy")), "")
         line += (f" · contamination: {_fmt(s['contaminated'])} of {_fmt(s.get('contamination_checked'))} training "
                  f"documents hold an eval document" + (f", {what}" if s["contaminated"] else ""))
     return [line]
