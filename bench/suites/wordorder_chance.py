@@ -1,14 +1,15 @@
 """Random-init accuracy on the shipped wordorder task: chance (0.5) by construction, measured over seeds.
 
     python -m bench wordorder-chance --out bench/results                         # 40 seeds, lm-eval on 5
-    python -m bench wordorder-chance --items OLD.jsonl --out bench/results/wordorder_chance_before.json
+    python -m bench wordorder-chance --items OLD.jsonl --delimiter " " --seeds 20 --lm-eval-seeds 1 \
+        --out bench/results/wordorder_chance_before.json                        # the first generator's items
     python -m bench wordorder-chance --smoke --out /tmp/wc                        # 2 seeds, 20 items
 
 Models: the tiny-cpu recipe's shape (packtrain.model.build, random init, `torch.manual_seed(seed)`), vocab of a
 byte-level BPE trained as the tokenize stage trains it (packtrain.data.tokenizer_setup.train_tokenizer, 4096,
 on ~4 MB of the default corpus) or `--tokenizer DIR` (a tokenize stage's tokenizer/). Each item is scored the way
-lm-eval scores multiple_choice `acc`: Σ log p(choice tokens | context), continuation = encode(context + " " +
-choice) after encode(context), argmax over the choices; the first `--lm-eval-seeds` seeds are also scored by
+lm-eval scores multiple_choice `acc`: Σ log p(choice tokens | context), continuation = encode(context +
+target_delimiter + choice) after encode(context), argmax over the choices; the first `--lm-eval-seeds` seeds are also scored by
 packtrain.evaluate.tasks.score_task (lm-eval itself, as the evaluate stage runs it) and must agree document
 for document. A row per seed; `summary`: mean, standard deviation, min and max of the accuracy.
 """
@@ -31,6 +32,7 @@ def add_arguments(p) -> None:
     p.add_argument("--seeds", type=int, default=40, help="random initialisations (seeds 0..N-1)")
     p.add_argument("--lm-eval-seeds", type=int, default=5, help="of which the first K are also scored by lm-eval")
     p.add_argument("--items", type=Path, default=None, help="a wordorder-style .jsonl (default: the shipped task)")
+    p.add_argument("--delimiter", default=None, help="target_delimiter (default: the shipped YAML's)")
     p.add_argument("--tokenizer", type=Path, default=None, help="a saved tokenizer directory (default: train one)")
 
 
@@ -47,7 +49,7 @@ def _tokenizer(args, tmp: Path):
     return train_tokenizer(texts, 512 if args.smoke else 4096, tmp / "tokenizer")
 
 
-def _accuracy(model, tok, items: list[dict]) -> list[float]:
+def _accuracy(model, tok, items: list[dict], delim: str) -> list[float]:
     """Per item 1.0 / 0.0: lm-eval's multiple_choice acc, computed directly (module doc), one batched forward."""
     import torch
 
@@ -55,7 +57,7 @@ def _accuracy(model, tok, items: list[dict]) -> list[float]:
     for it in items:
         ctx = tok.encode(it["context"], add_special_tokens=False)
         for ch in it["choices"]:
-            whole = tok.encode(it["context"] + " " + ch, add_special_tokens=False)
+            whole = tok.encode(it["context"] + delim + ch, add_special_tokens=False)
             seqs.append((whole, len(ctx)))
     ids = torch.zeros(len(seqs), max(len(w) for w, _ in seqs), dtype=torch.long)
     for i, (w, _) in enumerate(seqs):
@@ -75,7 +77,10 @@ def run(args, out: Path | None) -> Record:
     from packtrain.evaluate.tasks import score_task
     from packtrain.model.build import build_model
 
+    import yaml
+
     items_path = args.items or SHIPPED.with_suffix(".jsonl")
+    delim = args.delimiter if args.delimiter is not None else yaml.safe_load(SHIPPED.read_text())["target_delimiter"]
     items = [json.loads(x) for x in items_path.read_text(encoding="utf-8").splitlines() if x.strip()]
     seeds, lm_seeds = (2, 1) if args.smoke else (args.seeds, args.lm_eval_seeds)
     if args.smoke:
@@ -86,11 +91,13 @@ def run(args, out: Path | None) -> Record:
         tok = _tokenizer(args, Path(tmp))
         data = Path(tmp) / "items.jsonl"
         data.write_text("".join(json.dumps(x) + "\n" for x in items), encoding="utf-8")
-        suite = TaskSuite("wordorder", "task", str(SHIPPED), "", "packtrain_wordorder", {"test": str(data)})
+        spec = yaml.safe_load(SHIPPED.read_text())
+        (Path(tmp) / "task.yaml").write_text(yaml.safe_dump({**spec, "target_delimiter": delim}), encoding="utf-8")
+        suite = TaskSuite("wordorder", "task", str(Path(tmp) / "task.yaml"), "", spec["task"], {"test": str(data)})
         for seed in range(seeds):
             torch.manual_seed(seed)
             model = build_model(cfg.model, len(tok), attention="sdpa", device="cpu", training=False).eval()
-            acc = _accuracy(model, tok, items)
+            acc = _accuracy(model, tok, items, delim)
             row = {"seed": seed, "acc": round(statistics.fmean(acc), 4), "n": len(items)}
             if seed < lm_seeds:
                 res = score_task(model, tok, suite, "cpu")
@@ -106,7 +113,7 @@ def run(args, out: Path | None) -> Record:
     agree = [r["lm_eval_agrees"] for r in rows if "lm_eval_agrees" in r]
     return Record(suite="wordorder-chance", command=args.command, machine=machine_info(),
                   study="accuracy of random-init tiny-cpu models on the wordorder items, over seeds",
-                  settings={"items": str(items_path), "model": cfg.model.model_dump(mode="json"),
+                  settings={"items": str(items_path), "target_delimiter": delim, "model": cfg.model.model_dump(mode="json"),
                             "vocab": len(tok), "tokenizer": str(args.tokenizer or "trained: default corpus")},
                   rows=rows, goals={"mean_within_0.03_of_chance": 0.03, "lm_eval_agrees": True},
                   goal_met={"mean_within_0.03_of_chance": abs(summary["mean"] - 0.5) <= 0.03,

@@ -101,7 +101,7 @@ def test_task_documents_are_prompt_plus_gold_choice():
     assert len(docs) == len(items) == 200
     f, loc, text = docs[0]
     assert (f.name, loc) == ("wordorder.jsonl", "wordorder.jsonl:1")
-    assert text == items[0]["context"] + " " + items[0]["choices"][items[0]["label"]]
+    assert text == items[0]["context"] + "\n    " + items[0]["choices"][items[0]["label"]]   # target_delimiter
     assert min(len(normalize(t)) for _, _, t in docs) >= 8   # every item long enough to be matched (min_ngram)
 
 

@@ -154,13 +154,13 @@ class _EvalIndex:
         """(train position, eval document, eval n-gram start in `flat`) of every confirmed k-gram match."""
         hashes, owner, start = self.by_k[k]
         lo = np.searchsorted(hashes, h, side="left")
-        hi = np.searchsorted(hashes, h, side="right")
-        pos = np.flatnonzero(hi > lo)
+        pos = np.flatnonzero(hashes[np.minimum(lo, len(hashes) - 1)] == h)   # one search; the range only for hits
         if not len(pos):
             return pos, pos, pos
-        counts = (hi - lo)[pos]
+        lo = lo[pos]
+        counts = np.searchsorted(hashes, h[pos], side="right") - lo
         rep = np.repeat(pos, counts)   # every eval n-gram with that hash (a passage several eval documents hold)
-        j = np.repeat(lo[pos] - np.cumsum(counts) + counts, counts) + np.arange(counts.sum())
+        j = np.repeat(lo - np.cumsum(counts) + counts, counts) + np.arange(counts.sum())
         r = np.arange(k)
         same = (ids[rep[:, None] + r] == self.flat[start[j][:, None] + r]).all(axis=1)   # hash collisions out
         return rep[same], owner[j][same], start[j][same]

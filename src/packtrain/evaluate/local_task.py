@@ -3,28 +3,28 @@ same words in another order? Generated here, never downloaded:
 
     python -m packtrain.evaluate.local_task recipes/tasks/wordorder     → wordorder.yaml, wordorder.jsonl
 
-    {"context": "    # skip empty entries and blank lines",
-     "choices": ["for size in range(key):", "in size range(key): for"], "label": 0}
+    {"context": "    # normalise first so the lookup always works",
+     "choices": ["if line is None:", "if is None: line"], "label": 0}
+    scored as  "    # normalise first so the lookup always works\n    if line is None:"  (target_delimiter "\n    ")
 
-A multiple-choice log-likelihood task (metric acc). Each choice follows the context after one space, so every
-word carries its leading space and both choices split into the same pre-tokens (byte-level BPE merges never
-cross them): the same tokens in another order. One trained on the default corpus (Python standard library
-source) prefers the real order (tests/stages/test_local_task.py); a random-init model scores chance, by
-construction:
+A multiple-choice log-likelihood task (metric acc): a comment line, then the code line. Both choices split into
+the same pre-tokens (byte-level BPE merges never cross them): the same tokens in another order. One trained on
+the default corpus (Python standard library source) prefers the real order (tests/stages/test_local_task.py);
+a random-init model scores chance, by construction:
 
-- **No token is shared** between the context (a comment from COMMENTS) and the choices, and no pre-token
-  repeats inside a choice (checked with the byte-level pre-tokenizer while generating). Then the wrong choice is
-  the real one with its tokens relabelled: swapping those token ids in the embedding (and LM head) maps one
+- **No token is shared** between the context (a comment from COMMENTS) and the line, and no pre-token repeats
+  inside a line (checked with the byte-level pre-tokenizer while generating). Then the wrong choice is the
+  real one with its tokens relabelled: swapping those token ids in the embedding (and LM head) maps one
   sequence onto the other and leaves the context alone, and a random init draws every token's row i.i.d., so
-  P(real line scores higher) = 1/2 exactly, item by item, over initialisations. The first generator took its
-  context from the line's own identifiers ("def text(self, line):" → "return self.text"): 0.466 mean over 20
-  seeds, 0.355 to 0.575 (a shared token or a repeated one breaks the symmetry).
-- **The wrong order is a random permutation** (not the reversal): items of one template then differ in how
-  they are wrong, so one random model's preferences are less alike across items (spread over seeds 0.078 →
-  0.042; a binomial over 200 independent items would give 0.035).
+  P(real line scores higher) = 1/2 exactly, item by item, over initialisations.
+- **One model's items must not lean alike**: the first word stays in place and the others take a random
+  permutation (not the reversal), so the keyword that opens most lines ("if", "return", "for") is no
+  item's tell, and items of one template differ in how they are wrong.
 
-Measured (bench/results/wordorder_chance.json): random-init tiny-cpu models, the pipeline's BPE: mean
-accuracy 0.497 over 40 seeds, standard deviation 0.042. The correct choice's position alternates, so always
+Measured (bench/results/wordorder_chance.json, `python -m bench wordorder-chance`): random-init tiny-cpu
+models over 40 seeds average ≈ 0.5 with a spread near the binomial one of 200 independent items (docs/
+validation.md has the numbers, and those of the first generator — context from the line's own identifiers,
+wrong = reversal — whose random models ranged 0.275–0.66). The correct choice's position alternates, so always
 picking one position scores 0.5. 200 items from 28 line templates × identifiers × 12 comments.
 """
 
@@ -77,7 +77,7 @@ def make_items(n: int = 200, seed: int = 0) -> list[dict]:
         fill = {"a": a, "b": b, "c": c, "m": str(rng.choice(MODULES)), "k": str(rng.choice(CLASSES))}
         line = str(rng.choice(LINES)).format(**fill)
         words = line.split(" ")
-        if len(words) < 2 or line in seen:
+        if len(words) < 3 or line in seen:
             continue
         ctx = "    # " + str(rng.choice(COMMENTS))
         pieces = pretokens(" " + line)
@@ -85,8 +85,8 @@ def make_items(n: int = 200, seed: int = 0) -> list[dict]:
             continue   # a repeated or shared token would break the symmetry (module doc)
         seen.add(line)
         order = list(range(len(words)))
-        while order == sorted(order):
-            order = [int(i) for i in rng.permutation(len(words))]
+        while order == sorted(order):   # the first word stays: both choices start alike (module doc)
+            order = [0] + [1 + int(i) for i in rng.permutation(len(words) - 1)]
         wrong = " ".join(words[i] for i in order)
         label = len(items) % 2   # alternate: 0, 1, 0, 1, ...
         choices = [line, wrong] if label == 0 else [wrong, line]
@@ -103,7 +103,7 @@ dataset_kwargs:
 test_split: test
 output_type: multiple_choice
 doc_to_text: "{{{{context}}}}"
-target_delimiter: " "
+target_delimiter: "\\n    "
 doc_to_choice: "{{{{choices}}}}"
 doc_to_target: "{{{{label}}}}"
 metric_list:
