@@ -71,13 +71,12 @@ def _accuracy(model, tok, items: list[dict], delim: str) -> list[float]:
 
 def run(args, out: Path | None) -> Record:
     import torch
+    import yaml
 
     from packtrain.config import load_run_config
     from packtrain.evaluate.suite_types import TaskSuite
     from packtrain.evaluate.tasks import score_task
     from packtrain.model.build import build_model
-
-    import yaml
 
     items_path = args.items or SHIPPED.with_suffix(".jsonl")
     delim = args.delimiter if args.delimiter is not None else yaml.safe_load(SHIPPED.read_text())["target_delimiter"]
