@@ -65,3 +65,14 @@ def test_promotion_reason_is_wrapped_between_words_never_cut():
         shown.append(ln.strip())
     assert " ".join(shown) == reason, shown          # every word, every number, in order
     assert len(shown) > 1 and all(len(ln) <= 100 for ln in shown) and "…" not in text
+
+
+def test_validate_line_counts_what_the_contamination_check_dropped():
+    s = _summary(validation_success=True, expectations=12, expectations_passed=11, contaminated=17,
+                 contamination_checked=1409, contamination_policy="drop")
+    assert ("validate   passed (11/12 expectations) · contamination: 17 of 1,409 training documents hold an eval "
+            "document, dropped") in s
+    clean = _summary(validation_success=True, expectations=12, expectations_passed=12, contaminated=0,
+                     contamination_checked=1409, contamination_policy="drop")
+    assert "contamination: 0 of 1,409 training documents hold an eval document\n" in clean + "\n"
+    assert "contamination" not in _summary(validation_success=True, expectations=11, expectations_passed=11)
