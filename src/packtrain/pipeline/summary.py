@@ -2,7 +2,7 @@
 
     packtrain run — tiny-cpu — 7 stages in 95.2 s (2 from cache)
       data       1,446 documents · 7,331,486 tokens · tokens/doc p50 1,790 p90 12,853 p99 48,283
-      validate   passed (11/12 expectations) · contamination: 17 of 1,409 training documents hold an eval document, dropped
+      validate   passed (12/13 expectations) · contamination: 17 of 1,409 training documents hold an eval document, dropped
       pack       fill 99.7% (padding 0.3%)
       train      12,340 tok/s · CPU util 87% · MFU 0.40% · peak RSS 1.21 GiB
       guard      1 event(s): throughput at step 40 (data_wait) → warned        (only when the guard saw any)
