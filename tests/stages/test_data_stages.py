@@ -87,7 +87,7 @@ def test_validate_pass_report(chain):
     names = [r["name"] for r in report["results"]]
     assert names == ["columns_present", "doc_id_type", "text_type", "source_type", "n_chars_type", "doc_id_unique",
                      "text_not_null", "text_not_empty", "has_visible_text", "length_in_range", "duplicate_ratio",
-                     "row_count"]
+                     "row_count", "contamination"]   # the last: on by default (the run's suites, its held-out split)
     n = report["documents"]
     assert next(r for r in report["results"] if r["name"] == "row_count")["observed"] == n
     length = next(r for r in report["results"] if r["name"] == "length_in_range")

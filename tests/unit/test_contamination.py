@@ -107,6 +107,7 @@ def test_task_documents_are_prompt_plus_gold_choice():
 
 def test_default_check_finds_a_planted_task_item_and_a_held_out_copy(tmp_path):
     from packtrain.config.data import ContaminationConfig
+    from packtrain.config.evaluate import SuiteConfig
     from packtrain.data.contamination import check_table
     from packtrain.data.contamination_sources import HELD_OUT, EvalSources
     from packtrain.data.tokenize import split_eval
@@ -120,7 +121,8 @@ def test_default_check_finds_a_planted_task_item_and_a_held_out_copy(tmp_path):
     texts.append(texts[held[0]])   # doc 30: a verbatim copy of a held-out document, in the training split
     cfg = ContaminationConfig()    # the defaults: drop, min_coverage 0.5, 13-grams, matched whole from 8 words
     found = check_table(_table(tmp_path / "documents.parquet", texts), cfg,
-                        EvalSources(suites=(("wordorder", str(WORDORDER)),), held_out_fraction=0.1))
+                        EvalSources(suites=((0, SuiteConfig(name="wordorder", role="task", path=str(WORDORDER))),),
+                                    held_out_fraction=0.1))
     got = {o["doc_id"]: (o["suite"], o["eval_record"], o["coverage"]) for o in found["overlaps"]}
     assert got == {3: ("wordorder", "wordorder.jsonl:5", 1.0), 30: (HELD_OUT, f"train.jsonl:{held[0] + 1}", 1.0)}
     assert found["policy"] == "drop" and found["held_out_documents"] == len(held)

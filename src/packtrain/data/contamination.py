@@ -275,9 +275,13 @@ def check_table(path: Path, cfg: ContaminationConfig, sources: EvalSources | Non
     src = sources if sources is not None else EvalSources(tuple(cfg.against))
     if src.empty:
         return None
+    cols = set(pq.ParquetFile(path).schema_arrow.names)
+    if not {"doc_id", "text"} <= cols:
+        return None   # validate's columns_present names what is missing; tokenize refuses such a table itself
     evals = read_sources(src, cfg.text_field)
-    t = pq.read_table(path, columns=["doc_id", "source"])
-    ids, where = t.column("doc_id").to_pylist(), t.column("source").to_pylist()
+    t = pq.read_table(path, columns=["doc_id", "source"] if "source" in cols else ["doc_id"])
+    ids = t.column("doc_id").to_pylist()
+    where = t.column("source").to_pylist() if "source" in cols else [f"doc_id {d}" for d in ids]
     held: set[int] = set()
     if src.held_out_fraction is not None and ids and all(isinstance(d, int) for d in ids):
         from packtrain.data.split import split_eval

@@ -32,6 +32,7 @@ from packtrain.errors import InputDataError
 
 if TYPE_CHECKING:
     from packtrain.config import RunConfig
+    from packtrain.config.evaluate import SuiteConfig
 
 HELD_OUT = "recent (held-out split)"
 TASK_SUFFIXES = (".yaml", ".yml")
@@ -41,11 +42,11 @@ EvalDoc = tuple[tuple[str, str, str], str]
 
 @dataclass(frozen=True)
 class EvalSources:
-    """The eval side of one check: `against` paths, (suite name, path) of evaluate.suites, and the held-out
-    fraction (None: the held-out split is not an eval source)."""
+    """The eval side of one check: `against` paths, (index in evaluate.suites, its SuiteConfig), and the
+    held-out fraction (None: the held-out split is not an eval source)."""
 
     against: tuple[str, ...] = ()
-    suites: tuple[tuple[str, str], ...] = ()
+    suites: tuple[tuple[int, SuiteConfig], ...] = ()
     held_out_fraction: float | None = None
 
     @property
@@ -54,36 +55,32 @@ class EvalSources:
 
 
 def sources_of(cfg: RunConfig) -> EvalSources:
-    """The sources `validate.contamination` asks for in this run (module doc). A suite file listed twice (a
-    perturbed copy of a regression suite) is read once, under its first name."""
+    """The sources `validate.contamination` asks for in this run (module doc): each suite's documents as the
+    evaluate stage scores them (its `max_documents`), unperturbed; a suite file listed twice (a perturbed copy
+    of a regression suite) is read once, under its first name."""
     c = cfg.validate_.contamination
-    seen: dict[str, str] = {}
+    seen: dict[str, tuple[int, SuiteConfig]] = {}
     if c.suites:
-        for s in cfg.evaluate.suites:
-            seen.setdefault(s.path, s.name)
+        for i, s in enumerate(cfg.evaluate.suites):
+            seen.setdefault(s.path, (i, s.model_copy(update={"perturb": None})))
     held = cfg.tokenize.eval_fraction if c.held_out and cfg.tokenize.eval_fraction > 0 else None
-    return EvalSources(tuple(c.against), tuple((name, path) for path, name in seen.items()), held)
+    return EvalSources(tuple(c.against), tuple(seen.values()), held)
 
 
 def read_sources(src: EvalSources, text_field: str = "text", base: Path | None = None) -> list[EvalDoc]:
     """Every eval document of `against` and the suites (the held-out split is read from the table by the
     check). A missing file is the same error the evaluate stage would give, naming the suite."""
-    from packtrain.evaluate.suites import suite_path
+    from packtrain.evaluate.suite_types import TaskSuite
+    from packtrain.evaluate.suites import load_suite
 
     base = Path.cwd() if base is None else base
     out: list[EvalDoc] = []
-    for name, value in src.suites:
-        path = suite_path(value, base)
-        where = f"evaluate.suites ({name!r}).path"
-        if not path.is_file():
-            from packtrain.errors import MissingDataError
-
-            raise MissingDataError(f"{where}: {path} does not exist (validate.contamination.suites checks every "
-                                   "suite the run will score; fix the path, or set validate.contamination.suites=false)")
-        if path.suffix.lower() in TASK_SUFFIXES:
-            out += [((name, str(f), loc), text) for f, loc, text in task_documents(path, where)]
+    for i, sc in src.suites:   # loaded and checked as the evaluate stage loads them: the same errors, earlier
+        suite = load_suite(i, sc, base)
+        if isinstance(suite, TaskSuite):
+            out += [((sc.name, str(f), loc), text) for f, loc, text in task_documents(Path(suite.path), sc.name)]
         else:
-            out += [((name, str(path), loc), text) for loc, text in text_suite_documents(path, where)]
+            out += [((sc.name, suite.path, f"{Path(suite.path).name}:{d.doc_id}"), _plain(d.pieces)) for d in suite.docs]
     for value in src.against:
         path = Path(value)
         if path.is_file() and path.suffix.lower() in TASK_SUFFIXES:
@@ -150,16 +147,11 @@ def _missing_field_hint(file: str, text_field: str) -> str:
             f"{best or 'NAME'} to check that field{task}")
 
 
-def text_suite_documents(path: Path, where: str) -> list[tuple[str, str]]:
-    """(record locator, text) of a text suite file (packtrain.evaluate.suites.read_documents): the text of its
-    pieces without the chat markup, joined by newlines."""
-    from packtrain.evaluate.suites import IM_END, IM_START, read_documents
+def _plain(pieces) -> str:
+    """A text suite document's text: its pieces without the chat markup, joined by newlines."""
+    from packtrain.evaluate.suites import IM_END, IM_START
 
-    out = []
-    for d in read_documents(path, where):
-        text = "\n".join(p.text for p in d.pieces if not p.text.startswith(IM_START) and p.text not in (IM_END, "\n"))
-        out.append((f"{path.name}:{d.doc_id}", text))
-    return out
+    return "\n".join(p.text for p in pieces if not p.text.startswith(IM_START) and p.text not in (IM_END, "\n"))
 
 
 def task_documents(path: Path, where: str) -> list[tuple[Path, str, str]]:
