@@ -140,6 +140,11 @@ class StageSpec:
 ROW_RULE_FIELDS = ("pack.budget", "tokenize.tokenizer_dir", "tokenize.chat_template", "tokenize.append_eos",
                    "tokenize.long_records", "tokenize.control_text", "model.init_from")
 """What the per-document rules (packtrain.data.record_rules.RowRules.of) read outside the stage's own section."""
+CONTAMINATION_FIELDS = ("evaluate.suites", "tokenize.eval_fraction")
+"""What the contamination check reads outside validate's section: the suites and the held-out fraction."""
+SUITE_CODE = ("src/packtrain/evaluate/suites.py", "src/packtrain/evaluate/suite_types.py",
+              "src/packtrain/evaluate/tasks.py", "recipes/tasks")
+"""The code and shipped task files the contamination check reads its eval documents with."""
 
 STAGES: tuple[StageSpec, ...] = (
     StageSpec(
@@ -153,16 +158,19 @@ STAGES: tuple[StageSpec, ...] = (
     ),
     StageSpec(
         name="validate", inputs=("documents",), output="validation",
-        config=("validate", *ROW_RULE_FIELDS),   # prompt_fits_budget counts prompts against pack.budget
-        code=("src/packtrain/data", "src/packtrain/stages/validate.py"),
+        # prompt_fits_budget counts prompts against pack.budget; the contamination check reads every suite the run
+        # scores and the held-out split tokenize will make (packtrain.data.contamination_sources)
+        config=("validate", *ROW_RULE_FIELDS, *CONTAMINATION_FIELDS),
+        code=("src/packtrain/data", "src/packtrain/stages/validate.py", *SUITE_CODE),
         help="run the Great Expectations suite on the documents table",
         stats_file="validate_stats.json", cli_flags=("--docs",),
         metrics=(("passed", "success"),),
     ),
     StageSpec(
         name="tokenize", inputs=("documents",), output="tokens",
-        config=("tokenize", "model.init_from", "pack.budget"),   # records are fitted to pack.budget
-        code=("src/packtrain/data", "src/packtrain/stages/tokenize.py"),
+        # records are fitted to pack.budget; policy drop leaves out what the contamination check finds
+        config=("tokenize", "model.init_from", "pack.budget", "validate.contamination", "evaluate.suites"),
+        code=("src/packtrain/data", "src/packtrain/stages/tokenize.py", *SUITE_CODE),
         help="train/load a BPE tokenizer and write memory-mappable token ids",
         stats_file="stats.json", cli_flags=("--docs",), after=("validate",),
         metrics=(("tokens", "tokens"),),
