@@ -143,8 +143,8 @@ ROW_RULE_FIELDS = ("pack.budget", "tokenize.tokenizer_dir", "tokenize.chat_templ
 CONTAMINATION_FIELDS = ("evaluate.suites", "tokenize.eval_fraction")
 """What the contamination check reads outside validate's section: the suites and the held-out fraction."""
 SUITE_CODE = ("src/packtrain/evaluate/suites.py", "src/packtrain/evaluate/suite_types.py",
-              "src/packtrain/evaluate/tasks.py", "recipes/tasks")
-"""The code and shipped task files the contamination check reads its eval documents with."""
+              "src/packtrain/evaluate/tasks.py")
+"""The code the contamination check reads its eval documents with."""
 
 STAGES: tuple[StageSpec, ...] = (
     StageSpec(
