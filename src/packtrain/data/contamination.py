@@ -300,7 +300,7 @@ def check_table(path: Path, cfg: ContaminationConfig, sources: EvalSources | Non
                          "eval_file": eval_file, "eval_record": record, "ngram": o.ngram,
                          "shared_ngrams": o.shared_ngrams, "coverage": o.coverage})
     return {"ngram": cfg.ngram, "min_ngram": cfg.min_ngram, "min_coverage": cfg.min_coverage, "policy": cfg.policy,
-            "against": list(src.against), "suites": [name for name, _ in src.suites],
+            "against": list(src.against), "suites": [sc.name for _, sc in src.suites],
             "held_out": src.held_out_fraction is not None, "eval_documents": report.eval_documents,
             "eval_ngrams": report.eval_ngrams, "eval_too_short": report.eval_too_short,
             "documents": report.train_documents, "held_out_documents": len(held),
