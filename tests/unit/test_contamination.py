@@ -144,3 +144,13 @@ def test_a_record_without_the_text_field_names_its_real_keys(tmp_path):
     docs = read_sources(EvalSources(against=(str(tmp_path / "t.yaml"),)))   # the task YAML itself is supported
     assert len(docs) == 200 and docs[0][0] == (str(tmp_path / "t.yaml"), str(tmp_path / "wordorder.jsonl"),
                                                "wordorder.jsonl:1")
+
+
+def test_a_repeated_ngram_counts_once_and_does_not_blow_up():
+    """A table of zeros on both sides: one distinct 13-gram, one index entry — not 5,000 × 5,000 pairs."""
+    zeros = " ".join(["0"] * 5000)
+    evals = [("e", zeros), ("f", _words(30, "a") + " " + zeros)]   # f: 18 + 12 (boundary) + 1 distinct 13-grams
+    r = find_contamination([(0, zeros), (1, _words(50, "a"))], evals, 13, min_coverage=0.5)
+    assert [(o.doc_id, o.eval_id, o.shared_ngrams, o.coverage) for o in r.overlaps] == [
+        (0, "e", 1, 1.0), (1, "f", 18, round(18 / 31, 4))]
+    assert find_contamination([(1, _words(50, "a"))], evals, 13, min_coverage=0.6).overlaps == []

@@ -1,33 +1,38 @@
 """Eval-set contamination: word n-gram overlap of training documents with evaluation documents.
 
 GPT-3 (Brown et al. 2020, appendix C) and lm-eval's decontamination: normalise both sides, split into words,
-and call a training document contaminated when it shares one word n-gram (13 by default) with an eval
-document. Normalisation (`normalize`): lowercase, delete punctuation (Unicode non-word, non-space characters
-and `_`, as lm-eval's Janitor deletes `string.punctuation`), split on any run of whitespace:
+compare word n-grams (13 by default). Normalisation (`normalize`): lowercase, then the runs of letters, digits
+and `_` — punctuation separates words and is not one, so code words stay apart (lm-eval's Janitor deletes
+punctuation, which glued `self.text` into `selftext` and made every short code item one or two words):
 
-    normalize("The Quick, brown fox's\\n  TAIL!")  →  ['the', 'quick', 'brown', 'foxs', 'tail']
+    normalize("The Quick, brown fox's\n  TAIL!")       →  ['the', 'quick', 'brown', 'fox', 's', 'tail']
+    normalize("def text(self, line): return self.a")  →  ['def', 'text', 'self', 'line', 'return', 'self', 'a']
 
     eval      e0 "a b c d e f"                     n = 3: {abc, bcd, cde, def}
-    train     t0 "x y a b c z"                     {xya, yab, abc, bcz}   → abc shared: contaminated by e0
+    train     t0 "x y a b c z"                     {xya, yab, abc, bcz}   → abc shared: 1 of e0's 4 n-grams
               t1 "a b x c d y"                     {abx, bxc, xcd, cdy}   → clean (words shared, no 3-gram)
 
-A document with fewer than n words has no n-gram and is never reported (nor does a short eval document
-contaminate anything: a 5-word answer such as "the answer is 42 ." would match everywhere).
+A training document is contaminated by an eval document when it holds at least `min_coverage` of that eval
+document's distinct n-grams (0: any one, GPT-3's rule; the validate stage's default 0.5 finds near-verbatim
+copies, not a shared licence header: docs/data.md). An eval document of min_ngram ≤ L < n words (a short task
+item) is one L-gram, itself; a shorter one is never matched (a 5-word answer such as "the answer is 42" would
+match everywhere).
 
 How it is fast: a word's id is its str hash (a dict lookup per word cost 8× more); a batch of documents
-becomes one int64 array of ids and its n-grams a vectorised polynomial hash mod 2^64 over n shifted views;
-the eval hashes are sorted once and each batch of 512 training documents is one `np.searchsorted`. A hash
-hit is confirmed by comparing the n word ids themselves, so an n-gram hash collision reports nothing (a false
-report would need 13 word-hash collisions at once).
+becomes one int64 array of ids and its k-gram hashes a vectorised polynomial hash mod 2^64 (Horner, one pass
+for every gram length k the eval side needs); the eval hashes are sorted once, one entry per (n-gram, eval
+document), and each batch of 512 training documents is one `np.searchsorted` per k. A hash hit is confirmed
+by comparing the k word ids themselves (vectorised), so a hash collision reports nothing.
 
 Measured on this 2-core machine (`python -m packtrain.data.contamination --bench`): 10,000 training
-documents of 300 words (3.0 M words, 20 MB) against 1,000 eval documents of 60 words, n 13: 1.7 s of CPU
-(≈ 1.8 M words/s; 5.3 s wall while the machine was shared at load 8), the 100 planted documents
-found exactly. ASCII text is normalised with `str.translate` (30× the regex used for other text).
+documents of 300 words (3.0 M words, 20 MB) against 1,000 eval documents of 60 words, n 13: 0.94 s of CPU
+(≈ 3.2 M words/s), the 100 planted documents found exactly. ASCII text is split after `str.translate`
+(5× the regex used for other text).
 
-`find_contamination(train_docs, eval_docs, n)` is pure: any iterables of (doc_id, text), ids of any
-hashable type (the validate stage passes doc_ids and (suite, eval file, record) triples), and returns a
-`ContaminationReport`. Reading eval files is packtrain.data.contamination_sources.
+`find_contamination(train_docs, eval_docs, n, min_coverage=, min_ngram=)` is pure: any iterables of
+(doc_id, text), ids of any hashable type (the validate stage passes doc_ids and (suite, eval file, record)
+triples), and returns a `ContaminationReport`. What the stage compares with (the run's suites, its held-out
+split, `against`) is packtrain.data.contamination_sources.
 """
 
 from __future__ import annotations
@@ -72,7 +77,7 @@ class Overlap:
     eval_id: Hashable             # the eval document's id as given
     ngram: str                    # the first shared n-gram in the training document, normalised words
     shared_ngrams: int            # distinct n-grams of that eval document found in the training document
-    coverage: float = 1.0         # shared_ngrams / the eval document's n-grams
+    coverage: float = 1.0         # shared_ngrams / the eval document's distinct n-grams
 
 
 @dataclass
@@ -140,12 +145,18 @@ class _EvalIndex:
             off += len(w)
         self.flat = np.concatenate(flat) if flat else np.zeros(0, dtype=np.int64)
         self.flat_start = np.cumsum([0] + [len(w) for w in flat])[:-1].astype(np.int64)
-        self.grams = np.asarray(grams, dtype=np.int64)   # n-grams per eval document (0: too short)
+        # distinct n-grams per eval document (0: too short): a run of one repeated n-gram (a table of zeros)
+        # counts once, and is one index entry — else every repeat would pair with every repeat in training
+        self.grams = np.zeros(len(grams), dtype=np.int64)
         self.by_k: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         for k, (hs, owner, start) in sorted(per_k.items()):
-            cat = np.concatenate(hs)
-            order = np.argsort(cat, kind="stable")
-            self.by_k[k] = (cat[order], np.concatenate(owner)[order], np.concatenate(start)[order])
+            cat, own, st = np.concatenate(hs), np.concatenate(owner), np.concatenate(start)
+            order = np.lexsort((st, own, cat))   # by hash, then eval document (first listed first), then start
+            cat, own, st = cat[order], own[order], st[order]
+            first = np.ones(len(cat), dtype=bool)
+            first[1:] = (cat[1:] != cat[:-1]) | (own[1:] != own[:-1])
+            self.by_k[k] = (cat[first], own[first], st[first])
+            self.grams += np.bincount(own[first], minlength=len(grams))
 
     def distinct(self) -> int:
         return int(sum(len(np.unique(h)) for h, _, _ in self.by_k.values()))
