@@ -5,10 +5,13 @@
     packtrain run --no-cache --verbose             # rerun every stage, stream what the stages print
     packtrain run --progress 30                    # a progress line of a long stage every 30 s (default 10)
     packtrain run --runner kfp                     # the compiled KFP DAG through kfp.local, a process per stage
+    packtrain run --runner docker                  # the same DAG, each component in its image (make images)
 
 `--runner in-process` (default) walks the stage table in this process (packtrain.pipeline.dag); `--runner kfp`
 runs the pipeline compiled for the cluster through kfp.local, each component in its own process as a pod would
-(packtrain.pipeline.kfp_local). Both print the same lines, write the same outputs and share the stage cache.
+(packtrain.pipeline.kfp_local); `--runner docker` runs that DAG with each component in the container image it
+names, over podman's or Docker's API (packtrain.pipeline.containers; build the images with `make images`). All
+print the same lines, write the same outputs and share the stage cache.
 
 Ends with the summary, where to look in MLflow, the pipeline run id (`run id  3f2a9c0e (pipeline run
 3f2a9c0e…)`) and the `packtrain compare ...` / `packtrain gate ...` lines to type next.
@@ -27,9 +30,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "the cache entries, so later runs restore these")
     parser.add_argument("--verbose", "-v", action="store_true",
                         help="stream everything the stages print (the run's log) to the terminal")
-    parser.add_argument("--runner", choices=("in-process", "kfp"), default="in-process",
+    parser.add_argument("--runner", choices=("in-process", "kfp", "docker"), default="in-process",
                         help="in-process (default): the stages in this process; kfp: the compiled KFP DAG "
-                             "through kfp.local, one process per component as on a cluster")
+                             "through kfp.local, one process per component as on a cluster; docker: the same "
+                             "DAG, each component in its container image (podman or Docker; `make images`)")
     parser.add_argument("--progress", type=float, default=None, metavar="S",
                         help="print a progress line of a long stage (step, loss, tok/s, ETA) every S seconds "
                              "(default 10; 0: every update; ignored with --verbose)")

@@ -98,11 +98,13 @@ class KfpLog:
 
 
 def run_kfp_local(cfg, workdir: Path, log: TextIO, out: TextIO, *, verbose: bool, cache_dir: Path | None,
-                  progress_s: float) -> dict[str, dict]:
+                  progress_s: float, engine=None) -> dict[str, dict]:
     """Run the compiled DAG through kfp.local (module doc); returns each stage's stats dict. Raises StageFailed
     (the failing stage's message and exit code) or, for a failure without an error record, a PacktrainError with
-    kfp's message and the last log lines."""
-    from packtrain.pipeline.kfp_ops import load_pipeline, pipeline_arguments
+    kfp's message and the last log lines (and, in containers, the component's exit code). `engine`
+    (packtrain.pipeline.containers.Engine): every task in its image through kfp's DockerRunner, else
+    SubprocessRunner."""
+    from packtrain.pipeline.kfp_ops import pipeline_arguments
 
     error_file = workdir / "kfp" / "last_error.json"
     error_file.unlink(missing_ok=True)
@@ -114,24 +116,52 @@ def run_kfp_local(cfg, workdir: Path, log: TextIO, out: TextIO, *, verbose: bool
             warnings.filterwarnings("ignore", message=".*no effect in the current local runner.*")
             from kfp import local
 
-            local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(workdir / "kfp"),
-                       raise_on_error=True)
-            # kfp.local honours set_retry: locally a failure is deterministic (bad data, a bug), so no retries
-            pipeline = load_pipeline(cfg.pipeline.model_copy(update={"retries": 0}))
-            try:
-                task = pipeline(**pipeline_arguments(cfg))
-            except Exception as e:  # kfp.local raises RuntimeError naming the failed task
-                raise _failure(e, error_file, stream) from None
+            with _runner(engine) as runner:
+                local.init(runner=runner, pipeline_root=str(workdir / "kfp"), raise_on_error=True)
+                pipeline = local_pipeline(cfg)
+                try:
+                    task = pipeline(**pipeline_arguments(cfg))
+                except Exception as e:  # kfp.local raises RuntimeError naming the failed task
+                    raise _failure(e, error_file, stream, engine) from None
     finally:
         stream.close()
     return {s: json.loads(task.outputs[s]) for s in STAGE_NAMES if task.outputs.get(s)}
 
 
-def _failure(err: Exception, error_file: Path, stream: KfpLog) -> PacktrainError:
-    """The failed stage's own error when its component recorded one, else the kfp error + the log tail."""
+def local_pipeline(cfg):
+    """The pipeline a local kfp/docker run executes: the one compiled for the whole RunConfig (a recipe that trains
+    on the CPU names only the CPU image), without retries (kfp.local honours set_retry; locally a failure is
+    deterministic: bad data, a bug)."""
+    from packtrain.pipeline.kfp_ops import load_pipeline
+
+    return load_pipeline(cfg.model_copy(update={"pipeline": cfg.pipeline.model_copy(update={"retries": 0})}))
+
+
+@contextlib.contextmanager
+def _runner(engine):
+    from kfp import local
+
+    if engine is None:
+        yield local.SubprocessRunner(use_venv=False)
+        return
+    from packtrain.pipeline.containers import docker_runner
+
+    with patched_env(DOCKER_HOST=engine.url), docker_runner(engine) as runner:
+        yield runner
+
+
+def _failure(err: Exception, error_file: Path, stream: KfpLog, engine=None) -> PacktrainError:
+    """The failed stage's own error when its component recorded one, else the kfp error + the log tail (and the
+    failed container's exit code, which becomes packtrain's)."""
     rec = read_error_record(error_file)
     if rec is not None:
         cause, stage = rec
         return StageFailed(str(stage), cause)
     tail = "\n".join(stream.tail[-25:])
+    failed = [(t, c) for t, c in (engine.exit_codes.items() if engine else ()) if c != 0]
+    if failed:
+        task, code = failed[-1]
+        return PacktrainError(f"component {task!r} exited with code {code} in its container "
+                              f"({_ANSI.sub('', str(err))})\n--- last log lines ---\n{tail}",
+                              exit_code=code if 0 < code < 256 else 1)
     return PacktrainError(f"{_ANSI.sub('', str(err))}\n--- last log lines ---\n{tail}")

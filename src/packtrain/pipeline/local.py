@@ -11,7 +11,10 @@ The frame of a run, the same for both runners:
    - runner "in-process" (packtrain.pipeline.dag.run_dag): the stage table walked in this process, one stage
      runner call per stage, each as if in its own process;
    - runner "kfp" (packtrain.pipeline.kfp_local): the pipeline compiled for the cluster
-     (pipelines/kfp_pipeline.py), each component in a subprocess of this venv, as a pod runs it.
+     (pipelines/kfp_pipeline.py), each component in a subprocess of this venv, as a pod runs it;
+   - runner "docker" (the same, packtrain.pipeline.containers): each component in its container image over the
+     Docker API (podman's service or Docker's daemon); its preflight (runtime, images, a workdir the containers
+     can write) runs before the parent MLflow run opens, so a refused run registers nothing.
 3. Stage cache (<workdir>/cache, see packtrain.pipeline.cache): a second run on unchanged data, config and
    code restores every stage from the cache. Its MLflow stage run is still complete: a copy of the run that
    produced the cached output (metrics with histories, params, tags, datasets, artifacts;
@@ -48,11 +51,12 @@ from packtrain.tracking.context import PARENT_ENV
 
 PROGRESS_S = 10.0
 """Default seconds between two progress lines of a running stage (`packtrain run --progress S`)."""
-Runner = Literal["in-process", "kfp"]
-RUNNERS: tuple[str, ...] = ("in-process", "kfp")
-"""`packtrain run --runner`: in-process (default: one process, the stage table walked in it) or kfp (the
-compiled KFP DAG through kfp.local, one subprocess per component, as pods run it)."""
-RUNNER_TAGS = {"in-process": "in-process", "kfp": "kfp.local"}
+Runner = Literal["in-process", "kfp", "docker"]
+RUNNERS: tuple[str, ...] = ("in-process", "kfp", "docker")
+"""`packtrain run --runner`: in-process (default: one process, the stage table walked in it), kfp (the
+compiled KFP DAG through kfp.local, one subprocess per component, as pods run it) or docker (the same DAG, each
+component in its image: packtrain.pipeline.containers)."""
+RUNNER_TAGS = {"in-process": "in-process", "kfp": "kfp.local", "docker": "kfp.local.docker"}
 """The parent run's tag packtrain.runner for each runner."""
 
 
@@ -240,14 +244,11 @@ def run_local(cfg, *, runner: Runner = "in-process", verbose: bool = False, use_
 
 def _run_local(cfg, *, runner: Runner, verbose: bool, use_cache: bool | None, out: TextIO,
                progress_s: float) -> dict:
-    from packtrain.pipeline.summary import build_summary, format_summary
-    from packtrain.tracking import resolve_tracking_uri
-    from packtrain.tracking.layout import data_version_of, pipeline_run_name
-
     t_start = time.perf_counter()
     from packtrain.pipeline.warm import start_warm_imports, warm_modules, worth_warming
 
-    if runner != "kfp" and worth_warming(cfg):   # kfp's stages are subprocesses: nothing imported here reaches them
+    # kfp's and docker's stages are processes of their own: nothing imported here reaches them
+    if runner == "in-process" and worth_warming(cfg):
         start_warm_imports(warm_modules(cfg))
     workdir = Path(cfg.workdir).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
@@ -255,9 +256,24 @@ def _run_local(cfg, *, runner: Runner, verbose: bool, use_cache: bool | None, ou
     # use_cache False (--no-cache): nothing is restored, every stage's fresh output is stored (REFRESH_ENV)
     refresh = use_cache is False and cfg.pipeline.stage_cache
     cache_dir = workdir / "cache" if cfg.pipeline.stage_cache else None
+    with contextlib.ExitStack() as stack:
+        engine = None
+        if runner == "docker":   # preflight before the parent run: a refused run registers nothing
+            from packtrain.pipeline.containers import open_engine
+
+            engine = stack.enter_context(open_engine(cfg, workdir))
+        return _run_stages(cfg, runner=runner, verbose=verbose, out=out, progress_s=progress_s, workdir=workdir,
+                           refresh=refresh, cache_dir=cache_dir, engine=engine, t_start=t_start)
+
+
+def _run_stages(cfg, *, runner: Runner, verbose: bool, out: TextIO, progress_s: float, workdir: Path,
+                refresh: bool, cache_dir: Path | None, engine, t_start: float) -> dict:
+    from packtrain.pipeline.summary import build_summary, format_summary
+    from packtrain.tracking import resolve_tracking_uri
+    from packtrain.tracking.layout import data_version_of, pipeline_run_name
+
     log_path = new_log_path(workdir / "logs")
     log_path.parent.mkdir(parents=True, exist_ok=True)
-
     tracking_uri = resolve_tracking_uri(cfg) if cfg.tracking.enabled else None
     parent = _start_parent(cfg, runner) if tracking_uri else None
     env = {PARENT_ENV: parent, "MLFLOW_TRACKING_URI": tracking_uri,
@@ -272,11 +288,11 @@ def _run_local(cfg, *, runner: Runner, verbose: bool, use_cache: bool | None, ou
 
             drain(log)
             try:
-                if runner == "kfp":
+                if runner in ("kfp", "docker"):
                     from packtrain.pipeline.kfp_local import run_kfp_local
 
                     stages = run_kfp_local(cfg, workdir, log, out, verbose=verbose, cache_dir=cache_dir,
-                                           progress_s=progress_s)
+                                           progress_s=progress_s, engine=engine)
                 else:
                     stages = _run_in_process(cfg, workdir, log, out, verbose, cache_dir, progress_s)
             except StageFailed as e:
