@@ -15,7 +15,8 @@ export MLFLOW_DISABLE_TELEMETRY := true
 export DO_NOT_TRACK := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: run test typecheck setup setup-airflow lint clean bench-pack lock repro chromium wheelhouse dvc-files
+.PHONY: run test typecheck setup setup-airflow lint clean bench-pack lock repro chromium wheelhouse dvc-files \
+        images test-containers
 
 # `dvc repro` with the venv's packtrain on PATH (dvc.yaml calls the CLI)
 repro: $(STAMP)
@@ -89,6 +90,20 @@ $(CHROMIUM_STAMP):
 test: $(STAMP) $(AF_STAMP) $(CHROMIUM_STAMP) typecheck
 	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=40 tests
 	$(PY) bench/ci_gate.py
+
+# The CPU and GPU images, daemonless (podman/buildah from Debian packages, installed with apt-get as root when
+# missing): docker/build-images.sh — the Dockerfiles' public bases when they can be pulled, else a local Python
+# base from debootstrap; the host's CA bundle as a build secret. IMAGES=cpu (or gpu) builds one. docs/install.md.
+IMAGES ?= cpu gpu
+images:
+	IMAGES="$(IMAGES)" bash docker/build-images.sh
+
+# The images and the container runner for real (tests/pipelines/test_container_run.py: builds the CPU image with
+# cached layers, one component with the IR's command, the tiny pipeline through `--runner docker`, a failing
+# component, bad input); `.ci/run` runs it after `make test`. Cold ~N min, warm ~N min on 2 cores (docs/install.md).
+test-containers: $(STAMP)
+	IMAGES=base bash docker/build-images.sh
+	PACKTRAIN_CONTAINER_TESTS=1 $(PY) -m pytest -q -n 0 --durations=10 tests/pipelines/test_container_run.py
 
 # mypy over src/packtrain ([tool.mypy] in pyproject.toml), zero errors: ~11 s cold on 2 cores (<1 s warm,
 # .mypy_cache/); under `make -j3 test` it runs beside the Airflow venv's install

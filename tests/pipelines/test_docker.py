@@ -119,3 +119,31 @@ def test_images_install_the_built_wheel_not_the_source_tree(dockerfile):
     # the smoke import runs in / (not next to a source tree) and loads a recipe + the pipeline from the wheel
     k = next(k for k, (i, v) in enumerate(final) if i == "RUN" and "load_run_config('tiny-cpu')" in v)
     assert [v for i, v in final[:k] if i == "WORKDIR"][-1] == "/" and "load_pipeline(" in final[k][1]
+
+
+@pytest.mark.parametrize("dockerfile", ["Dockerfile", "Dockerfile.cpu"])
+def test_a_source_change_rebuilds_only_the_wheels_layers(dockerfile):
+    """torch and the third-party requirements (pinned by constraints.txt) are installed before the wheel is copied
+    in; the git sha (a new value every commit) comes after the last RUN, so a new commit rebuilds nothing above."""
+    _, ins = _parse(DOCKER / dockerfile)
+    final = _final_stage(ins)
+    at = {name: next(k for k, (i, v) in enumerate(final) if pred(i, v)) for name, pred in {
+        "torch": lambda i, v: i == "RUN" and "${TORCH_SPEC}" in v,
+        "requirements": lambda i, v: i == "RUN" and "-c constraints.txt -r requirements.txt" in v,
+        "wheel": lambda i, v: i == "COPY" and v.startswith("--from=wheel /dist"),
+        "sha": lambda i, v: i == "ARG" and v.startswith("GIT_SHA"),
+    }.items()}
+    assert at["torch"] < at["requirements"] < at["wheel"] < at["sha"]
+    assert max(k for k, (i, _) in enumerate(final) if i == "RUN") < at["sha"]
+    assert all(k >= at["sha"] for k, (_, v) in enumerate(final) if "GIT_SHA" in v)
+
+
+@pytest.mark.parametrize("dockerfile", ["Dockerfile", "Dockerfile.cpu"])
+def test_the_ca_bundle_is_a_build_secret_never_a_layer(dockerfile):
+    """Every RUN that downloads with pip mounts the `ca` secret (for that step only); nothing copies, adds or sets
+    a certificate file into the image."""
+    _, ins = _parse(DOCKER / dockerfile)
+    downloads = [v for i, v in ins if i == "RUN" and ("pip install" in v or "pip wheel" in v) and "--no-index" not in v]
+    assert len(downloads) >= 3 and all(v.startswith("--mount=type=secret,id=ca ") for v in downloads)
+    assert not [v for i, v in ins if i in ("COPY", "ADD", "ENV", "ARG") and ("secret" in v or ".crt" in v or "CERT" in v)]
+    assert "--secret" in (DOCKER / "build-images.sh").read_text()
