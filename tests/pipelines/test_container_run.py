@@ -103,8 +103,10 @@ def test_one_component_runs_with_the_compiled_irs_command(cpu_image, root):
     args = [json.dumps(executor_input) if a == "{{$}}" else a for a in spec["args"]]
     r = _podman("run", "--rm", "--user", f"{os.getuid()}:{os.getgid()}", "-v", f"{wd}:{wd}", "-w", str(wd),
                 "-e", f"MLFLOW_TRACKING_URI=sqlite:///{wd}/mlflow.db", cpu_image, *spec["command"], *args)
-    stats = json.loads((out / "Output").read_text())
-    assert stats["rows"] > 10, r.stdout[-2000:]
+    written = sorted(p.name for p in out.iterdir())
+    assert "executor_output.json" in written, (written, r.stdout[-2000:], r.stderr[-2000:])
+    stats = json.loads(json.loads((out / "executor_output.json").read_text())["parameterValues"]["Output"])
+    assert stats["documents"] == 60 and stats["code_version"] == "container-test", stats
     assert (out / "documents").is_dir() and any((out / "documents").iterdir())
 
 
