@@ -15,7 +15,8 @@
 #     (id=ca: pip's certificate store in the RUN steps that download, never written to a layer) and the git sha
 #     as the revision label. CPU torch comes from TORCH_WHEELS (a folder holding the CPU torch wheel, mounted
 #     read-only into the build) when it has one, else from the CPU torch index.
-# Environment: IMAGES, CA_BUNDLE, TORCH_WHEELS, PYTHON_IMAGE, CUDA_IMAGE, DEBIAN_MIRROR, PULL_TIMEOUT (s).
+# Environment: IMAGES, CA_BUNDLE, TORCH_WHEELS, PYTHON_IMAGE, CUDA_IMAGE, DEBIAN_MIRROR, PULL_TIMEOUT (s), GIT_SHA
+# (default: the checkout's, -dirty when src/, components/, pipelines/, recipes/ or pyproject.toml have changes).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -31,9 +32,11 @@ PUBLIC_CUDA="docker.io/nvidia/cuda:12.8.1-cudnn-devel-ubuntu24.04"
 LOCAL_PYTHON="localhost/packtrain-python:3.11-bookworm"
 PULL_TIMEOUT="${PULL_TIMEOUT:-60}"
 VERSION="$(sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml | head -1)"
-GIT_SHA="$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)"
-if [ "$GIT_SHA" != unknown ] && [ -n "$(git status --porcelain -- src components pipelines recipes pyproject.toml 2>/dev/null)" ]; then
-  GIT_SHA="${GIT_SHA}-dirty"
+if [ -z "${GIT_SHA:-}" ]; then
+  GIT_SHA="$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)"
+  if [ "$GIT_SHA" != unknown ] && [ -n "$(git status --porcelain -- src components pipelines recipes pyproject.toml 2>/dev/null)" ]; then
+    GIT_SHA="${GIT_SHA}-dirty"
+  fi
 fi
 
 for which in $IMAGES; do
