@@ -111,6 +111,8 @@ else
 fi
 say "Python base: $PYTHON_IMAGE"
 
+# The sha also as --label/--env: buildah 1.28 keys its layer cache on the LABEL/ENV text, not the ARG values in
+# it, so a cached `LABEL revision="${GIT_SHA}"` would keep an older commit's sha; these apply at commit time.
 build() {  # build DOCKERFILE TAG ARG...
   local dockerfile="$1" tag="$2" start; shift 2
   start=$(date +%s)
@@ -119,6 +121,8 @@ build() {  # build DOCKERFILE TAG ARG...
     "${secret_args[@]}" \
     --build-arg "PYTHON_IMAGE=$PYTHON_IMAGE" \
     --build-arg "PACKTRAIN_VERSION=$VERSION" --build-arg "GIT_SHA=$GIT_SHA" \
+    --label "org.opencontainers.image.revision=$GIT_SHA" --label "org.opencontainers.image.version=$VERSION" \
+    --env "PACKTRAIN_CODE_VERSION=$VERSION+g$GIT_SHA" \
     "$@" . || die "podman build of $dockerfile failed (output above)"
   say "$tag built in $(( $(date +%s) - start )) s: $(podman image inspect --format '{{.Size}}' "$tag" | awk '{printf "%.2f GB", $1/1e9}')"
 }
