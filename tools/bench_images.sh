@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Build times and sizes of the images, for bench/results/images.json:
+# Build times and sizes of the images (bench/results/images.json's cpu_image section):
 #   bash tools/bench_images.sh [OUT.json]      (as root; ~15 min on 2 cores; IMAGES=cpu by default)
 # Runs on a copy of HEAD (git archive) in its own podman storage (a fresh graphroot), so nothing cached from
 # earlier builds helps the cold number and the checkout is never edited:
@@ -9,7 +9,7 @@
 # Each image's size is what `podman image inspect` reports.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-OUT="${1:-bench/results/images.json}"
+OUT="${1:-${TMPDIR:-/tmp}/images_bench.json}"
 IMAGES="${IMAGES:-cpu}"
 work="$(mktemp -d "${TMPDIR:-/var/tmp}/packtrain-bench-images.XXXXXX")"
 trap 'rm -rf "$work"' EXIT
