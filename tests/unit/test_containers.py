@@ -87,3 +87,17 @@ def test_a_malformed_container_user_names_the_variable(tmp_path, monkeypatch):
     monkeypatch.setenv(containers.USER_ENV, "packtrain")
     r = run_main(["run", "--runner", "docker", *as_args(_settings(tmp_path))], cwd=tmp_path)
     assert r.returncode == 2 and f"{containers.USER_ENV}='packtrain': must be UID or UID:GID" in r.stderr
+
+
+def test_a_container_that_dies_without_an_error_record_fails_with_its_exit_code(tmp_path):
+    """A component killed in its container (SIGKILL: 137) writes no error record: the run fails with the
+    container's exit code and names the component — never SUCCESS."""
+    import io
+
+    from packtrain.pipeline.kfp_local import KfpLog, _failure
+
+    engine = containers.Engine(url="unix:///nonexistent", workdir=tmp_path, user="0:0",
+                               exit_codes={"ingest": 0, "train": 137})
+    stream = KfpLog(io.StringIO(), io.StringIO(), False, 10.0, lambda ev: None)
+    err = _failure(RuntimeError("Task 'train' finished with status FAILURE"), tmp_path / "none.json", stream, engine)
+    assert err.exit_code == 137 and "component 'train' exited with code 137 in its container" in str(err)
