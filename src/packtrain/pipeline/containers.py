@@ -109,9 +109,10 @@ def _start_podman_service(podman: str) -> tuple[str, subprocess.Popen, str]:
         conf = Path(tmp) / "containers.conf"
         conf.write_text(PODMAN_CONF)
         env["CONTAINERS_CONF"] = str(conf)
-    log = open(Path(tmp) / "service.log", "w")  # noqa: SIM115 - the service's own stderr, read on failure
-    proc = subprocess.Popen([podman, "system", "service", "--time=0", f"unix://{sock}"], env=env,
-                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    with open(Path(tmp) / "service.log", "w") as log:   # the service's own output, read on failure
+        proc = subprocess.Popen([podman, "system", "service", "--time=0", f"unix://{sock}"], env=env,
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                preexec_fn=_die_with_parent())
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -125,6 +126,19 @@ def _start_podman_service(podman: str) -> tuple[str, subprocess.Popen, str]:
     proc.wait()
     shutil.rmtree(tmp, ignore_errors=True)
     raise ContainerError("`podman system service` did not open its socket within 30 s")
+
+
+def _die_with_parent():
+    """A preexec_fn for the service: SIGTERM it when this process dies (even by SIGKILL), so no podman service
+    outlives the run (Linux prctl PR_SET_PDEATHSIG; elsewhere None, and Engine.close is the only stop). libc is
+    looked up here, in the parent: the child runs only the call (no import after fork)."""
+    import ctypes
+
+    try:
+        prctl = ctypes.CDLL("libc.so.6", use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    return lambda: prctl(1, signal.SIGTERM)   # 1: PR_SET_PDEATHSIG
 
 
 def _endpoint() -> tuple[str, subprocess.Popen | None, str | None]:
