@@ -25,6 +25,8 @@ import pytest
 import yaml
 from pipeline_helpers import REPO, as_args, run_main, tiny_corpus, tiny_settings
 
+import packtrain
+
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(os.environ.get("PACKTRAIN_CONTAINER_TESTS") != "1",
@@ -53,11 +55,14 @@ CPU_IMAGE = _registry()["docker/Dockerfile.cpu"]
 
 @pytest.fixture(scope="module")
 def cpu_image():
+    """The CPU image built from this checkout; returns (image, the sha it was built at)."""
     assert shutil.which("podman"), "podman is not installed (make test-containers installs it as root)"
+    sha = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=REPO, capture_output=True,
+                         text=True).stdout.strip()
     r = subprocess.run(["bash", "docker/build-images.sh", "cpu"], cwd=REPO, capture_output=True, text=True,
-                       timeout=1800)
+                       timeout=1800, env={**os.environ, "GIT_SHA": sha})
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-5000:]
-    return CPU_IMAGE
+    return CPU_IMAGE, sha
 
 
 @pytest.fixture(scope="module")
@@ -68,10 +73,11 @@ def root(tmp_path_factory):
 
 
 def test_the_image_is_labelled_with_the_checkouts_sha(cpu_image):
-    sha = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=REPO, capture_output=True,
-                         text=True).stdout.strip()
+    cpu_image, sha = cpu_image
     labels = json.loads(_podman("image", "inspect", "--format", "{{json .Labels}}", cpu_image).stdout)
-    assert labels["org.opencontainers.image.revision"].removesuffix("-dirty") == sha
+    assert labels["org.opencontainers.image.revision"] == sha
+    env = _podman("image", "inspect", "--format", "{{json .Config.Env}}", cpu_image).stdout
+    assert f"PACKTRAIN_CODE_VERSION={packtrain.__version__}+g{sha}" in env
     assert labels["io.packtrain.image"] == cpu_image
     user = _podman("image", "inspect", "--format", "{{.Config.User}}", cpu_image).stdout.strip()
     assert user == "1000:1000"
@@ -79,6 +85,7 @@ def test_the_image_is_labelled_with_the_checkouts_sha(cpu_image):
 
 def test_one_component_runs_with_the_compiled_irs_command(cpu_image, root):
     """ingest, as a pod runs it: the IR's command + args, `{{$}}` replaced by the executor input."""
+    cpu_image, _ = cpu_image
     from packtrain.config import load_run_config
     from packtrain.pipeline.kfp_ops import config_json
 
@@ -145,6 +152,7 @@ def test_an_image_not_in_the_local_store_is_refused(cpu_image, root):
 
 
 def test_a_mount_the_images_user_cannot_write_is_a_clear_error(cpu_image, root):
+    cpu_image, _ = cpu_image
     mount = root / "root-owned"
     mount.mkdir(mode=0o755)
     os.chown(mount, 0, 0) if os.getuid() == 0 else None
