@@ -101,7 +101,7 @@ images:
 # The images and the container runner for real (tests/pipelines/test_container_run.py: builds the CPU image with
 # cached layers, one component with the IR's command, the tiny pipeline through `--runner docker`, a failing
 # component, bad input); `.ci/run` runs it after `make test`. Warm 1.5-4.4 min on the shared 2-core machine (by its
-# load), cold + 15 min for the images from an empty store (bench/results/images.json).
+# load); cold adds 3.5-15 min for the images from an empty store (bench/results/images.json).
 test-containers: $(STAMP)
 	IMAGES=base bash docker/build-images.sh
 	PACKTRAIN_CONTAINER_TESTS=1 $(PY) -m pytest -q -n 0 --durations=10 tests/pipelines/test_container_run.py
