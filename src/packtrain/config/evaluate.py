@@ -89,6 +89,12 @@ class PromotionConfig(StrictModel):
     def _off_from_yaml(cls, v):
         """YAML reads a bare `off` as false: that is "off"."""
         return "off" if v is False else v
+    allow_unguarded: bool = False
+    """Promote even when nothing measures the champion's domain: its held-out documents, found through the
+    lineage recorded on its registered version (tags heldout.path / heldout.md5), are gone, changed or were never
+    recorded (packtrain.evaluate.champion_domain). false → such a challenger is kept as challenger and the reason
+    says "nothing measures the champion's domain: …"; true → the suites alone decide, and the same line is still
+    written to the summary, validation.json and the version's tag `champion_domain`."""
 
 
 class EvalConfig(StrictModel):
@@ -149,8 +155,10 @@ class EvalConfig(StrictModel):
     def _suite_names(self) -> EvalConfig:
         names = [s.name for s in self.suites]
         dup = sorted({n for n in names if names.count(n) > 1})
-        if dup or "recent" in names:
-            raise ValueError(f"evaluate.suites: names must be unique and not 'recent' (got {', '.join(dup or ['recent'])})")
+        reserved = [n for n in names if n in ("recent", "champion_domain")]
+        if dup or reserved:
+            raise ValueError(f"evaluate.suites: names must be unique and not 'recent' or 'champion_domain' (got "
+                             f"{', '.join(dup or reserved)})")
         if self.recent_role == "off" and not any(s.role == "primary" for s in self.suites):
             raise ValueError("evaluate.recent_role is off but no evaluate.suites entry has role primary: "
                              "one suite must be primary")

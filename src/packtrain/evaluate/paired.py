@@ -91,6 +91,7 @@ class PromotionVerdict:
     suites: list[SuiteDelta]
     config: dict
     note: str = ""                 # e.g. "tokenizers differ: compared in bits per byte"
+    champion_domain: str = ""      # what measures the champion's domain (packtrain.evaluate.champion_domain)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -106,8 +107,11 @@ class PromotionVerdict:
         tag packtrain.register_run_id names the run): as tags, 4 to 8 a suite made a version ~45 tags, its row
         in the registry page ~1,500 px tall."""
         failed = [s.suite for s in self.suites if s.passed is False]
-        return {"validation": "promote" if self.promote else "keep", "validation_reason": self.reason[:4000],
-                "validation_against": self.against or "none", "validation_failed": ",".join(failed) or "none"}
+        t = {"validation": "promote" if self.promote else "keep", "validation_reason": self.reason[:4000],
+             "validation_against": self.against or "none", "validation_failed": ",".join(failed) or "none"}
+        if self.champion_domain:   # what measured the champion's own domain (packtrain.evaluate.champion_domain)
+            t["champion_domain"] = self.champion_domain[:4000]
+        return t
 
 
 def _seed(seed: int, suite: str) -> list[int]:

@@ -45,6 +45,7 @@ class Against:
     uri: str | None            # models:/NAME/3
     version: str | None
     same: bool = False         # the champion is this very model (equal md5): scored once, Δ = 0 exactly
+    tags: dict | None = None   # the registry version's tags (its lineage: packtrain.evaluate.champion_domain)
 
 
 def resolve_against(cfg: RunConfig, ref: str, challenger: Path | None = None) -> tuple[Against | None, str]:
@@ -105,7 +106,8 @@ def resolve_against(cfg: RunConfig, ref: str, challenger: Path | None = None) ->
                 f"the champion {name} v{v} is this very model (model md5 {md5[:12]}): scored once, its scores "
                 "are the challenger's (Δ = 0)")
     path = download_version(uri, name, v, cache_dir(cfg.workdir, name, v), run_id=mv.run_id, source=mv.source)
-    return Against(f"v{v}", path, f"models:/{name}/{v}", v), f"compared with {name} v{v} ({ref})"
+    return Against(f"v{v}", path, f"models:/{name}/{v}", v, tags=dict(mv.tags or {})), \
+        f"compared with {name} v{v} ({ref})"
 
 
 def evaluate_identity(cfg: RunConfig, model_md5: str | None = None) -> dict:
@@ -306,6 +308,20 @@ def paired_manifest(challenger: Path, against: Against | None, note: str, cfg: E
             **scored}
 
 
+def _champion_domain(cfg: EvalConfig, against: Against | None, recent_packs: Path | None):
+    """How the registered version compared with is measured on its own held-out documents
+    (packtrain.evaluate.champion_domain); None for no champion, a model directory or the challenger itself."""
+    if against is None or against.same or against.version is None:
+        return None
+    from packtrain.evaluate.champion_domain import champion_domain
+    from packtrain.versioning import data_md5
+
+    scored = recent_packs is not None and cfg.recent_role != "off"
+    recent_md5 = data_md5(Path(recent_packs).resolve()) if scored and recent_packs is not None else None
+    return champion_domain(against.label, against.tags or {}, against.model_dir, recent_md5,
+                           cfg.recent_max_documents)
+
+
 def paired_evaluation(cfg: RunConfig, challenger: Path, ref: str, out_dir: Path,
                       recent_packs: Path | None = None, loaded: Loaded | None = None,
                       timings: dict | None = None) -> tuple[dict, list[dict]]:
@@ -330,12 +346,17 @@ def paired_evaluation(cfg: RunConfig, challenger: Path, ref: str, out_dir: Path,
         timings["against_s"] = round(time.perf_counter() - t0, 3)
     models = [("challenger", Path(challenger))] + ([("champion", against.model_dir)] if against and not against.same
                                                    else [])
+    domain = _champion_domain(cfg.evaluate, against, recent_packs)
+    if domain is not None and domain.suite is not None:
+        suites = [*suites, domain.suite]
     rows, metrics, scored = score_suites(models, suites, cfg.evaluate, recent_packs, loaded, timings)
     if against is not None and against.same:   # identical weights: identical scores, without a second pass
         rows += [{**r, "model": "champion"} for r in rows]
         metrics += [{**m, "model": "champion"} for m in metrics]
     t_write = time.perf_counter()
     manifest = paired_manifest(Path(challenger), against, note, cfg.evaluate, scored)
+    if domain is not None:
+        manifest["champion_domain"] = domain.describe()
     manifest["task_metrics"] = metrics
     manifest["seed_spread"] = spread
     write_scores(out_dir, rows, manifest)

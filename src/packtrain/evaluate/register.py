@@ -54,6 +54,25 @@ def promotion_verdict(eval_dir: str | Path, cfg: RegisterConfig):
     v = decide_promotion(suites, cfg.promotion, against, manifest.get("tokenizers_match"), manifest.get("seed_spread"))
     if manifest.get("note") and manifest["note"] not in v.note:
         v.note = "; ".join(x for x in (manifest["note"], v.note) if x)
+    return guard_champion_domain(v, manifest, cfg.promotion.allow_unguarded)
+
+
+def guard_champion_domain(v, manifest: dict, allow_unguarded: bool):
+    """The verdict `v` with the champion's domain accounted for (packtrain.evaluate.champion_domain): its line
+    recorded, and a promotion refused when nothing measured that domain, unless `allow_unguarded`."""
+    from packtrain.evaluate.champion_domain import unguarded_line
+
+    cd = manifest.get("champion_domain") or {}
+    v.champion_domain = cd.get("line") or ""
+    line = unguarded_line(manifest)
+    if line is None or v.against is None:
+        return v
+    if v.promote and not allow_unguarded:
+        v.promote = False
+        v.reason = (f"not promoted over {v.against}: {line} (register.promotion.allow_unguarded=true promotes "
+                    f"on the suites alone: {v.reason})")
+    elif v.promote:
+        v.reason = f"{v.reason}; {line}: promoted anyway (register.promotion.allow_unguarded=true)"
     return v
 
 

@@ -156,8 +156,9 @@ def record_pieces(rec: object, where: str) -> tuple[Piece, ...]:
                          f"'messages' list (got {keys})")
 
 
-def recent_suite(role: str, packs_eval_dir: Path, tokenizer, max_documents: int | None = None) -> TextSuite:
-    """Suite "recent": the pipeline's held-out split, from the eval packs, one document per doc_id (chunks of a
+def recent_suite(role: str, packs_eval_dir: Path, tokenizer, max_documents: int | None = None,
+                 name: str = RECENT) -> TextSuite:
+    """Suite "recent" (or `name`: the champion's held-out packs, packtrain.evaluate.champion_domain): the pipeline's held-out split, from the eval packs, one document per doc_id (chunks of a
     split document joined back in order), decoded with the tokenizer the packs were made with; with
     `max_documents` the first N by doc_id (evaluate.recent_max_documents). Scored as plain text by both models
     (a chat record's template markup is text here)."""
@@ -181,5 +182,6 @@ def recent_suite(role: str, packs_eval_dir: Path, tokenizer, max_documents: int 
         if text:
             docs.append(SuiteDoc(str(doc_id), (Piece(text, True),)))
     if not docs:
-        raise InputDataError(f"suite {RECENT!r}: the eval packs {packs_eval_dir} decode to no text")
-    return TextSuite(RECENT, role, str(packs_eval_dir), data_md5(packs_eval_dir), docs, len(docs))  # type: ignore[arg-type]
+        raise InputDataError(f"suite {name!r}: the eval packs {packs_eval_dir} decode to no text")
+    path = Path(packs_eval_dir).resolve()   # absolute: the registered version records it (heldout.path)
+    return TextSuite(name, role, str(path), data_md5(path), docs, len(docs))  # type: ignore[arg-type]

@@ -68,6 +68,7 @@ FIELDS: dict[str, tuple[str, str]] = {
     "version": ("register", "version"),
     "alias": ("register", "decision"),
     "reason": ("register", "reason"),
+    "champion_domain": ("register", "version_tags.champion_domain"),   # what measured the champion's domain
 }
 for _stage, _key in FIELDS.values():
     stage_spec(_stage)   # a summary field names a stage of the table (KeyError at import otherwise)
@@ -254,6 +255,9 @@ def _register(s: dict) -> list[str]:
     why = [f"             {line}" for line in _wrap(s["reason"])] if s.get("reason") else []
     if s.get("margins"):   # where the promotion's margins came from (docs/validation.md "Seed noise")
         why += [f"             {line}" for line in _wrap(f"margins: {s['margins']}")]
+    line = str(s.get("champion_domain") or "")
+    if line.startswith("nothing measures"):   # said in full: the champion's old domain was not guarded
+        why += [f"             {x}" for x in _wrap(line)]
     if s.get("version") is not None and "registry_now" in s:   # restored from the cache: the registry as it is
         now = s["registry_now"]
         return [f"  register   {s.get('model_name') or 'model'} v{s['version']} (registered by an earlier run, "

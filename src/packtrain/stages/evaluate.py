@@ -113,6 +113,8 @@ def score_against(cfg: RunConfig, model_dir: Path, split: Path, out: Path, run, 
     manifest, _ = paired_evaluation(cfg, model_dir, "champion" if cfg.evaluate.against == "champion" else "none",
                                     out, recent_packs=split, loaded=loaded, timings=timings)
     print(f"[packtrain] evaluate: {manifest['note']}", file=sys.stderr, flush=True)
+    if manifest.get("champion_domain"):
+        print(f"[packtrain] evaluate: {manifest['champion_domain']['line']}", file=sys.stderr, flush=True)
     import pyarrow.parquet as pq
 
     t = pq.read_table(out / SCORES_FILE).to_pandas()

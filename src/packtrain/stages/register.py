@@ -58,6 +58,7 @@ def run_register(cfg: RunConfig, model_dir: str | Path, eval_dir: str | Path, tr
     verdict = promotion_verdict(eval_dir, cfg.register_)   # before any MLflow call: bad input registers nothing
     op = build_registration(model_dir, ev, train_dir / TrainResult.FILE, cfg.register_, verdict=verdict)
     op["result_path"] = str((out_dir / "register_result.json").resolve())
+    op["version_tags"].update(_heldout_tags(eval_dir))   # where this model's held-out documents are
     with stage_run("register", cfg, section=cfg.register_) as run:
         out = run.submit(op)   # live: the result; store unreachable: None (buffered with a model copy)
         if out is None:
@@ -69,3 +70,14 @@ def run_register(cfg: RunConfig, model_dir: str | Path, eval_dir: str | Path, tr
         result = from_library(RegisterResult, lib, lineage, RegisterResult.FILE)
         result.write(out_dir)
     return result
+
+
+def _heldout_tags(eval_dir: Path) -> dict[str, str]:
+    """Version tags heldout.path/.md5/.n: the eval packs the evaluation scored as suite recent, so a later
+    challenger is scored on this model's own domain (packtrain.evaluate.champion_domain)."""
+    import json
+
+    from packtrain.evaluate.champion_domain import heldout_tags
+    from packtrain.evaluate.paired_eval import MANIFEST_FILE
+
+    return heldout_tags(json.loads((eval_dir / MANIFEST_FILE).read_text(encoding="utf-8")))

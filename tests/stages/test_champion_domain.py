@@ -1,0 +1,180 @@
+"""The champion's own domain is always a regression suite (packtrain.evaluate.champion_domain), on every path.
+
+    v1  champion: trained on domain A (prose), evaluated on A's held-out packs → tags heldout.path/.md5
+    a plain `packtrain run` warm-started from v1 (model.init_from=champion) on a new, much easier domain B
+    (counting), with no replay suite in the recipe → its own held-out split improves, v1's domain regresses:
+    NOT promoted, and the reason names suite champion_domain with its CI
+    a champion whose recorded held-out packs are gone → the plain line "nothing measures the champion's domain:
+    …" in suites.json, validation.json, the version's tags; no promotion without
+    register.promotion.allow_unguarded, promotion with it
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from promotion_models import domain_a, train_tiny, write_eval_packs
+
+from packtrain.config import load_run_config
+from packtrain.evaluate.tiny import build_tiny_model_dir
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "pipelines"))
+from pipeline_helpers import as_args, run_main  # noqa: E402
+
+NAME = "domain-lm"
+
+
+def counting(n: int, seed: int) -> list[str]:
+    """A new, much easier domain: runs of 40 consecutive numbers from random starts (all distinct)."""
+    rng = np.random.default_rng(seed)
+    return [" ".join(str(k) for k in range(s, s + 40)) for s in rng.choice(5000, n, replace=False).tolist()]
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    root = tmp_path_factory.mktemp("domain")
+    a_train, a_held = domain_a(120, 0), domain_a(40, 1)
+    base = build_tiny_model_dir(root / "init", a_train + counting(120, 2), vocab_size=300, hidden_size=32)
+    m = {"v1": train_tiny(base, root / "m1", a_train, steps=50, lr=3e-3, seed=0)}
+    m["longer"] = train_tiny(m["v1"], root / "m3", a_train, steps=60, lr=3e-3, seed=2)
+    packs = {"a": root / "packs_a", "gone": root / "packs_gone"}
+    write_eval_packs(packs["a"] / "eval", base, a_held)
+    shutil.copytree(packs["a"], packs["gone"])
+    return {"root": root, "models": m, "packs": packs, "uri": f"sqlite:///{root / 'mlflow.db'}"}
+
+
+def _cfg(world, name, *extra):
+    return load_run_config("tiny-cpu", [
+        f"workdir={world['root'] / 'work'}", f"tracking.tracking_uri={world['uri']}", f"register.model_name={name}",
+        "tracking.system_metrics=false", "evaluate.sample_tokens=2", "evaluate.prompts=['The ']",
+        "evaluate.suite_budget=128", "register.promotion.resamples=500", "evaluate.suites=[]", *extra])
+
+
+def _evaluate(world, name, key, packs, tag, *extra):
+    from packtrain.stages.evaluate import run_evaluate
+
+    ev_dir = world["root"] / f"ev_{tag}"
+    run_evaluate(_cfg(world, name, *extra), world["models"][key], world["packs"][packs], ev_dir)
+    return ev_dir
+
+
+def _register(world, name, key, ev_dir, tag, *extra):
+    from packtrain.stages.register import run_register
+
+    return run_register(_cfg(world, name, *extra), world["models"][key], ev_dir, world["root"] / "no-train",
+                        world["root"] / f"reg_{tag}")
+
+
+@pytest.fixture(scope="module")
+def registry(world):
+    """v1 champion of NAME (held-out packs A, kept) and of NAME-gone / NAME-override (held-out packs deleted
+    after registration)."""
+    from packtrain.tracking.run import set_fluent_tracking_uri
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(world["root"])
+        mp.delenv("MLFLOW_TRACKING_URI", raising=False)
+        set_fluent_tracking_uri(world["uri"])
+        ev = _evaluate(world, NAME, "v1", "a", "v1")
+        out = {"v1": _register(world, NAME, "v1", ev, "v1")}
+        ev_gone = _evaluate(world, f"{NAME}-gone", "v1", "gone", "v1_gone")
+        for name in (f"{NAME}-gone", f"{NAME}-override"):
+            out[name] = _register(world, name, "v1", ev_gone, name)
+        shutil.rmtree(world["packs"]["gone"])   # the lineage now points at missing data
+    return out
+
+
+def test_champion_records_where_its_held_out_documents_are(world, registry):
+    from packtrain.versioning import data_md5
+
+    t = registry["v1"].version_tags
+    assert registry["v1"].decision == "champion"
+    assert t["heldout.path"] == str((world["packs"]["a"] / "eval").resolve())
+    assert t["heldout.md5"] == data_md5(world["packs"]["a"] / "eval") and t["heldout.n"] == "40"
+
+
+def test_plain_run_on_an_easier_domain_does_not_take_the_alias(world, registry, tmp_path):
+    """`packtrain run`, warm start from the champion, new easy domain only, no replay suite: not promoted."""
+    import mlflow
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for i, text in enumerate(counting(80, 7)):
+        (corpus / f"doc{i:03d}.txt").write_text(text + "\n", encoding="utf-8")
+    settings = [
+        f"workdir={tmp_path / 'wd'}", f"ingest.source={corpus}", "validate.min_rows=10", "tokenize.eval_fraction=0.2",
+        "tokenize.workers=1", "pack.budget=64", "train.rows=8", "train.max_steps=40", "train.lr=3e-3",
+        "train.warmup_steps=1", "evaluate.rows=2", "evaluate.sample_tokens=2", "evaluate.suite_budget=128",
+        "evaluate.suites=[]", "tracking.system_metrics=false", f"tracking.tracking_uri={world['uri']}",
+        f"register.model_name={NAME}", "register.promotion.resamples=500", "model.init_from=champion"]
+    res = run_main(["run", *as_args(settings)], cwd=tmp_path)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    client = mlflow.MlflowClient(tracking_uri=world["uri"], registry_uri=world["uri"])
+    assert str(client.get_model_version_by_alias(NAME, "champion").version) == "1"
+    v2 = client.get_model_version(NAME, "2")
+    t = v2.tags
+    assert t["decision"] == "challenger" and t["packtrain.parent_model_version"] == "1"
+    # better on its own (easy) held-out split, worse on the champion's: the reason names that suite and its CI
+    assert t["suite.recent.passed"] == "true" and float(t["suite.recent.delta"]) < 0
+    assert t["suite.champion_domain.passed"] == "false" and float(t["suite.champion_domain.delta"]) > 0.05
+    reason = t["decision_reason"]
+    assert "champion_domain (regression) not non-inferior" in reason and "CI [" in reason, reason
+    assert t["champion_domain"].startswith("v1's domain: its held-out documents")
+    assert "v2 → challenger" in res.stdout and "champion_domain" in res.stdout, res.stdout
+
+
+def test_missing_lineage_refuses_promotion_with_one_plain_line(world, registry):
+    import mlflow
+
+    name = f"{NAME}-gone"
+    ev = _evaluate(world, name, "longer", "a", "longer_gone")
+    manifest = json.loads((ev / "suites.json").read_text())
+    line = manifest["champion_domain"]["line"]
+    assert manifest["champion_domain"]["status"] == "unguarded"
+    assert line == (f"nothing measures the champion's domain: v1's held-out documents "
+                    f"{(world['packs']['gone'] / 'eval').resolve()} (version tag heldout.path) do not exist")
+    assert [s["name"] for s in manifest["suites"]] == ["recent"]
+    reg = _register(world, name, "longer", ev, "longer_gone")
+    assert (reg.version, reg.decision) == ("2", "challenger")
+    assert reg.reason.startswith(f"not promoted over v1: {line} (register.promotion.allow_unguarded=true")
+    assert "recent (primary" in reg.reason   # the suites alone would have promoted it
+    assert reg.version_tags["champion_domain"] == line and reg.version_tags["validation"] == "keep"
+    client = mlflow.MlflowClient(tracking_uri=world["uri"], registry_uri=world["uri"])
+    assert str(client.get_model_version_by_alias(name, "champion").version) == "1"
+    path = client.download_artifacts(reg.run_id, "validation/validation.json", str(world["root"] / "dl"))
+    assert json.loads(Path(path).read_text())["champion_domain"] == line
+
+    from packtrain.pipeline.summary import format_summary
+
+    summary = format_summary("t", {"model_name": name, "version": "2", "alias": "challenger", "reason": reg.reason,
+                                   "champion_domain": line}, 1.0, 7, None)
+    assert f"\n             {line}" in summary
+
+
+def test_missing_lineage_promotes_with_the_override(world, registry):
+    import mlflow
+
+    name = f"{NAME}-override"
+    ev = _evaluate(world, name, "longer", "a", "longer_override")
+    reg = _register(world, name, "longer", ev, "longer_override", "register.promotion.allow_unguarded=true")
+    assert (reg.version, reg.decision) == ("2", "champion")
+    assert reg.reason.endswith("do not exist: promoted anyway (register.promotion.allow_unguarded=true)")
+    assert reg.version_tags["champion_domain"].startswith("nothing measures the champion's domain: v1's held-out")
+    client = mlflow.MlflowClient(tracking_uri=world["uri"], registry_uri=world["uri"])
+    assert str(client.get_model_version_by_alias(name, "champion").version) == "2"
+
+
+def test_a_version_without_recorded_held_out_documents_is_unguarded(world):
+    from packtrain.evaluate.champion_domain import champion_domain
+
+    cd = champion_domain("v3", {}, world["models"]["v1"], None)
+    assert (cd.status, cd.suite) == ("unguarded", None)
+    assert cd.line.startswith("nothing measures the champion's domain: v3 records no held-out documents")
+    same = champion_domain("v3", {"heldout.path": str(world["packs"]["a"] / "eval")}, world["models"]["v1"],
+                           __import__("packtrain.versioning").versioning.data_md5(world["packs"]["a"] / "eval"))
+    assert same.status == "recent" and same.suite is None   # this run's own held-out split measures it
