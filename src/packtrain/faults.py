@@ -18,6 +18,7 @@ The points in the code:
     replay.before_record@N / replay.after_record@N   SIGKILL around recording the N-th applied op id
                          (packtrain.tracking.replay)
     register.model_logged  SIGKILL after a buffered registration logged its model, before the version exists
+    register.version_registered  SIGKILL after the version exists, before its alias is set
 
 Points that take steps and a value, `name@STEPS=VALUE` with STEPS `N`, `N-M` or `N-` (N on), read by
 `fault_arg(name, step)` (the utilization guard's tests, docs/guard.md):

@@ -178,3 +178,50 @@ def test_a_version_without_recorded_held_out_documents_is_unguarded(world):
     same = champion_domain("v3", {"heldout.path": str(world["packs"]["a"] / "eval")}, world["models"]["v1"],
                            __import__("packtrain.versioning").versioning.data_md5(world["packs"]["a"] / "eval"))
     assert same.status == "recent" and same.suite is None   # this run's own held-out split measures it
+
+
+def test_registering_the_same_weights_again_is_no_new_version(world, registry, capsys):
+    """A rerun (`--no-cache`, a new op) of a registration whose weights and lineage are registered already points at
+    that version and says so (its decision: v1 holds the champion alias)."""
+    import mlflow
+
+    from packtrain.pipeline.summary import build_summary, format_summary
+
+    client = mlflow.MlflowClient(tracking_uri=world["uri"], registry_uri=world["uri"])
+    before = len(client.search_model_versions(f"name = '{NAME}'"))
+    again = _register(world, NAME, "v1", world["root"] / "ev_v1", "v1_again")
+    assert (again.version, again.decision, again.existing) == ("1", "champion", True)
+    assert again.reason.startswith(f"already registered: {NAME} v1 holds these weights (model md5 "
+                                   f"{registry['v1'].version_tags['model_md5'][:12]}, same data and tokenizer): no "
+                                   "new version; v1 holds the champion alias")
+    assert again.op_id != registry["v1"].op_id and again.version_tags["model_md5"] == registry["v1"].version_tags["model_md5"]
+    assert len(client.search_model_versions(f"name = '{NAME}'")) == before
+    assert str(client.get_model_version_by_alias(NAME, "champion").version) == "1"
+    text = format_summary("t", build_summary({"register": again}), 1.0, 7, None)
+    assert f"register   {NAME} v1 (already registered: same weights and lineage, no new version) → champion" in text
+
+
+def test_rerun_after_kill_during_register_finishes_the_same_version(world, registry, tmp_path):
+    """kill -9 of `packtrain register` between the version and its alias, then a rerun: one version, its alias set."""
+    import os
+    import subprocess
+
+    import mlflow
+
+    name = f"{NAME}-kill"
+    args = [sys.executable, "-m", "packtrain.cli", "register", "--model", str(world["models"]["v1"]),
+            "--eval", str(world["root"] / "ev_v1"), "--train", str(tmp_path / "no-train"), "--out", str(tmp_path / "r"),
+            "--set", f"tracking.tracking_uri={world['uri']}", "--set", f"register.model_name={name}",
+            "--set", f"workdir={tmp_path / 'wd'}"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PACKTRAIN_", "MLFLOW_TRACKING_URI"))}
+    killed = subprocess.run(args, env={**env, "PACKTRAIN_FAULT": "register.version_registered"}, cwd=tmp_path,
+                            capture_output=True, text=True, timeout=300)
+    assert killed.returncode == -9, killed.stdout + killed.stderr[-3000:]
+    client = mlflow.MlflowClient(tracking_uri=world["uri"], registry_uri=world["uri"])
+    (v,) = client.search_model_versions(f"name = '{name}'")
+    assert not client.get_registered_model(name).aliases   # killed before its alias
+    rerun = subprocess.run(args, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert rerun.returncode == 0, rerun.stdout + rerun.stderr[-3000:]
+    assert f"{name} v1 → champion (already registered: {name} v1 holds these weights" in rerun.stdout, rerun.stdout
+    assert [str(x.version) for x in client.search_model_versions(f"name = '{name}'")] == ["1"]
+    assert str(client.get_model_version_by_alias(name, "champion").version) == "1"

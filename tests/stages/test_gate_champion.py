@@ -5,9 +5,10 @@ real stage CLIs (ingest → tokenize once, then pack → train → evaluate → 
 `--trees` session of bench/baselines/noise-cpu.json the default CPU rules come from):
 
     a   tiny corpus, tiny-cpu, budget 512, 12 steps          → gate-champion-lm v1, champion
-    b   the same again (an unchanged rerun)                   → v2, challenger (same loss to the last bit)
+    b   the same again (an unchanged rerun)                   → v1 again: the same weights and lineage are
+                                                                registered once (no new version)
     c   pack.strategy=sequential (fill 96.5% → 81.2%: slower on purpose), 36 steps (a better loss), with
-        register.gate on as a scheduled run has it           → promoted over v1 by the paired evaluation, fails the gate: v3 challenger
+        register.gate on as a scheduled run has it           → promoted over v1 by the paired evaluation, fails the gate: v2 challenger
 
 The gate reads each side as its run tree under the canonical names (docs/metrics.md): the alias resolves to
 the training run of v1 (before: the register run, which has no throughput metrics → exit 2).
@@ -70,10 +71,11 @@ def _row(result: dict, metric: str) -> dict:
 def test_registrations(trees):
     a, b, c = (trees[k]["register"] for k in "abc")
     assert (a["version"], a["decision"]) == ("1", "champion")
-    assert (b["version"], b["decision"]) == ("2", "challenger")
+    assert (b["version"], b["decision"], b["existing"]) == ("1", "champion", True)   # registered once
+    assert b["reason"].startswith(f"already registered: {NAME} v1 holds these weights")
     assert b["candidate_value"] == a["candidate_value"]            # an unchanged rerun: the same loss, bit for bit
     assert c["candidate_value"] < a["candidate_value"]             # c beats the champion (bits/byte, same docs) ...
-    assert (c["version"], c["decision"], c["champion_version"]) == ("3", "challenger", "1")   # ... not on the gate
+    assert (c["version"], c["decision"], c["champion_version"]) == ("2", "challenger", "1")   # ... not on the gate
 
 
 def test_alias_resolves_to_the_training_run(trees, tmp_path, monkeypatch, capsys):
@@ -122,11 +124,11 @@ def test_scheduled_run_gates_itself_champion_stays(trees):
 
     client = trees["client"]
     assert str(client.get_model_version_by_alias(NAME, "champion").version) == "1"
-    assert str(client.get_model_version_by_alias(NAME, "challenger").version) == "3"
+    assert str(client.get_model_version_by_alias(NAME, "challenger").version) == "2"
     c = trees["c"]["register"]
     assert c["reason"].startswith("gate REGRESSION (exit 1) against champion v1 (run ")
     assert "pack.fill dropped" in c["reason"] and "by the paired evaluation alone: promoted over v1" in c["reason"]
-    t = client.get_model_version(NAME, "3").tags
+    t = client.get_model_version(NAME, "2").tags
     assert (t["gate"], t["gate_exit_code"], t["decision"]) == ("REGRESSION", "1", "challenger")
     assert "pack.fill" in t["gate_failed"] and "train.throughput.padding" in t["gate_failed"]
     arts = {f.path for f in client.list_artifacts(c["run_id"], "gate")}
@@ -137,9 +139,8 @@ def test_scheduled_run_gates_itself_champion_stays(trees):
     assert scheduled(cfg).register_.gate is True and cfg.register_.gate is None
     assert scheduled(load_run_config("tiny-cpu", ["register.gate=false"])).register_.gate is False
     with pytest.raises(GateFailed) as e:
-        check_gate(cfg, NAME, "3")
+        check_gate(cfg, NAME, "2")
     assert e.value.exit_code == 1 and "champion alias stays" in str(e.value) and "pack.fill" in str(e.value)
-    assert check_gate(cfg, NAME, "2") == {}      # not gated: it lost on loss already
     assert check_gate(cfg, NAME, "1") == {}      # the first champion: nothing to gate against
 
 

@@ -81,6 +81,8 @@ class RegisterResult:
     tracking_uri: str = ""                # redacted: https://user:***@host
     op_id: str | None = None              # the registration op (tag packtrain.register_op)
     buffer: str | None = None             # deferred: the buffer directory holding the op and a model copy
+    existing: bool = False                # an earlier version holds these weights (same model_md5 and lineage):
+                                          # no new version, `version` is that one (version_of_content)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -95,6 +97,28 @@ def _version_of_op(client, name: str, oid: str):
     except MlflowException:   # no such registered model yet
         return None
     return found[0] if found else None
+
+
+CONTENT_TAGS = ("model_md5", "dataset_md5", "tokens_md5", "tokenizer_hash")
+"""What makes two registrations the same content: the weights' md5 and the lineage they were trained from (the data
+version, the token store, the tokenizer). A version with all four equal is registered once."""
+
+
+def version_of_content(client, name: str, tags: dict[str, str]):
+    """The oldest version of `name` whose CONTENT_TAGS equal `tags`' (a tag missing on both sides counts as
+    equal), or None; None too when `tags` has no model_md5. A `--no-cache` rerun or a rerun after kill -9 during
+    register finds the version the first run registered."""
+    from mlflow.exceptions import MlflowException
+
+    md5 = tags.get("model_md5")
+    if not md5:
+        return None
+    try:
+        found = client.search_model_versions(f"name = '{name}' and tags.model_md5 = '{md5}'")
+    except MlflowException:   # no such registered model yet
+        return None
+    same = [v for v in found if all((v.tags or {}).get(k) == tags.get(k) for k in CONTENT_TAGS)]
+    return min(same, key=lambda v: int(v.version)) if same else None
 
 
 def _log_model_once(client, run_id: str, op: dict, model_dir: Path, card: str, step: int = 0
@@ -174,7 +198,21 @@ def apply_registration(client, tracking_uri: str, run_id: str, op: dict, model_d
     gate = None
     promo = op.get("promotion")
     threshold = -float(op["margin"]) if promo and promo.get("against") else None
-    if mv is None:
+    existing = mv is None and (mv := version_of_content(client, name, op["version_tags"])) is not None
+    if existing:   # these weights, from this lineage, are registered already: point at that version
+        had, prev_version, _ = current_champion(client, name, metric)
+        decision, reason = decide_from_verdict(promo, had, prev_version)
+        prev_value = champion_value_of(promo) if promo and promo.get("against") == f"v{prev_version}" else None
+        if prev_version == str(mv.version):
+            decision, reason = CHAMPION, f"v{prev_version} holds the {CHAMPION} alias"
+        else:
+            decision, reason, gate = gate_step(client, run_id, op, decision, reason, prev_version)
+        t = mv.tags
+        flavor, note, log_s = t.get("flavor", ""), "registered by an earlier run", float(t.get("log_model_s", 0.0))
+        md5 = op["version_tags"].get("model_md5", "")
+        reason = (f"already registered: {name} v{mv.version} holds these weights (model md5 {md5[:12]}, same "
+                  f"data and tokenizer): no new version; {reason}")
+    elif mv is None:
         had, prev_version, _ = current_champion(client, name, metric)
         decision, reason = decide_from_verdict(promo, had, prev_version)
         prev_value = champion_value_of(promo) if promo and promo.get("against") == f"v{prev_version}" else None
@@ -198,6 +236,10 @@ def apply_registration(client, tracking_uri: str, run_id: str, op: dict, model_d
                 **(validation_tags(promo) if promo else {})}
         mv = mlflow.register_model(f"models:/{model_id}", name,
                                    tags={k: str(v) for k, v in tags.items() if v is not None})
+        if os.environ.get("PACKTRAIN_FAULT"):   # tests: die between the version and its alias
+            from packtrain.faults import kill_point
+
+            kill_point("register.version_registered")
     else:   # an earlier attempt registered it: read back what it decided
         t = mv.tags
         decision, reason, flavor = t.get("decision", CHALLENGER), t.get("decision_reason", ""), t.get("flavor", "")
@@ -207,7 +249,11 @@ def apply_registration(client, tracking_uri: str, run_id: str, op: dict, model_d
     version = str(mv.version)
     vtags = dict(mv.tags)
     champion_now = prev_version
-    if mv.tags.get(ALIAS_SET_TAG):   # an earlier attempt finished the aliases: never move them again
+    if existing and vtags.get("decision") != decision:   # e.g. kept before, promoted now (allow_unguarded)
+        vtags.update(decision=decision, decision_reason=reason[:4000])
+        client.set_model_version_tag(name, version, "decision", decision)
+        client.set_model_version_tag(name, version, "decision_reason", vtags["decision_reason"])
+    if mv.tags.get(ALIAS_SET_TAG) and not existing:   # an earlier attempt finished the aliases: never again
         champion_now = alias_version(client, name, CHAMPION)
     elif decision == CHAMPION:
         if before_alias is not None:
@@ -218,7 +264,7 @@ def apply_registration(client, tracking_uri: str, run_id: str, op: dict, model_d
             vtags.update(decision=CHALLENGER, decision_reason=reason[:4000])
             client.set_model_version_tag(name, version, "decision", CHALLENGER)
             client.set_model_version_tag(name, version, "decision_reason", vtags["decision_reason"])
-    if decision == CHALLENGER and not mv.tags.get(ALIAS_SET_TAG):
+    if decision == CHALLENGER and (existing or not mv.tags.get(ALIAS_SET_TAG)):
         client.set_registered_model_alias(name, CHALLENGER, version)
     if not mv.tags.get(ALIAS_SET_TAG):
         client.set_model_version_tag(name, version, ALIAS_SET_TAG, decision)
@@ -240,7 +286,7 @@ def apply_registration(client, tracking_uri: str, run_id: str, op: dict, model_d
         margin=op["margin"], threshold=threshold, version_tags=vtags,
         lineage_origin=dict(op["lineage_origin"]), missing_tags=list(op["missing"]), log_model_s=log_s,
         register_s=time.perf_counter() - t0, run_id=run_id, tracking_uri=redact_uri(tracking_uri) or "",
-        op_id=oid).to_dict()
+        op_id=oid, existing=existing).to_dict()
     _publish_result(client, run_id, op, result)
     if promo:
         _publish_validation(client, run_id, promo)

@@ -68,6 +68,7 @@ FIELDS: dict[str, tuple[str, str]] = {
     "version": ("register", "version"),
     "alias": ("register", "decision"),
     "reason": ("register", "reason"),
+    "existing": ("register", "existing"),   # an earlier version holds these weights: no new version
     "champion_domain": ("register", "version_tags.champion_domain"),   # what measured the champion's domain
 }
 for _stage, _key in FIELDS.values():
@@ -263,7 +264,8 @@ def _register(s: dict) -> list[str]:
         return [f"  register   {s.get('model_name') or 'model'} v{s['version']} (registered by an earlier run, "
                 f"restored from cache) · registry now: {now}"]
     if s.get("version") is not None:
-        return [f"  register   {s.get('model_name') or 'model'} v{s['version']}"
+        again = " (already registered: same weights and lineage, no new version)" if s.get("existing") else ""
+        return [f"  register   {s.get('model_name') or 'model'} v{s['version']}{again}"
                 + (f" → {s['alias']}" if s.get("alias") else "")] + why
     if s.get("alias") == "deferred":
         return [f"  register   {s.get('model_name') or 'model'} deferred: the MLflow store was unreachable; "

@@ -292,6 +292,7 @@ class RegisterResult(StageResult):
     tracking_uri: str
     op_id: str | None
     buffer: str | None
+    existing: bool = False                    # an earlier version holds these weights: no new version
 
 
 RESULTS: dict[str, type[StageResult]] = {c.STAGE: c for c in (
