@@ -3,12 +3,19 @@ decides from the paired per-document differences (real MLflow sqlite registry, r
 
     v1  champion: trained on domain A (prose)
     v2  trained on from v1 only on domain B (counting, easier), forgets A   → NOT promoted (replay regresses)
+<<<<<<< HEAD
     v3  the identical rerun of v1 (same seed, same data)                  → NOT promoted (Δ = 0, CI ∋ 0)
     v4  v1 trained longer on domain A                                     → promoted
     seed-1 rerun of v1 (only train.seed differs) vs v1, in both roles    → NOT promoted (seed-spread margin)
 
 The margins come from a seed-spread record of this recipe built here (packtrain.evaluate.seed_spread): three
 more trainings of v1's recipe with seeds 2, 3, 4, each scored on the same suites.
+=======
+    v1  the identical rerun of v1 (same seed, same data)                  → NOT promoted (Δ = 0, CI ∋ 0), and no
+                                                                            new version: the same weights and
+                                                                            lineage are registered once
+    v3  v1 trained longer on domain A                                     → promoted
+>>>>>>> 8abfe5d (tests: an identical rerun or an unchanged scheduled rerun points at the registered version (no new version); promotion/gate/airflow expectations follow)
 
 Under the old rule (challenger's own held-out loss < champion's recorded loss) v2 would have been promoted:
 its loss on the easy domain B is far below v1's recorded loss on A (asserted below).
@@ -103,7 +110,7 @@ def _champion():
 
 @pytest.fixture(scope="module")
 def history(world):
-    """Register v1..v4 in order (each evaluated against the champion of its time)."""
+    """Register v1..v3 in order (each evaluated against the champion of its time)."""
     from packtrain.tracking.run import set_fluent_tracking_uri
 
     with pytest.MonkeyPatch.context() as mp:
@@ -150,18 +157,32 @@ def test_forgetting_challenger_is_not_promoted(history):
         assert list(ch.index) == list(cp.index) and (ch["bytes"] == cp["bytes"]).all()
 
 
+<<<<<<< HEAD
 def test_identical_rerun_is_not_promoted(history):
     _, reg, _ = history["rerun"]
     assert (reg.decision, history["champion_after_rerun"]) == ("challenger", "1")
     v = _validation(reg)
     assert v["recent"]["delta"] == 0.0 and (v["recent"]["ci_low"], v["recent"]["ci_high"]) == (0.0, 0.0)
     assert "recent (primary) not improved" in reg.reason
+=======
+def test_identical_rerun_is_not_promoted(world, history):
+    _, reg, ev_dir = history["rerun"]
+    assert (reg.version, reg.existing, history["champion_after_rerun"]) == ("1", True, "1")   # no new version
+    assert reg.reason.startswith(f"already registered: {NAME} v1 holds these weights")
+    assert "v1 holds the champion alias (this evaluation: not promoted over v1: recent (primary) not improved" \
+        in reg.reason
+    from packtrain.evaluate.register import promotion_verdict
+
+    (recent,) = [s for s in promotion_verdict(ev_dir, _cfg(world).register_).suites]
+    assert recent.delta == 0.0 and (recent.ci_low, recent.ci_high) == (0.0, 0.0)
+>>>>>>> 8abfe5d (tests: an identical rerun or an unchanged scheduled rerun points at the registered version (no new version); promotion/gate/airflow expectations follow)
 
 
 def test_longer_training_on_the_same_data_is_promoted(world, history):
     from packtrain.evaluate.seed_spread import seed_margin
 
     _, reg, _ = history["longer"]
+<<<<<<< HEAD
     assert (reg.version, reg.decision, history["champion_after_longer"]) == ("4", "champion", "4")
     t, v = reg.version_tags, _validation(reg)
     rec = json.loads(world["spread"].read_text())["suites"]
@@ -170,6 +191,12 @@ def test_longer_training_on_the_same_data_is_promoted(world, history):
     assert v["recent"]["margin"] == pytest.approx(seed_margin(rec["recent"]["sd"], 3, 0.95), rel=1e-6)
     assert v["recent"]["upper"] < -v["recent"]["margin"] < 0 and v["recent"]["mde"] > 0
     assert v["replay"]["passed"] is True
+=======
+    assert (reg.version, reg.decision, history["champion_after_longer"]) == ("3", "champion", "3")
+    t = reg.version_tags
+    assert t["validation"] == "promote" and float(t["suite.recent.upper"]) < 0
+    assert t["suite.replay.passed"] == "true"
+>>>>>>> 8abfe5d (tests: an identical rerun or an unchanged scheduled rerun points at the registered version (no new version); promotion/gate/airflow expectations follow)
     assert reg.metric == "bits_per_byte:recent" and reg.champion_value > reg.candidate_value
 
 
@@ -213,7 +240,7 @@ def test_validation_artifacts_on_the_register_run(world, history):
     from packtrain.commands.compare import validation_lines
 
     (line,) = validation_lines(world["uri"], [f"{NAME}@champion", f"models:/{NAME}/2", "0123abcd"])[:1]
-    assert line.startswith(f"{NAME}@champion (v4): promote — promoted over v1: recent (primary")
+    assert line.startswith(f"{NAME}@champion (v3): promote — promoted over v1: recent (primary")
     assert validation_lines(world["uri"], [f"models:/{NAME}/2"])[0].startswith(f"models:/{NAME}/2 (v2): keep")
 
 
@@ -239,7 +266,7 @@ def test_against_reproduces_every_number_and_registers_nothing(world, history, t
     assert (outs[0] / "validation.json").read_bytes() == (outs[1] / "validation.json").read_bytes()
     client = mlflow.MlflowClient(tracking_uri=world["uri"])
     assert len(client.search_model_versions(f"name = '{NAME}'")) == n_before
-    assert str(client.get_model_version_by_alias(NAME, "champion").version) == "4"
+    assert str(client.get_model_version_by_alias(NAME, "champion").version) == "3"
 
 
 def test_mixed_tokenizers_compare_bits_per_byte(world, tmp_path):
@@ -274,6 +301,6 @@ def test_bad_suite_registers_nothing_and_moves_no_alias(world, history, tmp_path
     assert got == code and "evaluate.suites[0] ('held').path" in err and "Traceback" not in err
     assert main(["register", *sets[:6], "--model", str(world["models"]["longer"]), "--eval", str(out)]) == 5
     client = mlflow.MlflowClient(tracking_uri=world["uri"])
-    assert len(client.search_model_versions(f"name = '{NAME}'")) == 4
-    assert str(client.get_model_version_by_alias(NAME, "champion").version) == "4"
+    assert len(client.search_model_versions(f"name = '{NAME}'")) == 3
+    assert str(client.get_model_version_by_alias(NAME, "champion").version) == "3"
     assert not out.exists()

@@ -204,7 +204,7 @@ def apply_registration(client, tracking_uri: str, run_id: str, op: dict, model_d
         decision, reason = decide_from_verdict(promo, had, prev_version)
         prev_value = champion_value_of(promo) if promo and promo.get("against") == f"v{prev_version}" else None
         if prev_version == str(mv.version):
-            decision, reason = CHAMPION, f"v{prev_version} holds the {CHAMPION} alias"
+            decision, reason = CHAMPION, f"v{prev_version} holds the {CHAMPION} alias (this evaluation: {reason})"
         else:
             decision, reason, gate = gate_step(client, run_id, op, decision, reason, prev_version)
         t = mv.tags
