@@ -9,7 +9,7 @@ Models, random weights saved in bf16 with save_pretrained (a GPU run's export) n
     tiny   Llama hidden 32, 2 layers, 4 heads, vocab 300                                      ~0.04M parameters
     350m   Llama hidden 1024, intermediate 2816, 24 layers, 16 heads, vocab 32768, tied       ~342M parameters
 
-Each way, as the register stage runs it (packtrain.evaluate.registry.log_model_dir), into its own run:
+Each way, as the register stage runs it (packtrain.registry.model.log_model_dir), into its own run:
     old    register.flavor=transformers: load_model_dir (fp32) + mlflow.transformers.log_model of the components
     files  register.flavor=files: the directory's files into MLflow's transformers flavor
 Rows: seconds (the whole step: what log_model_s records now), load_s (old: the part before MLflow; the register
@@ -68,7 +68,7 @@ def log_once(model_dir: Path, way: str, exp_id: str) -> dict:
     import mlflow
     from mlflow import MlflowClient
 
-    from packtrain.evaluate import registry
+    from packtrain.registry import model as registry
 
     load_s = 0.0
     if way == "old":   # time the load apart: the stage used to report only what follows it

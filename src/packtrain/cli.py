@@ -81,6 +81,9 @@ def main(argv: list[str] | None = None) -> int:
     if not args.command:
         parser.print_help()
         return 2
+    from packtrain.registry import install_handlers
+
+    install_handlers()   # any tracked command may replay a buffered registration (packtrain.tracking.apply)
     try:
         mod = _module(args.command)
     except ModuleNotFoundError:

@@ -14,8 +14,11 @@ REGISTER = """
 import os, sys, time
 from pathlib import Path
 from packtrain.config import load_run_config
-from packtrain.evaluate.register import register_model
+from packtrain.registry import install_handlers
+from packtrain.registry.apply import RegisterResult
+from packtrain.registry.op import build_registration
 from packtrain.tracking.run import stage_run
+install_handlers()   # the register stage's path: the op submitted through the stage run, applied by the handler
 db, model, go = sys.argv[1], sys.argv[2], Path(sys.argv[3])
 cfg = load_run_config("tiny-cpu", [f"workdir={Path(db).parent}", f"tracking.tracking_uri=sqlite:///{db}",
                                    "register.model_name=raced", "tracking.system_metrics=false"])
@@ -23,7 +26,8 @@ print("ready", flush=True)
 while not go.exists():
     time.sleep(0.002)
 with stage_run("register", cfg) as run:
-    r = register_model(model, {"eval_loss": 3.0, "perplexity": 20.1}, None, cfg.register_, tracker=run)
+    r = RegisterResult(**run.submit(build_registration(model, {"eval_loss": 3.0, "perplexity": 20.1}, None,
+                                                       cfg.register_)))
 print("registered", r.version, r.decision, flush=True)
 """
 

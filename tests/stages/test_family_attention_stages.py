@@ -42,9 +42,9 @@ def test_gemma2_trains_and_evaluates_with_auto_attention(data, tmp_path):
 
 def test_gemma2_model_registers(tmp_path, monkeypatch):
     import mlflow
+    from registry_helpers import register_model_dir as register_model
 
     from packtrain.config.evaluate import RegisterConfig
-    from packtrain.evaluate.register import register_model
     from packtrain.tracking.run import set_fluent_tracking_uri
 
     monkeypatch.chdir(tmp_path)   # MLflow puts artifacts of a new experiment under ./mlruns

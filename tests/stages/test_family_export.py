@@ -52,7 +52,7 @@ def test_family_export_round_trip(data, mlflow_uri, tmp_path, family):
     import mlflow
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from packtrain.evaluate.registry import default_pip_requirements, load_registered, log_model
+    from packtrain.registry.model import default_pip_requirements, load_registered, log_model
     from packtrain.train.session import TrainSession
 
     extra = {"final_logit_softcapping": None} if family == "gemma2" else {}

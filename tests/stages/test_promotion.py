@@ -3,19 +3,14 @@ decides from the paired per-document differences (real MLflow sqlite registry, r
 
     v1  champion: trained on domain A (prose)
     v2  trained on from v1 only on domain B (counting, easier), forgets A   → NOT promoted (replay regresses)
-<<<<<<< HEAD
-    v3  the identical rerun of v1 (same seed, same data)                  → NOT promoted (Δ = 0, CI ∋ 0)
-    v4  v1 trained longer on domain A                                     → promoted
+    v1  the identical rerun of v1 (same seed, same data)                  → NOT promoted (Δ = 0, CI ∋ 0), and no new
+                                                                            version: the same weights and lineage
+                                                                            are registered once
+    v3  v1 trained longer on domain A                                     → promoted
     seed-1 rerun of v1 (only train.seed differs) vs v1, in both roles    → NOT promoted (seed-spread margin)
 
 The margins come from a seed-spread record of this recipe built here (packtrain.evaluate.seed_spread): three
 more trainings of v1's recipe with seeds 2, 3, 4, each scored on the same suites.
-=======
-    v1  the identical rerun of v1 (same seed, same data)                  → NOT promoted (Δ = 0, CI ∋ 0), and no
-                                                                            new version: the same weights and
-                                                                            lineage are registered once
-    v3  v1 trained longer on domain A                                     → promoted
->>>>>>> 8abfe5d (tests: an identical rerun or an unchanged scheduled rerun points at the registered version (no new version); promotion/gate/airflow expectations follow)
 
 Under the old rule (challenger's own held-out loss < champion's recorded loss) v2 would have been promoted:
 its loss on the easy domain B is far below v1's recorded loss on A (asserted below).
@@ -157,33 +152,20 @@ def test_forgetting_challenger_is_not_promoted(history):
         assert list(ch.index) == list(cp.index) and (ch["bytes"] == cp["bytes"]).all()
 
 
-<<<<<<< HEAD
 def test_identical_rerun_is_not_promoted(history):
     _, reg, _ = history["rerun"]
-    assert (reg.decision, history["champion_after_rerun"]) == ("challenger", "1")
+    assert (reg.version, reg.existing, history["champion_after_rerun"]) == ("1", True, "1")   # no new version
+    assert reg.reason.startswith(f"already registered: {NAME} v1 holds these weights")
     v = _validation(reg)
     assert v["recent"]["delta"] == 0.0 and (v["recent"]["ci_low"], v["recent"]["ci_high"]) == (0.0, 0.0)
     assert "recent (primary) not improved" in reg.reason
-=======
-def test_identical_rerun_is_not_promoted(world, history):
-    _, reg, ev_dir = history["rerun"]
-    assert (reg.version, reg.existing, history["champion_after_rerun"]) == ("1", True, "1")   # no new version
-    assert reg.reason.startswith(f"already registered: {NAME} v1 holds these weights")
-    assert "v1 holds the champion alias (this evaluation: not promoted over v1: recent (primary) not improved" \
-        in reg.reason
-    from packtrain.evaluate.register import promotion_verdict
-
-    (recent,) = [s for s in promotion_verdict(ev_dir, _cfg(world).register_).suites]
-    assert recent.delta == 0.0 and (recent.ci_low, recent.ci_high) == (0.0, 0.0)
->>>>>>> 8abfe5d (tests: an identical rerun or an unchanged scheduled rerun points at the registered version (no new version); promotion/gate/airflow expectations follow)
 
 
 def test_longer_training_on_the_same_data_is_promoted(world, history):
     from packtrain.evaluate.seed_spread import seed_margin
 
     _, reg, _ = history["longer"]
-<<<<<<< HEAD
-    assert (reg.version, reg.decision, history["champion_after_longer"]) == ("4", "champion", "4")
+    assert (reg.version, reg.decision, history["champion_after_longer"]) == ("3", "champion", "3")
     t, v = reg.version_tags, _validation(reg)
     rec = json.loads(world["spread"].read_text())["suites"]
     assert t["validation"] == "promote" and t["validation_failed"] == "none"
@@ -191,12 +173,6 @@ def test_longer_training_on_the_same_data_is_promoted(world, history):
     assert v["recent"]["margin"] == pytest.approx(seed_margin(rec["recent"]["sd"], 3, 0.95), rel=1e-6)
     assert v["recent"]["upper"] < -v["recent"]["margin"] < 0 and v["recent"]["mde"] > 0
     assert v["replay"]["passed"] is True
-=======
-    assert (reg.version, reg.decision, history["champion_after_longer"]) == ("3", "champion", "3")
-    t = reg.version_tags
-    assert t["validation"] == "promote" and float(t["suite.recent.upper"]) < 0
-    assert t["suite.replay.passed"] == "true"
->>>>>>> 8abfe5d (tests: an identical rerun or an unchanged scheduled rerun points at the registered version (no new version); promotion/gate/airflow expectations follow)
     assert reg.metric == "bits_per_byte:recent" and reg.champion_value > reg.candidate_value
 
 
@@ -207,8 +183,8 @@ def test_seed_rerun_is_not_promoted_in_either_role(world, tmp_path, challenger, 
     from packtrain.config.evaluate import PromotionConfig
     from packtrain.evaluate.paired import decide_promotion
     from packtrain.evaluate.paired_eval import paired_evaluation, read_decision_input
-    from packtrain.evaluate.register import promotion_verdict
     from packtrain.evaluate.seed_spread import seed_margin
+    from packtrain.registry.op import promotion_verdict
 
     cfg = _cfg(world, _replay(world), "tracking.enabled=false")
     paired_evaluation(cfg, world["models"][challenger], str(world["models"][champion]), tmp_path / "out",
@@ -271,7 +247,7 @@ def test_against_reproduces_every_number_and_registers_nothing(world, history, t
 
 def test_mixed_tokenizers_compare_bits_per_byte(world, tmp_path):
     from packtrain.evaluate.paired_eval import paired_evaluation
-    from packtrain.evaluate.register import promotion_verdict
+    from packtrain.registry.op import promotion_verdict
 
     other = build_tiny_model_dir(tmp_path / "other0", domain_a(60, 5), vocab_size=400, hidden_size=32, seed=3)
     other = train_tiny(other, tmp_path / "other", domain_a(60, 5), steps=40, lr=3e-3, seed=3)

@@ -114,8 +114,8 @@ def test_champion_challenger_and_load_back(setup, capsys):
     assert run.data.metrics["champion_value"] == pytest.approx(r2["champion_value"])
     assert "register_result.json" in {f.path for f in client.list_artifacts(r2["run_id"])}
 
-    from packtrain.evaluate import load_champion
     from packtrain.evaluate.loading import load_model_dir
+    from packtrain.registry import load_champion
 
     before = mlflow.get_tracking_uri(), os.environ.get("MLFLOW_TRACKING_URI")
     model, tok = load_champion(NAME, uri)
@@ -130,7 +130,7 @@ def test_champion_challenger_and_load_back(setup, capsys):
     # the pytorch flavor loads back too (tokenizer shipped as extra files)
     r4 = register(worst, tmp / "no-train", "reg4", "--set", "register.flavor=pytorch")
     assert r4["flavor"] == "pytorch" and r4["decision"] == "challenger" and r4["champion_version"] == "3"
-    from packtrain.evaluate import load_registered
+    from packtrain.registry import load_registered
 
     m4, tok4 = load_registered(f"models:/{NAME}/4", uri)
     ref4, _ = load_model_dir(models[worst], "cpu")
@@ -161,9 +161,9 @@ def test_champion_alias_moves_only_by_compare_and_set(tmp_path, monkeypatch):
     new version becomes challenger, with a reason naming both versions. Without interference it moves."""
     import mlflow
     from mlflow import MlflowClient
+    from registry_helpers import register_model_dir as register_model
 
     from packtrain.config.evaluate import RegisterConfig
-    from packtrain.evaluate.register import register_model
     from packtrain.tracking.run import set_fluent_tracking_uri
 
     monkeypatch.chdir(tmp_path)

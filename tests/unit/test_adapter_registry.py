@@ -1,4 +1,4 @@
-"""Which directory a registration logs for a LoRA run, and what it refuses (packtrain.evaluate.adapter_registry)."""
+"""Which directory a registration logs for a LoRA run, and what it refuses (packtrain.registry.adapter)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 import pytest
 
 from packtrain.errors import ConfigError
-from packtrain.evaluate.adapter_registry import adapter_files, adapter_tags, registry_model_dir
+from packtrain.registry.adapter import adapter_files, adapter_tags, registry_model_dir
 
 
 def _adapter_dir(root, merged: bool):

@@ -1,4 +1,4 @@
-"""`model.init_from` from the Model Registry (packtrain.model.registry_source): resolution, the local cache,
+"""`model.init_from` from the Model Registry (packtrain.registry.source): resolution, the local cache,
 the champion fallback and every refusal; the tokenizer hash (packtrain.data.tokenizer_files) and the BOS/EOS
 rule read off a tokenizer (packtrain.data.tokenizer_setup.special_tokens_rule).
 
@@ -18,9 +18,9 @@ import torch
 from packtrain.config import ModelConfig, RegisterConfig, load_run_config
 from packtrain.data.tokenizer_files import tokenizer_hash
 from packtrain.errors import ConfigError, MissingDataError
-from packtrain.model.registry_source import SOURCE_FILE, cache_identity, resolve_init
 from packtrain.model.source import resolve_init_source
 from packtrain.model.tiny import BOS, EOS, build_tiny_family_dir
+from packtrain.registry.source import SOURCE_FILE, cache_identity, resolve_init
 
 V = 97
 
@@ -41,7 +41,8 @@ def _promoted_over(version: str):
 
 @pytest.fixture(scope="module")
 def registry(tmp_path_factory):
-    from packtrain.evaluate.register import register_model
+    from registry_helpers import register_model_dir as register_model
+
     from packtrain.tracking.run import set_fluent_tracking_uri
 
     root = tmp_path_factory.mktemp("registry")

@@ -2,7 +2,7 @@
 never loaded or re-saved — and reads back as the transformers-flavor versions logged before it did.
 
 A real sqlite MLflow store in tmp; a tiny Llama saved in bf16 (what a GPU run exports) with its byte-level BPE;
-registered through `register_model`, the register stage's library call: v1 with the default flavor, v2 the same
+registered through `registry_helpers.register_model_dir` (the register stage's op, applied): v1 with the default flavor, v2 the same
 directory with flavor=transformers (the in-memory re-save every earlier version was logged with).
 """
 
@@ -22,9 +22,9 @@ PROMPTS = ["def ", "The "]
 
 @pytest.fixture(scope="module")
 def registered(tmp_path_factory):
+    from registry_helpers import register_model_dir as register_model
     from transformers import AutoModelForCausalLM
 
-    from packtrain.evaluate.register import register_model
     from packtrain.evaluate.tiny import build_tiny_model_dir
     from packtrain.tracking.run import set_fluent_tracking_uri
 
@@ -118,8 +118,8 @@ def test_pyfunc_predict_keeps_the_transformers_contract(registered):
 def test_packtrain_loaders_read_the_files_version(registered):
     from packtrain.config import load_run_config
     from packtrain.evaluate.loading import load_model_dir
-    from packtrain.evaluate.registry import load_registered
-    from packtrain.model.registry_source import SOURCE_FILE, resolve_init
+    from packtrain.registry.model import load_registered
+    from packtrain.registry.source import SOURCE_FILE, resolve_init
 
     model, tok = load_registered("models:/lm/1", registered["uri"])
     ref, ref_tok = load_model_dir(registered["dir"], "cpu")
@@ -139,8 +139,9 @@ def test_packtrain_loaders_read_the_files_version(registered):
 def test_a_directory_the_files_flavor_cannot_take_is_loaded_and_re_saved(registered, tmp_path, monkeypatch):
     import shutil
 
-    from packtrain.evaluate.register import register_model
-    from packtrain.evaluate.registry import load_registered
+    from registry_helpers import register_model_dir as register_model
+
+    from packtrain.registry.model import load_registered
     from packtrain.tracking.run import set_fluent_tracking_uri
 
     d = shutil.copytree(registered["dir"], tmp_path / "no-arch")

@@ -17,8 +17,8 @@ import torch
 
 from packtrain.config import RegisterConfig, load_run_config
 from packtrain.model.logged_model import PickleRefused
-from packtrain.model.registry_source import resolve_init
 from packtrain.model.tiny import BOS, build_tiny_family_dir
+from packtrain.registry.source import resolve_init
 
 V = 97
 _seen: list[tuple[str, str]] = []
@@ -48,9 +48,9 @@ class unpickled:
 @pytest.fixture(scope="module")
 def registry(tmp_path_factory):
     import mlflow
+    from registry_helpers import register_model_dir as register_model
     from transformers import AutoModelForCausalLM
 
-    from packtrain.evaluate.register import register_model
     from packtrain.tracking.run import set_fluent_tracking_uri
 
     root = tmp_path_factory.mktemp("registry")
@@ -95,7 +95,7 @@ def _cfg(wd, uri, init_from, *extra):
 
 
 def test_registered_versions_load_without_unpickling(registry, tmp_path):
-    from packtrain.evaluate.registry import load_registered
+    from packtrain.registry.model import load_registered
 
     for v in (1, 2, 4):
         with unpickled() as seen:
@@ -108,7 +108,7 @@ def test_registered_versions_load_without_unpickling(registry, tmp_path):
 
 
 def test_a_pickle_only_version_is_refused_unless_allow_pickle(registry, tmp_path):
-    from packtrain.evaluate.registry import load_registered
+    from packtrain.registry.model import load_registered
 
     wd = tmp_path / "wd"
     with unpickled() as seen:

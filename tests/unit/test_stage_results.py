@@ -87,7 +87,7 @@ def test_one_lineage_chain(chain):
 
 
 def test_registry_lineage_tags_from_typed_results(chain):
-    from packtrain.evaluate.lineage import LINEAGE_TAGS, collect_lineage
+    from packtrain.registry.lineage_tags import LINEAGE_TAGS, collect_lineage
 
     wd, corpus, r = chain
     train_json = json.loads((wd / "train" / TrainResult.FILE).read_text())
@@ -120,7 +120,7 @@ def test_unknown_and_missing_keys_are_refused(chain, tmp_path):
         PackResult.from_dict({**d, "lineage": lin})
     with pytest.raises(MissingDataError, match="packtrain tokenize"):
         TokenizeResult.from_dir(tmp_path)
-    from packtrain.evaluate.lineage import collect_lineage
+    from packtrain.registry.lineage_tags import collect_lineage
 
     with pytest.raises(InputDataError, match="train_result.json: unknown key 'summary'"):   # the old alias shape
         collect_lineage({"summary": {"useful_mfu": 0.4}, "git_commit": "abc"}, None)

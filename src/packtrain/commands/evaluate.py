@@ -51,8 +51,8 @@ def run_against(cfg, model_dir, packs_dir, out, ref: str) -> int:
     from packtrain.evaluate.loading import check_model_dir
     from packtrain.evaluate.paired import verdict_markdown
     from packtrain.evaluate.paired_eval import paired_evaluation
-    from packtrain.evaluate.register import promotion_verdict
     from packtrain.publish import staged_output
+    from packtrain.registry.op import promotion_verdict
 
     check_model_dir(model_dir)
     split = packs_dir / "eval"

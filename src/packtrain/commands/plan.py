@@ -75,7 +75,7 @@ def run(cfg, args) -> int:
     from packtrain.model.source import init_from_value, is_registry_source
 
     if is_registry_source(init_from_value(cfg.model)):   # champion / models:/...: plan the registered model's shape
-        from packtrain.model.registry_source import resolve_init
+        from packtrain.registry.source import resolve_init
 
         cfg = cfg.model_copy(update={"model": resolve_init(cfg).model_config(cfg.model)})
     budget, vocab = cfg.pack.budget, cfg.plan.vocab_size or cfg.tokenize.vocab_size

@@ -102,7 +102,7 @@ class ModelConfig(StrictModel):
     the family and every size; the sizes below are ignored); models:/NAME@ALIAS, models:/NAME/VERSION or
     champion: a registered model (downloaded once into <workdir>/models/<name>/v<version>/; champion is
     models:/<register.model_name>@champion). A source that brings a tokenizer is also what tokenize uses.
-    packtrain.model.registry_source resolves it."""
+    packtrain.registry.source resolves it."""
     init_fallback: InitFallback = "scratch"
     """What init_from=champion starts from while the registered model has no champion yet (the first scheduled
     run): scratch or a local save_pretrained directory. The fallback is logged on stderr and tagged on the train

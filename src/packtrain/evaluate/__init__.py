@@ -1,10 +1,9 @@
-"""Evaluation and registration: held-out perplexity on packed batches, champion/challenger in MLflow.
+"""Evaluation: held-out perplexity on packed batches, the suites, both models scored, the paired comparison.
 
     evaluate(model_dir, eval_split_dir, cfg: EvalConfig) -> EvalResult          perplexity.py
-    register_model(model_dir, eval_result, train_result_path, cfg) -> RegisterResult   register.py
-    RegisterResult: what register_model did (register_result.json)              registration.py
-    load_champion(name, tracking_uri) -> (model, tokenizer)                     registry.py
     build_tiny_model_dir(out_dir, texts)                                       tiny.py (tests, smoke runs)
+
+Registration, the champion/challenger aliases and loading a registered model live in packtrain.registry.
 
 Names resolve lazily, so `import packtrain.evaluate` costs no torch/mlflow import.
 """
@@ -15,9 +14,7 @@ import importlib
 
 _EXPORTS = {
     "evaluate": "perplexity", "EvalResult": "perplexity", "evaluate_batches": "perplexity",
-    "batch_loss_sum": "perplexity", "register_model": "register", "RegisterResult": "registration",
-    "decide_from_verdict": "champion", "load_champion": "registry", "load_registered": "registry",
-    "generate_samples": "samples", "build_tiny_model_dir": "tiny", "collect_lineage": "lineage",
+    "batch_loss_sum": "perplexity", "generate_samples": "samples", "build_tiny_model_dir": "tiny",
 }
 __all__ = sorted(_EXPORTS)
 

@@ -54,8 +54,8 @@ def resolve_against(cfg: RunConfig, ref: str, challenger: Path | None = None) ->
     `model_md5` tag equals the md5 of `challenger`, a rerun on unchanged data) it is not downloaded: an Against
     with `same` set, whose scores are the challenger's (Δ = 0 exactly, not promoted);
     models:/… a registry version; else a model directory."""
-    from packtrain.model.registry_source import cache_dir, download_version, registry_ref
     from packtrain.model.source import is_registry_source
+    from packtrain.registry.source import cache_dir, download_version, registry_ref
 
     if ref == "none":
         return None, "evaluate.against is none: the challenger is scored alone"

@@ -2,7 +2,7 @@
 
 Unpickling a model runs whatever code the pickle names, so a registry model is read from its safetensors
 files; a pickle is loaded only when the run opts in with `model.allow_pickle: true`. Where the files are, per
-flavor the register stage logs (packtrain.evaluate.registry):
+flavor the register stage logs (packtrain.registry.model):
 
     transformers    <local>/model/ (MLmodel `model_binary`)     config.json, model.safetensors, ...
                     <local>/components/tokenizer/               tokenizer files

@@ -5,14 +5,14 @@
     /path/to/dir (save_pretrained)     Path('/path/to/dir') after checking it holds config.json
     models:/NAME@ALIAS                 the registered version's files, downloaded once from the run's tracking
     models:/NAME/VERSION               store into <workdir>/models/<name>/v<version>/ by
-    champion                           packtrain.model.registry_source.resolve_init(run_cfg) (champion without
+    champion                           packtrain.registry.source.resolve_init(run_cfg) (champion without
                                        one yet → model.init_fallback); here a ConfigError
 
 The config checks only the syntax (packtrain.config.train.InitFrom); this module checks that the source exists.
 Every consumer (the model builder, the memory planner) calls `resolve_init_source`; the stages that hold the run
 config (tokenize, train) resolve a registry source first and hand the others a ModelConfig whose init_from is
 the downloaded directory (`InitSource.model_config`), so the rest of packtrain loads it like any local checkpoint.
-This module is the lower one: packtrain.model.registry_source imports it, never the other way.
+This module is the lower one: packtrain.registry.source imports it, never the other way.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def resolve_init_source(model_cfg: ModelConfig) -> Path | None:
     """None for `scratch`; else the local directory to load (config.json checked). Errors name the field.
 
     A registry source is resolved with the run config (tracking URI, workdir, register.model_name) by
-    packtrain.model.registry_source.resolve_init; here a ConfigError names the directory to pass instead.
+    packtrain.registry.source.resolve_init; here a ConfigError names the directory to pass instead.
 
     >>> from packtrain.config import ModelConfig
     >>> resolve_init_source(ModelConfig()) is None

@@ -31,7 +31,7 @@ from packtrain.errors import ConfigError
 
 if TYPE_CHECKING:
     from packtrain.config import EvalConfig
-    from packtrain.model.registry_source import InitSource
+    from packtrain.registry.source import InitSource
 
 
 def _short(h: str | None) -> str:

@@ -10,7 +10,7 @@
 Gate: a scheduled run gates itself against the champion before it moves the alias. `scheduled(cfg)` turns
 `register.gate` on (unless the recipe set it), so the register stage lets a version the paired evaluation
 promotes over the champion (docs/validation.md) take the alias only if its training run passes `packtrain gate` against the champion's training run
-(packtrain.evaluate.champion; built-in noise-aware rules, or `register.gate_rules`). When it does not, the
+(packtrain.registry.champion; built-in noise-aware rules, or `register.gate_rules`). When it does not, the
 champion stays where it is, the new version becomes challenger (its tags `gate`, `gate_failed`,
 `decision_reason` say why; the register run holds gate/gate.md) and `run_pipeline` raises
 packtrain.gate.GateFailed: exit code 1 for a regression, 2 for missing data (as `packtrain gate`). The
@@ -24,7 +24,7 @@ The first run has none (nothing earlier), and a recipe that declares its own sui
 
 Warm start: the DAG's default recipe (recipes/retrain-cpu.yaml) sets `model.init_from: champion`, so each run
 continues the registered champion — the pipeline's tokenize and train stages resolve it
-(packtrain.model.registry_source), the register stage tags the new version with its parent. `warm_start` reads
+(packtrain.registry.source), the register stage tags the new version with its parent. `warm_start` reads
 that lineage back from the registered version's tags (`warm_start_of`).
 
 "DVC data version" = the md5 DVC records for the ingest source (`packtrain.versioning.data_md5`): read from

@@ -78,7 +78,7 @@ def config_parts(stage: str, cfg, inputs: dict[str, str] | None = None) -> dict[
     - ingest: `source`, the md5 of the source directory (or the default corpus' Python installation) in place
       of the `ingest.source` path: the same documents in another directory are the same key;
     - tokenize, train with `model.init_from` not scratch: `init`, what it resolves to
-      (packtrain.model.registry_source.cache_identity: the init tokenizer's hash; the registered version or
+      (packtrain.registry.source.cache_identity: the init tokenizer's hash; the registered version or
       the directory's fingerprint), so a new champion is a miss and the same one a hit; train then also
       holds its `init_config` (the step-0 evaluation's `evaluate` section);
     - evaluate: `against`, the champion version it scores next to the model and every suite file's md5
@@ -96,7 +96,7 @@ def config_parts(stage: str, cfg, inputs: dict[str, str] | None = None) -> dict[
         parts["source"] = _source_fingerprint(cfg.ingest.source)
         parts["ingest"] = {k: v for k, v in parts["ingest"].items() if k != "source"}
     if stage in ("tokenize", "train"):
-        from packtrain.model.registry_source import cache_identity
+        from packtrain.registry.source import cache_identity
 
         init = cache_identity(cfg, stage)
         if init is not None:
@@ -173,6 +173,9 @@ def run_stage(stage: str, cfg, inputs: Mapping[str, str | Path], out_dir: str | 
               cache_dir: Path | None = None, code_version: str = "", data_version: str = "") -> dict:
     """Run one stage on the named artifact directories (see the module docstring); returns its stats dict
     (+ "cache": "hit" | "miss" | "skipped (...)" and "cache_key" with a `cache_dir`)."""
+    from packtrain.registry import install_handlers
+
+    install_handlers()   # a buffered registration can be replayed by any stage's tracked run
     args = runner_args(stage, {k: str(v) for k, v in inputs.items()})
     if cache_dir is None:
         return _with_versions(_call_runner(stage, cfg, args, out_dir), code_version, data_version)
@@ -184,6 +187,9 @@ def run_stage_component(stage: str, config_text: str, inputs: dict[str, str], ou
                         kfp_run_id: str = "", code_version: str = "", data_version: str = "") -> dict:
     """Run one stage as a pipeline step (see the module docstring); returns the stage's stats dict."""
 
+    from packtrain.registry import install_handlers
+
+    install_handlers()   # before the parent run's client: it may replay a buffered registration
     try:
         cfg = config_from_text(config_text)
         if kfp_run_id:

@@ -34,10 +34,10 @@ from packtrain.stages.results import EvaluateResult, RegisterResult, TrainResult
 def run_register(cfg: RunConfig, model_dir: str | Path, eval_dir: str | Path, train_dir: str | Path,
                  out_dir: str | Path) -> RegisterResult:
     from packtrain.data.tokenizer_files import tokenizer_hash
-    from packtrain.evaluate.adapter_registry import registry_model_dir
     from packtrain.evaluate.loading import check_model_dir
-    from packtrain.evaluate.register import build_registration, deferred_result, promotion_verdict
-    from packtrain.evaluate.registration import RegisterResult as LibraryResult
+    from packtrain.registry.adapter import registry_model_dir
+    from packtrain.registry.apply import RegisterResult as LibraryResult
+    from packtrain.registry.op import build_registration, deferred_result, promotion_verdict
     from packtrain.tracking import stage_run
     from packtrain.versioning import data_md5, file_md5
 
@@ -59,6 +59,9 @@ def run_register(cfg: RunConfig, model_dir: str | Path, eval_dir: str | Path, tr
     op = build_registration(model_dir, ev, train_dir / TrainResult.FILE, cfg.register_, verdict=verdict)
     op["result_path"] = str((out_dir / "register_result.json").resolve())
     op["version_tags"].update(_heldout_tags(eval_dir))   # where this model's held-out documents are
+    from packtrain.registry import install_handlers
+
+    install_handlers()   # the op is applied through the tracking client's handler
     with stage_run("register", cfg, section=cfg.register_) as run:
         out = run.submit(op)   # live: the result; store unreachable: None (buffered with a model copy)
         if out is None:

@@ -265,7 +265,7 @@ class EvaluateResult(StageResult):
 
 @dataclass(kw_only=True)
 class RegisterResult(StageResult):
-    """packtrain.evaluate.registration.RegisterResult: the registered version and the alias decision."""
+    """packtrain.registry.apply.RegisterResult: the registered version and the alias decision."""
 
     STAGE: ClassVar[str] = "register"
     FILE: ClassVar[str] = "register_result.json"

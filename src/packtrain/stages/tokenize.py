@@ -7,7 +7,7 @@ together (packtrain.publish.staged_output): a failed or killed tokenize leaves t
 byte-identical, a successful one replaces it whole.
 
 The tokenizer travels with the model: when `model.init_from` (resolved like the train stage does it,
-packtrain.model.registry_source.resolve_init: a registry source is downloaded once into
+packtrain.registry.source.resolve_init: a registry source is downloaded once into
 <workdir>/models/<name>/v<version>/) ships a tokenizer, that tokenizer is used — not a BPE trained afresh —
 and its BOS/EOS rules apply (packtrain.data.tokenize). `tokenize.tokenizer_dir` must then be unset or hold the
 same tokenizer (same tokenizer_hash), else exit 2 naming both. meta.json and stats.json record
@@ -95,7 +95,7 @@ def tokenizer_of_init(cfg: RunConfig):
     tokenize.tokenizer_dir when the init source ships one (checked against an explicit tokenizer_dir)."""
     from packtrain.data.tokenizer_files import has_tokenizer, tokenizer_hash
     from packtrain.errors import ConfigError
-    from packtrain.model.registry_source import resolve_init
+    from packtrain.registry.source import resolve_init
 
     init = resolve_init(cfg)
     if init.path is None or not has_tokenizer(init.path):

@@ -27,7 +27,7 @@
               model/ = the lowest-eval_loss checkpoint; train_result.json `evaluation` (curve, best_step,
               exported_step, early_stopped), final numbers evaluation.best_eval_loss / best_step / early_stopped
 
-Warm start (`model.init_from` not scratch; packtrain.model.registry_source, packtrain.model.warm_start):
+Warm start (`model.init_from` not scratch; packtrain.registry.source, packtrain.model.warm_start):
       resolves  the init source before any work: a registry source is downloaded once into
                 <workdir>/models/<name>/v<version>/; champion without a champion → model.init_fallback
       refuses   a token store made by another tokenizer than the init model's (model.tokenizer_check=strict),
@@ -173,8 +173,8 @@ def run_train(cfg: RunConfig, packs_dir: str | Path, tokens_dir: str | Path, out
 
 def _run_train(cfg: RunConfig, packs_dir: Path, tokens_dir: Path, out_dir: Path, resume: bool,
                overwrite: bool) -> TrainResult | None:
-    from packtrain.model.registry_source import resolve_init
     from packtrain.model.warm_start import check_store_matches_model
+    from packtrain.registry.source import resolve_init
     from packtrain.telemetry.memory import begin_stage_memory
     from packtrain.train.loop import train
     from packtrain.train.runtime import dist_info

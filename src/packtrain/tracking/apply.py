@@ -11,7 +11,8 @@ Each kind, and why applying it twice leaves one copy (checked against a real sql
     log_artifact    the same artifact path is overwritten
     log_input       MLflow reuses the (name, digest) dataset and the existing run → dataset link
     set_terminated  sets the same status and end time
-    register_model  packtrain.evaluate.registration.apply_registration: the logged model and the model version
+    register_model  packtrain.registry.apply.apply_registration (a registered handler, `register_handler`): the
+                    logged model and the model version
                     carry tag packtrain.register_op=<op id> and are looked up before being created
 
 Buffered files (artifacts, a model to register) are referenced as `buffered_path`, relative to the buffer
@@ -24,10 +25,10 @@ for it and nothing outside the buffer is deleted.
 from __future__ import annotations
 
 import contextlib
-import importlib
 import json
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -39,8 +40,19 @@ log = logging.getLogger(__name__)
 PENDING = "pending-"
 PENDING_TAG = "packtrain.pending_id"
 ARTIFACTS = "artifacts"   # <buffer>/artifacts/<op id>/<name>: the buffer's copies of the files ops carry
-# op kinds implemented outside the tracking room (imported when first replayed)
-HANDLERS = {"register_model": "packtrain.evaluate.registration:apply_registration"}
+Handler = Callable[[Any, str, str, dict, Path | None], Any]
+"""An op kind applied by a room above tracking: handler(client, tracking uri, run id, op, its buffered file)."""
+HANDLERS: dict[str, Handler] = {}
+"""Op kinds implemented outside the tracking room, registered by their room (`register_handler`):
+register_model by packtrain.registry.install_handlers."""
+FOREIGN_KINDS = frozenset({"register_model"})
+"""The op kinds another room applies: one whose handler this process has not registered stays pending (Blocked),
+never rejected, until a process that has it (the CLI, a stage component) replays the buffer."""
+
+
+def register_handler(kind: str, handler: Handler) -> None:
+    """Apply buffered ops of `kind` with `handler` (a plain callable, registered by the room that owns the kind)."""
+    HANDLERS[kind] = handler
 
 
 def buffered_file(buffer_dir: Path, op: dict) -> Path | None:
@@ -210,9 +222,10 @@ def apply_op(bc, op: dict) -> Any:
     elif kind == "set_terminated":
         c.set_terminated(rid, status=op["status"], end_time=op["end_time"])
     elif kind in HANDLERS:
-        module, func = HANDLERS[kind].split(":")
-        handler = getattr(importlib.import_module(module), func)
-        return handler(c, bc.uri, rid, op, op_file(bc.buffer_dir, op))
+        return HANDLERS[kind](c, bc.uri, rid, op, op_file(bc.buffer_dir, op))
+    elif kind in FOREIGN_KINDS:
+        raise Blocked(f"a buffered {kind} op waits for its handler, which this process has not registered "
+                      "(packtrain.registry.install_handlers; `packtrain mlflow replay` applies it)")
     else:
         raise ValueError(f"unknown buffered op {kind!r}")
     return None

@@ -16,7 +16,7 @@ Every call goes through `BufferedClient` (packtrain.tracking.buffer): when the s
 buffered to <workdir>/mlflow-buffer (cfg.tracking.buffer_dir) and replayed, each exactly once, when it
 returns. Param and tag values (e.g. the pipeline run's `tracking.tracking_uri`) are logged with credentials
 redacted (`user:***@host`, packtrain.secrets). `StageRun.submit(op)` sends a custom op such as the model
-registration (buffered too: packtrain.evaluate.register). Only rank 0
+registration (buffered too: packtrain.registry.op). Only rank 0
 logs (RANK / LOCAL_RANK); other ranks and `tracking.enabled: false` get a `StageRun` whose methods do nothing.
 This module opens and closes the runs and keeps one client per store; `StageRun`, the handle a stage logs
 through, is packtrain.tracking.handle.

@@ -17,7 +17,7 @@ A registry version is downloaded once into
 built in a staging directory and published by one rename (packtrain.publish.publish_dir): a killed download
 leaves nothing half-written, and a directory holding packtrain_source.json is complete and reused (registered
 versions are immutable). What the registry holds is the MLflow model the register stage logged
-(packtrain.evaluate.registry): with the transformers flavor the HF directory is its `model/` (MLmodel
+(packtrain.registry.model): with the transformers flavor the HF directory is its `model/` (MLmodel
 `model_binary`) and the tokenizer `components/tokenizer/`; with the pytorch fallback the save_pretrained copy
 and the tokenizer in `extra_files/`. Nothing is unpickled: a pytorch-flavor version that holds only the pickle
 is refused (exit 3) unless `model.allow_pickle: true`, which loads it with mlflow.pytorch.load_model and saves
@@ -277,7 +277,7 @@ def _download(tracking_uri: str, model_uri: str, raw: Path) -> Path:
 
     from packtrain.tracking.run import set_fluent_tracking_uri
 
-    # as packtrain.evaluate.registry.load_registered: MLflow 3.17 resolves models:/ through the global registry
+    # as packtrain.registry.model.load_registered: MLflow 3.17 resolves models:/ through the global registry
     # URI whatever download_artifacts is given, so the store is made global for the download and restored after
     before = mlflow.get_tracking_uri()
     set_fluent_tracking_uri(tracking_uri)
@@ -329,7 +329,7 @@ def cache_identity(cfg: RunConfig, stage: str) -> dict | None:
     """What of the init source a stage's output depends on (the stage cache key): None for scratch.
 
     tokenize: the hash of the tokenizer the init source ships (None: it ships none). train: the registered
-    version (immutable), or a directory's fingerprint (packtrain.model.registry_source.dir_fingerprint), or
+    version (immutable), or a directory's fingerprint (packtrain.registry.source.dir_fingerprint), or
     scratch after a champion fallback. A new champion therefore misses the cache; the same one hits.
     """
     if init_from_value(cfg.model) == "scratch":

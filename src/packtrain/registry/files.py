@@ -3,7 +3,7 @@
     log_model_files(model_dir, pip_requirements, card_text, model_id=..., run_id=...) -> ModelInfo
 
 What gets logged is MLflow's own transformers flavor, laid out as `mlflow.transformers.log_model` lays out a
-*local checkpoint path* (which mlflow 3.17.2 cannot do itself: packtrain.evaluate.registry's module doc):
+*local checkpoint path* (which mlflow 3.17.2 cannot do itself: packtrain.registry.model's module doc):
 
     MLmodel                  transformers: task text-generation, instance_type TextGenerationPipeline,
                                            pipeline_model_type = config.json architectures[0],
@@ -24,7 +24,7 @@ So a version logged this way is, to every reader, a transformers-flavor version:
 - packtrain reads `model/` and `components/tokenizer/` (packtrain.model.logged_model.hf_files), safetensors and
   tokenizer files only.
 
-Subdirectories are left out too (a LoRA model/ registers its merged/ instead: packtrain.evaluate.adapter_registry).
+Subdirectories are left out too (a LoRA model/ registers its merged/ instead: packtrain.registry.adapter).
 The staging copy MLflow logs from is hard-linked to the exported files when they share a file system (else
 copied): the artifact store's copy is then the only full copy made. A 350M-parameter Llama saved in bf16
 (652 MiB), on the 2-core CPU machine into a sqlite store: 0.40 s, against 6.7 s to load it and let

@@ -1,9 +1,9 @@
 """Apply one registration op: log the model, register the version, set the aliases, log what happened.
 
     apply_registration(client, uri, run_id, op, model_dir)
-      1. decision    packtrain.evaluate.champion: the paired verdict (op["promotion"]), then (op["gate"]) the gate
+      1. decision    packtrain.registry.champion: the paired verdict (op["promotion"]), then (op["gate"]) the gate
       2. log model   once per op (the logged model carries tag packtrain.register_op=<op id>); register.flavor=files
-                     copies the exported files as they are (packtrain.evaluate.registry.log_model_dir). The model
+                     copies the exported files as they are (packtrain.registry.model.log_model_dir). The model
                      is the train run's: its source run and the run it is an output of are the pipeline's train
                      stage run, so MLflow shows it there ("Logged models", "Registered models: NAME vN") and the
                      version's run is the train run; a register run with no train run in its tree (`packtrain
@@ -31,8 +31,9 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from packtrain.evaluate.adapter_registry import log_adapter
-from packtrain.evaluate.champion import (
+from packtrain.gate.sources import TRAIN_RUN_TAG  # the version's training run: what `gate NAME@ALIAS` reads
+from packtrain.registry.adapter import log_adapter
+from packtrain.registry.champion import (
     CHALLENGER,
     CHAMPION,
     ChampionGate,
@@ -43,7 +44,6 @@ from packtrain.evaluate.champion import (
     gate_against_champion,
     move_champion,
 )
-from packtrain.gate.sources import TRAIN_RUN_TAG  # the version's training run: what `gate NAME@ALIAS` reads
 
 OP_TAG = "packtrain.register_op"
 """Tag on the logged model and the model version: the id of the registration op that made them."""
@@ -56,7 +56,7 @@ ALIAS_SET_TAG = "packtrain.alias_set"
 
 @dataclass
 class RegisterResult:
-    """What `register_model` did. `to_dict()` is register_result.json."""
+    """What applying a registration op did. `to_dict()` is register_result.json."""
 
     model_name: str
     version: str | None                   # the new version, e.g. "4" (None: deferred)
@@ -105,13 +105,14 @@ version, the token store, the tokenizer). A version with all four equal is regis
 
 
 def version_of_content(client, name: str, tags: dict[str, str]):
-    """The oldest version of `name` whose CONTENT_TAGS equal `tags`' (a tag missing on both sides counts as
-    equal), or None; None too when `tags` has no model_md5. A `--no-cache` rerun or a rerun after kill -9 during
-    register finds the version the first run registered."""
+    """The oldest version of `name` whose CONTENT_TAGS equal `tags`' (tokens_md5 / tokenizer_hash missing on both
+    sides count as equal), or None. A registration without model_md5 or without a data lineage (dataset_md5: a
+    model registered by hand from a directory) is always a new version. A `--no-cache` rerun or a rerun after
+    kill -9 during register finds the version the first run registered."""
     from mlflow.exceptions import MlflowException
 
     md5 = tags.get("model_md5")
-    if not md5:
+    if not md5 or not tags.get("dataset_md5"):
         return None
     try:
         found = client.search_model_versions(f"name = '{name}' and tags.model_md5 = '{md5}'")
@@ -127,8 +128,8 @@ def _log_model_once(client, run_id: str, op: dict, model_dir: Path, card: str, s
     `step` (its last optimizer step: MLflow links that step's loss, tokens/s and MFU to the model); logged only
     when no earlier attempt finished it (an attempt is finished once its model carries the packtrain.flavor
     tag)."""
-    from packtrain.evaluate.adapter_registry import registry_model_dir
-    from packtrain.evaluate.registry import ARTIFACT_NAME, log_model_dir
+    from packtrain.registry.adapter import registry_model_dir
+    from packtrain.registry.model import ARTIFACT_NAME, log_model_dir
 
     exp = client.get_run(run_id).info.experiment_id
     found = client.search_logged_models([exp], filter_string=f"tags.`{OP_TAG}` = '{op['id']}'", max_results=1)

@@ -9,35 +9,28 @@
 The first version of a name becomes champion. A verdict made against v3 while v5 holds the alias at
 registration time does not move it (challenger; the reason says re-run evaluate). Every version is tagged
 with eval_loss/perplexity (informational), the verdict (`validation`, `suite.<name>.*`), the lineage (data
-version, token store md5, git sha, packing fill, MFU, peak memory: packtrain.evaluate.lineage and
+version, token store md5, git sha, packing fill, MFU, peak memory: packtrain.registry.lineage_tags and
 `dataset_tags`), `missing_tags`, packtrain.train_run_id (the training run, for `packtrain gate`) and
 packtrain.register_run_id; the register run holds validation/validation.md and validation/validation.json. The
-model itself is logged as the train run's output (registration.py), so the version's run is the train run.
+model itself is logged as the train run's output (packtrain.registry.apply), so the version's run is the train run.
 
-    register.py       this: the op (`build_registration`), `register_model`
-    champion.py       the decision: verdict → alias, gate against the champion, compare-and-set of the alias
-    registration.py   `apply_registration`: the op applied to MLflow (model, version, aliases, run logging);
-                      `RegisterResult`, what it did
-
-One registration is one op (`build_registration`) applied by `apply_registration`, live or from the MLflow
-buffer when the store was down (packtrain.tracking.buffer; the stage then reports decision "deferred").
-Applying it again creates nothing twice (registration.py).
+One registration is one op (`build_registration`, this module) applied by packtrain.registry.apply's
+`apply_registration`, live (the register stage: `StageRun.submit(op)`) or from the MLflow buffer when the store
+was down (packtrain.tracking.buffer; the stage then reports decision "deferred"). Applying it again creates
+nothing twice (packtrain.registry.apply).
 """
 
 from __future__ import annotations
 
-import contextlib
-import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 
 from packtrain.config import RegisterConfig
-from packtrain.errors import ConfigError, InputDataError
-from packtrain.evaluate.champion import DEFERRED, as_float
-from packtrain.evaluate.registration import RegisterResult, apply_registration
+from packtrain.errors import InputDataError
+from packtrain.registry.apply import RegisterResult
+from packtrain.registry.champion import DEFERRED, as_float
 
-__all__ = ["build_registration", "deferred_result", "parent_tags", "promotion_verdict", "register_model"]
+__all__ = ["build_registration", "deferred_result", "parent_tags", "promotion_verdict"]
 
 
 def _eval_dict(eval_result) -> dict:
@@ -87,8 +80,8 @@ def build_registration(model_dir: str | Path, eval_result, train_result_path: st
      "version_tags": {"eval_loss": "3.91", ..., "dataset_md5": ..., "tokens_md5": ..., "missing_tags": "none"},
      "lineage_origin": {...}, "missing": [...]}
     """
-    from packtrain.evaluate.lineage import collect_lineage, read_optional_json
-    from packtrain.evaluate.registry import default_pip_requirements
+    from packtrain.registry.lineage_tags import collect_lineage, read_optional_json
+    from packtrain.registry.model import default_pip_requirements
     from packtrain.versioning import git_sha
 
     ev = _eval_dict(eval_result)
@@ -137,7 +130,7 @@ def dataset_tags(train_result: dict | None) -> dict[str, str]:
     """`tokens_md5`: the md5 of the token store (tokens.bin) the model was trained on, from
     train_result.json's lineage (`input_md5.tokens`). It is the number the `dataset_md5` tag used to hold;
     `dataset_md5` is now the DVC md5 of the source data the chain started from (lineage `data_version`, the
-    Airflow DAG's data version, packtrain.evaluate.lineage).
+    Airflow DAG's data version, packtrain.registry.lineage_tags).
 
     >>> dataset_tags({"lineage": {"input_md5": {"packs": "9a2b.dir", "tokens": "70ec"}}})
     {'tokens_md5': '70ec'}
@@ -179,37 +172,3 @@ def deferred_result(op: dict, run_id: str | None, shown_uri: str, buffer_dir: st
         version_tags=dict(op["version_tags"]), lineage_origin=dict(op["lineage_origin"]),
         missing_tags=list(op["missing"]), run_id=run_id, tracking_uri=shown_uri, op_id=op["id"],
         buffer=str(buffer_dir))
-
-
-def register_model(model_dir: str | Path, eval_result, train_result_path: str | Path | None,
-                   cfg: RegisterConfig, tracker=None, pack_stats: dict | None = None,
-                   before_alias: Callable[[str], None] | None = None, verdict=None) -> RegisterResult:
-    """Log the model in `model_dir`, register a version under `cfg.model_name` and compare-and-set the
-    champion alias, or set challenger (module doc).
-
-    eval_result: EvalResult or its dict (eval_result.json). train_result_path: train_result.json, may be
-    missing. pack_stats: pack_stats.json's lineage keys (run_evaluate copies them into eval_result.json
-    under "lineage"; used when None). tracker: the stage's StageRun — the registration is then one op of
-    its buffered client, and comes back with decision "deferred" when the store is unreachable. Without a
-    tracker: the active MLflow run, or a new "register" run, on the current tracking URI. `verdict`: the
-    PromotionVerdict (`promotion_verdict(eval_dir, cfg)`); None → only a first version becomes champion.
-    """
-    import mlflow
-    from mlflow import MlflowClient
-
-    if tracker is not None and not tracker.enabled:
-        raise ConfigError("register needs MLflow: tracking.enabled is false (set tracking.enabled=true)")
-    op = build_registration(model_dir, eval_result, train_result_path, cfg, pack_stats, verdict)
-    if tracker is not None:
-        out = tracker.submit(op)
-        if out is None:
-            client = tracker.client
-            return deferred_result(op, tracker.run_id, client.shown_uri, client.buffer_dir)
-        return RegisterResult(**out)
-    with contextlib.ExitStack() as stack:
-        if mlflow.active_run() is None:
-            stack.enter_context(mlflow.start_run(run_name="register"))
-        run_id = mlflow.active_run().info.run_id
-        out = apply_registration(MlflowClient(), mlflow.get_tracking_uri(), run_id,
-                                 {**op, "ts": time.time()}, Path(op["path"]), before_alias)
-    return RegisterResult(**out)

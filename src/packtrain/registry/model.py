@@ -5,7 +5,7 @@
 
 Flavor (RegisterConfig.flavor, measured with mlflow 3.17.2 + transformers 5.24, docs/evaluate.md):
 - files (default): the exported directory's files copied as they are into MLflow's transformers flavor
-  (packtrain.evaluate.registry_files): nothing loaded, nothing re-saved; bf16 weights stay bf16 on disk. A
+  (packtrain.registry.files): nothing loaded, nothing re-saved; bf16 weights stay bf16 on disk. A
   350M-parameter Llama saved in bf16, on the 2-core CPU machine: 0.40 s and 652 MiB logged, where load +
   transformers re-save takes 6.7 s and logs 1,304 MiB (bench/results/register_speed.json; the register stage
   took 39.8 s on a GPU host the old way). A directory without config.json + *.safetensors (a pickled
@@ -109,7 +109,7 @@ def log_model_dir(model_dir: Path, flavor: str, pip_requirements: list[str], car
     t0 = time.perf_counter()
     model_dir, note = Path(model_dir), ""
     if flavor == "files":
-        from packtrain.evaluate.registry_files import check_exported_dir, log_model_files
+        from packtrain.registry.files import check_exported_dir, log_model_files
 
         try:
             check_exported_dir(model_dir)

@@ -8,7 +8,7 @@ A LoRA train stage writes model/ as (packtrain.model.adapter.save_adapter_model)
     model/base/      (scratch base only)                     the frozen base weights
     model/merged/    (train.adapter.save_merged: true)       base + (alpha/r)·B·A, a plain save_pretrained dir
 
-Registration (packtrain.evaluate.registration) then:
+Registration (packtrain.registry.apply) then:
   - logs and registers `registry_model_dir(model/)` = model/merged: the version loads with
     `AutoModelForCausalLM.from_pretrained` alone, like a full fine-tune's; without merged/ it is a ConfigError
     naming train.adapter.save_merged (the registry holds plain transformers models only);

@@ -1,0 +1,31 @@
+"""Register a model directory the way the register stage does, without a pipeline: the op
+(packtrain.registry.op.build_registration) applied by packtrain.registry.apply.apply_registration in the active
+MLflow run, or in a new run "register", on the fluent tracking URI. For tests that register hand-made models."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+
+def register_model_dir(model_dir: str | Path, eval_result, train_result_path: str | Path | None, cfg,
+                       before_alias: Callable[[str], None] | None = None, verdict=None):
+    """The RegisterResult of registering `model_dir` under `cfg` (RegisterConfig). `eval_result`: eval_result.json's
+    dict; `verdict`: a PromotionVerdict (None: only a first version becomes champion); `before_alias(version)` runs
+    between the decision and the compare-and-set."""
+    import mlflow
+    from mlflow import MlflowClient
+
+    from packtrain.registry.apply import RegisterResult, apply_registration
+    from packtrain.registry.op import build_registration
+
+    op = build_registration(model_dir, eval_result, train_result_path, cfg, verdict=verdict)
+    with contextlib.ExitStack() as stack:
+        if mlflow.active_run() is None:
+            stack.enter_context(mlflow.start_run(run_name="register"))
+        run_id = mlflow.active_run().info.run_id
+        out = apply_registration(MlflowClient(), mlflow.get_tracking_uri(), run_id, {**op, "ts": time.time()},
+                                 Path(op["path"]), before_alias)
+    return RegisterResult(**out)
