@@ -127,12 +127,18 @@ def test_champion_challenger_and_load_back(setup, capsys):
     out = model.generate(**x, max_new_tokens=6, do_sample=False, pad_token_id=tok.eos_token_id)
     assert out.shape[1] > x["input_ids"].shape[1] and isinstance(tok.decode(out[0]), str)
 
-    # the pytorch flavor loads back too (tokenizer shipped as extra files)
-    r4 = register(worst, tmp / "no-train", "reg4", "--set", "register.flavor=pytorch")
-    assert r4["flavor"] == "pytorch" and r4["decision"] == "challenger" and r4["champion_version"] == "3"
+    # the same weights and lineage again: no new version, v2 is pointed at (whatever the flavor asked)
+    again = register(worst, tmp / "no-train", "reg4", "--set", "register.flavor=pytorch")
+    assert (again["version"], again["existing"], again["champion_version"]) == ("2", True, "3")
+    assert again["reason"].startswith(f"already registered: {NAME} v2 holds these weights")
+    assert len(client.search_model_versions(f"name = '{NAME}'")) == 3
+    # the pytorch flavor loads back too (tokenizer shipped as extra files), registered under another name
+    r4 = register(worst, tmp / "no-train", "reg5", "--set", "register.flavor=pytorch",
+                  "--set", f"register.model_name={NAME}-pt")
+    assert (r4["flavor"], r4["version"], r4["existing"]) == ("pytorch", "1", False)
     from packtrain.registry import load_registered
 
-    m4, tok4 = load_registered(f"models:/{NAME}/4", uri)
+    m4, tok4 = load_registered(f"models:/{NAME}-pt/1", uri)
     ref4, _ = load_model_dir(models[worst], "cpu")
     assert torch.equal(m4.get_input_embeddings().weight, ref4.get_input_embeddings().weight)
     y = m4.generate(**tok4("The ", return_tensors="pt"), max_new_tokens=4, do_sample=False,
