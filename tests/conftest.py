@@ -107,7 +107,7 @@ def pytest_sessionfinish(session):
 # it runs the session's `tiny_pipeline`, which run_server, dvc_one_repo and airflow wait for (file lock). Replaying
 # that run's per-test times through xdist's loadfile scheduler: this order ends the workers at 591/590 s, the
 # previous one at 604/576 s. dvc_one_repo came later (16 s alone, 2026-12-02), placed by that time.
-_SLOW_FIRST = ("test_kfp_runner.py", "test_promotion.py", "test_local_pipeline.py", "test_bench_suites.py",
+_SLOW_FIRST = ("test_kfp_runner.py", "test_promotion.py", "test_local_pipeline.py", "test_champion_domain.py", "test_bench_suites.py",
                "test_local_task.py", "test_warm_start_run.py", "test_sft_lora.py", "test_dvc.py",
                "test_wheel_ir.py", "test_secrets_full_run.py", "test_gate_champion.py", "test_run_server.py",
                "test_airflow_dag.py", "test_train_stage.py", "test_train_faults.py", "test_fsdp2_train.py",
