@@ -258,7 +258,7 @@ def _register(s: dict) -> list[str]:
         why += [f"             {line}" for line in _wrap(f"margins: {s['margins']}")]
     line = str(s.get("champion_domain") or "")
     if line.startswith("nothing measures"):   # said in full: the champion's old domain was not guarded
-        why += [f"             {x}" for x in _wrap(line)]
+        why.append(f"             {' '.join(line.split())}")   # one line, unwrapped: what users grep for
     if s.get("version") is not None and "registry_now" in s:   # restored from the cache: the registry as it is
         now = s["registry_now"]
         return [f"  register   {s.get('model_name') or 'model'} v{s['version']} (registered by an earlier run, "
