@@ -9,8 +9,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
-from pipeline_helpers import PINNED_CODE, as_args, run_main, tiny_corpus, tiny_settings
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "pipelines"))   # any file order: not only after tests/pipelines
+from pipeline_helpers import PINNED_CODE, as_args, run_main, tiny_corpus, tiny_settings  # noqa: E402
 
 from packtrain.tracking import owner
 

@@ -226,7 +226,10 @@ def _kill_after(cmd: list[str], env: dict, seconds: float) -> int:
 
 
 def _resume_and_compare(data, straight, out: Path) -> None:
-    assert main(_args(data, out, "--resume")) == 0      # in-process: the killed run was the subprocess
+    # in-process: the killed run was the subprocess. Killed before it wrote anything (during setup), the run left
+    # no directory to resume (--resume there is refused as a typo'd --out would be): it is started again instead
+    started = out.is_dir() and any(out.iterdir())
+    assert main(_args(data, out, *(["--resume"] if started else []))) == 0
     assert _losses(out) == _losses(straight) and _weights_equal(out, straight)
     ck = out / "checkpoints"
     assert not list(ck.glob(".tmp-*")) and not list(ck.glob(".old-*")) and not (out / ".model.tmp").exists()

@@ -1,6 +1,6 @@
 """`packtrain train [--packs DIR] [--tokens DIR] [--out DIR] [--resume | --overwrite] [--gpus N]`.
 
-`--resume` into an --out without any checkpoint is refused (exit 5, naming the directory): nothing is started
+`--resume` into an --out that is missing or empty is refused (exit 5, naming the directory): nothing is started
 over silently. An --out that already holds checkpoints is refused (exit 2) unless --resume (continue from the newest one that
 verifies; broken ones are moved to <out>/checkpoints/quarantine/) or --overwrite (delete them, start at 0;
 quarantine/ is kept as it is, and quarantined checkpoints alone are no reason to refuse). An --out that another

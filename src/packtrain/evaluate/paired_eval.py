@@ -151,7 +151,9 @@ def evaluate_identity(cfg: RunConfig, model_md5: str | None = None) -> dict:
 
     try:
         sp = resolve_seed_spread(cfg)
-        spread = f"{sp.get('path')} {sp.get('md5')} {sp.get('config_hash')}"
+        # the record used (or none), not this run's config hash: whether it applies follows from the sections the
+        # stage table declares for evaluate, and a corpus in another directory must not move the key
+        spread = f"{sp.get('path')} {sp.get('md5')}"
     except Exception as e:   # the evaluate stage itself reports it, with its exit code
         spread = f"unresolved {type(e).__name__} {time.time_ns()}"
     return {"champion": champion, "suites": suites, "seed_spread": spread}

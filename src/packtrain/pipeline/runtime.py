@@ -92,8 +92,8 @@ def config_parts(stage: str, cfg, inputs: dict[str, str] | None = None) -> dict[
     spec = stage_spec(stage)
     d = cfg.to_dict()
     parts: dict[str, Any] = {path: _at(d, path) for path in spec.config}
-    if stage == "ingest":   # the source by content, not by where it lies: a copy elsewhere is the same key
-        parts["source"] = _source_fingerprint(cfg.ingest.source)
+    if "ingest" in parts:   # the source by content, not by where it lies: a copy elsewhere is the same key
+        parts["source"] = _source_fingerprint(cfg.ingest.source)   # (ingest; evaluate for its seed-spread match)
         parts["ingest"] = {k: v for k, v in parts["ingest"].items() if k != "source"}
     if stage in ("tokenize", "train"):
         from packtrain.registry.source import cache_identity

@@ -196,9 +196,10 @@ STAGES: tuple[StageSpec, ...] = (
     ),
     StageSpec(
         name="evaluate", inputs=("model", "packs"), output="evaluation",
-        # + the seed-spread setting and the sections its record is matched on (evaluate.seed_spread.HASHED_SECTIONS): whether the
+        # + the seed-spread setting, the recipe name and the sections its record is matched on (evaluate.seed_spread.HASHED_SECTIONS): whether the
         # record's margins apply depends on them (a change there changes the weights too, so it costs no hit)
-        config=("evaluate", "model", "ingest", "validate", "tokenize", "pack", "train", "register.promotion.seed_spread"),
+        config=("evaluate", "model", "ingest", "validate", "tokenize", "pack", "train", "name",
+                "register.promotion.seed_spread"),
         code=("src/packtrain/evaluate", "src/packtrain/model", "src/packtrain/stages/evaluate.py"),
         help="held-out loss/perplexity on packed batches, generation samples",
         stats_file="eval_result.json", runner_args=("model/model", "packs"), gpu=True, transient=True,

@@ -142,15 +142,19 @@ def refuse_existing_run(out_dir: Path, resume: bool, overwrite: bool) -> None:
 
 
 def refuse_nothing_to_resume(out_dir: Path) -> None:
-    """A user's `--resume` into an output dir with no checkpoint at all (a typo'd --out, say) is an error, not a
-    silent start from step 0 (exit 5, naming the directory looked in). Quarantined checkpoints count as
-    something: --resume then starts over with a warning that names them. (A KFP pod's train always resumes:
-    its first attempt has nothing yet, so only the command checks this.)"""
+    """A user's `--resume` into an output dir that holds no trace of a run (missing or empty: a typo'd --out,
+    say) is an error, not a silent start from step 0 (exit 5, naming the directory looked in). A directory an
+    interrupted attempt wrote into (killed before its first checkpoint committed: a partial `.tmp-step_N`, a
+    train log) is that run's: --resume then starts from step 0 with the warning that says so, as do quarantined
+    checkpoints. (A KFP pod's train always resumes: its first attempt has nothing yet, so only the command
+    checks this.)"""
     from packtrain.train.checkpoint import existing_run, quarantined
 
     root = out_dir / "checkpoints"
-    if not existing_run(root) and not quarantined(root):
-        where = f"{root} does not exist" if not root.exists() else f"{root} holds no checkpoint"
+    if existing_run(root) or quarantined(root):
+        return
+    if not out_dir.is_dir() or not any(out_dir.iterdir()):
+        where = f"{out_dir} does not exist" if not out_dir.exists() else f"{out_dir} is empty"
         raise MissingDataError(f"--resume: nothing to resume: {where} (is --out {out_dir} the run's output "
                                "directory?); run without --resume to start from step 0")
 
