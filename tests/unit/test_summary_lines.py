@@ -70,7 +70,7 @@ def test_promotion_reason_is_wrapped_between_words_never_cut():
 def test_validate_line_counts_what_the_contamination_check_dropped():
     s = _summary(validation_success=True, expectations=13, expectations_passed=12, contaminated=17,
                  contamination_checked=1409, contamination_policy="drop")
-    assert ("validate   passed (12/13 expectations) · contamination: 17 of 1,409 training documents hold an eval "
+    assert ("validate   passed (12/13 expectations; 1 non-blocking) · contamination: 17 of 1,409 training documents hold an eval "
             "document, dropped") in s
     clean = _summary(validation_success=True, expectations=12, expectations_passed=12, contaminated=0,
                      contamination_checked=1409, contamination_policy="drop")
