@@ -61,8 +61,22 @@ def recipe_hash(cfg: RunConfig) -> str:
     d = cfg.model_dump(mode="json", by_alias=True)
     sections = {k: d[k] for k in HASHED_SECTIONS}
     sections["train"] = {k: v for k, v in sections["train"].items() if k != "seed"}
+    # the corpus by content, not by where it lies (as the stage cache keys it): `dvc repro` and `packtrain run`
+    # read the same documents from different directories and must hash alike
+    sections["ingest"] = {**sections["ingest"], "source": _source_identity(cfg.ingest.source)}
     blob = json.dumps(sections, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:16]
+
+
+def _source_identity(src: str | None) -> str | None:
+    """None for the default corpus (fixed by the recipe), else the md5 of the source's documents (a missing
+    source keeps its spelling: ingest reports it)."""
+    if src is None:
+        return None
+    from packtrain.versioning import data_md5
+
+    p = Path(src)
+    return data_md5(p, skip_hidden=True) if p.exists() else str(src)
 
 
 def t_cdf(t: float, df: int) -> float:
