@@ -26,8 +26,15 @@ from typing import TYPE_CHECKING, Literal, cast
 
 from packtrain.errors import ConfigError
 from packtrain.planner import memory as mem
+from packtrain.planner.phases import (
+    component_notes,
+    phase_components,
+    step_activations,
+    step_precision,
+    step_states,
+)
 from packtrain.planner.shapes import ModelShape, model_shape
-from packtrain.planner.states import lora_params, lora_states, model_states
+from packtrain.planner.states import lora_params
 
 if TYPE_CHECKING:
     from packtrain.config import ModelConfig, PlanConfig, TrainConfig
@@ -213,99 +220,14 @@ def plan_memory(model_cfg: ModelConfig, train_cfg: TrainConfig, budget: int, pla
     shape = model_shape(model_cfg, plan_cfg, vocab_size)
     device = device or ("cpu" if train_cfg.device == "cpu" else "cuda")
     ga = grad_accum or train_cfg.grad_accum
-    prec = mem.precision_of(train_cfg.engine, train_cfg.precision)
-    if train_cfg.adapter.type == "lora" and train_cfg.precision != "fp32":
-        # the frozen base is held in bf16/fp16, so the residual stream and every saved activation are 16-bit as
-        # in a pure 16-bit module; LoRA adds only its (tokens, r) intermediates (A·x), negligible at r ≪ h
-        prec = mem.Precision(f"{train_cfg.precision} autocast (LoRA: frozen {train_cfg.precision} base, fp32 "
-                             "adapter)", 2, 2, False)
+    prec = step_precision(train_cfg)
     backend = cast("mem.Backend", attention or _backend(train_cfg, device))
     chunk = _loss_chunk(train_cfg)
     n_tok = rows * budget
-    ds = train_cfg.deepspeed
     deepspeed = train_cfg.engine == "deepspeed"
-    st = model_states(shape, train_cfg.engine, train_cfg.precision, ds.zero_stage, ds.offload_optimizer,
-                      ds.offload_params, gpus,
-                      # CPU: torch's default AdamW loops tensor by tensor (no whole-model temporary)
-                      fused=(train_cfg.fused_optimizer and device == "cuda") or device == "cpu",
-                      grad_accum=ga, overlap_comm=ds.overlap_comm,
-                      reduce_bucket=int(getattr(ds, "reduce_bucket_size", 0) or 500_000_000),
-                      reshard=train_cfg.fsdp.reshards(gpus))
-    adapter = train_cfg.adapter
-    lora = adapter.type == "lora"
-    if lora:   # frozen base in the autocast dtype + fp32 adapter with AdamW (states.lora_states)
-        st = lora_states(shape, train_cfg.precision, adapter.r, adapter.target_modules, gpus,
-                         fused=(train_cfg.fused_optimizer and device == "cuda") or device == "cpu", grad_accum=ga,
-                         fp8_base=train_cfg.precision == "fp8" and train_cfg.fp8.lora_base == "static")
-
-    ck = mem.checkpointed_layers(shape.layers, train_cfg.activation_checkpointing, train_cfg.ac_every_k,
-                                 train_cfg.ac_count)
-    n_ck = len(ck)
-    a_tok = mem.layer_activation_bytes_per_token(shape, prec, backend)
-    quad = mem.attention_quadratic_bytes(shape, prec, backend, rows, budget)
-    layer_bytes = a_tok * n_tok
-    # measured for the torch engine under 16-bit autocast and FSDP2 in bf16 (fp32 and DeepSpeed keep eager sizes)
-    compiled = (train_cfg.compile and device == "cuda" and train_cfg.engine in ("torch", "fsdp2")
-                and train_cfg.precision in ("bf16", "fp16", "fp8"))   # fp8: planned as bf16 (precision_of)
-    if compiled:   # inductor fuses the elementwise chains and saves fewer, smaller tensors for backward
-        layer_bytes = int(layer_bytes * (mem.COMPILED_FSDP2_LAYER_ACTIVATION_FACTOR if train_cfg.engine == "fsdp2"
-                                         else mem.COMPILED_LAYER_ACTIVATION_FACTOR))
-    selective = train_cfg.activation_checkpointing == "selective"
-    # a checkpointed layer keeps its input; a selective one also its matrix products' and attention's outputs
-    ck_bytes = (mem.selective_layer_bytes_per_token(shape, prec, backend, compiled) if selective
-                else prec.residual_bytes * shape.hidden) * n_tok
-    # the last layer's recompute in backward re-creates what autograd saves; under selective the input and the
-    # attention's outputs are cached already
-    overlap = ((prec.residual_bytes * shape.hidden + (0 if backend == "eager" else prec.compute_bytes
-                * shape.q_hidden + 4 * shape.heads)) * n_tok if selective
-               else ck_bytes if prec.residual_bytes == 4 else 0)
-    head_tok, shared_tok = mem.head_activation_bytes_per_token(shape, prec, chunk is not None)
-    head_bytes = head_tok * n_tok
-    acts = (shape.layers - n_ck) * layer_bytes + n_ck * ck_bytes + head_bytes + shared_tok * n_tok
-    attn = (shape.layers - n_ck) * quad + (mem.checkpoint_mask_bytes(prec, backend, rows, budget) if n_ck else 0)
-    kernel = "torch" if train_cfg.loss == "fused" and getattr(train_cfg, "loss_kernel", "liger") == "torch" else "chunked"
-    loss_fwd, loss_bwd = mem.loss_bytes(shape, prec, n_tok, chunk, kernel, head_trains=not lora)
-    fw = mem.CUDA_WORKSPACE_BYTES if device == "cuda" else 0
-
-    # LoRA: the frozen base already is in the autocast dtype (no bf16 copies); the embedding/LM head get no gradient.
-    # fp8 (torch engine): torchao's float8 linears save the fp32 parameter itself for backward and cast to e4m3 on
-    # the fly (one linear's 1 B/param copy at a time), so the decoder keeps no per-layer weight copy; the LM head
-    # stays an autocast bf16 linear (its cast is counted below)
-    fp8_linears = train_cfg.precision == "fp8" and train_cfg.engine == "torch"
-    cast_layer = 2 * shape.layer_linear_params if prec.autocast and not lora and not fp8_linears else 0
-    cast_head = 2 * shape.vocab * shape.hidden if prec.autocast and not lora else 0
-    casts_all = shape.layers * cast_layer + cast_head
-    casts_saved = (shape.layers - n_ck) * cast_layer + (cast_head if chunk is None else 0)
-    last_ck = shape.layers - 1 in ck
-    head_grad = (4 if not (deepspeed or lora) else 0) * shape.vocab * shape.hidden
-
-    base = dict(parameters=st.params, master_weights=st.master, gradients=st.persistent_grads,
-                optimizer_states=st.optimizer, zero_buffers=st.zero_buffers, framework_workspace=fw)
-    # ZeRO-1/2 allocate their reduce buckets and the fp32 gradient partition when the first gradient hook
-    # fires and free them after the step, so neither exists before the layers' backward (calibrated on the
-    # H200: 350M ZeRO-2, 4×2048, predicted 20.11 GiB with them at 'loss backward', measured 16.97 GiB).
-    early = dict(base)
-    if deepspeed and train_cfg.deepspeed.zero_stage in (1, 2):
-        early.update(zero_buffers=0, gradients=0)
-    phases_c = {
-        "forward": {**early, "weight_casts": casts_all, "activations": acts, "attention_workspace": attn,
-                    "logits_loss": loss_fwd},
-        "loss backward": {**early, "weight_casts": casts_saved, "activations": acts, "attention_workspace": attn,
-                          "logits_loss": loss_bwd},
-        "layer backward": {**base, "weight_casts": casts_saved - (cast_head if chunk is None else 0)
-                           + (cast_layer if last_ck else 0),
-                           "gradients": st.persistent_grads + (head_grad if ga == 1 else 0),
-                           # the recomputed layer's RMSNorm re-saves the checkpointed input itself (same
-                           # storage) unless the norm keeps its own fp32 copy (pure 16-bit)
-                           "activations": acts - head_bytes + (max(0, layer_bytes - overlap) if last_ck else 0),
-                           "attention_workspace": attn + (quad if last_ck else 0),
-                           "backward_workspace": mem.layer_backward_workspace_bytes(shape, prec, n_tok)},
-        "end backward": {**base, "gradients": max(st.grads, st.persistent_grads),
-                         "backward_workspace": 0 if lora else (4 if not deepspeed else prec.compute_bytes)
-                         * shape.vocab * shape.hidden},
-        "optimizer step": {**base, "gradients": max(st.grads, st.persistent_grads),
-                           "optimizer_workspace": st.step_workspace},
-    }
+    st = step_states(shape, train_cfg, device, ga, gpus)
+    act = step_activations(shape, train_cfg, prec, backend, chunk, rows, budget, device)
+    phases_c = phase_components(shape, train_cfg, prec, st, act, chunk, n_tok, ga, device)
     phases = {k: sum(v.values()) for k, v in phases_c.items()}
     peak_phase = max(PHASES, key=lambda k: phases[k])
     comps = {k: int(phases_c[peak_phase].get(k, 0)) for k in COMPONENTS}
@@ -313,31 +235,19 @@ def plan_memory(model_cfg: ModelConfig, train_cfg: TrainConfig, budget: int, pla
     dev_gib = resolve_device_memory_gib(plan_cfg, device_memory_gib)
     overhead = int(peak_alloc * plan_cfg.allocator_overhead)
     ctx = int(plan_cfg.cuda_context_gib * GIB) if device == "cuda" else 0
-    notes = {
-        "parameters": st.notes.get("params", ""), "master_weights": st.notes.get("master", ""),
-        "weight_casts": ("bf16 copy of the LM head (float8 decoder linears keep no copy)" if fp8_linears and not lora
-                         else "bf16 copies of the matmul weights (autocast cache)" if prec.autocast else ""),
-        "gradients": st.notes.get("grads", ""), "optimizer_states": st.notes.get("optimizer", ""),
-        "optimizer_workspace": st.notes.get("step_workspace", ""), "zero_buffers": st.notes.get("zero_buffers", ""),
-        "activations": f"{shape.layers - n_ck} layers × {layer_bytes / GIB:.3f} GiB"
-                       + (" (compiled)" if compiled else "")
-                       + (f" + {n_ck} checkpointed × {ck_bytes / GIB:.3f}" if n_ck else "") + " + head",
-        "attention_workspace": {"sdpa": "packed-row mask → per-layer additive bias (b·s²)",
-                                "eager": "softmax probabilities (b·a·s²)"}.get(backend, ""),
-        "logits_loss": ("standard: (N, V) fp32" if chunk is None else f"chunked: {chunk} tokens at a time"),
-        "backward_workspace": "gradients in flight",
-        "framework_workspace": "cuBLAS/cuBLASLt workspaces" if fw else "",
-    }
+    adapter = train_cfg.adapter
     plan = MemoryPlan(
         budget=budget, rows=rows, tokens=n_tok, grad_accum=ga, shape=shape, precision=prec.name,
-        attention=backend, checkpointing=train_cfg.activation_checkpointing, checkpointed_layers=n_ck,
-        engine=train_cfg.engine, zero_stage=ds.zero_stage if deepspeed else None, gpus=gpus,
-        components=comps, notes=notes, phases={k: int(v) for k, v in phases.items()}, peak_phase=peak_phase,
-        layer_activation_bytes=int(layer_bytes + quad), checkpointed_layer_bytes=int(ck_bytes),
+        attention=backend, checkpointing=train_cfg.activation_checkpointing, checkpointed_layers=act.checkpointed,
+        engine=train_cfg.engine, zero_stage=train_cfg.deepspeed.zero_stage if deepspeed else None, gpus=gpus,
+        components=comps, notes=component_notes(shape, train_cfg, prec, st, act, backend, chunk, device),
+        phases={k: int(v) for k, v in phases.items()}, peak_phase=peak_phase,
+        layer_activation_bytes=int(act.layer + act.quadratic), checkpointed_layer_bytes=int(act.checkpointed_layer),
         peak_allocated=int(peak_alloc), allocator_overhead=overhead, cuda_context=ctx,
         peak=int(peak_alloc + overhead + ctx), device_memory_gib=dev_gib,
         target_fraction=plan_cfg.target_fraction, cpu_offload=st.cpu,
-        adapter_params=lora_params(shape, adapter.r, adapter.target_modules) if lora else 0, device=device,
+        adapter_params=lora_params(shape, adapter.r, adapter.target_modules) if adapter.type == "lora" else 0,
+        device=device,
     )
     if suggest:
         suggest_changes(plan, model_cfg, train_cfg, plan_cfg, vocab_size, device, attention)
