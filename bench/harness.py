@@ -5,6 +5,7 @@
     timed(fn, *a)                       (fn(*a), wall seconds)
     peak_rss_mib(cmd, env)              (exit code, peak RSS in MiB of the process tree, seconds) of a subprocess
     cuda_peaks_gib()                    (max_memory_allocated, max_memory_reserved) in GiB; (None, None) off CUDA
+    measure_host_link()                 pinned device↔host copy GB/s, alone and beside bf16 matmuls; None off CUDA
     Record(suite, command, ...)         the JSON every suite writes: {"suite", "study", "command", "machine",
                                         "settings", "rows", "goals", "goal_met", "created", "smoke", ...extra}
     write_record(path, record)          indented JSON, atomically (temp file + rename: a timeout never leaves half)
@@ -110,6 +111,38 @@ def cuda_peaks_gib() -> tuple[float | None, float | None]:
     if not torch.cuda.is_available():
         return None, None
     return torch.cuda.max_memory_allocated() / GIB, torch.cuda.max_memory_reserved() / GIB
+
+
+def measure_host_link(gib: float = 2.0, reps: int = 3) -> dict | None:
+    """Pinned device→host and host→device copy bandwidth in GB/s on this machine's GPU, alone and while bf16
+    8192² matmuls keep the default stream busy (what an overlapped offload would see); None without CUDA."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    n = int(gib * 2**30)
+    dev, host = torch.empty(n, dtype=torch.uint8, device="cuda"), torch.empty(n, dtype=torch.uint8, pin_memory=True)
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    side = torch.cuda.Stream()
+
+    def copy_gbs(to_host: bool, busy: bool) -> float:
+        best = 0.0
+        for _ in range(reps):
+            torch.cuda.synchronize()
+            if busy:
+                for _ in range(40):
+                    a @ a
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            with torch.cuda.stream(side):
+                start.record()
+                (host.copy_(dev, non_blocking=True) if to_host else dev.copy_(host, non_blocking=True))
+                end.record()
+            torch.cuda.synchronize()
+            best = max(best, n / 1e9 / (start.elapsed_time(end) / 1e3))
+        return round(best, 1)
+
+    return {"d2h_gb_per_s": copy_gbs(True, False), "h2d_gb_per_s": copy_gbs(False, False),
+            "d2h_beside_matmuls_gb_per_s": copy_gbs(True, True), "bytes": n, "device": torch.cuda.get_device_name()}
 
 
 @dataclass

@@ -1,4 +1,10 @@
-"""packtrain's own `train()` observed from outside, and variants run in turn (long-context, fp8, fsdp2 suites).
+"""packtrain's own `train()` observed from outside, and variants run in turn (long-context, fp8, fsdp2 suites);
+`packtrain run` as a subprocess (cpu-run, gpu-pipeline, seed-spread suites).
+
+    run_packtrain_cli(cmd, cwd, label, env)  `cmd` in `cwd` under a clean environment (clean_env: no tracking
+                                      server or parent run of the calling shell), 1 h at most → (finished
+                                      process, wall s); SystemExit naming `label`, the command and its output
+    run_seconds(stdout, wall)         the run summary's own "N stages in X s", else the wall time (rounded)
 
     run_packtrain(cfg, inputs, ...)   packtrain's `train()` (smoke_run) + what smoke_run does not return: the loss
                                       curve, the steps' peak memory (after setup), Σs and Σs² per step, the
@@ -14,12 +20,43 @@ from __future__ import annotations
 import contextlib
 import gc
 import json
+import os
+import re
 import statistics
+import subprocess
 import time
 from pathlib import Path
 
 from bench.harness import GIB, Record, write_record
 from bench.workload import loss_tail_mean
+
+
+def clean_env() -> dict[str, str]:
+    """os.environ without the calling shell's MLFLOW_TRACKING_URI and PACKTRAIN_PARENT_RUN_ID: a bench run tracks
+    into its own working directory, never into the developer's server or under the developer's run."""
+    return {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "PACKTRAIN_PARENT_RUN_ID")}
+
+
+def run_packtrain_cli(cmd: list[str], cwd: Path, label: str,
+                      env: dict[str, str] | None = None) -> tuple[subprocess.CompletedProcess, float]:
+    """`cmd` (a packtrain command line) in `cwd` under `env` (default clean_env()), an hour at most: (the finished
+    process, its wall seconds). A failed run is a SystemExit naming `label`, the command, its exit code and the
+    tails of its stdout (4,000 characters) and stderr (6,000)."""
+    t0 = time.perf_counter()
+    r = subprocess.run(cmd, cwd=cwd, env=clean_env() if env is None else env, capture_output=True, text=True,
+                       timeout=3600)
+    wall = time.perf_counter() - t0
+    if r.returncode != 0:
+        raise SystemExit(f"{label}: `{' '.join(map(str, cmd))}` failed (exit {r.returncode}):\n{r.stdout[-4000:]}\n"
+                         f"{r.stderr[-6000:]}")
+    return r, wall
+
+
+def run_seconds(stdout: str, wall: float) -> float:
+    """The run summary's own figure ("packtrain run — tiny-cpu — 7 stages in 27.9 s" → 27.9), else `wall` rounded
+    to 0.1 s (a command that prints no summary)."""
+    m = re.search(r"stages in ([\d.]+) s", stdout)
+    return float(m.group(1)) if m else round(wall, 1)
 
 
 def free_device() -> None:

@@ -13,15 +13,14 @@ summary's own figure; --smoke: the wall time), "wall_s", "stdout": [lines]}]} an
 from __future__ import annotations
 
 import os
-import re
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 from bench.harness import Record, machine_info
+from bench.packtrain_runs import clean_env, run_packtrain_cli, run_seconds
 
 SUMMARY = "`make run` on the CPU: a first run in a fresh directory and a second, cached one"
 DEVICE = "cpu"
@@ -38,18 +37,13 @@ def record_runs(cwd: Path, cmd: list[str]) -> list[dict]:
     from packtrain.versioning import code_version
 
     runs = []
-    env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "PACKTRAIN_PARENT_RUN_ID")}
+    env = clean_env()
     # the stage cache's code part, computed once as `make run` computes it: an edit elsewhere in a shared
     # checkout between the two runs must not turn the second run into a first one
     env.setdefault("PACKTRAIN_CODE_VERSION", f"{code_version()}:{source_md5()}")
     for name in ("first", "cached"):
-        t0 = time.perf_counter()
-        r = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=3600)
-        wall = time.perf_counter() - t0
-        if r.returncode != 0:
-            raise SystemExit(f"{name} run failed (exit {r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
-        m = re.search(r"7 stages in ([\d.]+) s", r.stdout)
-        runs.append({"name": name, "seconds": float(m.group(1)) if m else round(wall, 1), "wall_s": round(wall, 1),
+        r, wall = run_packtrain_cli(cmd, cwd, f"{name} run", env)
+        runs.append({"name": name, "seconds": run_seconds(r.stdout, wall), "wall_s": round(wall, 1),
                      "stdout": r.stdout.splitlines()})
     return runs
 

@@ -26,16 +26,14 @@ evaluate non-step ≤ 10 s, efficiency ≥ 0.85 at the longest run.
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 from bench.harness import Record, machine_info
+from bench.packtrain_runs import run_packtrain_cli
 
 SUMMARY = "`packtrain run` on a GPU host: stage walls, non-step time, pipeline GPU efficiency"
 DEVICE = "gpu"
@@ -58,13 +56,7 @@ def one_run(cwd: Path, recipe: str, steps: int, sets: list[str], k: int) -> dict
     cmd = [*CLI, "run", "--recipe", recipe, "--set", f"train.max_steps={steps}", "--json", str(out_json)]
     for s in sets:
         cmd += ["--set", s]
-    env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "PACKTRAIN_PARENT_RUN_ID")}
-    t0 = time.perf_counter()
-    r = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=3600)
-    wall = time.perf_counter() - t0
-    if r.returncode != 0:
-        raise SystemExit(f"run {k} ({steps} steps) failed (exit {r.returncode}):\n{r.stdout[-4000:]}\n"
-                         f"{r.stderr[-6000:]}")
+    r, wall = run_packtrain_cli(cmd, cwd, f"run {k} ({steps} steps)")
     walls = {m[1]: float(m[2]) for m in (STAGE_LINE.match(ln) for ln in r.stdout.splitlines()) if m}
     stats = json.loads(out_json.read_text())["stages"]
     tr, ev, rg = stats["train"], stats["evaluate"], stats["register"]

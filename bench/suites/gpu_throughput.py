@@ -245,6 +245,50 @@ SMOKE = {"model": "tiny", "device": "cpu", "steps": 1, "warmup": 1, "rows": 1, "
 """--smoke: the tiny Llama on the CPU, every variant, one measured step of one 128-token row."""
 
 
+def _packtrain_row(name: str, args, docs, device) -> dict:
+    """Variant f (packtrain) or g (packtrain_alt: --alt-set on top) through packtrain's training path."""
+    extra = list(args.alt_set) if name == "packtrain_alt" else []
+    res = run_packtrain_variant(args.model, args.vocab, docs, args.rows, args.budget, args.steps,
+                                args.warmup, device, args, extra)
+    return {"variant": name, "model": args.model, "data": args.data, "isolated": True, **res,
+            "overrides": [*args.packtrain_set, *extra],
+            "steps": args.steps, "rows": args.rows, "budget": args.budget, "command": args.command}
+
+
+def _transformers_row(name: str, args, spec: dict, docs, packs, dims, device) -> dict:
+    """Variants a-e: the transformers model on the batches of what users do today (module doc)."""
+    import torch
+
+    n_steps = args.steps + args.warmup
+    if name in ("pad", "dynamic", "group"):
+        batches = batches_padded(name, docs, args.rows, args.budget, 0, n_steps, args.seed)
+    elif name == "concat":
+        batches = batches_concat(docs, args.rows, args.budget, n_steps)
+    else:
+        batches = batches_packed_rows(docs, packs, args.rows, args.budget, n_steps)
+    model = build_hf(spec, args.vocab, "sdpa", device, args.seed, args.budget * 2)
+    dt, util, loss = run_hf_variant(name, model, batches, args.steps, args.warmup, device)
+    meas = batches[args.warmup:]
+    real = sum(b["real"] for b in meas)
+    slot = sum(b["slot"] for b in meas)
+    iso = isolation_error(model, batches[0], device, name)
+    recompiles = 0
+    del model
+    cuda = device.type == "cuda"
+    peak = args.peak_tflops * 1e12
+    alloc = torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0
+    reserved = torch.cuda.max_memory_reserved() / 2**30 if cuda else 0.0
+    fl = [batch_flops(b, dims) for b in meas]
+    useful, dense = sum(f[0] for f in fl), sum(f[1] for f in fl)
+    return {"variant": name, "model": args.model, "data": args.data, "isolated": ISOLATED[name],
+            "real_tok_per_s": real / dt, "slot_tok_per_s": slot / dt,
+            "useful_mfu": useful / dt / peak, "dense_mfu": dense / dt / peak,
+            "nvml_util": util, "peak_alloc_gib": alloc, "peak_reserved_gib": reserved,
+            "fragmentation": 1 - alloc / reserved if reserved else None, "fill": real / slot,
+            "isolation_err": iso, "recompiles": recompiles, "final_loss": loss,
+            "steps": args.steps, "rows": args.rows, "budget": args.budget, "command": args.command}
+
+
 def run(args, out: Path) -> Record:
     if args.smoke:
         vars(args).update(SMOKE)
@@ -263,7 +307,6 @@ def run(args, out: Path) -> Record:
     rng = np.random.default_rng(args.seed)
     packs = [packs[i] for i in rng.permutation(len(packs))]
     dims = flop_dims(spec, args.vocab, args.budget)
-    peak = args.peak_tflops * 1e12
     command = args.command
     rows_out = []
     for letter in args.variants:
@@ -275,41 +318,9 @@ def run(args, out: Path) -> Record:
             torch.cuda.reset_peak_memory_stats()
         try:
             if name in ("packtrain", "packtrain_alt"):
-                extra = list(args.alt_set) if name == "packtrain_alt" else []
-                res = run_packtrain_variant(args.model, args.vocab, docs, args.rows, args.budget, args.steps,
-                                            args.warmup, device, args, extra)
-                row = {"variant": name, "model": args.model, "data": args.data, "isolated": True, **res,
-                       "overrides": [*args.packtrain_set, *extra],
-                       "steps": args.steps, "rows": args.rows, "budget": args.budget, "command": command}
-                rows_out.append(row)
-                print(json.dumps(row), flush=True)
-                continue
+                row = _packtrain_row(name, args, docs, device)
             else:
-                if name in ("pad", "dynamic", "group"):
-                    batches = batches_padded(name, docs, args.rows, args.budget, 0, n_steps, args.seed)
-                elif name == "concat":
-                    batches = batches_concat(docs, args.rows, args.budget, n_steps)
-                else:
-                    batches = batches_packed_rows(docs, packs, args.rows, args.budget, n_steps)
-                model = build_hf(spec, args.vocab, "sdpa", device, args.seed, args.budget * 2)
-                dt, util, loss = run_hf_variant(name, model, batches, args.steps, args.warmup, device)
-                meas = batches[args.warmup:]
-                real = sum(b["real"] for b in meas)
-                slot = sum(b["slot"] for b in meas)
-                iso = isolation_error(model, batches[0], device, name)
-                recompiles = 0
-                del model
-            alloc = torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0
-            reserved = torch.cuda.max_memory_reserved() / 2**30 if cuda else 0.0
-            fl = [batch_flops(b, dims) for b in meas]
-            useful, dense = sum(f[0] for f in fl), sum(f[1] for f in fl)
-            row = {"variant": name, "model": args.model, "data": args.data, "isolated": ISOLATED[name],
-                   "real_tok_per_s": real / dt, "slot_tok_per_s": slot / dt,
-                   "useful_mfu": useful / dt / peak, "dense_mfu": dense / dt / peak,
-                   "nvml_util": util, "peak_alloc_gib": alloc, "peak_reserved_gib": reserved,
-                   "fragmentation": 1 - alloc / reserved if reserved else None, "fill": real / slot,
-                   "isolation_err": iso, "recompiles": recompiles, "final_loss": loss,
-                   "steps": args.steps, "rows": args.rows, "budget": args.budget, "command": command}
+                row = _transformers_row(name, args, spec, docs, packs, dims, device)
         except Exception as e:  # noqa: BLE001 - one variant failing must not lose the others
             import traceback
 

@@ -35,7 +35,7 @@ import argparse
 import json
 from pathlib import Path
 
-from bench.harness import GIB, Record, machine_info
+from bench.harness import GIB, Record, machine_info, measure_host_link
 from bench.suites.lora import LORA_TARGETS, SHAPES
 from packtrain.train.selective_ac import ATTENTION, keeps
 
@@ -144,38 +144,6 @@ def _policies(g_small, g_big, t_small: int, t_big: int, rank: int) -> list[dict]
     return rows
 
 
-def _measure_host_link(gib: float = 2.0, reps: int = 3) -> dict | None:
-    """Pinned device→host and host→device copy bandwidth in GB/s on this machine's GPU, alone and while bf16
-    8192² matmuls keep the default stream busy (what an overlapped offload would see); None without CUDA."""
-    import torch
-
-    if not torch.cuda.is_available():
-        return None
-    n = int(gib * 2**30)
-    dev, host = torch.empty(n, dtype=torch.uint8, device="cuda"), torch.empty(n, dtype=torch.uint8, pin_memory=True)
-    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    side = torch.cuda.Stream()
-
-    def copy_gbs(to_host: bool, busy: bool) -> float:
-        best = 0.0
-        for _ in range(reps):
-            torch.cuda.synchronize()
-            if busy:
-                for _ in range(40):
-                    a @ a
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            with torch.cuda.stream(side):
-                start.record()
-                (host.copy_(dev, non_blocking=True) if to_host else dev.copy_(host, non_blocking=True))
-                end.record()
-            torch.cuda.synchronize()
-            best = max(best, n / 1e9 / (start.elapsed_time(end) / 1e3))
-        return round(best, 1)
-
-    return {"d2h_gb_per_s": copy_gbs(True, False), "h2d_gb_per_s": copy_gbs(False, False),
-            "d2h_beside_matmuls_gb_per_s": copy_gbs(True, True), "bytes": n, "device": torch.cuda.get_device_name()}
-
-
 def _full_plan_components_gib(spec: dict, args) -> dict:
     """The memory planner's components at its peak phase for the measured run's configuration, full recompute."""
     from bench.lora_variants import packtrain_overrides
@@ -272,21 +240,27 @@ def _token_counts(text: str) -> tuple[int, int]:
     return int(parts[0]), int(parts[1])
 
 
-def run(args, out: Path) -> Record:
-    spec = SHAPES["smoke" if args.smoke else args.shape]
-    t_small, t_big = (32, 64) if args.smoke else _token_counts(args.tokens)
-    peft_model, layer, rope = _layer(spec, args.r)
-    variants, checks, graphs = {}, {}, {}
+def _measure_variants(spec: dict, r: int, t_small: int, t_big: int) -> tuple[dict, dict, dict]:
+    """The layer's saved-tensor graphs at both token counts with peft's input cast on and off:
+    ({variant: its policies}, {"input_cast_off_bitwise_equal": bool}, {variant: the larger graph})."""
     from packtrain.model.adapter import adapter_input_casts, lora_layers
 
+    peft_model, layer, rope = _layer(spec, r)
+    variants, checks, graphs = {}, {}, {}
     for name, cast in (("peft input cast (peft's default)", True), ("input cast off", False)):
         with adapter_input_casts(lora_layers(peft_model), cast):
             g_small, _, _ = _graph(peft_model, layer, rope, spec["hidden_size"], t_small)
             g_big, forward, x = _graph(peft_model, layer, rope, spec["hidden_size"], t_big)
-        variants[name], graphs[name] = _policies(g_small, g_big, t_small, t_big, args.r), g_big
+        variants[name], graphs[name] = _policies(g_small, g_big, t_small, t_big, r), g_big
         if not cast:
             checks["input_cast_off_bitwise_equal"] = _bitwise_same_without_cast(peft_model, forward, x)
+    return variants, checks, graphs
 
+
+def run(args, out: Path) -> Record:
+    spec = SHAPES["smoke" if args.smoke else args.shape]
+    t_small, t_big = (32, 64) if args.smoke else _token_counts(args.tokens)
+    variants, checks, graphs = _measure_variants(spec, args.r, t_small, t_big)
     anchor_gib, anchor_source = _anchor(spec, args)
     tokens, layers = args.rows * args.budget, spec["num_hidden_layers"]
     rows, mixes = [], {}
@@ -304,7 +278,7 @@ def run(args, out: Path) -> Record:
     fwd_s = share * tokens / args.goal_tok_s
     must_leave_gib = max(0.0, sel["peak_gib"] - args.gib)
     offload_gbs = must_leave_gib * GIB / 1e9 / fwd_s
-    link = None if args.smoke else _measure_host_link()
+    link = None if args.smoke else measure_host_link()
     link_gbs = link["d2h_beside_matmuls_gb_per_s"] if link else args.host_link_gbs
     full_rec = _full_ac_check(args, spec, rows)
 

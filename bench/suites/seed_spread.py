@@ -20,16 +20,14 @@ seed), its evaluate output copied aside. The record carries, beside the harness'
 from __future__ import annotations
 
 import json
-import os
-import re
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 from bench.harness import Record, machine_info
+from bench.packtrain_runs import run_packtrain_cli, run_seconds
 
 SUMMARY = "k trainings differing only in train.seed: each suite's between-seed spread (the promotion's margins)"
 DEVICE = "cpu"
@@ -103,7 +101,6 @@ def run(args, out: Path) -> Record:
     cwd.mkdir(parents=True, exist_ok=True)
     sets = [*(_smoke_sets(cwd) if args.smoke else []), *args.sets]
     cfg = load_run_config(args.recipe, sets)
-    env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "PACKTRAIN_PARENT_RUN_ID")}
     runs, eval_dirs = [], []
     try:
         for s in seeds:
@@ -124,18 +121,12 @@ def run(args, out: Path) -> Record:
             cmd = [str(PACKTRAIN), "run", "--recipe", args.recipe, "--set", f"train.seed={s}",
                    "--set", "evaluate.against=none", "--set", "register.promotion.power_check=off",
                    *[x for kv in sets for x in ("--set", kv)], "--json", str(cwd / f"run_{s}.json")]
-            t0 = time.perf_counter()
-            r = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=3600)
-            wall = time.perf_counter() - t0
-            if r.returncode != 0:
-                raise SystemExit(f"seed {s}: `{' '.join(cmd)}` failed (exit {r.returncode}):\n{r.stdout[-3000:]}\n"
-                                 f"{r.stderr[-3000:]}")
+            r, wall = run_packtrain_cli(cmd, cwd, f"seed {s}")
             ev = Path(json.loads((cwd / f"run_{s}.json").read_text())["summary"]["evaluate_dir"])
             shutil.copytree(ev, keep)
             eval_dirs.append(keep)
-            m = re.search(r"stages in ([\d.]+) s", r.stdout)
             timing = json.loads((ev / "eval_result.json").read_text()).get("timings", {})
-            runs.append({"seed": s, "seconds": float(m.group(1)) if m else round(wall, 1), "wall_s": round(wall, 1),
+            runs.append({"seed": s, "seconds": run_seconds(r.stdout, wall), "wall_s": round(wall, 1),
                          "evaluate_timings": timing})
             done = json.loads((cwd / f"run_{s}.json").read_text())
             (cwd / f"run_{s}.json").write_text(json.dumps({**done, "bench_run": runs[-1]}))

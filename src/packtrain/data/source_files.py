@@ -167,22 +167,38 @@ def name_problem(name: str, folder: str | Path) -> str | None:
 
 def _walk(source: Path, unsupported: Literal["error", "skip"] = "error") -> Discovery:
     """Depth-first over sorted entries, following links, each real folder once (see discover_files)."""
-    disc = Discovery([], [])
-    read_as: dict[str, str] = {}   # real path of every folder read (or about to be) → its name in the source
+    walker = _Walker(source, unsupported)
+    walker.claim(str(source.resolve()), "")
+    walker.visit(str(source), "")
+    disc = walker.disc
+    disc.files.sort(key=lambda f: f.name)
+    disc.skipped.sort()
+    return disc
 
-    def claim(real: str, name: str) -> None:
+
+class _Walker:
+    """One walk of a source folder: what it found so far (`disc`) and every real folder it has read or is about
+    to read (`read_as`: real path → its name in the source), so a link into one is not followed twice."""
+
+    def __init__(self, source: Path, unsupported: Literal["error", "skip"]) -> None:
+        self.source = source
+        self.unsupported = unsupported
+        self.disc = Discovery([], [])
+        self.read_as: dict[str, str] = {}
+
+    def claim(self, real: str, name: str) -> None:
         """Mark `real` and its plain (non-link, non-hidden) subfolders as read under `name`."""
-        for dirpath, dirnames, _ in os.walk(real, onerror=_raise_unreadable(source, name)):
+        for dirpath, dirnames, _ in os.walk(real, onerror=_raise_unreadable(self.source, name)):
             dirnames[:] = [d for d in dirnames if not d.startswith(".")]
             rel = os.path.relpath(dirpath, real)
-            read_as[dirpath] = name if rel == "." else (f"{name}/{rel}" if name else rel)
+            self.read_as[dirpath] = name if rel == "." else (f"{name}/{rel}" if name else rel)
 
-    def visit(folder: str, prefix: str) -> None:
+    def visit(self, folder: str, prefix: str) -> None:
         """Read `folder` (a path as reached from the source, through links) whose entries are named prefix+…"""
         try:
             entries = sorted(os.scandir(folder), key=lambda e: e.name)
         except OSError as e:
-            raise InputDataError(f"source folder {source}: cannot read folder {prefix or '.'} ({e.strerror}); "
+            raise InputDataError(f"source folder {self.source}: cannot read folder {prefix or '.'} ({e.strerror}); "
                                  "make it readable or remove it") from None
         for entry in entries:
             if entry.name.startswith("."):
@@ -190,62 +206,63 @@ def _walk(source: Path, unsupported: Literal["error", "skip"] = "error") -> Disc
             name = prefix + entry.name
             problem = name_problem(entry.name, folder)
             if problem is not None:   # refused before anything reads it, or skipped and named (bytes escaped)
-                if unsupported == "error":
-                    raise InputDataError(f"source folder {shown_path(source)}: {problem}; {RENAME}")
-                disc.bad_entries.append(SkippedEntry(shown_path(name), problem))
+                if self.unsupported == "error":
+                    raise InputDataError(f"source folder {shown_path(self.source)}: {problem}; {RENAME}")
+                self.disc.bad_entries.append(SkippedEntry(shown_path(name), problem))
                 continue
             if entry.is_symlink():
-                _visit_link(entry, name)
+                self.visit_link(entry, name)
             elif entry.is_dir(follow_symlinks=False):
-                visit(entry.path, name + "/")
+                self.visit(entry.path, name + "/")
             elif entry.is_file(follow_symlinks=False):
-                _add_file(Path(entry.path), name, entry.stat(follow_symlinks=False).st_size)
+                self.add_file(Path(entry.path), name, entry.stat(follow_symlinks=False).st_size)
             else:
-                disc.bad_entries.append(SkippedEntry(name, "not a regular file: a FIFO, socket or device"))
+                self.disc.bad_entries.append(SkippedEntry(name, "not a regular file: a FIFO, socket or device"))
 
-    def _visit_link(entry: os.DirEntry, name: str) -> None:
+    def visit_link(self, entry: os.DirEntry, name: str) -> None:
+        """A link: its folder read once (a loop or a folder read already is skipped and named), its file added."""
         target = os.readlink(entry.path)
         path = Path(entry.path)
         problem = _link_problem(path)
         if problem is not None:
-            disc.bad_entries.append(SkippedEntry(name, problem, target))
+            self.disc.bad_entries.append(SkippedEntry(name, problem, target))
             return
         real = str(path.resolve())
         if os.path.isdir(real):
-            inside = next((r for r in read_as if r == real or r.startswith(real + os.sep)), None)
-            if inside is not None:
-                place = f"folder {read_as[inside]!r}" if read_as[inside] else "the source folder"
-                holder = str(path.parent.resolve())
-                if holder == real or holder.startswith(real + os.sep):
-                    problem = f"a loop: links back to {place}"
-                elif inside == real:
-                    problem = f"links to {place}, which is read already"
-                else:
-                    problem = f"links to a folder that contains {place}, which is read already"
-                disc.bad_entries.append(SkippedEntry(name, problem + "; not followed", target))
+            problem = self.read_already(path, real)
+            if problem is not None:
+                self.disc.bad_entries.append(SkippedEntry(name, problem + "; not followed", target))
                 return
-            claim(real, name)
-            disc.linked_folders.append({"name": name, "target": real})
-            visit(entry.path, name + "/")
+            self.claim(real, name)
+            self.disc.linked_folders.append({"name": name, "target": real})
+            self.visit(entry.path, name + "/")
         elif os.path.isfile(real):
-            disc.linked_files += 1
-            _add_file(path, name, os.stat(real).st_size)
+            self.disc.linked_files += 1
+            self.add_file(path, name, os.stat(real).st_size)
         else:
-            disc.bad_entries.append(SkippedEntry(name, "links to something that is not a regular file or folder",
-                                                 target))
+            self.disc.bad_entries.append(SkippedEntry(name, "links to something that is not a regular file or folder",
+                                                      target))
 
-    def _add_file(path: Path, name: str, size: int) -> None:
+    def read_already(self, link: Path, real: str) -> str | None:
+        """Why the folder link `link` (to `real`) is not followed — a loop, or its folder or one inside it is read
+        already — or None."""
+        inside = next((r for r in self.read_as if r == real or r.startswith(real + os.sep)), None)
+        if inside is None:
+            return None
+        place = f"folder {self.read_as[inside]!r}" if self.read_as[inside] else "the source folder"
+        holder = str(link.parent.resolve())
+        if holder == real or holder.startswith(real + os.sep):
+            return f"a loop: links back to {place}"
+        if inside == real:
+            return f"links to {place}, which is read already"
+        return f"links to a folder that contains {place}, which is read already"
+
+    def add_file(self, path: Path, name: str, size: int) -> None:
         kind = SUPPORTED.get(path.suffix.lower())
         if kind is None:
-            disc.skipped.append(name)
+            self.disc.skipped.append(name)
         else:
-            disc.files.append(SourceFile(path, name, kind, size))
-
-    claim(str(source.resolve()), "")
-    visit(str(source), "")
-    disc.files.sort(key=lambda f: f.name)
-    disc.skipped.sort()
-    return disc
+            self.disc.files.append(SourceFile(path, name, kind, size))
 
 
 def _raise_unreadable(source: Path, name: str):

@@ -50,6 +50,7 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -58,7 +59,7 @@ from packtrain.data.chat import record_batches
 from packtrain.data.ingest import length_summary
 from packtrain.data.record_fit import RecordFit
 from packtrain.data.split import doc_hash_unit, split_eval
-from packtrain.data.token_store import SPLIT_EVAL, SPLIT_TRAIN, TokenStoreWriter
+from packtrain.data.token_store import SPLIT_EVAL, SPLIT_TRAIN, TokenStore, TokenStoreWriter
 from packtrain.data.tokenize_stats import TokenizeStats
 from packtrain.data.tokenizer_files import tokenizer_hash
 from packtrain.data.tokenizer_setup import (
@@ -170,6 +171,92 @@ def _training_texts(pf, path: Path, doc_ids: np.ndarray, split: np.ndarray, u: n
     return [chosen[int(i)] for i in order if int(i) in chosen]
 
 
+class _Tokenizer(NamedTuple):
+    """The tokenizer a tokenize run encodes with, and where it came from (meta.json, TokenizeStats)."""
+
+    hf: Any             # transformers PreTrainedTokenizerFast
+    source: str         # the loaded directory (resolved) or "trained"
+    hash: str | None    # tokenizer_files.tokenizer_hash of its files
+    train_chars: int    # characters it was trained on (0: loaded)
+
+
+def _tokenizer(cfg: TokenizeConfig, tokenizer_from: str | None, pf, path: Path, doc_ids: np.ndarray,
+               split: np.ndarray, u: np.ndarray, tok_dir: Path) -> _Tokenizer:
+    """Load `cfg.tokenizer_dir` and ship its files to `tok_dir`, or train one there on train documents."""
+    if cfg.tokenizer_dir:
+        field_name = f"model.init_from {tokenizer_from}" if tokenizer_from else "tokenize.tokenizer_dir"
+        hf = load_tokenizer(cfg.tokenizer_dir, field_name)
+        source = str(Path(cfg.tokenizer_dir).resolve())
+        tok_hash = tokenizer_hash(cfg.tokenizer_dir)
+        _ship_tokenizer(hf, Path(cfg.tokenizer_dir), tok_dir, field_name)
+        return _Tokenizer(hf, source, tok_hash, 0)
+    lengths = _char_lengths(pf, path, doc_ids, cfg.batch_docs)
+    sample = _training_texts(pf, path, doc_ids, split, u, lengths, cfg.train_chars, cfg.batch_docs)
+    train_chars = sum(map(len, sample))
+    hf = train_tokenizer(sample, cfg.vocab_size, tok_dir)
+    del sample
+    return _Tokenizer(hf, "trained", tokenizer_hash(tok_dir), train_chars)
+
+
+def _encode_records(pf, doc_ids: np.ndarray, batch_docs: int, fit: RecordFit, writer: TokenStoreWriter,
+                    wrap, prefix: list[int], eos: int | None, own_template: bool, bar) -> tuple[int, int, list[str]]:
+    """Chat / prompt-completion records → store documents with their loss masks (RecordFit decides how a
+    record fits the budget): (characters, loss tokens, problems: one line per record that cannot be used)."""
+    chars, loss_tokens = 0, 0
+    problems: list[str] = []
+    for start, rows in record_batches(pf, batch_docs):
+        for j, (text, fmt, rec, src) in enumerate(rows):
+            written, bad = fit.row(text, fmt, rec, wrap, prefix, own_template)
+            if bad:
+                problems.append(f"{src} (doc_id {int(doc_ids[start + j])}): {bad}")
+                written = [([eos if eos is not None else 0], [0])]   # placeholder; never published
+            for ids, mask in written:
+                writer.append(ids, mask)
+                loss_tokens += int(sum(mask))
+                fit.rows_of_docs.append(start + j)
+            chars += len(text)
+        bar.update(len(rows))
+    return chars, loss_tokens, problems
+
+
+def _encode_texts(pf, path: Path, doc_ids: np.ndarray, batch_docs: int, encode, writer: TokenStoreWriter,
+                  wrap, bar) -> int:
+    """Plain text documents → store documents, `ENCODE_CHARS` at a time: the characters read."""
+    chars = 0
+    for _, col in _text_batches(pf, path, doc_ids, batch_docs):
+        texts = col.to_pylist()
+        for sub in _by_chars(texts, ENCODE_CHARS):   # bounds the Encoding objects alive at once
+            for enc in encode(sub, add_special_tokens=False):
+                writer.append(wrap(enc.ids))
+        chars += sum(map(len, texts))
+        bar.update(len(texts))
+    return chars
+
+
+def _refuse_records(path: Path, problems: list[str], fit: RecordFit | None) -> None:
+    """One InputDataError naming (up to 20 of) the records that cannot be tokenized, if there are any."""
+    if problems:
+        raise InputDataError(
+            f"{path}: {len(problems)} record(s) cannot be tokenized for training: "
+            + "; ".join(problems[:20]) + (f"; ... ({len(problems) - 20} more)" if len(problems) > 20 else "")
+            + ". Fix or remove them (`packtrain validate` lists malformed records row by row); a prompt "
+            "longer than the pack budget needs a larger pack.budget or a shorter prompt"
+            + ("" if fit is None else fit.hint()))
+
+
+def _finish_store(writer: TokenStoreWriter, doc_ids: np.ndarray, split: np.ndarray, meta: dict,
+                  chat: str | None, fit: RecordFit | None) -> TokenStore:
+    """The store's meta.json (+ the chat template and RecordFit's counts) and every store document's doc_id and
+    split (a split record's pieces keep their record's)."""
+    if chat is not None:
+        meta["chat_template"] = chat
+    if fit is None:
+        return writer.finish(doc_ids, split, meta)
+    meta.update(fit.meta())
+    rows_of = np.frombuffer(fit.rows_of_docs, dtype=np.int64)   # table row of every store document
+    return writer.finish(doc_ids[rows_of], split[rows_of], meta)
+
+
 def tokenize_documents(docs: str | Path, out_dir: str | Path, cfg: TokenizeConfig,
                        publish: bool = True, tokenizer_from: str | None = None,
                        prompt_budget: int | None = None) -> TokenizeStats:
@@ -199,26 +286,13 @@ def tokenize_documents(docs: str | Path, out_dir: str | Path, cfg: TokenizeConfi
     with TokenStoreWriter(out_dir, publish=publish) as writer:
         tok_dir = writer.dir / "tokenizer"   # saved straight into the store being built
         t1 = time.perf_counter()
-        train_chars = 0
         with tokenizer_threads(cfg.workers):
-            if cfg.tokenizer_dir:
-                field_name = f"model.init_from {tokenizer_from}" if tokenizer_from else "tokenize.tokenizer_dir"
-                hf = load_tokenizer(cfg.tokenizer_dir, field_name)
-                source = str(Path(cfg.tokenizer_dir).resolve())
-                tok_hash = tokenizer_hash(cfg.tokenizer_dir)
-                _ship_tokenizer(hf, Path(cfg.tokenizer_dir), tok_dir, field_name)
-            else:
-                lengths = _char_lengths(pf, path, doc_ids, cfg.batch_docs)
-                sample = _training_texts(pf, path, doc_ids, split, u, lengths, cfg.train_chars, cfg.batch_docs)
-                train_chars = sum(map(len, sample))
-                hf = train_tokenizer(sample, cfg.vocab_size, tok_dir)
-                del sample
-                source = "trained"
-                tok_hash = tokenizer_hash(tok_dir)
+            tok = _tokenizer(cfg, tokenizer_from, pf, path, doc_ids, split, u, tok_dir)
+            hf = tok.hf
             train_s = time.perf_counter() - t1
             eos = hf.eos_token_id
             if cfg.append_eos and eos is None:
-                raise ConfigError(f"tokenize.append_eos is true but the tokenizer from {source} has no eos_token")
+                raise ConfigError(f"tokenize.append_eos is true but the tokenizer from {tok.source} has no eos_token")
             prefix, suffix = special_tokens_rule(hf)
             backend = hf.backend_tokenizer
             encode = getattr(backend, "encode_batch_fast", backend.encode_batch)
@@ -230,52 +304,22 @@ def tokenize_documents(docs: str | Path, out_dir: str | Path, cfg: TokenizeConfi
 
                 chat = "tokenizer" if cfg.chat_template == "auto" and has_own_template(hf) else "builtin"
                 writer.enable_mask()
-            chars, loss_tokens = 0, 0
+            loss_tokens = 0
             problems: list[str] = []
             fit = RecordFit(cfg, prompt_budget, hf, chat == "builtin") if records else None
             t2 = time.perf_counter()
             with tqdm(total=n_docs, unit="doc", desc="tokenize", file=sys.stderr, delay=2.0, leave=False) as bar:
-                if records:
-                    assert fit is not None
-                    for start, rows in record_batches(pf, cfg.batch_docs):
-                        for j, (text, fmt, rec, src) in enumerate(rows):
-                            written, bad = fit.row(text, fmt, rec, wrap, prefix, chat == "tokenizer")
-                            if bad:
-                                problems.append(f"{src} (doc_id {int(doc_ids[start + j])}): {bad}")
-                                written = [([eos if eos is not None else 0], [0])]   # placeholder; never published
-                            for ids, mask in written:
-                                writer.append(ids, mask)
-                                loss_tokens += int(sum(mask))
-                                fit.rows_of_docs.append(start + j)
-                            chars += len(text)
-                        bar.update(len(rows))
+                if fit is not None:
+                    chars, loss_tokens, problems = _encode_records(pf, doc_ids, cfg.batch_docs, fit, writer, wrap,
+                                                                   prefix, eos, chat == "tokenizer", bar)
                 else:
-                    for _, col in _text_batches(pf, path, doc_ids, cfg.batch_docs):
-                        texts = col.to_pylist()
-                        for sub in _by_chars(texts, ENCODE_CHARS):   # bounds the Encoding objects alive at once
-                            for enc in encode(sub, add_special_tokens=False):
-                                writer.append(wrap(enc.ids))
-                        chars += sum(map(len, texts))
-                        bar.update(len(texts))
-            if problems:
-                raise InputDataError(
-                    f"{path}: {len(problems)} record(s) cannot be tokenized for training: "
-                    + "; ".join(problems[:20]) + (f"; ... ({len(problems) - 20} more)" if len(problems) > 20 else "")
-                    + ". Fix or remove them (`packtrain validate` lists malformed records row by row); a prompt "
-                    "longer than the pack budget needs a larger pack.budget or a shorter prompt"
-                    + ("" if fit is None else fit.hint()))
+                    chars = _encode_texts(pf, path, doc_ids, cfg.batch_docs, encode, writer, wrap, bar)
+            _refuse_records(path, problems, fit)
             encode_s = time.perf_counter() - t2
             meta = {"vocab_size": len(hf), "eos_id": eos, "pad_id": hf.pad_token_id, "bos_id": hf.bos_token_id,
-                    "append_eos": cfg.append_eos, "tokenizer": source, "tokenizer_hash": tok_hash,
+                    "append_eos": cfg.append_eos, "tokenizer": tok.source, "tokenizer_hash": tok.hash,
                     "tokenizer_from": tokenizer_from, "special_prefix": prefix, "special_suffix": suffix}
-            if chat is not None:
-                meta["chat_template"] = chat
-            if fit is not None:
-                meta.update(fit.meta())
-                rows_of = np.frombuffer(fit.rows_of_docs, dtype=np.int64)   # table row of every store document
-                store = writer.finish(doc_ids[rows_of], split[rows_of], meta)
-            else:
-                store = writer.finish(doc_ids, split, meta)
+            store = _finish_store(writer, doc_ids, split, meta, chat, fit)
 
     lengths = store.lengths()
     is_eval = store.split == SPLIT_EVAL
@@ -285,9 +329,9 @@ def tokenize_documents(docs: str | Path, out_dir: str | Path, cfg: TokenizeConfi
         eval_documents=int(is_eval.sum()), train_tokens=int(lengths[~is_eval].sum()),
         eval_tokens=int(lengths[is_eval].sum()), chars=chars, chars_per_token=round(chars / max(n_tok, 1), 4),
         vocab_size=store.vocab_size, eos_id=eos, pad_id=hf.pad_token_id, append_eos=cfg.append_eos,
-        tokenizer=source, tokenizer_train_chars=train_chars, length_tokens=length_summary(lengths.tolist()),
+        tokenizer=tok.source, tokenizer_train_chars=tok.train_chars, length_tokens=length_summary(lengths.tolist()),
         train_seconds=round(train_s, 3), encode_seconds=round(encode_s, 3),
         tokens_per_second=round(n_tok / max(encode_s, 1e-9), 1), seconds=round(time.perf_counter() - t0, 3),
-        output=str(out_dir), tokenizer_hash=tok_hash, tokenizer_from=tokenizer_from, special_prefix=prefix,
+        output=str(out_dir), tokenizer_hash=tok.hash, tokenizer_from=tokenizer_from, special_prefix=prefix,
         special_suffix=suffix, loss_mask=records, loss_tokens=loss_tokens if records else None,
         chat_template=chat, **(fit.stats() if fit is not None else {"text_rows": n_docs}))
