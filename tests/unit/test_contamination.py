@@ -108,7 +108,7 @@ def test_task_documents_are_prompt_plus_gold_choice():
 def test_default_check_finds_a_planted_task_item_and_a_held_out_copy(tmp_path):
     from packtrain.config.data import ContaminationConfig
     from packtrain.config.evaluate import SuiteConfig
-    from packtrain.data.contamination import check_table
+    from packtrain.data.contamination_check import check_table
     from packtrain.data.contamination_sources import HELD_OUT, EvalSources
     from packtrain.data.tokenize import split_eval
 

@@ -9,7 +9,7 @@ import pandas as pd
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from packtrain.data.validate import text_surrogates
+from packtrain.data.documents_frame import text_surrogates
 
 texts = st.lists(st.one_of(st.none(), st.integers(0, 3),
                            st.text(alphabet=st.sampled_from(["a", "b", " ", "\n", "\u00a0", "é", "\u2003"]),

@@ -13,18 +13,11 @@ from packtrain.config.base import PathStr, StrictModel, Text, apply_overrides, f
 from packtrain.config.data import IngestConfig, TokenizeConfig, ValidateConfig
 from packtrain.config.evaluate import EvalConfig, RegisterConfig
 from packtrain.config.messages import format_validation_error
+from packtrain.config.model import ModelConfig, RopeScaling
 from packtrain.config.packing import PackConfig
 from packtrain.config.pipeline import PipelineConfig, PlanConfig
 from packtrain.config.tracking import GuardActions, GuardConfig, TelemetryConfig, TrackingConfig
-from packtrain.config.train import (
-    CheckpointConfig,
-    DeepSpeedOptions,
-    Fp8Options,
-    FsdpOptions,
-    ModelConfig,
-    RopeScaling,
-    TrainConfig,
-)
+from packtrain.config.train import CheckpointConfig, DeepSpeedOptions, Fp8Options, FsdpOptions, TrainConfig
 from packtrain.errors import ConfigError
 
 __all__ = [

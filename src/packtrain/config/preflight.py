@@ -39,7 +39,8 @@ from __future__ import annotations
 from typing import Protocol
 
 from packtrain.config.evaluate import EvalConfig
-from packtrain.config.train import ModelConfig, TrainConfig
+from packtrain.config.model import ModelConfig
+from packtrain.config.train import TrainConfig
 from packtrain.errors import ConfigError
 
 

@@ -56,6 +56,7 @@ import numpy as np
 
 from packtrain.config import TokenizeConfig
 from packtrain.data.chat import record_batches
+from packtrain.data.documents_frame import resolve_documents
 from packtrain.data.ingest import length_summary
 from packtrain.data.record_fit import RecordFit
 from packtrain.data.split import doc_hash_unit, split_eval
@@ -70,7 +71,6 @@ from packtrain.data.tokenizer_setup import (
     tokenizer_threads,
     train_tokenizer,
 )
-from packtrain.data.validate import resolve_documents
 from packtrain.errors import ConfigError, InputDataError
 
 ENCODE_CHARS = 4 << 20

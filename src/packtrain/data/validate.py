@@ -49,7 +49,7 @@ text, computed with pandas because GX's aggregate expectation lists none) and `d
 GX Data Docs site built by a Checkpoint's UpdateDataDocsAction. GX runs in an ephemeral context on a
 pandas DataFrame; string columns are handed over as Python objects so the type expectation checks each
 value (GX 1.24 cannot match pandas 3's `str` dtype by name). The table is read batch by batch and each
-non-blank text is handed to GX as its md5 digest (`text_surrogates`): type, null, empty and duplicate
+non-blank text is handed to GX as its md5 digest (packtrain.data.documents_frame.text_surrogates): type, null, empty and duplicate
 expectations give the same answers, and memory no longer grows with the corpus's text. The input is
 opened read-only.
 GX import ≈ 3-5 s; the suite on the 24 MB default corpus ≈ 1-2 s.
@@ -57,20 +57,19 @@ GX import ≈ 3-5 s; the suite on the 24 MB default corpus ≈ 1-2 s.
 
 from __future__ import annotations
 
-import hashlib
 import os
-import re
 import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from packtrain.config import ValidateConfig
+from packtrain.data.documents_frame import load_frame, resolve_documents
 from packtrain.data.record_rules import RowRules
 
 if TYPE_CHECKING:
     from packtrain.data.contamination_sources import EvalSources
-from packtrain.errors import InputDataError, MissingDataError, PacktrainError, ValidationFailed
+from packtrain.errors import InputDataError, PacktrainError, ValidationFailed
 from packtrain.publish import write_json
 
 COLUMNS = {"doc_id": "int64", "text": "str", "source": "str", "n_chars": "int64"}
@@ -118,7 +117,7 @@ class ValidationReport:
     thresholds: dict
     results: list[ExpectationResult]
     contamination: dict | None = None
-    """packtrain.data.contamination.check_table: every contaminated document (None: check off)."""
+    """packtrain.data.contamination_check.check_table: every contaminated document (None: check off)."""
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -126,87 +125,6 @@ class ValidationReport:
     @property
     def n_passed(self) -> int:
         return sum(r.success for r in self.results)
-
-
-def resolve_documents(docs: str | Path) -> Path:
-    """A documents directory (→ its documents.parquet) or the parquet file itself."""
-    p = Path(docs)
-    if p.is_dir():
-        p = p / "documents.parquet"
-    if not p.is_file():
-        raise MissingDataError(f"documents table {p} does not exist: run `packtrain ingest` first")
-    return p
-
-
-_NON_SPACE = re.compile(r"\S")   # the text_not_empty expectation's regex
-
-
-def text_surrogates(texts: list) -> list:
-    """What the suite sees of each text: None stays None, a non-str stays itself (text_type fails on it), a
-    blank text (no match of \\S) stays itself (text_not_empty fails on it; distinct blanks stay distinct), any
-    other text becomes "md5:<hex digest>" — the same answers for type, null, empty and distinct-count
-    expectations at ~100 bytes per document instead of the text.
-
-    >>> text_surrogates(["hello", "hello", " ", None])
-    ['md5:5d41402abc4b2a76b9719d911017c592', 'md5:5d41402abc4b2a76b9719d911017c592', ' ', None]
-    """
-    out = []
-    for t in texts:
-        if isinstance(t, str) and _NON_SPACE.search(t):
-            t = "md5:" + hashlib.md5(t.encode("utf-8", "surrogatepass"), usedforsecurity=False).hexdigest()
-        out.append(t)
-    return out
-
-
-def load_frame(path: Path, batch_rows: int = 2048, rules: RowRules | None = None):
-    """The table as the pandas DataFrame the suite runs on, read batch by batch: string columns as object dtype
-    (None for nulls), the text column as `text_surrogates` (so memory is O(documents), not O(text): 400 MB
-    of text validated at a 475 MiB peak instead of 2,764 MiB, bench/results/data_memory.json); other columns as pyarrow
-    converts them (an int32 doc_id stays int32, so the type expectation reports it). The per-document rules
-    (packtrain.data.record_rules, `rules.checks`) are computed batch by batch on the real texts and records
-    into `<check>_problem` columns; the `record` column itself is dropped."""
-    import pandas as pd
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from packtrain.data.record_rules import check_columns
-
-    rules = rules or RowRules()
-    try:
-        pf = pq.ParquetFile(path, pre_buffer=False)
-        schema = pf.schema_arrow
-        strings = {f.name for f in schema if pa.types.is_string(f.type) or pa.types.is_large_string(f.type)}
-        checks = rules.checks(with_records="record" in schema.names) if "text" in schema.names else ()
-        parts: dict[str, list] = {name: [] for name in schema.names}
-        problems: dict[str, list] = {f"{c}_problem": [] for c in checks}
-        for rb in pf.iter_batches(batch_size=batch_rows):
-            batch = {name: rb.column(name).to_pylist() for name in schema.names if name in strings or name == "text"}
-            if checks:
-                for name, values in check_columns(batch.get("format") or [], batch.get("record") or [],
-                                                  batch["text"], rules, checks).items():
-                    problems[name].extend(values)
-            for name in schema.names:
-                if name == "text" and name in strings:
-                    parts[name].extend(text_surrogates(batch[name]))
-                elif name == "record":
-                    continue   # only the checks need the structure (above)
-                elif name in strings:
-                    parts[name].extend(batch[name])
-                else:
-                    parts[name].append(rb.column(name))
-    except (pa.ArrowException, OSError) as e:
-        raise InputDataError(f"{path}: not a readable parquet file ({e})") from None
-    cols = {}
-    for f in schema:
-        if f.name == "record":
-            continue
-        if f.name in strings:
-            cols[f.name] = pd.Series(parts[f.name], dtype=object)
-        else:
-            cols[f.name] = pa.chunked_array(parts[f.name], type=f.type).to_pandas()
-    for name, values in problems.items():
-        cols[name] = pd.Series(values, dtype=object)
-    return pd.DataFrame(cols) if cols else pd.DataFrame(index=range(pf.metadata.num_rows))
 
 
 def build_suite(cfg: ValidateConfig, checks: tuple[str, ...] = ()) -> list[tuple[str, object]]:
@@ -330,7 +248,7 @@ def validate_documents(docs: str | Path, out_dir: str | Path, cfg: ValidateConfi
     path = resolve_documents(docs)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    from packtrain.data.contamination import add_problem_column
+    from packtrain.data.contamination_check import add_problem_column
 
     df = load_frame(path, rules=rules)
     found = add_problem_column(df, path, cfg.contamination, contamination)   # None: nothing to check against
@@ -339,7 +257,7 @@ def validate_documents(docs: str | Path, out_dir: str | Path, cfg: ValidateConfi
     from great_expectations.checkpoint import UpdateDataDocsAction
     from great_expectations.data_context.types.base import ProgressBarsConfig
 
-    from packtrain.data.contamination import counts_as_failure
+    from packtrain.data.contamination_check import counts_as_failure
 
     ctx = gx.get_context(mode="ephemeral")
     ctx.variables.progress_bars = ProgressBarsConfig(globally=False)
@@ -403,7 +321,7 @@ def validation_error(report: ValidationReport) -> PacktrainError:
     bad = [r.summary() for r in report.results if not r.success and r.name in report.failed]
     where = f"Report: {report.report}" + (f", Data Docs: {report.data_docs}" if report.data_docs else "")
     if "contamination" in report.failed and report.contamination:
-        from packtrain.data.contamination import contamination_message
+        from packtrain.data.contamination_check import contamination_message
 
         others = [r.summary() for r in report.results if r.name in report.failed and r.name != "contamination"]
         also = f" Also failed: {'; '.join(others)}." if others else ""

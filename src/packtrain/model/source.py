@@ -8,7 +8,7 @@
     champion                           packtrain.registry.source.resolve_init(run_cfg) (champion without
                                        one yet → model.init_fallback); here a ConfigError
 
-The config checks only the syntax (packtrain.config.train.InitFrom); this module checks that the source exists.
+The config checks only the syntax (packtrain.config.model.InitFrom); this module checks that the source exists.
 Every consumer (the model builder, the memory planner) calls `resolve_init_source`; the stages that hold the run
 config (tokenize, train) resolve a registry source first and hand the others a ModelConfig whose init_from is
 the downloaded directory (`InitSource.model_config`), so the rest of packtrain loads it like any local checkpoint.

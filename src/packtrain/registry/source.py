@@ -96,7 +96,7 @@ def registry_ref(value: str, default_name: str) -> tuple[str, str | None, str | 
     >>> registry_ref("champion", "packtrain-lm"), registry_ref("models:/lm/3", "x"), registry_ref("models:/lm@a", "x")
     (('packtrain-lm', 'champion', None), ('lm', None, '3'), ('lm', 'a', None))
     """
-    from packtrain.config.train import REGISTRY_URI
+    from packtrain.config.model import REGISTRY_URI
 
     if value == "champion":
         return default_name, "champion", None

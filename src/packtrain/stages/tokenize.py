@@ -45,11 +45,11 @@ def run_tokenize(cfg: RunConfig, docs_dir: str | Path | None = None, out_dir: st
     "documents" (documents.parquet) and "tokenizer" when the tokenizer was loaded from tokenize.tokenizer_dir.
     MLflow tags: `dvc.md5.documents`, `dvc.md5.tokenizer`, `dvc.md5.tokens`.
     """
-    from packtrain.data.contamination import contaminated_ids, write_without
+    from packtrain.data.contamination_check import contaminated_ids, write_without
     from packtrain.data.contamination_sources import sources_of
+    from packtrain.data.documents_frame import resolve_documents
     from packtrain.data.tokenize import tokenize_documents
     from packtrain.data.tokenizer_setup import check_tokenizer_dir
-    from packtrain.data.validate import resolve_documents
     from packtrain.tracking import stage_run
     from packtrain.versioning import data_md5
 

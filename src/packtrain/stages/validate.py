@@ -39,8 +39,9 @@ def run_validate(cfg: RunConfig, docs_dir: str | Path | None = None, out_dir: st
     before the raise, so a failed validation is fully inspectable; the MLflow run then ends FAILED.
     """
     from packtrain.data.contamination_sources import sources_of
+    from packtrain.data.documents_frame import resolve_documents
     from packtrain.data.record_rules import RowRules
-    from packtrain.data.validate import resolve_documents, validate_documents, validation_error, write_report
+    from packtrain.data.validate import validate_documents, validation_error, write_report
     from packtrain.tracking import stage_run
     from packtrain.versioning import data_md5
 
@@ -87,7 +88,7 @@ def _contamination(found: dict | None) -> dict | None:
     documents were found and the policy lets the run go on."""
     import sys
 
-    from packtrain.data.contamination import log_line
+    from packtrain.data.contamination_check import log_line
 
     if found is None:
         return None
