@@ -33,27 +33,19 @@ class Row:
     peaks: tuple[tuple[str, str], tuple[str, str]] | None = None   # (ours, theirs) peak GiB
 
 
+def against_packed_rows(label: str, record: str) -> Row:
+    """A gpu-throughput record (bench/suites/gpu_throughput.py): its packtrain row against its transformers
+    packed-rows row (hf_packed) — real tok/s, packtrain's useful MFU, both peaks."""
+    return Row(label, (record, "variant=packtrain.real_tok_per_s"), (record, "variant=hf_packed.real_tok_per_s"),
+               "transformers packed rows", (record, "variant=packtrain.useful_mfu"),
+               ((record, "variant=packtrain.peak_alloc_gib"), (record, "variant=hf_packed.peak_alloc_gib")))
+
+
 ROWS = (
-    Row("350M Llama, 8 × 2048 packed tokens", ("gpu_bench_350m.json", "variant=packtrain.real_tok_per_s"),
-        ("gpu_bench_350m.json", "variant=hf_packed.real_tok_per_s"), "transformers packed rows",
-        ("gpu_bench_350m.json", "variant=packtrain.useful_mfu"),
-        (("gpu_bench_350m.json", "variant=packtrain.peak_alloc_gib"),
-         ("gpu_bench_350m.json", "variant=hf_packed.peak_alloc_gib"))),
-    Row("1B Llama, 8 × 2048", ("gpu_bench_1b.json", "variant=packtrain.real_tok_per_s"),
-        ("gpu_bench_1b.json", "variant=hf_packed.real_tok_per_s"), "transformers packed rows",
-        ("gpu_bench_1b.json", "variant=packtrain.useful_mfu"),
-        (("gpu_bench_1b.json", "variant=packtrain.peak_alloc_gib"),
-         ("gpu_bench_1b.json", "variant=hf_packed.peak_alloc_gib"))),
-    Row("Qwen2-1.5B shape (vocab 151,936)", ("gpu_bench_qwen2_1.5b.json", "variant=packtrain.real_tok_per_s"),
-        ("gpu_bench_qwen2_1.5b.json", "variant=hf_packed.real_tok_per_s"), "transformers packed rows",
-        ("gpu_bench_qwen2_1.5b.json", "variant=packtrain.useful_mfu"),
-        (("gpu_bench_qwen2_1.5b.json", "variant=packtrain.peak_alloc_gib"),
-         ("gpu_bench_qwen2_1.5b.json", "variant=hf_packed.peak_alloc_gib"))),
-    Row("Qwen2-0.5B shape (vocab 151,936, hidden 896)", ("gpu_bench_qwen2_0.5b.json", "variant=packtrain.real_tok_per_s"),
-        ("gpu_bench_qwen2_0.5b.json", "variant=hf_packed.real_tok_per_s"), "transformers packed rows",
-        ("gpu_bench_qwen2_0.5b.json", "variant=packtrain.useful_mfu"),
-        (("gpu_bench_qwen2_0.5b.json", "variant=packtrain.peak_alloc_gib"),
-         ("gpu_bench_qwen2_0.5b.json", "variant=hf_packed.peak_alloc_gib"))),
+    against_packed_rows("350M Llama, 8 × 2048 packed tokens", "gpu_bench_350m.json"),
+    against_packed_rows("1B Llama, 8 × 2048", "gpu_bench_1b.json"),
+    against_packed_rows("Qwen2-1.5B shape (vocab 151,936)", "gpu_bench_qwen2_1.5b.json"),
+    against_packed_rows("Qwen2-0.5B shape (vocab 151,936, hidden 896)", "gpu_bench_qwen2_0.5b.json"),
     Row("Llama-3-8B shape, LoRA r 16 on all linears", ("lora_bench_packtrain.json", "real_tok_per_s"),
         ("lora_bench_transformers_peft.json", "real_tok_per_s"), "transformers + peft, checkpointing",
         ("lora_bench_packtrain.json", "useful_mfu"),
