@@ -1,7 +1,8 @@
 """`packtrain <command>`: one subcommand per stage plus run/pipeline/gate/compare/plan/mlflow.
 
 Each command lives in `packtrain.commands.<name>` with two functions:
-`add_arguments(parser)` (cheap, no heavy imports) and `run(cfg, args) -> int` (imports what it needs).
+`add_arguments(parser)` (cheap, no heavy imports) and `run(cfg, args) -> int` (imports what it needs); the command
+modules import nothing heavy at module level, so importing all of them here keeps `packtrain --help` fast.
 Every command takes `--recipe NAME|PATH` (default tiny-cpu) and repeated `--set dotted.key=value`.
 Bad input ends with `error: <message>` on stderr and a non-zero exit code, never a traceback. Commands that
 write into the workdir hold its lock (exit 7 when another run holds it; packtrain.pipeline.lock).
@@ -10,21 +11,40 @@ write into the workdir hold its lock (exit 7 when another run holds it; packtrai
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import sys
+from types import ModuleType
 
+from packtrain.commands import (
+    compare,
+    evaluate,
+    gate,
+    ingest,
+    pack,
+    pipeline,
+    plan,
+    register,
+    run,
+    tokenize,
+    train,
+    validate,
+)
+from packtrain.commands import mlflow as mlflow_command
 from packtrain.stages.table import STAGE_NAMES, STAGES
 
-COMMANDS: dict[str, str] = {
-    **{s.name: s.help for s in STAGES},   # one subcommand per stage of the stage table, in DAG order
-    "run": "the whole DAG on this machine on the recipe (in process, or --runner kfp: through kfp.local)",
-    "pipeline": "compile or submit the Kubeflow pipeline",
-    "gate": "fail when a candidate run regresses against a baseline",
-    "compare": "side-by-side table and HTML report of MLflow runs",
-    "plan": "predict the peak GPU memory of a training step and choose rows per micro-batch",
-    "mlflow": "MLflow helpers: replay buffered ops, resolve a run reference",
+STAGE_COMMANDS: dict[str, ModuleType] = {"ingest": ingest, "validate": validate, "tokenize": tokenize,
+                                         "pack": pack, "train": train, "evaluate": evaluate, "register": register}
+assert tuple(STAGE_COMMANDS) == STAGE_NAMES, "one command per stage of the stage table, in its order"
+COMMANDS: dict[str, tuple[ModuleType, str]] = {
+    **{s.name: (STAGE_COMMANDS[s.name], s.help) for s in STAGES},   # one subcommand per stage, in DAG order
+    "run": (run, "the whole DAG on this machine on the recipe (in process, or --runner kfp: through kfp.local)"),
+    "pipeline": (pipeline, "compile or submit the Kubeflow pipeline"),
+    "gate": (gate, "fail when a candidate run regresses against a baseline"),
+    "compare": (compare, "side-by-side table and HTML report of MLflow runs"),
+    "plan": (plan, "predict the peak GPU memory of a training step and choose rows per micro-batch"),
+    "mlflow": (mlflow_command, "MLflow helpers: replay buffered ops, resolve a run reference"),
 }
+"""Subcommand → (its module in packtrain.commands, its one-line help)."""
 
 
 LOCKED = (*STAGE_NAMES, "run")
@@ -32,10 +52,6 @@ LOCKED = (*STAGE_NAMES, "run")
 mlflow replay` locks the buffer it replays instead, wherever it lies: packtrain.pipeline.lock.buffer_lock). Not the
 ranks of a distributed launch (RANK set by torchrun): `--gpus N` holds the lock for its ranks (packtrain.train.launch
 starts them), and a multi-node job's ranks are one run, scheduled as one by the cluster."""
-
-
-def _module(name: str):
-    return importlib.import_module(f"packtrain.commands.{name}")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -47,18 +63,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"packtrain {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name, help_text in COMMANDS.items():
+    for name, (command, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
         p.add_argument("--recipe", default="tiny-cpu", help="recipe name in recipes/ or a YAML path")
         p.add_argument(
             "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
             help="override a config value, e.g. --set pack.budget=4096 (repeatable)",
         )
-        try:
-            mod = _module(name)
-        except ModuleNotFoundError:
-            continue
-        mod.add_arguments(p)
+        command.add_arguments(p)
     return parser
 
 
@@ -84,21 +96,17 @@ def main(argv: list[str] | None = None) -> int:
     from packtrain.registry import install_handlers
 
     install_handlers()   # any tracked command may replay a buffered registration (packtrain.tracking.apply)
-    try:
-        mod = _module(args.command)
-    except ModuleNotFoundError:
-        print(f"error: command {args.command!r} is not available in this build", file=sys.stderr)
-        return 2
+    command = COMMANDS[args.command][0]
     try:
         from packtrain.config import load_run_config
 
         cfg = load_run_config(args.recipe, args.overrides)
         if args.command not in LOCKED or "RANK" in os.environ:
-            return int(mod.run(cfg, args) or 0)
+            return int(command.run(cfg, args) or 0)
         from packtrain.pipeline.lock import workdir_lock
 
         with workdir_lock(cfg.workdir, args.command):
-            return int(mod.run(cfg, args) or 0)
+            return int(command.run(cfg, args) or 0)
     except PacktrainError as e:
         from packtrain.secrets import redact_text
 

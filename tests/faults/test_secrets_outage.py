@@ -201,7 +201,7 @@ def test_outage_with_secrets_then_replay(tmp_path, monkeypatch, capfd, caplog, f
     assert (final["decision"], final["version"], final["op_id"]) == ("champion", "1", deferred["op_id"])
     assert not list(buf.glob("*.jsonl")) and not list((buf / "artifacts").iterdir())
     from packtrain.evaluate.loading import load_model_dir
-    from packtrain.registry import load_champion
+    from packtrain.registry.model import load_champion
 
     loaded, _ = load_champion("tiny-lm", store)
     ref, _ = load_model_dir(model, "cpu")

@@ -115,7 +115,7 @@ def test_champion_challenger_and_load_back(setup, capsys):
     assert "register_result.json" in {f.path for f in client.list_artifacts(r2["run_id"])}
 
     from packtrain.evaluate.loading import load_model_dir
-    from packtrain.registry import load_champion
+    from packtrain.registry.model import load_champion
 
     before = mlflow.get_tracking_uri(), os.environ.get("MLFLOW_TRACKING_URI")
     model, tok = load_champion(NAME, uri)
@@ -136,7 +136,7 @@ def test_champion_challenger_and_load_back(setup, capsys):
     r4 = register(worst, tmp / "no-train", "reg5", "--set", "register.flavor=pytorch",
                   "--set", f"register.model_name={NAME}-pt")
     assert (r4["flavor"], r4["version"], r4["existing"]) == ("pytorch", "1", False)
-    from packtrain.registry import load_registered
+    from packtrain.registry.model import load_registered
 
     m4, tok4 = load_registered(f"models:/{NAME}-pt/1", uri)
     ref4, _ = load_model_dir(models[worst], "cpu")

@@ -17,8 +17,7 @@ noise, not design. So:
   * importing a submodule does not add an edge to its parent packages (the implicit `__init__` run is not an
     edge of the importing module);
   * `from packtrain.gate import Rule` is attributed to the module that defines `Rule`: the `__init__`'s own
-    module-level `from X import Rule` is followed (through nested `__init__`s too), and so is a lazy table
-    `_EXPORTS = {"name": "submodule", ...}` resolved by a module `__getattr__` (packtrain.evaluate);
+    module-level `from X import Rule` is followed (through nested `__init__`s too);
   * a name the `__init__` defines itself (a function, a constant) is an edge to the `__init__`, whose own
     imports (module- or function-level) are then edges out of it, so a real cycle through a package's
     own code is still found.
@@ -26,6 +25,14 @@ noise, not design. So:
 Only `__init__` files are followed this way: `from packtrain.a import X` where `packtrain.a` is a plain module
 that got `X` elsewhere stays an edge to `packtrain.a` (that module is a dependency) and, if it is nothing but
 imports, the shim check below reports it.
+
+No import by string
+-------------------
+An import the graph cannot see is one it cannot check: `importlib.import_module(name)`, `__import__(name)`, a
+module `__getattr__` that resolves names lazily, a "pkg.mod:func" string resolved at run time. None of them is
+allowed in src/packtrain (`test_no_import_by_string`); import the name, inside a function where start-up time
+matters (`packtrain --help`). Asking whether an optional package is installed is not an import:
+`importlib.util.find_spec` and `importlib.metadata` stay allowed.
 
 The ratchets
 ------------
@@ -38,8 +45,11 @@ as its whole strongly connected component: breaking one edge of a three-module c
 from __future__ import annotations
 
 import ast
+import re
 from dataclasses import dataclass
 from pathlib import Path
+
+import pytest
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 ROOT_PACKAGE = "packtrain"
@@ -111,12 +121,6 @@ class ImportGraph:
                 base = self._base(package, node)
                 for alias in node.names:
                     bindings[alias.asname or alias.name] = (base, alias.name)
-            elif isinstance(node, ast.Assign) and any(
-                isinstance(t, ast.Name) and t.id == "_EXPORTS" for t in node.targets
-            ) and isinstance(node.value, ast.Dict):
-                for key, value in zip(node.value.keys, node.value.values, strict=True):
-                    if isinstance(key, ast.Constant) and isinstance(value, ast.Constant):
-                        bindings[key.value] = (f"{package}.{value.value}", key.value)
         return bindings
 
     def origin(self, base: str, name: str, seen: frozenset[str] = frozenset()) -> str | None:
@@ -334,17 +338,73 @@ def test_graph_finds_function_level_and_relative_cycles_and_skips_init_reexports
     assert graph.shims() == ["other.shim"]
 
 
-def test_graph_follows_lazy_exports_and_keeps_names_defined_in_init(tmp_path):
+def test_graph_keeps_names_defined_in_init(tmp_path):
     src = _write(tmp_path, {
         "__init__.py": "",
-        "lazy/__init__.py": '_EXPORTS = {"run": "impl"}\n\ndef helper():\n    from packtrain.user import go\n',
-        "lazy/impl.py": "def run(): ...\n",
-        "user.py": "from packtrain.lazy import run, helper\n\ndef go(): ...\n",
+        "room/__init__.py": "from packtrain.room.impl import run\n\ndef helper():\n    from packtrain.user import go\n",
+        "room/impl.py": "def run(): ...\n",
+        "user.py": "from packtrain.room import run, helper\n\ndef go(): ...\n",
     })
     graph = ImportGraph(src)
     assert {(e.src, e.dst) for e in graph.edges} == {
-        ("packtrain.user", "packtrain.lazy.impl"), ("packtrain.user", "packtrain.lazy"),
-        ("packtrain.lazy", "packtrain.user"),
+        ("packtrain.user", "packtrain.room.impl"), ("packtrain.user", "packtrain.room"),
+        ("packtrain.room", "packtrain.room.impl"), ("packtrain.room", "packtrain.user"),
     }
-    assert [members for members, _ in graph.cycles()] == [{"lazy", "user"}]
+    assert [members for members, _ in graph.cycles()] == [{"room", "user"}]
     assert graph.shims() == []
+
+
+# ---- no import by string ---------------------------------------------------------------------------------------
+
+ALLOWED_IMPORTLIB = ("importlib.util", "importlib.metadata")
+"""What of importlib src/ may use: whether an optional package is installed (find_spec) and its version."""
+_DOTTED_CALLABLE = re.compile(r"^packtrain(\.\w+)+:\w+$")   # "packtrain.registry.apply:apply_registration"
+
+
+def imports_by_string(tree: ast.Module) -> list[tuple[int, str]]:
+    """(line, what) of every import the graph cannot see: importlib beyond util/metadata, `__import__`, a module
+    `__getattr__` (a lazy export resolves names by string), a "packtrain.mod:func" string."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, f"import {a.name}") for a in node.names
+                      if a.name == "importlib" or (a.name.startswith("importlib.")
+                                                   and not a.name.startswith(ALLOWED_IMPORTLIB))]
+        elif isinstance(node, ast.ImportFrom) and node.module == "importlib":
+            found += [(node.lineno, f"from importlib import {a.name}") for a in node.names
+                      if f"importlib.{a.name}" not in ALLOWED_IMPORTLIB]
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("importlib."):
+            if not node.module.startswith(ALLOWED_IMPORTLIB):
+                found.append((node.lineno, f"from {node.module} import ..."))
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "__import__":
+            found.append((node.lineno, "__import__(...)"))
+        elif isinstance(node, ast.Attribute) and node.attr == "import_module":
+            found.append((node.lineno, "import_module"))
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and _DOTTED_CALLABLE.match(node.value):
+            found.append((node.lineno, repr(node.value)))
+    found += [(node.lineno, "module __getattr__") for node in tree.body
+              if isinstance(node, ast.FunctionDef) and node.name == "__getattr__"]
+    return sorted(found)
+
+
+def test_no_import_by_string():
+    graph = ImportGraph()
+    found = [f"{graph.modules[m].relative_to(SRC.parent)}:{line}: {what}"
+             for m, tree in graph.trees.items() for line, what in imports_by_string(tree)]
+    assert not found, "imports by string (import the name; inside a function where start-up time matters):\n  " + \
+        "\n  ".join(found)
+
+
+@pytest.mark.parametrize(("source", "found"), [
+    ("import importlib\nm = importlib.import_module('packtrain.x')\n", ["import importlib", "import_module"]),
+    ("from importlib import import_module\n", ["from importlib import import_module"]),
+    ("m = __import__('packtrain.x')\n", ["__import__(...)"]),
+    ("def __getattr__(name):\n    return name\n", ["module __getattr__"]),
+    ("HANDLERS = {'register_model': 'packtrain.registry.apply:apply_registration'}\n",
+     ["'packtrain.registry.apply:apply_registration'"]),
+    ("import importlib.util\nimport importlib.metadata as md\nfrom importlib import metadata\n"
+     "from importlib.metadata import version\nok = importlib.util.find_spec('torchao')\n", []),
+    ("class Lazy:\n    def __getattr__(self, name):\n        return name\n", []),   # an object's, not the module's
+])
+def test_imports_by_string_are_found(source, found):
+    assert [what for _, what in imports_by_string(ast.parse(source))] == found

@@ -52,11 +52,12 @@ def test_every_declared_section_and_code_path_exists():
 
 
 def test_runners_are_the_table_entries():
-    from packtrain.stages import STAGE_FUNCS, get_runner
+    from packtrain.pipeline.runtime import RUNNERS
 
-    assert list(STAGE_FUNCS) == list(STAGE_NAMES)
+    assert list(RUNNERS) == list(STAGE_NAMES)
     for spec in STAGES:
-        assert get_runner(spec.name).__name__ == spec.runner == f"run_{spec.name}"
+        runner = RUNNERS[spec.name]
+        assert (runner.__name__, runner.__module__) == (f"run_{spec.name}", f"packtrain.stages.{spec.name}")
 
 
 # ---- the cache key follows the table: every recipe field -------------------------------------------------------

@@ -5,7 +5,8 @@
       <run_dir>/<stage>/<artifact>/        each stage's output (documents, validation, tokens, ...)
 
 For each stage of packtrain.stages.table.STAGES, in table order: its inputs are the outputs of the stages
-before it (by artifact name), `packtrain.pipeline.runtime.run_stage` runs it (stage cache first), and
+before it (by artifact name), `packtrain.pipeline.runtime.run_stage` runs it (stage cache first; a hit is
+logged under the pipeline's MLflow run `parent` there), and
 `on_event` hears a StageEvent when it starts, while its own progress bar moves (packtrain.pipeline.progress:
 the live tqdm object, read each time it draws) and when it ends. A stage's PacktrainError stops the walk as
 `StageFailed` carrying that error and its exit code (4 for a failed validation); any other exception of a
@@ -31,25 +32,26 @@ import os
 import sys
 import time
 import traceback
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
 from packtrain.errors import PacktrainError, StageFailed
 from packtrain.pipeline.progress import EventSink, Progress, StageEvent, live_bar
+from packtrain.pipeline.runtime import run_stage
 from packtrain.stages.table import STAGES, StageSpec
 
 FRESH_TORCH_SEED = 67280421310721
 """`torch.initial_seed()` of a fresh process: what torch's default generator starts from before any seeding."""
 
 
-def run_dag(cfg, run_dir: str | Path, *, cache_dir: Path | None = None, on_event: EventSink | None = None,
-            output: TextIO | None = None, capture_fds: bool = False, progress_s: float = 10.0,
-            code_version: str = "", data_version: str = "", stages: Sequence[StageSpec] = STAGES,
-            on_stage: Callable[[str, dict], None] | None = None) -> dict[str, dict]:
+def run_dag(cfg, run_dir: str | Path, *, cache_dir: Path | None = None, parent: str | None = None,
+            on_event: EventSink | None = None, output: TextIO | None = None, capture_fds: bool = False,
+            progress_s: float = 10.0, code_version: str = "", data_version: str = "",
+            stages: Sequence[StageSpec] = STAGES) -> dict[str, dict]:
     """Run `stages` (default: the whole table) on `cfg` into `run_dir` (module docstring); returns each stage's
-    stats dict. Raises StageFailed at the first failing stage (the stages after it do not run). `on_stage(name,
-    stats)` hears each stage's stats (the dict returned for it) before the next stage starts."""
+    stats dict. Raises StageFailed at the first failing stage (the stages after it do not run). `parent`: the
+    pipeline's MLflow run, under which `run_stage` logs a stage restored from the cache."""
     import gc
 
     run_dir = Path(run_dir)
@@ -57,47 +59,36 @@ def run_dag(cfg, run_dir: str | Path, *, cache_dir: Path | None = None, on_event
     outputs: dict[str, Path] = {}
     results: dict[str, dict] = {}
     try:
-        return _walk(cfg, run_dir, stages, emit, outputs, results, cache_dir, output, capture_fds, progress_s,
-                     code_version, data_version, on_stage)
+        for i, spec in enumerate(stages, 1):
+            inputs = {a: outputs[a] for a in spec.inputs}
+            out_dir = run_dir / spec.name / spec.output
+            out_dir.parent.mkdir(parents=True, exist_ok=True)
+            progress = Progress(progress_s)
+            emit(StageEvent("start", spec.name, i, len(stages)))
+            t0 = time.perf_counter()
+
+            def watch(stage=spec.name, index=i, progress=progress) -> None:
+                bar = progress.due(live_bar(stage), stage)
+                if bar is not None:
+                    emit(StageEvent("progress", stage, index, len(stages), bar=bar))
+
+            try:
+                with own_process(), stage_output(output, watch, capture_fds):
+                    stats = run_stage(spec.name, cfg, inputs, out_dir, cache_dir=cache_dir, parent=parent,
+                                      code_version=code_version, data_version=data_version)
+            except Exception as e:   # a PacktrainError, or a bug of the stage
+                emit(StageEvent("end", spec.name, i, len(stages), "failure", time.perf_counter() - t0))
+                if not isinstance(e, PacktrainError) and output is not None:
+                    output.write("".join(traceback.format_exception(e)))
+                    output.flush()
+                raise StageFailed(spec.name, e) from e
+            emit(StageEvent("end", spec.name, i, len(stages), "success", time.perf_counter() - t0,
+                            cached=stats.get("cache") == "hit"))
+            outputs[spec.output] = out_dir
+            results[spec.name] = {**stats, "output_dir": str(out_dir)}   # where this run's output is (the summary)
+        return results
     finally:
         gc.unfreeze()   # what own_process froze goes back to the collector's oldest generation
-
-
-def _walk(cfg, run_dir: Path, stages: Sequence[StageSpec], emit, outputs: dict[str, Path], results: dict[str, dict],
-          cache_dir: Path | None, output: TextIO | None, capture_fds: bool, progress_s: float, code_version: str,
-          data_version: str, on_stage: Callable[[str, dict], None] | None = None) -> dict[str, dict]:
-    from packtrain.pipeline.runtime import run_stage
-
-    for i, spec in enumerate(stages, 1):
-        inputs = {a: outputs[a] for a in spec.inputs}
-        out_dir = run_dir / spec.name / spec.output
-        out_dir.parent.mkdir(parents=True, exist_ok=True)
-        progress = Progress(progress_s)
-        emit(StageEvent("start", spec.name, i, len(stages)))
-        t0 = time.perf_counter()
-
-        def watch(stage=spec.name, index=i, progress=progress) -> None:
-            bar = progress.due(live_bar(stage), stage)
-            if bar is not None:
-                emit(StageEvent("progress", stage, index, len(stages), bar=bar))
-
-        try:
-            with own_process(), stage_output(output, watch, capture_fds):
-                stats = run_stage(spec.name, cfg, inputs, out_dir, cache_dir=cache_dir, code_version=code_version,
-                                  data_version=data_version)
-        except Exception as e:   # a PacktrainError, or a bug of the stage
-            emit(StageEvent("end", spec.name, i, len(stages), "failure", time.perf_counter() - t0))
-            if not isinstance(e, PacktrainError) and output is not None:
-                output.write("".join(traceback.format_exception(e)))
-                output.flush()
-            raise StageFailed(spec.name, e) from e
-        emit(StageEvent("end", spec.name, i, len(stages), "success", time.perf_counter() - t0,
-                        cached=stats.get("cache") == "hit"))
-        outputs[spec.output] = out_dir
-        results[spec.name] = {**stats, "output_dir": str(out_dir)}   # where this run's output is (the summary)
-        if on_stage is not None:
-            on_stage(spec.name, results[spec.name])
-    return results
 
 
 class _StageStream:
@@ -162,6 +153,22 @@ def _fds_into(output: TextIO) -> Iterator[None]:
         os.dup2(saved[1], 2)
         for fd in saved:
             os.close(fd)
+
+
+class Tee:
+    """`packtrain run --verbose`: what the stages print goes to the log and the terminal."""
+
+    def __init__(self, *streams: TextIO):
+        self.streams = streams
+
+    def write(self, s: str) -> int:
+        for f in self.streams:
+            f.write(s)
+        return len(s)
+
+    def flush(self) -> None:
+        for f in self.streams:
+            f.flush()
 
 
 @contextlib.contextmanager

@@ -1,26 +1,26 @@
-"""`packtrain run`: the whole DAG on this machine — in this process (default) or through kfp.local.
+"""`packtrain run`: the whole DAG on this machine — in this process (default), through kfp.local or in containers.
 
     run_local(cfg, runner="in-process") → {"stages": {stage: stats}, "summary": {...}, "parent_run_id",
                       "parent_run_short", "tracking_uri", "mlflow_ui", "seconds", "log", "runner"}
     every stage's stats carry "mlflow_run": {"run_id", "tracking_uri"} (its MLflow run in this pipeline run)
 
-The frame of a run, the same for both runners:
+The frame of a run (`run_local`, whose docstring draws the calls down to a stage), the same for every runner:
 1. Opens the parent MLflow run (embedded sqlite store <workdir>/mlflow.db unless MLFLOW_TRACKING_URI is
    set) and exports PACKTRAIN_PARENT_RUN_ID + MLFLOW_TRACKING_URI so every stage run nests under it.
 2. Runs the stages, artifacts under <workdir>/kfp/packtrain-<time>/<stage>/<artifact>/:
-   - runner "in-process" (packtrain.pipeline.dag.run_dag): the stage table walked in this process, one stage
-     runner call per stage, each as if in its own process;
-   - runner "kfp" (packtrain.pipeline.kfp_local): the pipeline compiled for the cluster
-     (pipelines/kfp_pipeline.py), each component in a subprocess of this venv, as a pod runs it;
-   - runner "docker" (the same, packtrain.pipeline.containers): each component in its container image over the
-     Docker API (podman's service or Docker's daemon); its preflight (runtime, images, a workdir the containers
-     can write) runs before the parent MLflow run opens, so a refused run registers nothing.
-3. Stage cache (<workdir>/cache, see packtrain.pipeline.cache): a second run on unchanged data, config and
-   code restores every stage from the cache. Its MLflow stage run is still complete: a copy of the run that
-   produced the cached output (metrics with histories, params, tags, datasets, artifacts;
-   packtrain.tracking.restore), tagged packtrain.cache=hit and packtrain.restored_from=<origin run id> — also
-   when the origin sits in another store (a run after switching from the embedded sqlite store to a server).
-   Both runners key a stage the same way, so one reuses what the other stored.
+   - "in-process" (packtrain.pipeline.dag.run_dag): the stage table walked in this process, each stage as if
+     in its own process;
+   - "kfp" (packtrain.pipeline.kfp_local): the pipeline compiled for the cluster (pipelines/kfp_pipeline.py),
+     each component in a subprocess of this venv, as a pod runs it;
+   - "docker" (the same, packtrain.pipeline.containers): each component in its container image over the Docker
+     API (podman's service or Docker's daemon); its preflight (runtime, images, a workdir the containers can
+     write) runs before the parent MLflow run opens, so a refused run registers nothing.
+3. Stage cache (<workdir>/cache, packtrain.pipeline.cache): a second run on unchanged data, config and code
+   restores every stage. Its MLflow stage run is still complete: a copy of the run that produced the cached
+   output (packtrain.pipeline.runtime.log_cache_hit: metrics with histories, params, tags, datasets, artifacts),
+   tagged packtrain.cache=hit and packtrain.restored_from=<origin run id>, also when the origin sits in another
+   store. In process it is logged as the stage runs; kfp's components do not import MLflow for it (~2.5 s a
+   component): their hits are logged when the DAG is done. Both runners key a stage the same way.
 4. A failing stage (e.g. validation) stops the DAG before the next stage and raises StageFailed: the stage's
    own message, the log's path and the stage's exit code (4 for a failed validation).
 5. The ingested documents are versioned in the DVC repo that holds the workdir (the checkout's, the one
@@ -28,10 +28,9 @@ The frame of a run, the same for both runners:
    remote <workdir>/dvc-remote (snapshot_documents). The summary shows their md5 and the remote.
 6. What the stages print goes to <workdir>/logs/run-<time>-<pid>.log (never reused); the terminal shows one
    line per stage (plus a progress line of a long stage every `progress_s` seconds: step, loss, tok/s, ETA;
-   packtrain.pipeline.progress), then the summary, where to look in MLflow for this store kind
-   (packtrain.tracking.links), the pipeline run id (short and full) and the `packtrain compare` /
-   `packtrain gate` lines to type next. The whole run holds the workdir lock (packtrain.pipeline.lock): a
-   second `packtrain run` in the same workdir stops with exit 7.
+   packtrain.pipeline.progress), then the summary, where to look in MLflow (packtrain.tracking.links), the
+   pipeline run id and the `packtrain compare` / `packtrain gate` lines to type next. The whole run holds the
+   workdir lock (packtrain.pipeline.lock): a second `packtrain run` in the same workdir stops with exit 7.
 """
 
 from __future__ import annotations
@@ -41,12 +40,15 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, TextIO, cast
 
 from packtrain.errors import PacktrainError, StageFailed
 from packtrain.paths import patched_env
-from packtrain.pipeline.runtime import REFRESH_ENV
+from packtrain.pipeline.progress import EventSink, StageEvent
+from packtrain.pipeline.runtime import REFRESH_ENV, flat_numbers
 from packtrain.tracking.context import PARENT_ENV
 
 PROGRESS_S = 10.0
@@ -77,12 +79,19 @@ def _start_parent(cfg, runner: str) -> str | None:
     return parent
 
 
-def _end_parent(cfg, parent: str, status: str, metrics: dict, tags: dict) -> None:
+def _end_parent(cfg, run: _Run, status: str) -> None:
     """Every stage's final numbers as `<stage>.<key>` (those a stage or a restored stage already logged there
-    are not logged twice: one point per number), the tags, then the end."""
+    are not logged twice: one point per number), the tags (the log, each stage's run, the name after the data
+    version), then the end."""
     from packtrain.tracking import StageRun, end_pipeline_run
+    from packtrain.tracking.layout import data_version_of, pipeline_run_name
     from packtrain.tracking.run import get_client
 
+    stages, parent = run.stages, cast(str, run.parent)
+    metrics = {f"{s}.{k}": v for s, st in stages.items() for k, v in flat_numbers(st).items()}
+    name = pipeline_run_name(cfg.name, data_version_of(stages.get("ingest")))   # kfp: ingest ran elsewhere
+    tags = {"packtrain.log": str(run.log_path), **_stage_run_tags(stages),
+            **({"mlflow.runName": name} if stages.get("ingest") else {})}
     client = get_client(cfg)
     handle = StageRun(client, parent, "pipeline")
     have = _logged_metrics(client, parent)
@@ -100,52 +109,6 @@ def _logged_metrics(client, run_id: str) -> dict[str, float]:
         return dict(client._client.get_run(rid).data.metrics)
     except Exception:   # the store went away: log all of it (buffered)
         return {}
-
-
-def log_cached_stage_runs(parent: str, cfg, stages: dict[str, dict]) -> list[str]:
-    """A stage restored from the cache still gets its run under the parent, and a complete one: a copy of the
-    run that produced the cached output (`stats["mlflow_run"]`, recorded when the stage really ran) — metrics
-    with their histories, params, tags, datasets, artifacts (packtrain.tracking.restore) — tagged
-    packtrain.cache=hit, packtrain.restored_from=<origin run id>, the key and the KFP run id. Params of the
-    stage's config section the origin lacks are added; without a readable origin the cached stats are logged
-    as metrics. Updates `stats["mlflow_run"]` to the new run and sets `stats["restored_from"]`.
-    The stage's final numbers go to the parent at once (`<stage>.<key>`, as a stage that runs logs them), and a
-    restored ingest names the parent after the data version. A stage already logged here (its stats carry
-    `restored_from`) is skipped. Returns the new run ids."""
-    from packtrain.config import flatten
-    from packtrain.pipeline.runtime import stage_section
-    from packtrain.tracking import StageRun
-    from packtrain.tracking.context import base_tags
-    from packtrain.tracking.layout import data_version_of
-    from packtrain.tracking.restore import restore_run
-    from packtrain.tracking.run import get_client, name_pipeline_run
-
-    client = get_client(cfg)
-    ids = []
-    for stage, stats in stages.items():
-        if stats.get("cache") != "hit" or "restored_from" in stats:
-            continue
-        tags = {**base_tags("stage", cfg.name, stage), "mlflow.parentRunId": client.resolve(parent),
-                "packtrain.cache": "hit", "packtrain.cache_key": stats.get("cache_key", ""),
-                "kfp.run_id": stats.get("kfp_run_id", "")}
-        run_id = client.create_run(cfg.tracking.experiment, stage, {k: v for k, v in tags.items() if v})
-        handle = StageRun(client, run_id, stage)
-        origin = stats.get("mlflow_run") if isinstance(stats.get("mlflow_run"), dict) else None
-        copy = restore_run(client, run_id, origin)
-        section = stage_section(stage, cfg)
-        if section is not None:
-            own = {f"{stage}.{k}": v for k, v in flatten(section.model_dump(mode="json")).items()}
-            handle.log_params({k: v for k, v in own.items() if k not in copy.get("param_keys", ())})
-        if not copy["copied"]:
-            handle.log_metrics(_flat_numbers(stats))
-        client.set_terminated(run_id, "FINISHED")
-        StageRun(client, parent, "pipeline").log_metrics({f"{stage}.{k}": v for k, v in _flat_numbers(stats).items()})
-        if stage == "ingest":
-            name_pipeline_run(cfg, data_version_of(stats), parent)
-        stats["restored_from"] = origin
-        stats["mlflow_run"] = {"run_id": client.resolve(run_id), "tracking_uri": client.shown_uri}
-        ids.append(run_id)
-    return ids
 
 
 def snapshot_documents(workdir: Path) -> dict | None:
@@ -228,103 +191,156 @@ def run_local(cfg, *, runner: Runner = "in-process", verbose: bool = False, use_
               out: TextIO | None = None, progress_s: float = PROGRESS_S) -> dict:
     """Run the whole DAG locally on `cfg` with `runner` (see the module docstring); prints progress + summary
     to `out` (a progress line of the running stage every `progress_s` seconds). Holds the workdir lock
-    throughout (a no-op when the calling CLI already holds it)."""
+    throughout (a no-op when the calling CLI already holds it).
+
+    From the command line to a stage's own code, 5 calls (the stack while a stage runs in process):
+
+        cli.main                      packtrain/cli.py        parse, load the recipe, take the workdir lock
+        → run                         commands/run.py         check the flags
+          → run_local                 pipeline/local.py       log file, parent MLflow run, summary (this)
+            → run_dag                 pipeline/dag.py         the stage table in order, each as its own process
+              → run_stage             pipeline/runtime.py     stage cache (a hit is logged here) or the runner
+                → run_<stage>         stages/<stage>.py       the stage: its MLflow run, its output directory
+    """
     from packtrain.config.preflight import check_suite_packages
+    from packtrain.pipeline.dag import Tee, run_dag, terminal
+    from packtrain.pipeline.early_imports import early_imports, start_early_imports, worth_importing_early
     from packtrain.pipeline.lock import workdir_lock
+    from packtrain.pipeline.progress import StageLines
+    from packtrain.versioning import code_version
 
     if runner not in RUNNERS:
         from packtrain.errors import ConfigError
 
         raise ConfigError(f"runner {runner!r}: must be one of {', '.join(RUNNERS)}")
     check_suite_packages(cfg.evaluate)   # a suite this environment cannot score fails now, not after training
-    with workdir_lock(cfg.workdir, "run"):
-        return _run_local(cfg, runner=runner, verbose=verbose, use_cache=use_cache, out=out or sys.stdout,
-                          progress_s=progress_s)
-
-
-def _run_local(cfg, *, runner: Runner, verbose: bool, use_cache: bool | None, out: TextIO,
-               progress_s: float) -> dict:
-    t_start = time.perf_counter()
-    from packtrain.pipeline.warm import start_warm_imports, warm_modules, worth_warming
-
-    # kfp's and docker's stages are processes of their own: nothing imported here reaches them
-    if runner == "in-process" and worth_warming(cfg):
-        start_warm_imports(warm_modules(cfg))
-    workdir = Path(cfg.workdir).resolve()
-    workdir.mkdir(parents=True, exist_ok=True)
-    cfg = cfg.model_copy(update={"workdir": str(workdir)})
-    # use_cache False (--no-cache): nothing is restored, every stage's fresh output is stored (REFRESH_ENV)
-    refresh = use_cache is False and cfg.pipeline.stage_cache
-    cache_dir = workdir / "cache" if cfg.pipeline.stage_cache else None
-    with contextlib.ExitStack() as stack:
+    out = out or sys.stdout
+    with workdir_lock(cfg.workdir, "run"), contextlib.ExitStack() as stack:
+        t_start = time.perf_counter()
+        # kfp's and docker's stages are processes of their own: nothing imported here reaches them
+        if runner == "in-process" and worth_importing_early(cfg):
+            start_early_imports(early_imports(cfg))
+        workdir = Path(cfg.workdir).resolve()
+        workdir.mkdir(parents=True, exist_ok=True)
+        cfg = cfg.model_copy(update={"workdir": str(workdir)})
+        # use_cache False (--no-cache): nothing is restored, every stage's fresh output is stored (REFRESH_ENV)
+        refresh = use_cache is False and cfg.pipeline.stage_cache
+        cache_dir = workdir / "cache" if cfg.pipeline.stage_cache else None
         engine = None
         if runner == "docker":   # preflight before the parent run: a refused run registers nothing
             from packtrain.pipeline.containers import open_engine
 
             engine = stack.enter_context(open_engine(cfg, workdir))
-        return _run_stages(cfg, runner=runner, verbose=verbose, out=out, progress_s=progress_s, workdir=workdir,
-                           refresh=refresh, cache_dir=cache_dir, engine=engine, t_start=t_start)
+        with _pipeline_run(cfg, runner, workdir, refresh, progress_s) as run:
+            if runner != "in-process":
+                from packtrain.pipeline.kfp_local import run_kfp_local
+
+                run.stages = run_kfp_local(cfg, workdir, run.log, out, verbose=verbose, cache_dir=cache_dir,
+                                           progress_s=progress_s, engine=engine)
+            else:   # the stages print into the log (fds 1/2 too); the terminal gets the stage lines
+                with terminal(out) as term:   # (--verbose: the log itself, stage lines among it)
+                    output = cast(TextIO, Tee(run.log, term)) if verbose else run.log
+                    lines = StageLines(output if verbose else term)
+                    run.stages = run_dag(cfg, workdir / "kfp" / run_name(), cache_dir=cache_dir, parent=run.parent,
+                                         on_event=_stage_events(run.log, verbose, lines), output=output,
+                                         capture_fds=not verbose, progress_s=progress_s, code_version=code_version())
+        return _summary(cfg, run, workdir, out, t_start)
 
 
-def _run_stages(cfg, *, runner: Runner, verbose: bool, out: TextIO, progress_s: float, workdir: Path,
-                refresh: bool, cache_dir: Path | None, engine, t_start: float) -> dict:
-    from packtrain.pipeline.summary import build_summary, format_summary
+@dataclass
+class _Run:
+    """One pipeline run as `_pipeline_run` opens it: its log, its parent MLflow run, the stages' stats."""
+
+    runner: Runner
+    log_path: Path
+    tracking_uri: str | None
+    parent: str | None
+    log: TextIO = cast(TextIO, None)
+    stages: dict[str, dict] = field(default_factory=dict)
+
+
+@contextlib.contextmanager
+def _pipeline_run(cfg, runner: Runner, workdir: Path, refresh: bool, progress_s: float) -> Iterator[_Run]:
+    """The frame of the stages: a new log file, the parent MLflow run (ended FINISHED, FAILED or KILLED as the
+    block ends) and the environment every stage reads (the parent's id, the tracking URI). A failure in the block
+    names the log; a stage restored from the cache that the runner did not log (kfp) is logged after it."""
+    from packtrain.pipeline.early_imports import drain
     from packtrain.tracking import resolve_tracking_uri
-    from packtrain.tracking.layout import data_version_of, pipeline_run_name
 
     log_path = new_log_path(workdir / "logs")
     log_path.parent.mkdir(parents=True, exist_ok=True)
     tracking_uri = resolve_tracking_uri(cfg) if cfg.tracking.enabled else None
-    parent = _start_parent(cfg, runner) if tracking_uri else None
-    env = {PARENT_ENV: parent, "MLFLOW_TRACKING_URI": tracking_uri,
+    run = _Run(runner, log_path, tracking_uri, _start_parent(cfg, runner) if tracking_uri else None)
+    env = {PARENT_ENV: run.parent, "MLFLOW_TRACKING_URI": tracking_uri,
            # tqdm's updates feed the progress lines: at least two per progress interval, at most one per 5 s
            "TQDM_MININTERVAL": os.environ.get("TQDM_MININTERVAL", str(min(5.0, progress_s / 2))),
            REFRESH_ENV: "1" if refresh else None}
-    status, stages = "FAILED", {}
+    status = "FAILED"
     try:
         # mode "x": never truncates another run's log; line-buffered: in order with what reaches its fd directly
         with patched_env(**env), open(log_path, "x", encoding="utf-8", buffering=1) as log:
-            from packtrain.pipeline.warm import drain
-
+            run.log = log
             drain(log)
             try:
-                if runner in ("kfp", "docker"):
-                    from packtrain.pipeline.kfp_local import run_kfp_local
-
-                    stages = run_kfp_local(cfg, workdir, log, out, verbose=verbose, cache_dir=cache_dir,
-                                           progress_s=progress_s, engine=engine)
-                else:
-                    stages = _run_in_process(cfg, workdir, log, out, verbose, cache_dir, progress_s)
+                yield run
             except StageFailed as e:
                 raise StageFailed(e.stage, e.cause, str(log_path)) from None
             except PacktrainError as e:   # kfp: a failure no component recorded (kfp's message + the log tail)
                 raise PacktrainError(f"{e}\n(full log: {log_path})", exit_code=e.exit_code) from None
             finally:
                 drain(log)
-        if parent:
-            log_cached_stage_runs(parent, cfg, stages)
-        else:   # no run of ours: a restored stage's "mlflow_run" is its origin's
-            for st in stages.values():
-                if st.get("cache") == "hit":
-                    st["restored_from"] = st.pop("mlflow_run", None)
+        _restored_runs(cfg, run.parent, run.stages)
         status = "FINISHED"
     except KeyboardInterrupt:
         status = "KILLED"
         raise
     finally:
+        if run.parent and status == "FINISHED":
+            _end_parent(cfg, run, status)
+        elif run.parent:   # the stage's own error is the one to report, also when the store cannot take the end now
+            try:
+                _end_parent(cfg, run, status)
+            except Exception as e:   # noqa: BLE001 - e.g. the disk that filled up holds the store too
+                logging.getLogger(__name__).warning("could not mark the pipeline run %s %s: %s", run.parent, status,
+                                                    str(e).splitlines()[0][:200] if str(e) else type(e).__name__)
+
+
+def _restored_runs(cfg, parent: str | None, stages: dict[str, dict]) -> None:
+    """A stage restored from the cache that no one logged yet gets its run under the parent
+    (packtrain.pipeline.runtime.log_cache_hit): the in-process runner logged each as it ran, a kfp component
+    does not (importing MLflow costs ~2.5 s a component). Without a parent a restored stage's "mlflow_run" is
+    its origin's."""
+    from packtrain.pipeline.runtime import log_cache_hit
+
+    for stage, stats in stages.items():
+        if stats.get("cache") != "hit" or "restored_from" in stats:
+            continue
         if parent:
-            metrics = {f"{s}.{k}": v for s, st in stages.items() for k, v in _flat_numbers(st).items()}
-            name = pipeline_run_name(cfg.name, data_version_of(stages.get("ingest")))   # kfp: ingest ran elsewhere
-            tags = {"packtrain.log": str(log_path), **_stage_run_tags(stages),
-                    **({"mlflow.runName": name} if stages.get("ingest") else {})}
-            if status == "FINISHED":
-                _end_parent(cfg, parent, status, metrics, tags)
-            else:   # the stage's own error is the one to report, also when the store cannot take the end now
-                try:
-                    _end_parent(cfg, parent, status, metrics, tags)
-                except Exception as e:   # noqa: BLE001 - e.g. the disk that filled up holds the store too
-                    logging.getLogger(__name__).warning("could not mark the pipeline run %s %s: %s", parent, status,
-                                                        str(e).splitlines()[0][:200] if str(e) else type(e).__name__)
+            log_cache_hit(parent, cfg, stage, stats)
+        else:
+            stats["restored_from"] = stats.pop("mlflow_run", None)
+
+
+def _stage_events(log: TextIO, verbose: bool, lines: EventSink) -> EventSink:
+    """The in-process runner's StageEvents: the stage lines, and (without --verbose) where each stage's output
+    starts and ends in the log."""
+
+    def on_event(ev: StageEvent) -> None:
+        if not verbose and ev.kind != "progress":
+            log.write(f"--- [{ev.index}/{ev.total}] {ev.stage}: " + (
+                "started ---\n" if ev.kind == "start" else f"{ev.status} in {ev.seconds:.1f} s ---\n"))
+        lines(ev)
+
+    return on_event
+
+
+def _summary(cfg, run: _Run, workdir: Path, out: TextIO, t_start: float) -> dict:
+    """The summary printed to `out` after the run, and the dict `run_local` returns."""
+    from packtrain.pipeline.summary import build_summary, format_summary
+    from packtrain.secrets import redact_uri
+    from packtrain.tracking.refs import short_id
+
+    stages, tracking_uri, parent = run.stages, run.tracking_uri, run.parent
     summary = build_summary(stages)
     reg = stages.get("register") or {}
     if tracking_uri and isinstance(reg, dict) and reg.get("cache") == "hit" and reg.get("version") is not None:
@@ -340,60 +356,10 @@ def _run_stages(cfg, *, runner: Runner, verbose: bool, out: TextIO, progress_s: 
     footer = _footer(cfg, tracking_uri, parent, stages) if tracking_uri else []
     out.write("\n".join([format_summary(cfg.name, summary, seconds, len(stages), None), *footer]) + "\n")
     out.flush()
-    from packtrain.secrets import redact_uri
-    from packtrain.tracking.refs import short_id
-
     return {"stages": stages, "summary": summary, "parent_run_id": parent, "tracking_uri": redact_uri(tracking_uri),
             "parent_run_short": short_id(parent) if parent else None,
             "mlflow_ui": footer[0].removeprefix("  MLflow     ") if footer else None, "seconds": seconds,
-            "log": str(log_path), "runner": runner}
-
-
-def _run_in_process(cfg, workdir: Path, log: TextIO, out: TextIO, verbose: bool, cache_dir: Path | None,
-                    progress_s: float) -> dict[str, dict]:
-    """packtrain.pipeline.dag.run_dag into <workdir>/kfp/<run name>/: the stages print into the log (fds 1/2
-    too); the terminal gets the stage lines (--verbose: the log itself, stage lines among it)."""
-    from packtrain.pipeline.dag import run_dag, terminal
-    from packtrain.pipeline.progress import StageEvent, StageLines
-    from packtrain.versioning import code_version
-
-    with terminal(out) as term:
-        output = cast(TextIO, _Tee(log, term)) if verbose else log
-        lines = StageLines(output if verbose else term)
-
-        def on_event(ev: StageEvent) -> None:
-            if not verbose and ev.kind != "progress":   # the log marks where each stage's output starts/ends
-                log.write(f"--- [{ev.index}/{ev.total}] {ev.stage}: " + (
-                    "started ---\n" if ev.kind == "start" else f"{ev.status} in {ev.seconds:.1f} s ---\n"))
-            lines(ev)
-
-        parent = os.environ.get(PARENT_ENV)
-
-        def on_stage(stage: str, stats: dict) -> None:
-            """A restored stage's run goes under the parent before the next stage starts: the register stage
-            then finds the pipeline's train run (the model's owner) and its numbers even when train was cached."""
-            if parent and stats.get("cache") == "hit":
-                log_cached_stage_runs(parent, cfg, {stage: stats})
-
-        return run_dag(cfg, workdir / "kfp" / run_name(), cache_dir=cache_dir, on_event=on_event, output=output,
-                       capture_fds=not verbose, progress_s=progress_s, code_version=code_version(),
-                       on_stage=on_stage)
-
-
-class _Tee:
-    """--verbose: what the stages print goes to the log and the terminal."""
-
-    def __init__(self, *streams: TextIO):
-        self.streams = streams
-
-    def write(self, s: str) -> int:
-        for f in self.streams:
-            f.write(s)
-        return len(s)
-
-    def flush(self) -> None:
-        for f in self.streams:
-            f.flush()
+            "log": str(run.log_path), "runner": run.runner}
 
 
 def _stage_run_tags(stages: dict[str, dict]) -> dict[str, str]:
@@ -426,9 +392,3 @@ def _footer(cfg, tracking_uri: str, parent: str | None, stages: dict[str, dict])
                       model=reg.get("model_name") or cfg.register_.model_name,
                       champion=reg.get("decision") == "champion",
                       extra_args=store_args(cfg, bool(os.environ.get("MLFLOW_TRACKING_URI"))))
-
-
-def _flat_numbers(stats: dict) -> dict:
-    from packtrain.config import flatten
-
-    return {k: v for k, v in flatten(stats).items() if isinstance(v, (int, float)) and not isinstance(v, bool)}

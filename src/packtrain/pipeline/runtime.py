@@ -1,15 +1,16 @@
 """Running one stage of the table: what both runners of `packtrain run` and the KFP components call.
 
-    stats = run_stage("pack", cfg, {"tokens": tokens_dir}, packs_dir, cache_dir=workdir / "cache")
+    stats = run_stage("pack", cfg, {"tokens": tokens_dir}, packs_dir, cache_dir=workdir / "cache", parent=run_id)
     stats = run_stage_component("pack", config_json, {"tokens": tokens.path}, packs.path, kfp_run_id=...)
     return publish_stats(stats, packs, metrics)      # artifact metadata + Metrics artifact + JSON string
 
 `run_stage` (the in-process runner, packtrain.pipeline.dag, calls it once per stage):
 1. with a `cache_dir`, looks the stage up in the stage cache (packtrain.pipeline.cache) and restores the output
-   on a hit (`packtrain run` then logs the stage run under the parent, tagged `packtrain.cache=hit`: a copy of
-   the run that produced the output, whose id the runner's stats carry as `mlflow_run`;
-   packtrain.tracking.restore);
-2. otherwise calls the stage runner (packtrain.stages.<stage>.run_<stage>) with the artifact directories.
+   on a hit; with a `parent` it logs the stage run under it right there (`log_cache_hit`), tagged
+   `packtrain.cache=hit`: a copy of the run that produced the output, whose id the runner's stats carry as
+   `mlflow_run` (packtrain.tracking.restore);
+2. otherwise calls the stage runner, `RUNNERS[stage]` (packtrain.stages.<stage>.run_<stage>), with the artifact
+   directories, and stores its output in the cache.
 A stage's PacktrainError propagates unchanged (its class carries the exit code).
 
 `run_stage_component` (one KFP pod, or one kfp.local subprocess under `packtrain run --runner kfp`):
@@ -38,13 +39,20 @@ import json
 import os
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from packtrain.error_record import ERROR_FILE_ENV, write_error_record
 from packtrain.errors import ConfigError, MissingDataError, PacktrainError
-from packtrain.stages.table import stage_spec
+from packtrain.stages.evaluate import run_evaluate
+from packtrain.stages.ingest import run_ingest
+from packtrain.stages.pack import run_pack
+from packtrain.stages.register import run_register
+from packtrain.stages.table import STAGE_NAMES, stage_spec
+from packtrain.stages.tokenize import run_tokenize
+from packtrain.stages.train import run_train
+from packtrain.stages.validate import run_validate
 from packtrain.tracking.context import PARENT_ENV
 
 CACHE_ENV = "PACKTRAIN_STAGE_CACHE_DIR"
@@ -54,7 +62,12 @@ ERROR_ENV = ERROR_FILE_ENV
 """Where a KFP component writes the error record of a failed stage (`packtrain run --runner kfp` sets it)."""
 CODE_ENV = "PACKTRAIN_CODE_VERSION"
 
-"""Artifact names each stage consumes, from the stage table: {'train': ('packs', 'tokens'), ...}."""
+RUNNERS: dict[str, Callable[..., Any]] = {
+    "ingest": run_ingest, "validate": run_validate, "tokenize": run_tokenize, "pack": run_pack,
+    "train": run_train, "evaluate": run_evaluate, "register": run_register,
+}
+"""The runner of each stage of the table: `run_<stage>(cfg, *input dirs, out_dir)` (packtrain.stages)."""
+assert tuple(RUNNERS) == STAGE_NAMES, "one runner per stage of the table, in its order"
 
 
 def config_from_text(text: str):
@@ -170,17 +183,51 @@ def runner_args(stage: str, inputs: dict[str, str]) -> list[Path]:
 
 
 def run_stage(stage: str, cfg, inputs: Mapping[str, str | Path], out_dir: str | Path, *,
-              cache_dir: Path | None = None, code_version: str = "", data_version: str = "") -> dict:
+              cache_dir: Path | None = None, parent: str | None = None, code_version: str = "",
+              data_version: str = "") -> dict:
     """Run one stage on the named artifact directories (see the module docstring); returns its stats dict
-    (+ "cache": "hit" | "miss" | "skipped (...)" and "cache_key" with a `cache_dir`)."""
+    (+ "cache": "hit" | "miss" | "skipped (...)" and "cache_key" with a `cache_dir`). `parent`: the pipeline's
+    MLflow run, under which a cache hit is logged here (`log_cache_hit`); without it a hit logs nothing (a KFP
+    component: `packtrain run --runner kfp` logs its hits after the DAG, MLflow's import costs ~2.5 s a
+    component). `train` resumes from its own checkpoints: a retried pod (same output dir) continues its killed
+    attempt instead of being refused; a fresh output dir starts at step 0."""
     from packtrain.registry import install_handlers
+    from packtrain.tracking.run import stage_run_record
 
     install_handlers()   # a buffered registration can be replayed by any stage's tracked run
-    args = runner_args(stage, {k: str(v) for k, v in inputs.items()})
+    paths = {k: str(v) for k, v in inputs.items()}
+    args = runner_args(stage, paths)
+    if cache_dir is not None:
+        from packtrain.pipeline.cache import StageCache
+
+        key, parts, key_s = _cache_key(stage, cfg, paths, code_version)
+        cache = StageCache(Path(cache_dir))
+        hit = None if os.environ.get(REFRESH_ENV) == "1" else cache.lookup(stage, key)
+        if hit is not None:
+            cache.restore(hit, out_dir)
+            print(f"[packtrain] {stage}: cache hit {key[:12]} (inputs, config and code unchanged)", flush=True)
+            stats = {**hit.stats, "cache": "hit", "cache_key": key, "cache_key_s": key_s}
+            if parent:
+                log_cache_hit(parent, cfg, stage, stats)
+            return stats
+    before = stage_run_record(stage)   # an earlier stage run of this process (an earlier in-process DAG run)
+    stats = stats_dict(RUNNERS[stage](cfg, *args, Path(out_dir), **({"resume": True} if stage == "train" else {})))
+    if stage == "ingest":   # the data version is known now: the pipeline run's name says it
+        from packtrain.tracking.layout import data_version_of
+        from packtrain.tracking.run import name_pipeline_run
+
+        name_pipeline_run(cfg, data_version_of(stats))
+    rec = stage_run_record(stage)
+    # + "mlflow_run" {run_id, tracking_uri}: a cache hit later copies that run (packtrain.tracking.restore);
+    # only the run this call opened (tracking off or rank ≠ 0: none)
+    stats = _with_versions({**stats, "mlflow_run": rec} if rec is not None and rec != before else stats,
+                           code_version, data_version)
     if cache_dir is None:
-        return _with_versions(_call_runner(stage, cfg, args, out_dir), code_version, data_version)
-    return _run_cached(stage, cfg, {k: str(v) for k, v in inputs.items()}, args, out_dir, Path(cache_dir),
-                       code_version, data_version)
+        return stats
+    if stats.get("decision") == "deferred":   # a buffered registration is not a result to restore next time
+        return {**stats, "cache": "skipped (registration deferred)", "cache_key_s": key_s}
+    cache.store(stage, key, out_dir, stats, parts)
+    return {**stats, "cache": "miss", "cache_key_s": key_s}
 
 
 def run_stage_component(stage: str, config_text: str, inputs: dict[str, str], out_dir: str, *,
@@ -204,50 +251,64 @@ def run_stage_component(stage: str, config_text: str, inputs: dict[str, str], ou
         raise
 
 
-def _run_cached(stage, cfg, inputs, args, out_dir, cache_dir: Path, code_version: str, data_version: str) -> dict:
-    from packtrain.pipeline.cache import StageCache, source_md5, stage_cache_key
+def _cache_key(stage: str, cfg, inputs: dict[str, str], code_version: str) -> tuple[str, dict, float]:
+    """(key, its parts, seconds spent hashing) of the stage cache entry (packtrain.pipeline.cache).
+    PACKTRAIN_CODE_VERSION pins the code part (set in the images; tests pin it too), else the package version +
+    git sha + md5 of the package source, so an uncommitted edit also invalidates the cache."""
+    from packtrain.pipeline.cache import source_md5, stage_cache_key
     from packtrain.versioning import code_version as cur_code
 
-    # PACKTRAIN_CODE_VERSION pins the code part (set in the images; tests pin it too), else the package
-    # version + git sha + md5 of the package source, so an uncommitted edit also invalidates the cache
     t_key = time.perf_counter()
     code = os.environ.get(CODE_ENV) or f"{code_version or cur_code()}:{source_md5()}"
     key, parts = stage_cache_key(stage, read_inputs(stage, inputs), config_parts(stage, cfg, inputs), code)
-    key_s = round(time.perf_counter() - t_key, 3)   # hashing what the stage reads: part of its wall time
-    cache = StageCache(cache_dir)
-    hit = None if os.environ.get(REFRESH_ENV) == "1" else cache.lookup(stage, key)
-    if hit is not None:
-        cache.restore(hit, out_dir)
-        print(f"[packtrain] {stage}: cache hit {key[:12]} (inputs, config and code unchanged)", flush=True)
-        # no MLflow here (importing it costs ~2.5 s a KFP component): `packtrain run` logs the cached stage
-        # runs under the parent from the returned stats (packtrain.pipeline.local.log_cached_stage_runs)
-        return {**hit.stats, "cache": "hit", "cache_key": key, "cache_key_s": key_s}
-    stats = _call_runner(stage, cfg, args, out_dir)
-    stats = _with_versions(stats, code_version, data_version)
-    if stats.get("decision") == "deferred":   # a buffered registration is not a result to restore next time
-        return {**stats, "cache": "skipped (registration deferred)", "cache_key_s": key_s}
-    cache.store(stage, key, out_dir, stats, parts)
-    return {**stats, "cache": "miss", "cache_key_s": key_s}
+    return key, parts, round(time.perf_counter() - t_key, 3)   # hashing what the stage reads: part of its wall time
 
 
-def _call_runner(stage: str, cfg, args: Sequence, out_dir) -> dict:
-    """The stage runner on the artifact dirs. `train` resumes from its own checkpoints: a retried pod (same
-    output dir) continues its killed attempt instead of being refused; a fresh output dir starts at step 0."""
-    from packtrain.stages import get_runner
-    from packtrain.tracking.run import stage_run_record
+def log_cache_hit(parent: str, cfg, stage: str, stats: dict) -> str:
+    """A stage restored from the cache still gets its run under the parent, and a complete one: a copy of the
+    run that produced the cached output (`stats["mlflow_run"]`, recorded when the stage really ran) — metrics
+    with their histories, params, tags, datasets, artifacts (packtrain.tracking.restore) — tagged
+    packtrain.cache=hit, packtrain.restored_from=<origin run id>, the key and the KFP run id. Params of the
+    stage's config section the origin lacks are added; without a readable origin the cached stats are logged
+    as metrics. Updates `stats["mlflow_run"]` to the new run and sets `stats["restored_from"]`.
+    The stage's final numbers go to the parent at once (`<stage>.<key>`, as a stage that runs logs them), and a
+    restored ingest names the parent after the data version; the register stage then finds the pipeline's train
+    run (the model's owner) and its numbers even when train was cached. Returns the new run id."""
+    from packtrain.config import flatten
+    from packtrain.tracking import StageRun
+    from packtrain.tracking.context import base_tags
+    from packtrain.tracking.layout import data_version_of
+    from packtrain.tracking.restore import restore_run
+    from packtrain.tracking.run import get_client, name_pipeline_run
 
-    extra = {"resume": True} if stage == "train" else {}
-    before = stage_run_record(stage)   # an earlier stage run of this process (an earlier in-process DAG run)
-    stats = stats_dict(get_runner(stage)(cfg, *args, Path(out_dir), **extra))
-    if stage == "ingest":   # the data version is known now: the pipeline run's name says it
-        from packtrain.tracking.layout import data_version_of
-        from packtrain.tracking.run import name_pipeline_run
+    client = get_client(cfg)
+    tags = {**base_tags("stage", cfg.name, stage), "mlflow.parentRunId": client.resolve(parent),
+            "packtrain.cache": "hit", "packtrain.cache_key": stats.get("cache_key", ""),
+            "kfp.run_id": stats.get("kfp_run_id", "")}
+    run_id = client.create_run(cfg.tracking.experiment, stage, {k: v for k, v in tags.items() if v})
+    handle = StageRun(client, run_id, stage)
+    origin = stats.get("mlflow_run") if isinstance(stats.get("mlflow_run"), dict) else None
+    copy = restore_run(client, run_id, origin)
+    section = stage_section(stage, cfg)
+    if section is not None:
+        own = {f"{stage}.{k}": v for k, v in flatten(section.model_dump(mode="json")).items()}
+        handle.log_params({k: v for k, v in own.items() if k not in copy.get("param_keys", ())})
+    if not copy["copied"]:
+        handle.log_metrics(flat_numbers(stats))
+    client.set_terminated(run_id, "FINISHED")
+    StageRun(client, parent, "pipeline").log_metrics({f"{stage}.{k}": v for k, v in flat_numbers(stats).items()})
+    if stage == "ingest":
+        name_pipeline_run(cfg, data_version_of(stats), parent)
+    stats["restored_from"] = origin
+    stats["mlflow_run"] = {"run_id": client.resolve(run_id), "tracking_uri": client.shown_uri}
+    return run_id
 
-        name_pipeline_run(cfg, data_version_of(stats))
-    rec = stage_run_record(stage)
-    # + "mlflow_run" {run_id, tracking_uri}: a cache hit later copies that run (packtrain.tracking.restore);
-    # only the run this call opened (tracking off or rank ≠ 0: none)
-    return {**stats, "mlflow_run": rec} if rec is not None and rec != before else stats
+
+def flat_numbers(stats: dict) -> dict:
+    """The numeric leaves of a stats dict, flattened: {'train.fill': 0.998, 'seconds': 1.2, ...}."""
+    from packtrain.config import flatten
+
+    return {k: v for k, v in flatten(stats).items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
 def stats_dict(result: Any) -> dict:

@@ -18,20 +18,13 @@ buffer applies it live, or later when the store was down, through the handler `i
 components and the register stage install it; a process that never did keeps a buffered registration pending
 (never rejected) until one that has replays it.
 
-Names resolve lazily (`from packtrain.registry import load_champion`), so importing the package costs no
-torch/mlflow import.
+Import from the module that defines a name (`from packtrain.registry.model import load_champion`): the package
+itself holds only `install_handlers`, so importing it costs no torch/mlflow import.
 """
 
 from __future__ import annotations
 
-import importlib
-
-_EXPORTS = {
-    "RegisterResult": "apply", "apply_registration": "apply", "build_registration": "op",
-    "promotion_verdict": "op", "decide_from_verdict": "champion", "load_champion": "model",
-    "load_registered": "model", "collect_lineage": "lineage_tags",
-}
-__all__ = sorted([*_EXPORTS, "install_handlers"])
+__all__ = ["install_handlers"]
 
 
 def install_handlers() -> None:
@@ -41,9 +34,3 @@ def install_handlers() -> None:
     from packtrain.tracking.apply import register_handler
 
     register_handler("register_model", apply_registration)
-
-
-def __getattr__(name: str):
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(f"packtrain.registry.{_EXPORTS[name]}"), name)
-    raise AttributeError(f"module 'packtrain.registry' has no attribute {name!r}")

@@ -16,20 +16,14 @@ Every input and output is a directory:
     run_register(cfg, model_dir, eval_dir, train_dir, out_dir) → out_dir/register_result.json
 
 Default directories come from `packtrain.paths.RunPaths(cfg.workdir)`: <workdir>/<stage>/.
-Each runner lives in `packtrain.stages.<stage>` and is imported lazily. The list of stages, their inputs and
-outputs is `packtrain.stages.table.STAGES` (the stage table).
+Each runner lives in `packtrain.stages.<stage>`; importing this package imports none of them (`packtrain --help`
+reads the stage table). Who calls them by stage name imports them: `packtrain.pipeline.runtime.RUNNERS`, and each
+stage command (`packtrain.commands.<stage>`). The list of stages, their inputs and outputs is
+`packtrain.stages.table.STAGES` (the stage table).
 """
 
 from __future__ import annotations
 
 from packtrain.stages.table import STAGE_NAMES, STAGES, StageSpec, stage_spec
 
-STAGE_FUNCS = {s.name: s.runner for s in STAGES}
-"""{'ingest': 'run_ingest', ...}: the runner of each stage, in DAG order."""
-
-__all__ = ["STAGES", "STAGE_FUNCS", "STAGE_NAMES", "StageSpec", "get_runner", "stage_spec"]
-
-
-def get_runner(stage: str):
-    """`get_runner("pack")` → packtrain.stages.pack.run_pack; an unknown stage raises KeyError naming them."""
-    return stage_spec(stage).load_runner()
+__all__ = ["STAGES", "STAGE_NAMES", "StageSpec", "stage_spec"]

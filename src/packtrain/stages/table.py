@@ -1,8 +1,9 @@
 """The stage table: the one list of stages, what each consumes and produces, and what it depends on.
 
-Every adapter reads this table instead of naming stages itself: `packtrain.stages.get_runner`, the CLI's
-stage subcommands, `packtrain run`'s in-process walk (`packtrain.pipeline.dag`), the KFP components and pipeline (artifact names, GPU and retry settings), the stage cache
-key (`packtrain.pipeline.runtime.config_parts`), the generated `dvc.yaml` (`packtrain.pipeline.dvc_export`),
+Every adapter reads this table instead of naming stages itself: the stage runners
+(`packtrain.pipeline.runtime.RUNNERS`), the CLI's stage subcommands, `packtrain run`'s in-process walk
+(`packtrain.pipeline.dag`), the KFP components and pipeline (artifact names, GPU and retry settings), the stage
+cache key (`packtrain.pipeline.runtime.config_parts`), the generated `dvc.yaml` (`packtrain.pipeline.dvc_export`),
 the run summary and lineage. Adding a stage is adding one `StageSpec` here (docs/architecture.md walks through
 an example).
 
@@ -28,8 +29,8 @@ One row, with what each field means:
     >>> spec = stage_spec("train")
     >>> spec.inputs, spec.output, spec.config
     (('packs', 'tokens'), 'model', ('model', 'train', 'telemetry', 'plan', 'pack.budget'))
-    >>> stage_spec("train").runner, stage_spec("train").result, stage_spec("train").gpu
-    ('run_train', 'TrainResult', True)
+    >>> stage_spec("train").gpu, stage_spec("train").stats_file
+    (True, 'train_result.json')
     >>> [s.name for s in STAGES if s.transient]
     ['ingest', 'train', 'evaluate', 'register']
     >>> ARTIFACTS["model"]            # who produces an artifact
@@ -44,13 +45,13 @@ tiny-cpu recipe). A stage's upstream outputs enter its key through the inputs' m
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
 class StageSpec:
-    """One stage. All names are the ones every adapter uses; nothing here imports the stage's code."""
+    """One stage. All names are the ones every adapter uses; nothing here imports the stage's code (its runner,
+    `run_<name>` in `packtrain.stages.<name>`, is in packtrain.pipeline.runtime.RUNNERS)."""
 
     name: str
     """Stage name: CLI subcommand, module `packtrain.stages.<name>`, KFP component/task, DVC stage, MLflow run."""
@@ -95,20 +96,6 @@ class StageSpec:
     """Plot files (dvc `plots`) it exports next to the metrics."""
 
     @property
-    def runner(self) -> str:
-        """`run_<name>` in `packtrain.stages.<name>`."""
-        return f"run_{self.name}"
-
-    @property
-    def result(self) -> str:
-        """Name of its typed result class in `packtrain.stages.results` (`TrainResult`)."""
-        return f"{self.name.capitalize()}Result"
-
-    @property
-    def module(self) -> str:
-        return f"packtrain.stages.{self.name}"
-
-    @property
     def args(self) -> tuple[str, ...]:
         """Runner inputs as `artifact[/subdir]` (`runner_args`, or the inputs)."""
         return self.runner_args or self.inputs
@@ -127,14 +114,6 @@ class StageSpec:
     def metrics_file(self) -> str:
         """`metrics/<name>.json`, written by `packtrain pipeline export <name>` (dvc.yaml)."""
         return f"metrics/{self.name}.json"
-
-    def load_runner(self):
-        """The runner function (imports the stage module)."""
-        return getattr(importlib.import_module(self.module), self.runner)
-
-    def load_result_class(self):
-        """The typed result class (imports packtrain.stages.results)."""
-        return getattr(importlib.import_module("packtrain.stages.results"), self.result)
 
 
 ROW_RULE_FIELDS = ("pack.budget", "tokenize.tokenizer_dir", "tokenize.chat_template", "tokenize.append_eos",

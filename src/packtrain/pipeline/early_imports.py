@@ -13,40 +13,55 @@ needs the module to raise in its own words.
 
 from __future__ import annotations
 
-import importlib
+import contextlib
 import io
 import sys
 import threading
-
-MODULES = ("torch", "transformers", "transformers.modeling_utils", "transformers.masking_utils",
-           "transformers.models.llama.modeling_llama", "packtrain.model.build", "packtrain.train.session",
-           "packtrain.evaluate.loading")
-"""What the train and evaluate stages import first, heaviest first (transformers loads its model machinery on
-first attribute access: `import transformers` alone is not it)."""
-COMPILE_MODULES = ("torch._dynamo", "torch._inductor.compile_fx")
-"""… with train.compile (inductor's import is seconds of its own)."""
-FUSED_LOSS_MODULES = ("liger_kernel.transformers.fused_linear_cross_entropy",)
-"""… with train.loss fused (optional: absent → the loss falls back, and so does this)."""
+from collections.abc import Callable, Sequence
 
 
-def warm_modules(cfg) -> tuple[str, ...]:
-    """The modules `cfg`'s train stage will import (module doc).
+def import_model_stack() -> None:
+    """What the train and evaluate stages import first (transformers loads its model machinery on
+    first attribute access: `import transformers` alone is not it)."""
+    import torch  # noqa: F401
+    import transformers.masking_utils  # noqa: F401
+    import transformers.modeling_utils  # noqa: F401
+    import transformers.models.llama.modeling_llama  # noqa: F401
+
+    import packtrain.evaluate.loading  # noqa: F401
+    import packtrain.model.build  # noqa: F401
+    import packtrain.train.session  # noqa: F401
+
+
+def import_compiler() -> None:
+    """… with train.compile (inductor's import is seconds of its own)."""
+    import torch._dynamo  # noqa: F401
+    import torch._inductor.compile_fx  # noqa: F401
+
+
+def import_fused_loss() -> None:
+    """… with train.loss fused (optional: absent → the loss falls back, and so does this)."""
+    import liger_kernel.transformers.fused_linear_cross_entropy  # noqa: F401
+
+
+def early_imports(cfg) -> tuple[Callable[[], None], ...]:
+    """The imports `cfg`'s train stage will make, as functions that make them (module doc).
 
     >>> from packtrain.config import load_run_config
-    >>> warm_modules(load_run_config("350m-h200"))[-3:]
-    ('torch._dynamo', 'torch._inductor.compile_fx', 'liger_kernel.transformers.fused_linear_cross_entropy')
+    >>> [f.__name__ for f in early_imports(load_run_config("350m-h200"))]
+    ['import_model_stack', 'import_compiler', 'import_fused_loss']
     """
-    return (MODULES + (COMPILE_MODULES if cfg.train.compile else ())
-            + (FUSED_LOSS_MODULES if cfg.train.loss == "fused" else ()))
+    return ((import_model_stack,) + ((import_compiler,) if cfg.train.compile else ())
+            + ((import_fused_loss,) if cfg.train.loss == "fused" else ()))
 
 
-def worth_warming(cfg) -> bool:
+def worth_importing_early(cfg) -> bool:
     """Only where the imports overlap work the GPU would otherwise wait for: a recipe that trains on CUDA, on a host
     with an NVIDIA device. On a CPU host the imports would only compete with the data stages for the same cores
     (and with a run that fails early, for nothing).
 
     >>> from packtrain.config import load_run_config
-    >>> worth_warming(load_run_config("tiny-cpu"))
+    >>> worth_importing_early(load_run_config("tiny-cpu"))
     False
     """
     import os
@@ -54,20 +69,18 @@ def worth_warming(cfg) -> bool:
     return cfg.train.device != "cpu" and os.path.exists("/dev/nvidiactl")
 
 
-def start_warm_imports(modules: tuple[str, ...] = MODULES) -> threading.Thread | None:
-    """Import `modules` on a daemon thread (module doc); returns the started thread (None: all imported already).
-    A module that fails to import is skipped. What the imports print (a library's logging or warnings) is kept,
-    not shown: the stages' own imports print into the run's log, and so must these (`drain`)."""
-    missing = tuple(m for m in modules if m not in sys.modules)
-    if not missing:
+def start_early_imports(imports: Sequence[Callable[[], None]]) -> threading.Thread | None:
+    """Call each of `imports` on a daemon thread (module doc); returns the started thread (None: nothing to
+    import). One that fails to import is skipped, the next one still runs. What the imports print (a library's
+    logging or warnings) is kept, not shown: the stages' own imports print into the run's log, and so must these
+    (`drain`)."""
+    if not imports:
         return None
 
     def work() -> None:
-        for name in missing:
-            try:
-                importlib.import_module(name)
-            except Exception:   # noqa: BLE001,S112 - the stage that needs it raises with its own message
-                continue
+        for run_imports in imports:
+            with contextlib.suppress(Exception):   # the stage that needs it raises with its own message
+                run_imports()
 
     t = threading.Thread(target=work, name=THREAD_NAME, daemon=True)
     for attr in ("stdout", "stderr"):
@@ -88,7 +101,7 @@ def drain(log) -> None:
         log.write(text)
 
 
-THREAD_NAME = "packtrain-warm-imports"
+THREAD_NAME = "packtrain-early-imports"
 _KEPT = io.StringIO()
 _LOCK = threading.Lock()
 
