@@ -75,6 +75,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Parse `argv`, load the recipe, run the command (under the workdir lock for LOCKED ones); the exit code.
+    `packtrain run` reaches a stage's own code in 5 calls: main → commands.run.run → pipeline.local.run_local →
+    pipeline.dag.run_dag → pipeline.runtime.run_stage → stages.<stage>.run_<stage> (run_local's docstring and
+    docs/architecture.md draw them; tests/unit/test_run_path.py checks them)."""
     os.environ.setdefault("DVC_NO_ANALYTICS", "1")
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     os.environ.setdefault("DO_NOT_TRACK", "1")
