@@ -255,7 +255,7 @@ class _Run:
     log_path: Path
     tracking_uri: str | None
     parent: str | None
-    log: TextIO = cast(TextIO, None)
+    log: TextIO = cast(TextIO, None)   # the open log file, set as the block starts
     stages: dict[str, dict] = field(default_factory=dict)
 
 

@@ -4,8 +4,9 @@ Every adapter reads this table instead of naming stages itself: the stage runner
 (`packtrain.pipeline.runtime.RUNNERS`), the CLI's stage subcommands, `packtrain run`'s in-process walk
 (`packtrain.pipeline.dag`), the KFP components and pipeline (artifact names, GPU and retry settings), the stage
 cache key (`packtrain.pipeline.runtime.config_parts`), the generated `dvc.yaml` (`packtrain.pipeline.dvc_export`),
-the run summary and lineage. Adding a stage is adding one `StageSpec` here (docs/architecture.md walks through
-an example).
+the run summary and lineage. Adding a stage is adding one `StageSpec` here, and naming its runner and its command
+module where they are imported (`packtrain.pipeline.runtime.RUNNERS`, `packtrain.cli.STAGE_COMMANDS`: both check
+at import that they follow this table; docs/architecture.md walks through an example).
 
 The DAG, in table order (each arrow is an artifact, named the same in the runtime, the KFP components and
 pipeline, dvc.yaml and the summary):
