@@ -22,11 +22,11 @@ from bench.harness import cuda_peaks_gib
 
 
 def packed_rows(docs: list, rows: int, budget: int, n_steps: int) -> list[dict]:
-    """The baseline's batches: BFD packs (packtrain.packing.plan) as (rows, budget) rows, position_ids restart."""
+    """The baseline's batches: BFD packs (packtrain.packing.bins) as (rows, budget) rows, position_ids restart."""
     import numpy as np
 
     from bench.transformers_baselines import batches_packed_rows
-    from packtrain.packing.plan import pack_lengths
+    from packtrain.packing.bins import pack_lengths
 
     plan = pack_lengths(np.array([len(d) for d in docs]), budget, strategy="bfd")
     packs = [[seg[0] for seg in pack] for pack in plan.to_lists()]

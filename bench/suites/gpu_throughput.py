@@ -91,7 +91,7 @@ def doc_tokens(lengths: np.ndarray, vocab: int, seed: int) -> list[np.ndarray]:
 
 
 def bfd_packs(lengths: np.ndarray, budget: int) -> list[list[int]]:
-    from packtrain.packing.plan import pack_lengths
+    from packtrain.packing.bins import pack_lengths
 
     plan = pack_lengths(lengths, budget, strategy="bfd")
     return [[seg[0] for seg in pack] for pack in plan.to_lists()]  # lengths ≤ budget: one segment per doc

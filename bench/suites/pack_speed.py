@@ -78,7 +78,7 @@ def check_plan(plan, lengths, budget: int) -> str | None:
 def run_one(lengths, budget: int, strategy: str = "bfd", window: int = 200_000) -> dict:
     """Pack `lengths` once, check the plan (AssertionError naming the problem), return the one-line row: the
     plan, and its fill against the bounds no packer can beat (bound / packs; 1.0 = provably optimal)."""
-    from packtrain.packing.plan import l2_bound_packs, lower_bound_packs, pack_lengths
+    from packtrain.packing.bins import l2_bound_packs, lower_bound_packs, pack_lengths
 
     t0, c0 = time.perf_counter(), time.process_time()
     plan = pack_lengths(lengths, budget, strategy, window=window)
@@ -158,7 +158,7 @@ def corpus_lengths(tokens: Path | None):
 def register_references() -> None:
     """Reference strategies, same windows and carry as the real ones: `bfd-plain` (best-fit-decreasing
     alone) and `bfd-without-mbs` (the default before its minimum-bin-slack fallback)."""
-    from packtrain.packing import plan as P
+    from packtrain.packing import bins as P
     from packtrain.packing import strategies
 
     P.STRATEGIES.setdefault("bfd-plain", strategies.bfd)

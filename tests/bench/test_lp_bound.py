@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bench.lp_bound import lp_bound_packs
-from packtrain.packing.plan import l2_bound_packs, pack_lengths
+from packtrain.packing.bins import l2_bound_packs, pack_lengths
 from packtrain.packing.synthetic import length_set
 
 

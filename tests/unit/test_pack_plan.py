@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from packtrain.packing import strategies
-from packtrain.packing.plan import (
+from packtrain.packing.bins import (
     STRATEGIES,
     bfd_without_mbs,
     carry_order,
