@@ -10,7 +10,7 @@ from packtrain.config import PackConfig
 from packtrain.packing.batches import PackedLoader
 from packtrain.packing.dataset import pack_dataset
 from packtrain.packing.synthetic import write_random_token_store
-from packtrain.train.runtime import Prefetcher
+from packtrain.train.prefetch import Prefetcher
 
 
 @pytest.fixture(scope="module")

@@ -29,6 +29,15 @@ from packtrain.faults import kill_point
 from packtrain.model.saving import save_pretrained
 from packtrain.publish import replace_dir
 from packtrain.train import resume as resume_mod
+from packtrain.train.distributed import (
+    DistInfo,
+    dist_info,
+    gather_floats,
+    global_sum,
+    init_distributed,
+    resolve_device,
+)
+from packtrain.train.oom import oom_error
 from packtrain.train.parts import (
     DataParts,
     ModelParts,
@@ -38,22 +47,14 @@ from packtrain.train.parts import (
     build_telemetry,
 )
 from packtrain.train.resume import Checkpointing
-from packtrain.train.runtime import (
-    DistInfo,
-    dist_info,
-    gather_floats,
-    global_sum,
-    init_distributed,
-    oom_error,
-    resolve_device,
-)
 
 if TYPE_CHECKING:
     import torch
 
     from packtrain.config import ModelConfig, PackConfig, PlanConfig, TelemetryConfig, TrainConfig
     from packtrain.packing.batches import PackedBatch
-    from packtrain.train.runtime import StepInfo, TrainOutOfMemory
+    from packtrain.train.oom import TrainOutOfMemory
+    from packtrain.train.torch_engine import StepInfo
 
 
 @dataclass(slots=True, init=False, eq=False, repr=False)
