@@ -133,7 +133,7 @@ def measure_trees(root: Path, sets: list[str], repeats: int, uri: str | None) ->
     from mlflow import MlflowClient
 
     from packtrain.gate.sources import load_run
-    from packtrain.tracking.run import _close_clients
+    from packtrain.tracking.run_lifecycle import _close_clients
 
     uri = uri or f"sqlite:///{root / 'mlflow.db'}"
     previous = os.environ.get("MLFLOW_TRACKING_URI")

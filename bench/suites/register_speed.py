@@ -97,7 +97,7 @@ def log_once(model_dir: Path, way: str, exp_id: str) -> dict:
 def run(a, out: Path) -> Record:
     import mlflow
 
-    from packtrain.tracking.run import set_fluent_tracking_uri
+    from packtrain.tracking.run_lifecycle import set_fluent_tracking_uri
 
     shapes = ["tiny"] if a.smoke else [s.strip() for s in a.shapes.split(",") if s.strip()]
     unknown = sorted(set(shapes) - set(SHAPES))

@@ -66,7 +66,7 @@ def fluent_uri_restored():
     """In-process stages set MLflow's global tracking URI: put it back for the tests after this one."""
     import mlflow
 
-    from packtrain.tracking.run import _clients, _close_clients, set_fluent_tracking_uri
+    from packtrain.tracking.run_lifecycle import _clients, _close_clients, set_fluent_tracking_uri
 
     before = mlflow.get_tracking_uri()
     yield
@@ -79,7 +79,7 @@ def test_outage_with_secrets_then_replay(tmp_path, monkeypatch, capfd, caplog, f
     from packtrain.cli import main as cli_main
     from packtrain.config import load_run_config
     from packtrain.tracking import end_pipeline_run, stage_run, start_pipeline_run
-    from packtrain.tracking.run import _close_clients
+    from packtrain.tracking.run_lifecycle import _close_clients
 
     password, token = f"Pw-{uuid.uuid4().hex[:16]}", f"tok_{uuid.uuid4().hex}"
     dead = f"127.0.0.1:{_dead_port()}"

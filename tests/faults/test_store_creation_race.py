@@ -17,7 +17,7 @@ from packtrain.config import load_run_config
 from packtrain.registry import install_handlers
 from packtrain.registry.apply import RegisterResult
 from packtrain.registry.op import build_registration
-from packtrain.tracking.run import stage_run
+from packtrain.tracking.run_lifecycle import stage_run
 install_handlers()   # the register stage's path: the op submitted through the stage run, applied by the handler
 db, model, go = sys.argv[1], sys.argv[2], Path(sys.argv[3])
 cfg = load_run_config("tiny-cpu", [f"workdir={Path(db).parent}", f"tracking.tracking_uri=sqlite:///{db}",

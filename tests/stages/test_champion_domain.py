@@ -74,7 +74,7 @@ def _register(world, name, key, ev_dir, tag, *extra):
 def registry(world):
     """v1 champion of NAME (held-out packs A, kept) and of NAME-gone / NAME-override (held-out packs deleted
     after registration)."""
-    from packtrain.tracking.run import set_fluent_tracking_uri
+    from packtrain.tracking.run_lifecycle import set_fluent_tracking_uri
 
     with pytest.MonkeyPatch.context() as mp:
         mp.chdir(world["root"])

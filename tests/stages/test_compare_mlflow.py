@@ -22,7 +22,7 @@ from mlflow import MlflowClient
 from packtrain.cli import main
 from packtrain.config import load_run_config
 from packtrain.tracking import end_pipeline_run, start_pipeline_run
-from packtrain.tracking.run import _close_clients
+from packtrain.tracking.run_lifecycle import _close_clients
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore:telemetry threshold violated")]   # CPU utilization
 

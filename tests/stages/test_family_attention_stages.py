@@ -45,7 +45,7 @@ def test_gemma2_model_registers(tmp_path, monkeypatch):
     from registry_helpers import register_model_dir as register_model
 
     from packtrain.config.evaluate import RegisterConfig
-    from packtrain.tracking.run import set_fluent_tracking_uri
+    from packtrain.tracking.run_lifecycle import set_fluent_tracking_uri
 
     monkeypatch.chdir(tmp_path)   # MLflow puts artifacts of a new experiment under ./mlruns
     model = build_tiny_family_dir(tmp_path / "gemma2", "gemma2", V)

@@ -106,7 +106,7 @@ def _champion():
 @pytest.fixture(scope="module")
 def history(world):
     """Register v1..v3 in order (each evaluated against the champion of its time)."""
-    from packtrain.tracking.run import set_fluent_tracking_uri
+    from packtrain.tracking.run_lifecycle import set_fluent_tracking_uri
 
     with pytest.MonkeyPatch.context() as mp:
         mp.chdir(world["root"])

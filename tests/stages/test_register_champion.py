@@ -170,7 +170,7 @@ def test_champion_alias_moves_only_by_compare_and_set(tmp_path, monkeypatch):
     from registry_helpers import register_model_dir as register_model
 
     from packtrain.config.evaluate import RegisterConfig
-    from packtrain.tracking.run import set_fluent_tracking_uri
+    from packtrain.tracking.run_lifecycle import set_fluent_tracking_uri
 
     monkeypatch.chdir(tmp_path)
     model = build_tiny_model_dir(tmp_path / "model", TEXTS)

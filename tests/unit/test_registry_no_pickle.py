@@ -51,7 +51,7 @@ def registry(tmp_path_factory):
     from registry_helpers import register_model_dir as register_model
     from transformers import AutoModelForCausalLM
 
-    from packtrain.tracking.run import set_fluent_tracking_uri
+    from packtrain.tracking.run_lifecycle import set_fluent_tracking_uri
 
     root = tmp_path_factory.mktemp("registry")
     uri = f"sqlite:///{root / 'mlflow.db'}"

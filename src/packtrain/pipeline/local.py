@@ -66,7 +66,7 @@ def _start_parent(cfg, runner: str) -> str | None:
     import mlflow  # noqa: F401  (imported first: its import resets the "mlflow" logger to INFO)
 
     from packtrain.tracking import StageRun, start_pipeline_run
-    from packtrain.tracking.run import get_client
+    from packtrain.tracking.run_lifecycle import get_client
     from packtrain.versioning import code_version
 
     logging.getLogger("mlflow").setLevel(logging.WARNING)  # not "Creating initial MLflow database tables"
@@ -81,7 +81,7 @@ def _end_parent(cfg, parent: str, status: str, metrics: dict, tags: dict) -> Non
     """Every stage's final numbers as `<stage>.<key>` (those a stage or a restored stage already logged there
     are not logged twice: one point per number), the tags, then the end."""
     from packtrain.tracking import StageRun, end_pipeline_run
-    from packtrain.tracking.run import get_client
+    from packtrain.tracking.run_lifecycle import get_client
 
     client = get_client(cfg)
     handle = StageRun(client, parent, "pipeline")
@@ -118,7 +118,7 @@ def log_cached_stage_runs(parent: str, cfg, stages: dict[str, dict]) -> list[str
     from packtrain.tracking.context import base_tags
     from packtrain.tracking.layout import data_version_of
     from packtrain.tracking.restore import restore_run
-    from packtrain.tracking.run import get_client, name_pipeline_run
+    from packtrain.tracking.run_lifecycle import get_client, name_pipeline_run
 
     client = get_client(cfg)
     ids = []
@@ -405,7 +405,7 @@ def _stage_run_tags(stages: dict[str, dict]) -> dict[str, str]:
 def _footer(cfg, tracking_uri: str, parent: str | None, stages: dict[str, dict]) -> list[str]:
     """The MLflow hint, the run id and the copy-pasteable compare/gate lines (packtrain.tracking.links)."""
     from packtrain.tracking.links import run_footer, store_args
-    from packtrain.tracking.run import get_client
+    from packtrain.tracking.run_lifecycle import get_client
 
     client = get_client(cfg)
     run_id = client.resolve(parent) if parent else None

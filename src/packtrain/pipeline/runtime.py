@@ -234,14 +234,14 @@ def _call_runner(stage: str, cfg, args: Sequence, out_dir) -> dict:
     """The stage runner on the artifact dirs. `train` resumes from its own checkpoints: a retried pod (same
     output dir) continues its killed attempt instead of being refused; a fresh output dir starts at step 0."""
     from packtrain.stages import get_runner
-    from packtrain.tracking.run import stage_run_record
+    from packtrain.tracking.run_lifecycle import stage_run_record
 
     extra = {"resume": True} if stage == "train" else {}
     before = stage_run_record(stage)   # an earlier stage run of this process (an earlier in-process DAG run)
     stats = stats_dict(get_runner(stage)(cfg, *args, Path(out_dir), **extra))
     if stage == "ingest":   # the data version is known now: the pipeline run's name says it
         from packtrain.tracking.layout import data_version_of
-        from packtrain.tracking.run import name_pipeline_run
+        from packtrain.tracking.run_lifecycle import name_pipeline_run
 
         name_pipeline_run(cfg, data_version_of(stats))
     rec = stage_run_record(stage)
@@ -287,7 +287,7 @@ def _ensure_parent_run(cfg, kfp_run_id: str) -> None:
     import mlflow
 
     from packtrain.tracking import resolve_tracking_uri
-    from packtrain.tracking.run import set_fluent_tracking_uri
+    from packtrain.tracking.run_lifecycle import set_fluent_tracking_uri
 
     set_fluent_tracking_uri(resolve_tracking_uri(cfg))
     exp = mlflow.set_experiment(cfg.tracking.experiment)

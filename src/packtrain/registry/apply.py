@@ -190,7 +190,7 @@ def apply_registration(client, tracking_uri: str, run_id: str, op: dict, model_d
 
     from packtrain.errors import MissingDataError
     from packtrain.secrets import redact_uri
-    from packtrain.tracking.run import set_fluent_tracking_uri
+    from packtrain.tracking.run_lifecycle import set_fluent_tracking_uri
 
     name, metric, oid, candidate = op["name"], op["metric"], op["id"], float(op["candidate"])
     set_fluent_tracking_uri(tracking_uri)   # Model.log and create_model_version read the global URI

@@ -275,7 +275,7 @@ def _download_version(tracking_uri: str, name: str, version: str, dst: Path, run
 def _download(tracking_uri: str, model_uri: str, raw: Path) -> Path:
     import mlflow
 
-    from packtrain.tracking.run import set_fluent_tracking_uri
+    from packtrain.tracking.run_lifecycle import set_fluent_tracking_uri
 
     # as packtrain.registry.model.load_registered: MLflow 3.17 resolves models:/ through the global registry
     # URI whatever download_artifacts is given, so the store is made global for the download and restored after

@@ -7,7 +7,7 @@
     run.log_artifact / log_json / log_stats / log_dataset / log_report, run.submit(op)
 
 Every call goes through the run's `BufferedClient` (packtrain.tracking.buffer); a handle with no client (tracking
-off, rank ≠ 0) does nothing. Opening and closing runs (stage_run, the pipeline run) is packtrain.tracking.run.
+off, rank ≠ 0) does nothing. Opening and closing runs (stage_run, the pipeline run) is packtrain.tracking.run_lifecycle.
 """
 
 from __future__ import annotations
