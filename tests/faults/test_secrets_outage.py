@@ -120,7 +120,7 @@ def test_outage_with_secrets_then_replay(tmp_path, monkeypatch, capfd, caplog, f
         memory_kind="cpu_max_rss", device="cpu", precision="fp32", attention="sdpa", rows=5, budget=32,
         model_dir=str(model), eval_split_dir=str(tmp_path / "packs"), lineage=make_lineage({"model": "m"}),
     ).write(tmp_path / "eval")
-    from packtrain.evaluate.paired_eval import paired_evaluation
+    from packtrain.evaluate.paired_scores import paired_evaluation
 
     # the paired evaluation register decides from: the model alone on one suite (no champion yet)
     paired_evaluation(load_run_config("tiny-cpu", ["tracking.enabled=false",

@@ -45,7 +45,7 @@ def inputs(tmp_path_factory):
         model_dir=str(model), eval_split_dir=str(root / "packs" / "eval"), lineage=make_lineage({"model": "m"}),
     ).write(ev)
     from packtrain.config import load_run_config
-    from packtrain.evaluate.paired_eval import paired_evaluation
+    from packtrain.evaluate.paired_scores import paired_evaluation
 
     # the paired evaluation register decides from (here: the model alone, no champion)
     paired_evaluation(load_run_config("tiny-cpu", ["tracking.enabled=false", "evaluate.suites=[]"]), model, "none", ev,

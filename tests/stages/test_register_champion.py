@@ -148,9 +148,9 @@ def test_champion_challenger_and_load_back(setup, capsys):
 
 
 def _better_than(version: str):
-    """A real verdict (packtrain.evaluate.paired) of a challenger 0.01 bits/byte better on every document."""
+    """A real verdict (packtrain.evaluate.promotion) of a challenger 0.01 bits/byte better on every document."""
     from packtrain.config.evaluate import PromotionConfig
-    from packtrain.evaluate.paired import decide_promotion
+    from packtrain.evaluate.promotion import decide_promotion
 
     nll = 500 + np.arange(20.0)
     cols = {m: {"nll": nll - d, "tokens": np.full(20, 90), "bytes": np.full(20, 400), "acc": np.full(20, np.nan)}

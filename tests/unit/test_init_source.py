@@ -26,11 +26,11 @@ V = 97
 
 
 def _promoted_over(version: str):
-    """A real paired verdict (packtrain.evaluate.paired): 3 nats better on each of 20 documents."""
+    """A real paired verdict (packtrain.evaluate.promotion): 3 nats better on each of 20 documents."""
     import numpy as np
 
     from packtrain.config.evaluate import PromotionConfig
-    from packtrain.evaluate.paired import decide_promotion
+    from packtrain.evaluate.promotion import decide_promotion
 
     nll = 500 + np.arange(20.0)
     cols = {m: {"nll": nll - d, "tokens": np.full(20, 90), "bytes": np.full(20, 400), "acc": np.full(20, np.nan)}

@@ -82,7 +82,7 @@ def config_parts(stage: str, cfg, inputs: dict[str, str] | None = None) -> dict[
       the directory's fingerprint), so a new champion is a miss and the same one a hit; train then also
       holds its `init_config` (the step-0 evaluation's `evaluate` section);
     - evaluate: `against`, the champion version it scores next to the model and every suite file's md5
-      (packtrain.evaluate.paired_eval.evaluate_identity);
+      (packtrain.evaluate.paired_scores.evaluate_identity);
     - register: `tracking.resolved_uri`, where the registry really is (MLFLOW_TRACKING_URI wins), redacted
       because the key parts are written to disk (cache entry.json); a password never changes the registry.
 
@@ -103,7 +103,7 @@ def config_parts(stage: str, cfg, inputs: dict[str, str] | None = None) -> dict[
             parts["init"] = init
             parts.update({path: _at(d, path) for path in spec.init_config})
     if stage == "evaluate":   # the champion it is compared with and the suite files' md5 (a new champion: a miss)
-        from packtrain.evaluate.paired_eval import evaluate_identity
+        from packtrain.evaluate.paired_scores import evaluate_identity
         from packtrain.versioning import data_md5
 
         model = Path(inputs["model"]) / "model" if inputs and "model" in inputs else None

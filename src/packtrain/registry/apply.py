@@ -303,14 +303,14 @@ def champion_value_of(promo: dict) -> float | None:
 
 
 def validation_tags(promo: dict) -> dict[str, str]:
-    from packtrain.evaluate.paired import PromotionVerdict
+    from packtrain.evaluate.promotion import PromotionVerdict
 
     return PromotionVerdict.from_dict(promo).tags()
 
 
 def _publish_validation(client, run_id: str, promo: dict) -> None:
     """validation/validation.md + validation/validation.json artifacts of the register run."""
-    from packtrain.evaluate.paired import PromotionVerdict, verdict_markdown
+    from packtrain.evaluate.promotion import PromotionVerdict, verdict_markdown
 
     tmp = Path(tempfile.mkdtemp(prefix="packtrain-validation-"))
     try:

@@ -3,7 +3,7 @@
     resolve_against(cfg, "champion" | "models:/NAME/V" | "models:/NAME@ALIAS" | DIR) -> Against | None
     score_suites(models, suites, cfg: EvalConfig) -> (table rows, per-suite task metrics)
     write_scores(out_dir, rows, manifest)         suite_scores.parquet + suites.json
-    read_decision_input(eval_dir) -> (suites for packtrain.evaluate.paired.decide_promotion, manifest)
+    read_decision_input(eval_dir) -> (suites for packtrain.evaluate.promotion.decide_promotion, manifest)
 
 suite_scores.parquet, one row per (suite, model, document):
 
@@ -243,7 +243,7 @@ def write_scores(out_dir: Path, rows: list[dict], manifest: dict) -> None:
 
 
 def read_decision_input(eval_dir: Path) -> tuple[list[dict], dict]:
-    """(suites as packtrain.evaluate.paired.suite_delta takes them, suites.json) from an evaluate output.
+    """(suites as packtrain.evaluate.promotion.suite_delta takes them, suites.json) from an evaluate output.
     A champion document missing from the challenger's rows (or the reverse) is an error: both were scored on
     the same documents, or the files were edited."""
     import pyarrow.parquet as pq
