@@ -73,9 +73,9 @@ def main(argv: list[str] | None = None) -> int:
     # MLflow prints "View run NAME at: <store URI>/#/..." with the URI as given, credentials included
     os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
     from packtrain.errors import PacktrainError
-    from packtrain.noise import silence_known_noise
+    from packtrain.log_noise import silence_known_noise
 
-    silence_known_noise()   # torchao's CPU-build and lm-eval's expected warnings (packtrain.noise)
+    silence_known_noise()   # torchao's CPU-build and lm-eval's expected warnings (packtrain.log_noise)
     parser = build_parser()
     args = parser.parse_args(argv)
     if not args.command:
