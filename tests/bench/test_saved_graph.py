@@ -98,7 +98,7 @@ def test_the_recorded_selective_policy_is_what_torch_caches_and_what_the_planner
     selective policy = the bytes in torch's selective-checkpoint cache = planner.memory.selective_layer_bytes_per_token
     (eager)."""
     from packtrain.config import ModelConfig
-    from packtrain.planner import memory as mem
+    from packtrain.planner import step_bytes as mem
     from packtrain.planner.shapes import model_shape
 
     shape = model_shape(ModelConfig(hidden_size=h, intermediate_size=2 * h, num_layers=1, num_heads=4,
@@ -170,7 +170,7 @@ def test_the_compiled_model_is_what_the_partitioner_saves(lora):
     """Inside torch.compile the partitioner keeps only the cached outputs backward needs (no down projection):
     SavedGraph.policy(compiled=True) = what a compiled checkpointed layer saves = the planner's compiled count."""
     from packtrain.config import ModelConfig
-    from packtrain.planner import memory as mem
+    from packtrain.planner import step_bytes as mem
     from packtrain.planner.shapes import model_shape
 
     model, layer, x, shared, forward = _layer(lora, 64)

@@ -18,9 +18,9 @@ from packtrain.model.attention import available_backends, model_inputs
 from packtrain.model.build import build_model
 from packtrain.packing.batches import build_batch
 from packtrain.planner import plan_memory
-from packtrain.planner.memory import CUDA_WORKSPACE_BYTES
 from packtrain.planner.shapes import model_shape
 from packtrain.planner.states import lora_params
+from packtrain.planner.step_bytes import CUDA_WORKSPACE_BYTES
 from packtrain.train import checkpoint as ck
 from packtrain.train import techniques as tq
 from packtrain.train.loss import packed_causal_lm
