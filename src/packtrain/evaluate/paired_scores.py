@@ -54,7 +54,7 @@ def resolve_against(cfg: RunConfig, ref: str, challenger: Path | None = None) ->
     `model_md5` tag equals the md5 of `challenger`, a rerun on unchanged data) it is not downloaded: an Against
     with `same` set, whose scores are the challenger's (Δ = 0 exactly, not promoted);
     models:/… a registry version; else a model directory."""
-    from packtrain.model.source import is_registry_source
+    from packtrain.model.init_from import is_registry_source
     from packtrain.registry.source import cache_dir, download_version, registry_ref
 
     if ref == "none":

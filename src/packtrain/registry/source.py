@@ -2,7 +2,7 @@
 
     resolve_init(cfg) -> InitSource(value, path, kind, name, version, uri, reason)
       scratch                  path None: random init from model.* sizes
-      /path/to/dir             that directory (config.json checked by packtrain.model.source)
+      /path/to/dir             that directory (config.json checked by packtrain.model.init_from)
       models:/NAME/VERSION     the version, from the Model Registry of the run's tracking URI
       models:/NAME@ALIAS       the version the alias points to now
       champion                 models:/<register.model_name>@champion; while there is none (the first
@@ -39,8 +39,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from packtrain.errors import InputDataError, MissingDataError
+from packtrain.model.init_from import init_from_value, is_registry_source, resolve_init_source
 from packtrain.model.saving import save_pretrained
-from packtrain.model.source import init_from_value, is_registry_source, resolve_init_source
 
 if TYPE_CHECKING:
     from packtrain.config import ModelConfig, RunConfig

@@ -267,7 +267,7 @@ class TrainSession:
         (base location, init_from, loss_on), base/ when the base was a scratch init, merged/ with
         train.adapter.save_merged. Returns the extra directories that get the tokenizer (base/, merged/)."""
         from packtrain.model.adapter import save_adapter_model
-        from packtrain.model.source import init_from_value, resolve_init_source
+        from packtrain.model.init_from import init_from_value, resolve_init_source
 
         a = self.cfg.adapter
         meta = save_adapter_model(self.parts.adapted, tmp, init_from=init_from_value(self.model_cfg),
