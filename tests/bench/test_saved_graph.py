@@ -36,8 +36,8 @@ def test_policies_of_a_two_matmul_mlp():
 def _layer(lora: bool, tokens: int, r: int = 8, h: int = 128):
     from packtrain.config import ModelConfig
     from packtrain.config.train import AdapterConfig
-    from packtrain.model.adapter import adapter_input_casts, apply_adapter, lora_layers
     from packtrain.model.build import build_model
+    from packtrain.model.lora import adapter_input_casts, apply_adapter, lora_layers
 
     torch.manual_seed(0)
     model = build_model(ModelConfig(hidden_size=h, intermediate_size=2 * h, num_layers=1, num_heads=4,

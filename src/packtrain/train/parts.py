@@ -130,10 +130,10 @@ def build_model_parts(model_cfg: ModelConfig, train_cfg: TrainConfig, data: Data
     leaves no counter running."""
     import torch
 
-    from packtrain.model.adapter import apply_adapter, lora_layers, set_adapter_input_casts
     from packtrain.model.build import build_model, count_params
     from packtrain.model.families import pick_attention
     from packtrain.model.init_from import init_checkpoint_config
+    from packtrain.model.lora import apply_adapter, lora_layers, set_adapter_input_casts
     from packtrain.telemetry.mfu import model_flop_dims
     from packtrain.train import techniques as tq
     from packtrain.train.loss import packed_causal_lm

@@ -242,7 +242,7 @@ class TrainSession:
         shutil.rmtree(tmp, ignore_errors=True)
         lm = self.parts.model
         targets = [tmp]
-        if self.parts.adapted is not None:   # LoRA: the adapter + what loads it (model.adapter.save_adapter_model)
+        if self.parts.adapted is not None:   # LoRA: the adapter + what loads it (model.lora.save_adapter_model)
             targets += self._save_adapter(tmp)
         else:
             impl = lm.config._attn_implementation
@@ -266,8 +266,8 @@ class TrainSession:
         """model/ of a LoRA run: adapter_config.json + adapter_model.safetensors (peft), packtrain_adapter.json
         (base location, init_from, loss_on), base/ when the base was a scratch init, merged/ with
         train.adapter.save_merged. Returns the extra directories that get the tokenizer (base/, merged/)."""
-        from packtrain.model.adapter import save_adapter_model
         from packtrain.model.init_from import init_from_value, resolve_init_source
+        from packtrain.model.lora import save_adapter_model
 
         a = self.cfg.adapter
         meta = save_adapter_model(self.parts.adapted, tmp, init_from=init_from_value(self.model_cfg),
