@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from packtrain.registry import install_handlers
 
-    install_handlers()   # any tracked command may replay a buffered registration (packtrain.tracking.apply)
+    install_handlers()   # any tracked command may replay a buffered registration (packtrain.tracking.store_ops)
     try:
         mod = _module(args.command)
     except ModuleNotFoundError:

@@ -1,5 +1,5 @@
 """Two registrations into one fresh sqlite MLflow store at the same instant both land: the store's creation (tables
-+ alembic migrations) is serialised by a file lock beside the sqlite file (packtrain.tracking.store). Before, one
++ alembic migrations) is serialised by a file lock beside the sqlite file (packtrain.tracking.store_creation). Before, one
 of the two processes crashed with `table latest_metrics already exists` / `duplicate column name: step` / "Online
 migration expected to match one row" (4 times out of 4 here) and its registration was lost. Real processes, a real
 sqlite store, packtrain's own stage run + registration path; the two start together on a barrier file."""
@@ -56,6 +56,6 @@ def test_two_registrations_into_a_fresh_store_both_survive(tmp_path):
     assert sorted(str(v.version) for v in versions) == ["1", "2"]
     assert {r.info.status for r in client.search_runs([e.experiment_id for e in client.search_experiments()])} \
         == {"FINISHED"}
-    from packtrain.tracking.store import store_lock_path
+    from packtrain.tracking.store_creation import store_lock_path
 
     assert store_lock_path(db).exists() and store_lock_path(db).stat().st_size == 0   # the lock file, beside it

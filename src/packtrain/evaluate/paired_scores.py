@@ -78,7 +78,7 @@ def resolve_against(cfg: RunConfig, ref: str, challenger: Path | None = None) ->
 
     uri = resolve_tracking_uri(cfg)
     name, alias, version = registry_ref(ref, cfg.register_.model_name)
-    from packtrain.tracking.store import ensure_store
+    from packtrain.tracking.store_creation import ensure_store
 
     ensure_store(uri)   # a fresh sqlite store: created by one process at a time
     client = MlflowClient(tracking_uri=uri, registry_uri=uri)

@@ -167,7 +167,7 @@ def _find_version(uri: str, shown: str, value: str, name: str, alias: str | None
     from mlflow import MlflowClient
     from mlflow.exceptions import MlflowException
 
-    from packtrain.tracking.store import ensure_store
+    from packtrain.tracking.store_creation import ensure_store
     from packtrain.tracking.transport import is_transient, short_http
 
     ensure_store(uri)   # a fresh sqlite store: created by one process at a time

@@ -99,7 +99,7 @@ def end_orphaned_runs(client: Any, experiment: str, opening: str) -> list[str]:
     """Mark KILLED (with packtrain.end_reason) the RUNNING runs of `experiment` whose owner is gone (module doc);
     `client` is the stage's BufferedClient, `opening` what is about to open a run ("stage train", "pipeline run"). Returns their ids. Never
     fails a stage: a store that cannot be searched now is left as it is."""
-    from packtrain.tracking.apply import PENDING_TAG
+    from packtrain.tracking.store_ops import PENDING_TAG
     from packtrain.tracking.transport import short_http
 
     here = _here()

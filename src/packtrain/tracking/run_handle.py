@@ -155,7 +155,7 @@ class StageRun:
                 self._live[0].log_batch(self._live[1], tags=clean)
 
     def submit(self, op: dict) -> Any:
-        """Send a custom op for this run (e.g. register_model, packtrain.tracking.apply.HANDLERS) through the
+        """Send a custom op for this run (e.g. register_model, packtrain.tracking.store_ops.HANDLERS) through the
         buffered client, after the pending per-step metrics. The op's result when the store applied it
         live; None when it was buffered (or tracking is off)."""
         if not self.enabled:

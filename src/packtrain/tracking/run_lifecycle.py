@@ -35,10 +35,10 @@ from pathlib import Path
 from typing import Any
 
 from packtrain.config import RunConfig, flatten
-from packtrain.tracking.apply import PENDING
 from packtrain.tracking.buffer import BufferedClient
 from packtrain.tracking.context import PARENT_ENV, base_tags, is_rank_zero
 from packtrain.tracking.run_handle import StageRun
+from packtrain.tracking.store_ops import PENDING
 from packtrain.tracking.system_metrics import start_system_metrics, stop_system_metrics
 from packtrain.tracking.transport import short_http
 
