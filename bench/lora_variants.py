@@ -121,8 +121,8 @@ def run_packtrain(spec: dict, docs, args, device) -> dict:
     from packtrain.data.token_store import write_token_store
     from packtrain.packing.dataset import pack_dataset
     from packtrain.packing.store import PackStore
-    from packtrain.train.smoke import smoke_run
-    from packtrain.train.synthetic import write_tokenizer
+    from packtrain.testing.gpu_smoke import smoke_run
+    from packtrain.testing.synthetic_inputs import write_tokenizer
 
     vocab = spec["vocab_size"]
     cfg = load_recipe("350m-h200", packtrain_overrides(spec, args, device))

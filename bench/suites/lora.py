@@ -12,7 +12,7 @@ layer of the decoder (q/k/v/o, gate/up/down; not the LM head), on the same logno
                      (rows, budget) packed rows with position_ids restarting per document, use_cache=False,
                      bf16 autocast, fused AdamW over the adapter — the anchor path (5,894 real tok/s
                      at 43.3 GiB peak, measured earlier on an H200).
-  packtrain          the product's `train()` (packtrain.train.smoke.smoke_run): the same documents written as a
+  packtrain          the product's `train()` (packtrain.testing.gpu_smoke.smoke_run): the same documents written as a
                      token store and packed by the pack stage's library, `train.adapter` LoRA (apply_adapter),
                      varlen attention on the flattened (1, rows·budget) micro-batch, fused/chunked loss, full
                      activation checkpointing, per-layer torch.compile, bf16.
@@ -99,7 +99,7 @@ def make_documents(n_docs: int, budget: int, vocab: int, seed: int) -> list:
     """Lognormal lengths (median 300, σ=1: the anchors' distribution) of Markov-chain tokens (the loss falls)."""
     import numpy as np
 
-    from packtrain.train.synthetic import markov_documents
+    from packtrain.testing.synthetic_inputs import markov_documents
 
     rng = np.random.default_rng(seed)
     lens = np.clip(np.exp(rng.normal(np.log(min(300, budget // 4)), 1.0, n_docs)).astype(np.int64), 16, budget)

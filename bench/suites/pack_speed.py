@@ -8,7 +8,7 @@
           a failed check exits 1, bad input 2
 
 Sets: lognormal(median 300, σ 1) clipped to [16, 2048]; 64·(1 + Pareto(1.5)) clipped to [64, 2048]; uniform
-[1, 2048] (packtrain.packing.synthetic); and the default corpus's document lengths when a token store is given
+[1, 2048] (packtrain.testing.synthetic_lengths); and the default corpus's document lengths when a token store is given
 (`--tokens`, default data/tokenize if it exists; otherwise that set is skipped with a note). The lognormal set
 is also packed once through the one-line interface in a subprocess (`cli_check`).
 
@@ -198,7 +198,7 @@ def cli_check(lengths, budget: int) -> dict:
 def run(args, out: Path | None) -> Record:
     if args.lengths is not None:
         raise SystemExit(one_call(args.lengths, args.budget, args.strategy))
-    from packtrain.packing.synthetic import LENGTH_SETS, length_set
+    from packtrain.testing.synthetic_lengths import LENGTH_SETS, length_set
 
     n = args.n or (5_000 if args.smoke else 1_000_000)
     budget = 512 if args.smoke and args.budget == 2048 else args.budget

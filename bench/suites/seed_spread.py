@@ -57,7 +57,7 @@ def _smoke_sets(cwd: Path) -> list[str]:
 def _smoke_seed(cfg, cwd: Path, seed: int) -> Path:
     """--smoke: a random-init tiny model of `seed` scored alone on the smoke suite → its evaluate output."""
     from packtrain.evaluate.paired_scores import paired_evaluation
-    from packtrain.evaluate.tiny import build_tiny_model_dir
+    from packtrain.testing.tiny_model import build_tiny_model_dir
 
     model = build_tiny_model_dir(cwd / f"model_{seed}", SMOKE_DOCS, vocab_size=300, seed=seed)
     paired_evaluation(cfg, model, "none", cwd / f"seed_{seed}")

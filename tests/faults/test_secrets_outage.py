@@ -24,8 +24,8 @@ import pytest
 import torch
 from mlflow import MlflowClient
 
-from packtrain.evaluate.tiny import build_tiny_model_dir
 from packtrain.secrets import has_userinfo, redact_text, redact_uri, strip_userinfo
+from packtrain.testing.tiny_model import build_tiny_model_dir
 
 pytestmark = pytest.mark.slow
 

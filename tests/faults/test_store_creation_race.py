@@ -35,7 +35,7 @@ print("registered", r.version, r.decision, flush=True)
 def test_two_registrations_into_a_fresh_store_both_survive(tmp_path):
     from mlflow import MlflowClient
 
-    from packtrain.evaluate.tiny import build_tiny_model_dir
+    from packtrain.testing.tiny_model import build_tiny_model_dir
 
     texts = ["def area(r):\n    return 3.14159 * r * r\n", "The quick brown fox jumps over the lazy dog. "] * 4
     models = [build_tiny_model_dir(tmp_path / f"model-{s}", texts, init_std=s) for s in (0.02, 0.3)]

@@ -21,7 +21,7 @@ import pytest
 from promotion_models import domain_a, train_tiny, write_eval_packs
 
 from packtrain.config import load_run_config
-from packtrain.evaluate.tiny import build_tiny_model_dir
+from packtrain.testing.tiny_model import build_tiny_model_dir
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "pipelines"))
 from pipeline_helpers import as_args, run_main  # noqa: E402

@@ -42,7 +42,7 @@ def _sets(*items: str) -> list[str]:
 @pytest.fixture(scope="module")
 def pipelines(mlflow_server, tmp_path_factory):
     """Two pipeline runs (train.lr 3e-3 vs 1e-3) on the server: {"uri", "pipeline": [ids], "train": [ids]}."""
-    from packtrain.train.synthetic import make_synthetic_inputs
+    from packtrain.testing.synthetic_inputs import make_synthetic_inputs
 
     root = tmp_path_factory.mktemp("compare_pipelines")
     make_synthetic_inputs(root, n_docs=120, vocab_size=128, budget=64, seed=1)

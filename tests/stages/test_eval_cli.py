@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from packtrain.cli import main
-from packtrain.evaluate.tiny import build_tiny_model_dir, write_tiny_packs
 from packtrain.stages.lineage import make_lineage
 from packtrain.stages.results import EvaluateResult
+from packtrain.testing.tiny_model import build_tiny_model_dir, write_tiny_packs
 
 TEXTS = ["def f(x):\n    return x\n", "import os\n", "The cat sat on the mat."] * 6
 

@@ -10,8 +10,8 @@ import re
 import numpy as np
 
 from packtrain.cli import main
-from packtrain.evaluate.tiny import build_tiny_model_dir, write_tiny_packs
 from packtrain.pipeline.progress import Progress, format_bar, parse_bar
+from packtrain.testing.tiny_model import build_tiny_model_dir, write_tiny_packs
 
 TEXTS = ["def f(x):\n    return x\n", "import os\n", "The cat sat on the mat."] * 6
 

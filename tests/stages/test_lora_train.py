@@ -35,7 +35,7 @@ train(ModelConfig(**a["model"]), TrainConfig(**a["train"]), None, TelemetryConfi
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory):
     from packtrain.model.build import build_model
-    from packtrain.train.synthetic import make_synthetic_inputs
+    from packtrain.testing.synthetic_inputs import make_synthetic_inputs
 
     root = tmp_path_factory.mktemp("lora")
     tokens_dir, packs_dir = make_synthetic_inputs(root / "syn", n_docs=80, vocab_size=V, budget=64)

@@ -27,7 +27,7 @@ from promotion_models import domain_a, domain_b, train_tiny, write_eval_packs, w
 
 from packtrain.cli import main
 from packtrain.config import load_run_config
-from packtrain.evaluate.tiny import build_tiny_model_dir
+from packtrain.testing.tiny_model import build_tiny_model_dir
 
 NAME = "promo-lm"
 

@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from packtrain.cli import main
-from packtrain.evaluate.tiny import build_tiny_model_dir, write_tiny_packs
 from packtrain.stages.lineage import Lineage
 from packtrain.stages.results import TrainResult
+from packtrain.testing.tiny_model import build_tiny_model_dir, write_tiny_packs
 
 TEXTS = ["def area(r):\n    return 3.14159 * r * r\n", "import os\nimport sys\nprint(sys.argv)\n",
          "The quick brown fox jumps over the lazy dog. " * 3] * 8

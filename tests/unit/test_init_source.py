@@ -19,8 +19,8 @@ from packtrain.config import ModelConfig, RegisterConfig, load_run_config
 from packtrain.data.tokenizer_files import tokenizer_hash
 from packtrain.errors import ConfigError, MissingDataError
 from packtrain.model.init_from import resolve_init_source
-from packtrain.model.tiny import BOS, EOS, build_tiny_family_dir
 from packtrain.registry.source import SOURCE_FILE, cache_identity, resolve_init
+from packtrain.testing.tiny_families import BOS, EOS, build_tiny_family_dir
 
 V = 97
 

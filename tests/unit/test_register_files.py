@@ -25,7 +25,7 @@ def registered(tmp_path_factory):
     from registry_helpers import register_model_dir as register_model
     from transformers import AutoModelForCausalLM
 
-    from packtrain.evaluate.tiny import build_tiny_model_dir
+    from packtrain.testing.tiny_model import build_tiny_model_dir
     from packtrain.tracking.run_lifecycle import set_fluent_tracking_uri
 
     tmp_path = tmp_path_factory.mktemp("register-files")

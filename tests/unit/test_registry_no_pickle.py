@@ -17,8 +17,8 @@ import torch
 
 from packtrain.config import RegisterConfig, load_run_config
 from packtrain.model.logged_model import PickleRefused
-from packtrain.model.tiny import BOS, build_tiny_family_dir
 from packtrain.registry.source import resolve_init
+from packtrain.testing.tiny_families import BOS, build_tiny_family_dir
 
 V = 97
 _seen: list[tuple[str, str]] = []

@@ -1,7 +1,6 @@
 """Evaluation: held-out perplexity on packed batches, the suites, both models scored, the paired comparison.
 
     evaluate(model_dir, eval_split_dir, cfg: EvalConfig) -> EvalResult          perplexity.py
-    build_tiny_model_dir(out_dir, texts)                                       tiny.py (tests, smoke runs)
 
 Registration, the champion/challenger aliases and loading a registered model live in packtrain.registry.
 
@@ -14,7 +13,7 @@ import importlib
 
 _EXPORTS = {
     "evaluate": "perplexity", "EvalResult": "perplexity", "evaluate_batches": "perplexity",
-    "batch_loss_sum": "perplexity", "generate_samples": "samples", "build_tiny_model_dir": "tiny",
+    "batch_loss_sum": "perplexity", "generate_samples": "samples",
 }
 __all__ = sorted(_EXPORTS)
 
