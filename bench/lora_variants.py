@@ -6,7 +6,7 @@
     run_packtrain(spec, docs, args, device)           the product's own path end to end: token store →
                                                       pack_dataset → train() with train.adapter (smoke_run)
 
-Both report real tok/s, useful MFU (lora.flops_per_real_token), the training steps' peak memory and losses;
+Both report real tok/s, useful MFU (bench/lora_flops.py), the training steps' peak memory and losses;
 packtrain's also the memory planner's predicted peak and its error.
 """
 
@@ -42,7 +42,7 @@ def run_transformers_peft(spec: dict, docs, args, device) -> dict:
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from bench.suites.lora import LORA_TARGETS, flops_per_real_token
+    from bench.lora_flops import LORA_TARGETS, flops_per_real_token
     from bench.transformers_baselines import hf_config
 
     n_steps = args.warmup + args.steps
@@ -115,8 +115,8 @@ def run_packtrain(spec: dict, docs, args, device) -> dict:
     and optimizer are built, like the baseline's)."""
     import numpy as np
 
+    from bench.lora_flops import flops_per_real_token
     from bench.packtrain_runs import observe_train, planner_prediction
-    from bench.suites.lora import flops_per_real_token
     from bench.workload import load_recipe
     from packtrain.data.token_store import write_token_store
     from packtrain.packing.dataset import pack_dataset

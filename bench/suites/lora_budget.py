@@ -36,7 +36,8 @@ import json
 from pathlib import Path
 
 from bench.harness import GIB, Record, machine_info, measure_host_link
-from bench.suites.lora import LORA_TARGETS, SHAPES
+from bench.lora_flops import LORA_TARGETS
+from bench.suites.lora import SHAPES
 from packtrain.train.selective_ac import ATTENTION, keeps
 
 SUMMARY = "LoRA 8B in 40 GiB: bytes kept and FLOPs recomputed under every selective-recompute policy (exact, CPU)"
