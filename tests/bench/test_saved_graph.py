@@ -95,7 +95,7 @@ def _sac_bytes(lora: bool, tokens: int, r: int, h: int) -> int:
 def test_the_recorded_selective_policy_is_what_torch_caches_and_what_the_planner_counts(lora, r, h):
     """Per token (the slope between two token counts), on a dense layer under bf16 autocast (fp32 residual) and
     LoRA layers (bf16 base, input cast off; r 64 = a width the kept rule would otherwise keep): bench/saved_graph.py's
-    selective policy = the bytes in torch's selective-checkpoint cache = planner.memory.selective_layer_bytes_per_token
+    selective policy = the bytes in torch's selective-checkpoint cache = planner.step_bytes.selective_layer_bytes_per_token
     (eager)."""
     from packtrain.config import ModelConfig
     from packtrain.planner import step_bytes as mem

@@ -92,7 +92,7 @@ def read_sources(src: EvalSources, text_field: str = "text", base: Path | None =
 
 
 def read_against(value: str, text_field: str) -> list[EvalDoc]:
-    """One `against` entry's text records (packtrain.data.contamination.read_eval_documents), a .jsonl record
+    """One `against` entry's text records (read_eval_documents, below), a .jsonl record
     without the text field refused with a hint naming the record's real text keys."""
     try:
         return read_eval_documents([value], text_field)

@@ -78,7 +78,7 @@ class BufferedClient:
         self.retry_after_s = retry_after_s
         self.applied = AppliedLog(self.buffer_dir)
         os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")   # its "View run at <uri>" line
-        ensure_store(tracking_uri)   # a fresh sqlite store is created by one process at a time (tracking.store)
+        ensure_store(tracking_uri)   # a fresh sqlite store is created by one process at a time (tracking.store_creation)
         self._client = MlflowClient(tracking_uri)
         self._lock = threading.RLock()
         self._down_until = 0.0
