@@ -110,7 +110,7 @@ def read_eval_documents(paths: Iterable[str | Path], text_field: str = "text"
     text), .parquet per row (`p.parquet#41`); a folder: every such file in it. Read with ingest's readers, so a
     missing, empty or malformed eval file is the same InputDataError (exit 3) naming the file and line."""
     from packtrain.data.source_files import discover_files
-    from packtrain.data.sources import SkippedRecord, read_jsonl, read_parquet, read_txt
+    from packtrain.data.source_readers import SkippedRecord, read_jsonl, read_parquet, read_txt
 
     out: list[tuple[tuple[str, str, str], str]] = []
     for p in paths:

@@ -38,7 +38,14 @@ from packtrain.data.chat import file_record_format
 from packtrain.data.corpus import select_default_corpus
 from packtrain.data.record_rules import RowRules
 from packtrain.data.source_files import Discovery, SourceFile, discover_files
-from packtrain.data.sources import Doc, SkippedRecord, read_jsonl, read_parquet, read_txt, too_long_error
+from packtrain.data.source_readers import (
+    Doc,
+    SkippedRecord,
+    read_jsonl,
+    read_parquet,
+    read_txt,
+    too_long_error,
+)
 from packtrain.errors import InputDataError
 
 DOCUMENTS_FILE = "documents.parquet"
