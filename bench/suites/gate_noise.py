@@ -129,10 +129,10 @@ def run_tree(root: Path, tag: str, sets: list[str], tokens: Path) -> dict:
 def measure_trees(root: Path, sets: list[str], repeats: int, uri: str | None) -> tuple[list[dict], list[float],
                                                                                 list[str]]:
     """`repeats` unchanged pipeline trees tracked at `uri` (None: a fresh sqlite store under `root`), each read
-    back as the gate reads a run (packtrain.gate.sources.load_run: canonical names)."""
+    back as the gate reads a run (packtrain.gate.metric_sources.load_run: canonical names)."""
     from mlflow import MlflowClient
 
-    from packtrain.gate.sources import load_run
+    from packtrain.gate.metric_sources import load_run
     from packtrain.tracking.run_lifecycle import _close_clients
 
     uri = uri or f"sqlite:///{root / 'mlflow.db'}"

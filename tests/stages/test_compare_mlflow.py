@@ -70,7 +70,7 @@ def pipelines(mlflow_server, tmp_path_factory):
 
 def test_compare_pipeline_runs_curves_params_gate(pipelines, tmp_path, capsys):
     from packtrain.gate import evaluate_gate
-    from packtrain.gate.sources import load_source
+    from packtrain.gate.metric_sources import load_source
 
     out = tmp_path / "cmp"
     refs = [p[:8] for p in pipelines["pipeline"]]                 # what `packtrain run` prints

@@ -31,7 +31,9 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from packtrain.gate.sources import TRAIN_RUN_TAG  # the version's training run: what `gate NAME@ALIAS` reads
+from packtrain.gate.metric_sources import (
+    TRAIN_RUN_TAG,  # the version's training run: what `gate NAME@ALIAS` reads
+)
 from packtrain.registry.adapter import log_adapter
 from packtrain.registry.champion import (
     CHALLENGER,
@@ -150,7 +152,7 @@ def _log_model_once(client, run_id: str, op: dict, model_dir: Path, card: str, s
 def train_run_of(client, run_id: str) -> str | None:
     """The train stage run of the pipeline tree `run_id` (the register run) belongs to, or None."""
     from packtrain.errors import MissingDataError
-    from packtrain.gate.sources import stage_runs
+    from packtrain.gate.metric_sources import stage_runs
 
     try:
         train = stage_runs(client, client.get_run(run_id))[1].get("train")

@@ -104,7 +104,7 @@ def gate_against_champion(client, run_id: str, name: str, champion_version: str,
     cannot be found is "MISSING DATA" (exit 2), which does not pass."""
     from packtrain.errors import MissingDataError, PacktrainError
     from packtrain.gate import evaluate_gate, load_rules, write_gate_outputs
-    from packtrain.gate.sources import load_run, resolve_ref
+    from packtrain.gate.metric_sources import load_run, resolve_ref
 
     base_label = f"v{champion_version}"
     try:
