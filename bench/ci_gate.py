@@ -5,7 +5,7 @@
     python bench/ci_gate.py --write-baseline                  # regenerate bench/baselines/ci-tiny.json
 
 Candidate metrics (no GPU, no MLflow, < 2 s):
-    pack.fill, pack.padding_fraction,            packtrain.packing.plan.pack_lengths over a fixed synthetic set
+    pack.fill, pack.padding_fraction,            packtrain.packing.bins.pack_lengths over a fixed synthetic set
     pack.n_packs                                 of 20,000 lognormal document lengths (median 180 tokens,
                                                  σ = 1.0; drawn by inverse CDF at fixed quantiles in a fixed
                                                  order, so no RNG is involved) at the recipe's pack settings;
@@ -47,7 +47,7 @@ def synthetic_lengths(n: int = N_DOCS, median: float = MEDIAN, sigma: float = SI
 
 def candidate_metrics(cfg) -> dict:
     """The deterministic metrics of recipe `cfg` (see the module docstring)."""
-    from packtrain.packing.plan import pack_lengths
+    from packtrain.packing.bins import pack_lengths
     from packtrain.planner import choose_shape, plan_shape
 
     pack = cfg.pack

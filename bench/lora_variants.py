@@ -6,7 +6,7 @@
     run_packtrain(spec, docs, args, device)           the product's own path end to end: token store →
                                                       pack_dataset → train() with train.adapter (smoke_run)
 
-Both report real tok/s, useful MFU (lora.flops_per_real_token), the training steps' peak memory and losses;
+Both report real tok/s, useful MFU (bench/lora_flops.py), the training steps' peak memory and losses;
 packtrain's also the memory planner's predicted peak and its error.
 """
 
@@ -22,11 +22,11 @@ from bench.harness import cuda_peaks_gib
 
 
 def packed_rows(docs: list, rows: int, budget: int, n_steps: int) -> list[dict]:
-    """The baseline's batches: BFD packs (packtrain.packing.plan) as (rows, budget) rows, position_ids restart."""
+    """The baseline's batches: BFD packs (packtrain.packing.bins) as (rows, budget) rows, position_ids restart."""
     import numpy as np
 
     from bench.transformers_baselines import batches_packed_rows
-    from packtrain.packing.plan import pack_lengths
+    from packtrain.packing.bins import pack_lengths
 
     plan = pack_lengths(np.array([len(d) for d in docs]), budget, strategy="bfd")
     packs = [[seg[0] for seg in pack] for pack in plan.to_lists()]
@@ -42,7 +42,7 @@ def run_transformers_peft(spec: dict, docs, args, device) -> dict:
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from bench.suites.lora import LORA_TARGETS, flops_per_real_token
+    from bench.lora_flops import LORA_TARGETS, flops_per_real_token
     from bench.transformers_baselines import hf_config
 
     n_steps = args.warmup + args.steps
@@ -115,14 +115,14 @@ def run_packtrain(spec: dict, docs, args, device) -> dict:
     and optimizer are built, like the baseline's)."""
     import numpy as np
 
+    from bench.lora_flops import flops_per_real_token
     from bench.packtrain_runs import observe_train, planner_prediction
-    from bench.suites.lora import flops_per_real_token
     from bench.workload import load_recipe
     from packtrain.data.token_store import write_token_store
     from packtrain.packing.dataset import pack_dataset
     from packtrain.packing.store import PackStore
-    from packtrain.train.smoke import smoke_run
-    from packtrain.train.synthetic import write_tokenizer
+    from packtrain.testing.gpu_smoke import smoke_run
+    from packtrain.testing.synthetic_inputs import write_tokenizer
 
     vocab = spec["vocab_size"]
     cfg = load_recipe("350m-h200", packtrain_overrides(spec, args, device))

@@ -3,7 +3,7 @@
     lp_bound_packs(lengths, budget) → {"bound", "value", "lp_master", "iterations", "columns", "seconds"}
     (bound: the certified bound on packs; value: its fraction before rounding up; lp_master: the last master LP)
 
-L2 (`packtrain.packing.plan.l2_bound_packs`) is not tight on every length set: on 100k uniform [1, 2048]
+L2 (`packtrain.packing.bins.l2_bound_packs`) is not tight on every length set: on 100k uniform [1, 2048]
 documents it is 49,979 packs while no packing needs fewer than 49,999 (the LP optimum is 49,998.5). The LP
 relaxation of bin packing over patterns (multisets of lengths that fit one pack) is the tightest bound
 known to be cheap here, and with ≤ B distinct lengths it does not grow with N:

@@ -175,7 +175,7 @@ def run_packtrain(cfg, tokens_dir: Path, packs_dir: Path, out_dir: Path, steps: 
     peak over the measured steps; planner_error_vs_step_peak: against every step's, compile included)."""
     import shutil
 
-    from packtrain.train.smoke import smoke_run
+    from packtrain.testing.gpu_smoke import smoke_run
 
     t = cfg.train
     planned = planner_prediction(cfg, cfg.pack.budget, vocab, "cpu" if t.device == "cpu" else "cuda")

@@ -1,7 +1,7 @@
 """The workload of the packtrain-vs-baseline suites (long-context, fp8, fsdp2): documents, inputs, comparisons.
 
     load_recipe(name, overrides)      recipes/<name>.yaml by path (a GPU host runs from src/, no install)
-    markov_docs(lengths, vocab, seed) documents whose loss falls (packtrain.train.synthetic's Markov chain)
+    markov_docs(lengths, vocab, seed) documents whose loss falls (packtrain.testing.synthetic_inputs's Markov chain)
     lengths_for_tokens(draw, tokens)  lengths drawn until they hold `tokens` tokens
     length_summary(lengths)           quantiles, the long tail, Σs²/Σs
     write_inputs(tmp, docs, ...)      token store + tokenizer + packs through the pack stage's library
@@ -35,9 +35,9 @@ def load_recipe(name: str, overrides: list[str]):
 
 
 def markov_docs(lengths: np.ndarray, vocab: int, seed: int) -> list[np.ndarray]:
-    """Documents of `lengths` tokens from packtrain.train.synthetic's sparse Markov chain (EOS = 1 at the end),
+    """Documents of `lengths` tokens from packtrain.testing.synthetic_inputs's sparse Markov chain (EOS = 1 at the end),
     so the loss falls from ln V toward ≈ ln 4 and two runs' loss curves can be compared."""
-    from packtrain.train.synthetic import markov_documents
+    from packtrain.testing.synthetic_inputs import markov_documents
 
     return markov_documents(np.asarray(lengths, np.int64), vocab, np.random.default_rng(seed), eos_id=1)
 
@@ -70,7 +70,7 @@ def write_inputs(root: Path, docs: list[np.ndarray], vocab: int, pack_cfg) -> tu
     library with `pack_cfg`); returns (tokens_dir, packs_dir, pack stats dict)."""
     from packtrain.data.token_store import write_token_store
     from packtrain.packing.dataset import pack_dataset
-    from packtrain.train.synthetic import write_tokenizer
+    from packtrain.testing.synthetic_inputs import write_tokenizer
 
     write_tokenizer(root / "tok", vocab)
     n = len(docs)

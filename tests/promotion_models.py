@@ -81,7 +81,7 @@ def write_eval_packs(split_dir: Path, model_dir: Path, texts: list[str], budget:
     """An eval pack store (packtrain.packing.store) of `texts` tokenized with the model's tokenizer + EOS."""
     from transformers import AutoTokenizer
 
-    from packtrain.evaluate.tiny import write_tiny_packs
+    from packtrain.testing.tiny_model import write_tiny_packs
 
     tok = AutoTokenizer.from_pretrained(str(model_dir))
     docs = [np.array((tok(t, add_special_tokens=False)["input_ids"] + [tok.eos_token_id])[:budget], np.int64)

@@ -8,7 +8,7 @@
 CPU: the corpus and settings of the gate acceptance test (tests/stages/test_gate_champion.py: tiny corpus,
 tiny-cpu recipe, budget 512, 12 steps); ingest → tokenize → pack once, then `packtrain train` N times on the
 same packs, each its own process tracked in a sqlite MLflow store as in a real run (the MLflow client's
-threads and imports are part of the peak RSS). GPU: synthetic packs (packtrain.train.synthetic) of the
+threads and imports are part of the peak RSS). GPU: synthetic packs (packtrain.testing.synthetic_inputs) of the
 recipe's budget, `--no-tracking` where MLflow is not installed. Each repeat's
 train_result.json is read under the canonical names (`train.throughput.real_tokens_per_s`, ...:
 packtrain.gate.metrics); per metric the file records every value, the median and
@@ -55,7 +55,7 @@ def _packtrain(args: list[str], cwd: Path) -> None:
 
 def prepare_cpu(root: Path, sets: list[str]) -> tuple[Path, Path, list[str]]:
     """Tiny corpus → ingest → tokenize → pack (the acceptance test's corpus and settings)."""
-    from packtrain.data.tiny_corpus import tiny_corpus, tiny_settings
+    from packtrain.testing.tiny_corpus import tiny_corpus, tiny_settings
 
     corpus = tiny_corpus(root / "corpus")
     settings = tiny_settings(root / "wd", corpus) + GATE_TEST_SETTINGS + sets
@@ -68,7 +68,7 @@ def prepare_cpu(root: Path, sets: list[str]) -> tuple[Path, Path, list[str]]:
 
 def prepare_synthetic(root: Path, recipe: str, sets: list[str], n_docs: int = 6000) -> tuple[Path, Path, list[str]]:
     from packtrain.config import load_run_config
-    from packtrain.train.synthetic import make_synthetic_inputs
+    from packtrain.testing.synthetic_inputs import make_synthetic_inputs
 
     settings = [f"workdir={root / 'wd'}", *sets]
     cfg = load_run_config(recipe, settings)
@@ -85,7 +85,7 @@ def data_tree(root: Path, sets: list[str]) -> tuple[Path, Path, list[str], str]:
     returns (corpus, token store, settings, pipeline run id)."""
     from packtrain.cli import main as cli
     from packtrain.config import load_run_config
-    from packtrain.data.tiny_corpus import tiny_corpus, tiny_settings
+    from packtrain.testing.tiny_corpus import tiny_corpus, tiny_settings
     from packtrain.tracking import end_pipeline_run, start_pipeline_run
 
     corpus = tiny_corpus(root / "corpus")
@@ -129,11 +129,11 @@ def run_tree(root: Path, tag: str, sets: list[str], tokens: Path) -> dict:
 def measure_trees(root: Path, sets: list[str], repeats: int, uri: str | None) -> tuple[list[dict], list[float],
                                                                                 list[str]]:
     """`repeats` unchanged pipeline trees tracked at `uri` (None: a fresh sqlite store under `root`), each read
-    back as the gate reads a run (packtrain.gate.sources.load_run: canonical names)."""
+    back as the gate reads a run (packtrain.gate.metric_sources.load_run: canonical names)."""
     from mlflow import MlflowClient
 
-    from packtrain.gate.sources import load_run
-    from packtrain.tracking.run import _close_clients
+    from packtrain.gate.metric_sources import load_run
+    from packtrain.tracking.run_lifecycle import _close_clients
 
     uri = uri or f"sqlite:///{root / 'mlflow.db'}"
     previous = os.environ.get("MLFLOW_TRACKING_URI")

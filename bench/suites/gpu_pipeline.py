@@ -88,7 +88,7 @@ def run(args, out: Path) -> Record:
     steps = [int(s) for s in str(args.steps).split(",") if s]
     cwd = Path(tempfile.mkdtemp(prefix="packtrain-gpu-pipeline-"))
     if args.smoke:   # the same code path in seconds: the tests' tiny corpus and settings (train.max_steps after)
-        from packtrain.data.tiny_corpus import tiny_corpus, tiny_settings
+        from packtrain.testing.tiny_corpus import tiny_corpus, tiny_settings
 
         recipe, steps = "tiny-cpu", [2, 3]
         sets = [s for s in tiny_settings(cwd / "data", tiny_corpus(cwd / "corpus", n_docs=40))

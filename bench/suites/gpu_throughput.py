@@ -91,7 +91,7 @@ def doc_tokens(lengths: np.ndarray, vocab: int, seed: int) -> list[np.ndarray]:
 
 
 def bfd_packs(lengths: np.ndarray, budget: int) -> list[list[int]]:
-    from packtrain.packing.plan import pack_lengths
+    from packtrain.packing.bins import pack_lengths
 
     plan = pack_lengths(lengths, budget, strategy="bfd")
     return [[seg[0] for seg in pack] for pack in plan.to_lists()]  # lengths ≤ budget: one segment per doc
@@ -132,8 +132,8 @@ def run_packtrain_variant(size, vocab, docs, rows, budget, steps, warmup, device
     from packtrain.config import load_run_config
     from packtrain.data.token_store import write_token_store
     from packtrain.packing.dataset import pack_dataset
-    from packtrain.train.smoke import smoke_run
-    from packtrain.train.synthetic import write_tokenizer
+    from packtrain.testing.gpu_smoke import smoke_run
+    from packtrain.testing.synthetic_inputs import write_tokenizer
 
     recipe = {"350m": "350m-h200", "1b": "1b-h200"}.get(size, "350m-h200")
     overrides = [f"pack.budget={budget}", f"train.rows={rows}", f"train.attention={args.attention}",

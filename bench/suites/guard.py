@@ -5,7 +5,7 @@ guard must detect and classify (docs/guard.md).
         [--docs 6000] [--interval 5] [--fault-step 25] [--delay-factor 1.0]
     python -m bench guard --smoke --out /tmp/guard      # CPU: a tiny model, the same runs, in ~30 s
 
-1. Synthetic packed data once: lognormal document lengths at the recipe's budget (packtrain.train.synthetic).
+1. Synthetic packed data once: lognormal document lengths at the recipe's budget (packtrain.testing.synthetic_inputs).
 2. `--steps` steps of the recipe with the guard off, then on (interval `--interval` steps, steady state over 3
    intervals after telemetry.warmup_steps), `--repeats` times alternating; each run in a fresh interpreter where
    mlflow and kfp cannot be imported (the GPU image has neither: the guard must not need them).
@@ -162,7 +162,7 @@ def run(a, out: Path) -> Record:
     import torch
 
     from packtrain.config import load_run_config
-    from packtrain.train.synthetic import make_synthetic_inputs
+    from packtrain.testing.synthetic_inputs import make_synthetic_inputs
 
     overrides: list[str] = []
     if a.smoke:

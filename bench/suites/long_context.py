@@ -106,7 +106,7 @@ def run_transformers(cfg, docs, lengths, args, vocab) -> dict:
 
     from bench.transformers_baselines import batches_packed_rows, run_hf_variant
     from packtrain.model.build import llama_config
-    from packtrain.packing.plan import pack_lengths
+    from packtrain.packing.bins import pack_lengths
     from packtrain.planner.shapes import shape_of_config
     from packtrain.telemetry.mfu import model_flop_dims, step_flops
 

@@ -12,7 +12,7 @@ layer of the decoder (q/k/v/o, gate/up/down; not the LM head), on the same logno
                      (rows, budget) packed rows with position_ids restarting per document, use_cache=False,
                      bf16 autocast, fused AdamW over the adapter — the anchor path (5,894 real tok/s
                      at 43.3 GiB peak, measured earlier on an H200).
-  packtrain          the product's `train()` (packtrain.train.smoke.smoke_run): the same documents written as a
+  packtrain          the product's `train()` (packtrain.testing.gpu_smoke.smoke_run): the same documents written as a
                      token store and packed by the pack stage's library, `train.adapter` LoRA (apply_adapter),
                      varlen attention on the flattened (1, rows·budget) micro-batch, fused/chunked loss, full
                      activation checkpointing, per-layer torch.compile, bf16.
@@ -22,19 +22,14 @@ steps after --warmup), step time p50, useful MFU, peak allocated/reserved memory
 over the training steps), loss of the first/last steps; for packtrain also the memory planner's predicted
 peak and its error against the measured one (target ±10%) and the speed-up over the baseline.
 
-Useful FLOPs of LoRA (no weight gradients for the frozen base), per real token and per document of length s:
-
-    4·N + 4·h·V      frozen matmuls: forward 2, input-gradient 2 (N = non-embedding params, h·V the LM head)
-    + 6·N_adapter    the adapter trains: forward, input- and weight-gradient
-    + 12·L·w·Σ s²    attention within documents (w = heads·head_dim), fwd + bwd, the packtrain convention
-                     (telemetry.mfu: full s², not halved for causality)
+Useful FLOPs of LoRA per real token: bench/lora_flops.py (the frozen base has no weight gradients).
 
 Activation checkpointing recomputes the decoder's forward (+2·N and 4·L·w·Σ s² more): that is work, not useful
 work, so it is reported separately as `mfu_with_recompute`. Peak for MFU: 790 TFLOP/s bf16 (measured on the
 H200, DESIGN.md). A failing variant (an OOM) is recorded with its error and does not lose the other.
 
-Where it lives: this module (the shapes, the parameter/FLOP counts above, the run) and bench/lora_variants.py
-(the transformers+peft variant and packtrain's).
+Where it lives: this module (the shapes, the run), bench/lora_flops.py (the parameter and FLOP counts) and
+bench/lora_variants.py (the transformers+peft variant and packtrain's).
 """
 
 from __future__ import annotations
@@ -47,6 +42,7 @@ import traceback
 from pathlib import Path
 
 from bench.harness import Record, cuda_peaks_gib, machine_info
+from bench.lora_flops import LORA_TARGETS, adapter_params
 
 SUMMARY = "LoRA on a Llama-3-8B shape: packtrain against transformers + peft with gradient checkpointing"
 DEVICE = "gpu"
@@ -60,7 +56,6 @@ SHAPES = {
                   max_position_embeddings=1024),
 }
 
-LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 ANCHOR = {"variant": "transformers+peft", "real_tok_per_s": 5894, "peak_gib": 43.3,
           "source": "the anchor measured earlier on the H200 (r=16 all linear, gradient checkpointing, packed rows "
@@ -69,37 +64,11 @@ GOAL = {"speedup_vs_baseline": 1.5, "peak_gib_max": 40.0, "planner_error_max": 0
 FILES = {"transformers+peft": "lora_bench_transformers_peft.json", "packtrain": "lora_bench_packtrain.json"}
 
 
-def nonembedding_params(spec: dict) -> int:
-    """Decoder parameters (attention, MLP, norms) + the final norm; Llama-3-8B → 6,979,588,096."""
-    h, i, L = spec["hidden_size"], spec["intermediate_size"], spec["num_hidden_layers"]
-    kv = h // spec["num_attention_heads"] * spec["num_key_value_heads"]
-    return L * (2 * h * h + 2 * h * kv + 3 * h * i + 2 * h) + h
-
-
-def adapter_params(spec: dict, r: int) -> int:
-    """LoRA A (r × in) + B (out × r) on the seven linears of every layer; Llama-3-8B at r=16 → 41,943,040."""
-    h, i, L = spec["hidden_size"], spec["intermediate_size"], spec["num_hidden_layers"]
-    kv = h // spec["num_attention_heads"] * spec["num_key_value_heads"]
-    per_layer = (h + h) + (h + kv) + (h + kv) + (h + h) + 2 * (h + i) + (i + h)
-    return L * r * per_layer
-
-
-def flops_per_real_token(spec: dict, r: int, seq_lens: list[int]) -> tuple[float, float]:
-    """(useful, with_recompute) FLOPs per real token of LoRA training over documents of `seq_lens`."""
-    h, L, V = spec["hidden_size"], spec["num_hidden_layers"], spec["vocab_size"]
-    n, na = nonembedding_params(spec), adapter_params(spec, r)
-    real = sum(seq_lens)
-    sq = sum(s * s for s in seq_lens)
-    attn_fwd = 4.0 * L * h * sq / real          # w = heads·head_dim = h for Llama
-    useful = 4.0 * n + 4.0 * h * V + 6.0 * na + 3 * attn_fwd
-    return useful, useful + 2.0 * n + attn_fwd  # recompute: the decoder's forward once more
-
-
 def make_documents(n_docs: int, budget: int, vocab: int, seed: int) -> list:
     """Lognormal lengths (median 300, σ=1: the anchors' distribution) of Markov-chain tokens (the loss falls)."""
     import numpy as np
 
-    from packtrain.train.synthetic import markov_documents
+    from packtrain.testing.synthetic_inputs import markov_documents
 
     rng = np.random.default_rng(seed)
     lens = np.clip(np.exp(rng.normal(np.log(min(300, budget // 4)), 1.0, n_docs)).astype(np.int64), 16, budget)

@@ -21,7 +21,7 @@ From that one graph, as the product's GPU path runs it (inside torch.compile: Sa
   full          the layer's input only, the forward recomputed as far as backward needs
 
 and with peft's per-branch input cast off (`cast_input_dtype_enabled=False`, what packtrain's bf16 LoRA training
-does: model.adapter.adapter_input_casts; bitwise the same loss and gradients under autocast, checked here) as a
+does: model.lora.adapter_input_casts; bitwise the same loss and gradients under autocast, checked here) as a
 second variant. Each policy is projected to the step — the measured full-recompute step's peak plus what its
 layers keep beyond their inputs — and its recompute FLOPs priced at the measured matrix rate on top of the
 no-recompute step: an optimistic estimate of its speed. The cheapest mix within the budget puts k layers on one
@@ -36,7 +36,8 @@ import json
 from pathlib import Path
 
 from bench.harness import GIB, Record, machine_info, measure_host_link
-from bench.suites.lora import LORA_TARGETS, SHAPES
+from bench.lora_flops import LORA_TARGETS
+from bench.suites.lora import SHAPES
 from packtrain.train.selective_ac import ATTENTION, keeps
 
 SUMMARY = "LoRA 8B in 40 GiB: bytes kept and FLOPs recomputed under every selective-recompute policy (exact, CPU)"
@@ -73,7 +74,7 @@ def _layer(spec: dict, r: int):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from packtrain.config.train import AdapterConfig
-    from packtrain.model.adapter import apply_adapter
+    from packtrain.model.lora import apply_adapter
 
     torch.manual_seed(0)
     cfg = LlamaConfig(**{**spec, "num_hidden_layers": 1, "vocab_size": 256}, attn_implementation="sdpa",
@@ -105,7 +106,7 @@ def _bitwise_same_without_cast(peft_model, forward, x) -> bool:
     """Loss, input gradient and adapter gradients with peft's input cast on and off: bitwise equal?"""
     import torch
 
-    from packtrain.model.adapter import adapter_input_casts, lora_layers
+    from packtrain.model.lora import adapter_input_casts, lora_layers
 
     out = []
     for on in (True, False):
@@ -243,7 +244,7 @@ def _token_counts(text: str) -> tuple[int, int]:
 def _measure_variants(spec: dict, r: int, t_small: int, t_big: int) -> tuple[dict, dict, dict]:
     """The layer's saved-tensor graphs at both token counts with peft's input cast on and off:
     ({variant: its policies}, {"input_cast_off_bitwise_equal": bool}, {variant: the larger graph})."""
-    from packtrain.model.adapter import adapter_input_casts, lora_layers
+    from packtrain.model.lora import adapter_input_casts, lora_layers
 
     peft_model, layer, rope = _layer(spec, r)
     variants, checks, graphs = {}, {}, {}

@@ -54,7 +54,7 @@ def add_arguments(p) -> None:
 def run(a, out: Path) -> Record:
     from bench.suites.train_smoke import SMOKE_MODEL, _child, _run_one
     from packtrain.config import load_run_config
-    from packtrain.train.synthetic import make_synthetic_inputs
+    from packtrain.testing.synthetic_inputs import make_synthetic_inputs
 
     smoke = SMOKE_MODEL if a.smoke else []
     if a.smoke:

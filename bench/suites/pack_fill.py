@@ -4,7 +4,7 @@
         [--repeats 3] [--strategy bfd-without-mbs bfd mbs] [--set lognormal pareto uniform] [--seed 0]
     → the record, and pack_fill.md (its table) beside it
 
-Sets: packtrain.packing.synthetic.length_set(kind, n, budget, seed): uniform [1, B]; lognormal(median
+Sets: packtrain.testing.synthetic_lengths.length_set(kind, n, budget, seed): uniform [1, B]; lognormal(median
 300·B/2048, σ 1) clipped to [16·B/2048, B]; 64·B/2048·(1 + Pareto(1.5)) clipped to [64·B/2048, B].
 `bfd-without-mbs` is the default strategy before its minimum-bin-slack fallback, so before and after come
 from the same run, on the same machine and load.
@@ -15,8 +15,8 @@ document once, no pack over budget; `seconds` = wall time of `pack_lengths`, med
 the fill against each lower bound on packs, bound / packs:
 
     fill_vs_sum    ⌈Σ/B⌉                                  the fill goal's bound
-    fill_vs_bound  max(⌈Σ/B⌉, #docs > B/2)                 `plan.lower_bound_packs`
-    fill_vs_l2     Martello-Toth L2                        `plan.l2_bound_packs` (pack_stats.json's fill_vs_bound)
+    fill_vs_bound  max(⌈Σ/B⌉, #docs > B/2)                 `bins.lower_bound_packs`
+    fill_vs_l2     Martello-Toth L2                        `bins.l2_bound_packs` (pack_stats.json's fill_vs_bound)
     fill_vs_lp     the LP (Gilmore-Gomory) bound: = L2 where a plan meets L2, else certified by `bench.lp_bound`
 
 Goals: ≥ 0.9999 of the bound, 1M documents in < 5 s. Where the LP bound is above ⌈Σ/B⌉ / 0.9999 no packer can
@@ -48,7 +48,7 @@ def measure(kind: str, n: int, budget: int, strategies=STRATEGIES, seed: int = 0
     L2 ≤ ⌈LP⌉ ≤ packs, and a plan at L2 settles ⌈LP⌉ = L2 (the column generation takes minutes on 1M
     lognormal documents at 8192, seconds on uniform ones)."""
     from bench.lp_bound import lp_bound_packs
-    from packtrain.packing.synthetic import length_set
+    from packtrain.testing.synthetic_lengths import length_set
 
     register_references()
     lengths = length_set(kind, n, budget, seed)
@@ -76,7 +76,7 @@ def measure(kind: str, n: int, budget: int, strategies=STRATEGIES, seed: int = 0
 
 
 def add_arguments(p) -> None:
-    from packtrain.packing.synthetic import LENGTH_SETS
+    from packtrain.testing.synthetic_lengths import LENGTH_SETS
 
     p.add_argument("--n", type=int, nargs="+", default=None, help="documents per set (default 100,000 1,000,000)")
     p.add_argument("--budget", type=int, nargs="+", default=[2048, 8192], help="tokens per pack")

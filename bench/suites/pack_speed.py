@@ -8,7 +8,7 @@
           a failed check exits 1, bad input 2
 
 Sets: lognormal(median 300, σ 1) clipped to [16, 2048]; 64·(1 + Pareto(1.5)) clipped to [64, 2048]; uniform
-[1, 2048] (packtrain.packing.synthetic); and the default corpus's document lengths when a token store is given
+[1, 2048] (packtrain.testing.synthetic_lengths); and the default corpus's document lengths when a token store is given
 (`--tokens`, default data/tokenize if it exists; otherwise that set is skipped with a note). The lognormal set
 is also packed once through the one-line interface in a subprocess (`cli_check`).
 
@@ -78,7 +78,7 @@ def check_plan(plan, lengths, budget: int) -> str | None:
 def run_one(lengths, budget: int, strategy: str = "bfd", window: int = 200_000) -> dict:
     """Pack `lengths` once, check the plan (AssertionError naming the problem), return the one-line row: the
     plan, and its fill against the bounds no packer can beat (bound / packs; 1.0 = provably optimal)."""
-    from packtrain.packing.plan import l2_bound_packs, lower_bound_packs, pack_lengths
+    from packtrain.packing.bins import l2_bound_packs, lower_bound_packs, pack_lengths
 
     t0, c0 = time.perf_counter(), time.process_time()
     plan = pack_lengths(lengths, budget, strategy, window=window)
@@ -158,7 +158,7 @@ def corpus_lengths(tokens: Path | None):
 def register_references() -> None:
     """Reference strategies, same windows and carry as the real ones: `bfd-plain` (best-fit-decreasing
     alone) and `bfd-without-mbs` (the default before its minimum-bin-slack fallback)."""
-    from packtrain.packing import plan as P
+    from packtrain.packing import bins as P
     from packtrain.packing import strategies
 
     P.STRATEGIES.setdefault("bfd-plain", strategies.bfd)
@@ -198,7 +198,7 @@ def cli_check(lengths, budget: int) -> dict:
 def run(args, out: Path | None) -> Record:
     if args.lengths is not None:
         raise SystemExit(one_call(args.lengths, args.budget, args.strategy))
-    from packtrain.packing.synthetic import LENGTH_SETS, length_set
+    from packtrain.testing.synthetic_lengths import LENGTH_SETS, length_set
 
     n = args.n or (5_000 if args.smoke else 1_000_000)
     budget = 512 if args.smoke and args.budget == 2048 else args.budget

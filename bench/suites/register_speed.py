@@ -5,7 +5,7 @@ way (register.flavor=files: the files copied as they are), into one sqlite MLflo
     python -m bench register-speed --smoke --out /tmp/rs                       # the tiny model only, seconds
 
 Models, random weights saved in bf16 with save_pretrained (a GPU run's export) next to a tiny byte-level BPE
-(packtrain.evaluate.tiny.train_tiny_tokenizer: ~300 tokens; the model's vocab is its own):
+(packtrain.testing.tiny_model.train_tiny_tokenizer: ~300 tokens; the model's vocab is its own):
     tiny   Llama hidden 32, 2 layers, 4 heads, vocab 300                                      ~0.04M parameters
     350m   Llama hidden 1024, intermediate 2816, 24 layers, 16 heads, vocab 32768, tied       ~342M parameters
 
@@ -51,7 +51,7 @@ def export_model(out: Path, shape: str) -> tuple[Path, int]:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from packtrain.evaluate.tiny import train_tiny_tokenizer
+    from packtrain.testing.tiny_model import train_tiny_tokenizer
 
     tok = train_tiny_tokenizer(TEXTS)
     cfg = LlamaConfig(**SHAPES[shape], max_position_embeddings=2048, tie_word_embeddings=True, bos_token_id=None,
@@ -97,7 +97,7 @@ def log_once(model_dir: Path, way: str, exp_id: str) -> dict:
 def run(a, out: Path) -> Record:
     import mlflow
 
-    from packtrain.tracking.run import set_fluent_tracking_uri
+    from packtrain.tracking.run_lifecycle import set_fluent_tracking_uri
 
     shapes = ["tiny"] if a.smoke else [s.strip() for s in a.shapes.split(",") if s.strip()]
     unknown = sorted(set(shapes) - set(SHAPES))

@@ -161,8 +161,8 @@ def run(a, out: Path) -> Record:
     import torch
 
     from packtrain.config import load_run_config
-    from packtrain.train.smoke import cuda_environment
-    from packtrain.train.synthetic import make_synthetic_inputs
+    from packtrain.testing.gpu_smoke import cuda_environment
+    from packtrain.testing.synthetic_inputs import make_synthetic_inputs
 
     if not a.smoke and torch.cuda.device_count() < a.gpus:
         raise SystemExit(f"error: {torch.cuda.device_count()} CUDA devices < --gpus {a.gpus}")

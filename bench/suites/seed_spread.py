@@ -56,8 +56,8 @@ def _smoke_sets(cwd: Path) -> list[str]:
 
 def _smoke_seed(cfg, cwd: Path, seed: int) -> Path:
     """--smoke: a random-init tiny model of `seed` scored alone on the smoke suite → its evaluate output."""
-    from packtrain.evaluate.paired_eval import paired_evaluation
-    from packtrain.evaluate.tiny import build_tiny_model_dir
+    from packtrain.evaluate.paired_scores import paired_evaluation
+    from packtrain.testing.tiny_model import build_tiny_model_dir
 
     model = build_tiny_model_dir(cwd / f"model_{seed}", SMOKE_DOCS, vocab_size=300, seed=seed)
     paired_evaluation(cfg, model, "none", cwd / f"seed_{seed}")
@@ -67,8 +67,8 @@ def _smoke_seed(cfg, cwd: Path, seed: int) -> Path:
 def pair_verdicts(cfg, seeds: list[int], eval_dirs: list[Path], spread: dict) -> list[dict]:
     """Every ordered pair of seeds as challenger and champion, decided twice on the same tables: on the configured
     margins alone, and with the margins of this record (what `register` would do with it)."""
-    from packtrain.evaluate.paired import decide_promotion
-    from packtrain.evaluate.paired_eval import read_decision_input
+    from packtrain.evaluate.paired_scores import read_decision_input
+    from packtrain.evaluate.promotion import decide_promotion
 
     tables = [read_decision_input(d)[0] for d in eval_dirs]
     entry = {"suites": spread["suites"], "k": spread["k"], "note": "this record"}

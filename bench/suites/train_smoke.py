@@ -5,9 +5,9 @@
     python -m bench train-smoke --smoke --out /tmp/ts     # CPU: tiny model, sdpa, fp32 isolation, no DeepSpeed
 
 1. Synthetic packed data once: lognormal document lengths (median budget/4, σ=1), a learnable Markov chain,
-   bfd-packed at the recipe's budget (packtrain.train.synthetic).
+   bfd-packed at the recipe's budget (packtrain.testing.synthetic_inputs).
 2. Isolation in bf16 for each backend on a small GQA model: max |doc-in-pack − doc-alone| logit error, next
-   to the error plain causal attention would make (packtrain.train.smoke.isolation_error).
+   to the error plain causal attention would make (packtrain.testing.gpu_smoke.isolation_error).
 3. `--steps` steps of the recipe per backend (torch engine, recipe precision/compile), then DeepSpeed ZeRO-2 and
    ZeRO-3 + CPU offload of optimizer and parameters for `--ds-steps` steps (varlen if available, else sdpa;
    compile off). Each run is a fresh subprocess, so peak memory and DeepSpeed state are per run.
@@ -46,7 +46,7 @@ ISOLATION_TOL = 0.05
 
 def _run_one(spec: dict) -> dict:
     from packtrain.config import load_run_config
-    from packtrain.train.smoke import isolation_error, smoke_run
+    from packtrain.testing.gpu_smoke import isolation_error, smoke_run
 
     if spec["kind"] == "isolation":
         r = isolation_error(spec["backend"], spec.get("device", "cuda"), spec.get("precision", "bf16"))
@@ -110,7 +110,7 @@ def run(a, out: Path) -> Record:
 
     from packtrain.config import load_run_config
     from packtrain.model.attention import available_backends
-    from packtrain.train.synthetic import make_synthetic_inputs
+    from packtrain.testing.synthetic_inputs import make_synthetic_inputs
 
     device, overrides = "cuda", []
     if a.smoke:

@@ -89,9 +89,9 @@ def main(argv: list[str] | None = None) -> int:
     # MLflow prints "View run NAME at: <store URI>/#/..." with the URI as given, credentials included
     os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
     from packtrain.errors import PacktrainError
-    from packtrain.noise import silence_known_noise
+    from packtrain.log_noise import silence_known_noise
 
-    silence_known_noise()   # torchao's CPU-build and lm-eval's expected warnings (packtrain.noise)
+    silence_known_noise()   # torchao's CPU-build and lm-eval's expected warnings (packtrain.log_noise)
     parser = build_parser()
     args = parser.parse_args(argv)
     if not args.command:
@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from packtrain.registry import install_handlers
 
-    install_handlers()   # any tracked command may replay a buffered registration (packtrain.tracking.apply)
+    install_handlers()   # any tracked command may replay a buffered registration (packtrain.tracking.store_ops)
     command = COMMANDS[args.command][0]
     try:
         from packtrain.config import load_run_config

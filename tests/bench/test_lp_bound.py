@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bench.lp_bound import lp_bound_packs
-from packtrain.packing.plan import l2_bound_packs, pack_lengths
-from packtrain.packing.synthetic import length_set
+from packtrain.packing.bins import l2_bound_packs, pack_lengths
+from packtrain.testing.synthetic_lengths import length_set
 
 
 @settings(max_examples=30, deadline=None)

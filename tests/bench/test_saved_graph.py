@@ -36,8 +36,8 @@ def test_policies_of_a_two_matmul_mlp():
 def _layer(lora: bool, tokens: int, r: int = 8, h: int = 128):
     from packtrain.config import ModelConfig
     from packtrain.config.train import AdapterConfig
-    from packtrain.model.adapter import adapter_input_casts, apply_adapter, lora_layers
     from packtrain.model.build import build_model
+    from packtrain.model.lora import adapter_input_casts, apply_adapter, lora_layers
 
     torch.manual_seed(0)
     model = build_model(ModelConfig(hidden_size=h, intermediate_size=2 * h, num_layers=1, num_heads=4,
@@ -95,10 +95,10 @@ def _sac_bytes(lora: bool, tokens: int, r: int, h: int) -> int:
 def test_the_recorded_selective_policy_is_what_torch_caches_and_what_the_planner_counts(lora, r, h):
     """Per token (the slope between two token counts), on a dense layer under bf16 autocast (fp32 residual) and
     LoRA layers (bf16 base, input cast off; r 64 = a width the kept rule would otherwise keep): bench/saved_graph.py's
-    selective policy = the bytes in torch's selective-checkpoint cache = planner.memory.selective_layer_bytes_per_token
+    selective policy = the bytes in torch's selective-checkpoint cache = planner.step_bytes.selective_layer_bytes_per_token
     (eager)."""
     from packtrain.config import ModelConfig
-    from packtrain.planner import memory as mem
+    from packtrain.planner import step_bytes as mem
     from packtrain.planner.shapes import model_shape
 
     shape = model_shape(ModelConfig(hidden_size=h, intermediate_size=2 * h, num_layers=1, num_heads=4,
@@ -170,7 +170,7 @@ def test_the_compiled_model_is_what_the_partitioner_saves(lora):
     """Inside torch.compile the partitioner keeps only the cached outputs backward needs (no down projection):
     SavedGraph.policy(compiled=True) = what a compiled checkpointed layer saves = the planner's compiled count."""
     from packtrain.config import ModelConfig
-    from packtrain.planner import memory as mem
+    from packtrain.planner import step_bytes as mem
     from packtrain.planner.shapes import model_shape
 
     model, layer, x, shared, forward = _layer(lora, 64)

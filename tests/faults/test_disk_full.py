@@ -36,9 +36,9 @@ def small_disk(tmp_path):
 def test_a_full_disk_while_checkpointing_is_one_clear_error(small_disk, tmp_path):
     from mlflow import MlflowClient
 
+    from packtrain.testing.synthetic_inputs import make_synthetic_inputs
     from packtrain.train.checkpoint import list_checkpoints
     from packtrain.train.checkpoint_manifest import verify_checkpoint
-    from packtrain.train.synthetic import make_synthetic_inputs
 
     data = tmp_path / "data"
     make_synthetic_inputs(data, n_docs=200, vocab_size=128, budget=128, seed=1)

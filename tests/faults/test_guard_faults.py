@@ -65,7 +65,7 @@ class TokenTrail:
 @pytest.fixture
 def fresh_dynamo():
     """Compiled runs in one process share dynamo's cache (the decoder layer's code object): without a reset, the
-    second run finds both graphs cached and compiles nothing (packtrain.train.smoke resets it the same way)."""
+    second run finds both graphs cached and compiles nothing (packtrain.testing.gpu_smoke resets it the same way)."""
     import torch
 
     torch._dynamo.reset()
@@ -75,7 +75,7 @@ def fresh_dynamo():
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
-    from packtrain.train.synthetic import make_synthetic_inputs
+    from packtrain.testing.synthetic_inputs import make_synthetic_inputs
 
     root = tmp_path_factory.mktemp("guard_data")
     make_synthetic_inputs(root, n_docs=200, vocab_size=V, budget=128, seed=1)

@@ -29,7 +29,7 @@ def _args(data: Path, out: Path, *extra: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
-    from packtrain.train.synthetic import make_synthetic_inputs
+    from packtrain.testing.synthetic_inputs import make_synthetic_inputs
 
     root = tmp_path_factory.mktemp("guard_ranks")
     make_synthetic_inputs(root, n_docs=200, vocab_size=128, budget=128, seed=1)

@@ -24,7 +24,7 @@ TINY = ["model.hidden_size=32", "model.intermediate_size=64", "model.num_heads=2
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
-    from packtrain.train.synthetic import make_synthetic_inputs
+    from packtrain.testing.synthetic_inputs import make_synthetic_inputs
 
     root = tmp_path_factory.mktemp("orphan_data")
     make_synthetic_inputs(root, n_docs=200, vocab_size=128, budget=128, seed=1)

@@ -31,9 +31,9 @@ import pytest
 from packtrain import publish
 from packtrain.cli import main
 from packtrain.data.token_store import TokenStore
-from packtrain.evaluate.tiny import build_tiny_model_dir, write_tiny_packs
 from packtrain.packing.store import PackStore
 from packtrain.publish import FAULT_ENV
+from packtrain.testing.tiny_model import build_tiny_model_dir, write_tiny_packs
 
 NO_TRACK = ["--set", "tracking.enabled=false"]
 COMMITTED = {"swapped", "removing-old"}   # publish points after which the new output is in place

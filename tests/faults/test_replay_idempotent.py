@@ -28,9 +28,9 @@ from packtrain.cli import main as cli_main
 from packtrain.config import load_run_config
 from packtrain.tracking import end_pipeline_run, stage_run, start_pipeline_run
 from packtrain.tracking.buffer import BufferedClient, replay_dir
-from packtrain.tracking.handle import StageRun
 from packtrain.tracking.ledger import read_ops
-from packtrain.tracking.run import _clients, _close_clients
+from packtrain.tracking.run_handle import StageRun
+from packtrain.tracking.run_lifecycle import _clients, _close_clients
 
 EXPERIMENT = "replay"
 # (seed, fault point): the kill op k is drawn from the seed (shown in the test id and every failure message).

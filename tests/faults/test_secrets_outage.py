@@ -24,8 +24,8 @@ import pytest
 import torch
 from mlflow import MlflowClient
 
-from packtrain.evaluate.tiny import build_tiny_model_dir
 from packtrain.secrets import has_userinfo, redact_text, redact_uri, strip_userinfo
+from packtrain.testing.tiny_model import build_tiny_model_dir
 
 pytestmark = pytest.mark.slow
 
@@ -66,7 +66,7 @@ def fluent_uri_restored():
     """In-process stages set MLflow's global tracking URI: put it back for the tests after this one."""
     import mlflow
 
-    from packtrain.tracking.run import _clients, _close_clients, set_fluent_tracking_uri
+    from packtrain.tracking.run_lifecycle import _clients, _close_clients, set_fluent_tracking_uri
 
     before = mlflow.get_tracking_uri()
     yield
@@ -79,7 +79,7 @@ def test_outage_with_secrets_then_replay(tmp_path, monkeypatch, capfd, caplog, f
     from packtrain.cli import main as cli_main
     from packtrain.config import load_run_config
     from packtrain.tracking import end_pipeline_run, stage_run, start_pipeline_run
-    from packtrain.tracking.run import _close_clients
+    from packtrain.tracking.run_lifecycle import _close_clients
 
     password, token = f"Pw-{uuid.uuid4().hex[:16]}", f"tok_{uuid.uuid4().hex}"
     dead = f"127.0.0.1:{_dead_port()}"
@@ -120,7 +120,7 @@ def test_outage_with_secrets_then_replay(tmp_path, monkeypatch, capfd, caplog, f
         memory_kind="cpu_max_rss", device="cpu", precision="fp32", attention="sdpa", rows=5, budget=32,
         model_dir=str(model), eval_split_dir=str(tmp_path / "packs"), lineage=make_lineage({"model": "m"}),
     ).write(tmp_path / "eval")
-    from packtrain.evaluate.paired_eval import paired_evaluation
+    from packtrain.evaluate.paired_scores import paired_evaluation
 
     # the paired evaluation register decides from: the model alone on one suite (no champion yet)
     paired_evaluation(load_run_config("tiny-cpu", ["tracking.enabled=false",

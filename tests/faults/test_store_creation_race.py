@@ -1,5 +1,5 @@
 """Two registrations into one fresh sqlite MLflow store at the same instant both land: the store's creation (tables
-+ alembic migrations) is serialised by a file lock beside the sqlite file (packtrain.tracking.store). Before, one
++ alembic migrations) is serialised by a file lock beside the sqlite file (packtrain.tracking.store_creation). Before, one
 of the two processes crashed with `table latest_metrics already exists` / `duplicate column name: step` / "Online
 migration expected to match one row" (4 times out of 4 here) and its registration was lost. Real processes, a real
 sqlite store, packtrain's own stage run + registration path; the two start together on a barrier file."""
@@ -17,7 +17,7 @@ from packtrain.config import load_run_config
 from packtrain.registry import install_handlers
 from packtrain.registry.apply import RegisterResult
 from packtrain.registry.op import build_registration
-from packtrain.tracking.run import stage_run
+from packtrain.tracking.run_lifecycle import stage_run
 install_handlers()   # the register stage's path: the op submitted through the stage run, applied by the handler
 db, model, go = sys.argv[1], sys.argv[2], Path(sys.argv[3])
 cfg = load_run_config("tiny-cpu", [f"workdir={Path(db).parent}", f"tracking.tracking_uri=sqlite:///{db}",
@@ -35,7 +35,7 @@ print("registered", r.version, r.decision, flush=True)
 def test_two_registrations_into_a_fresh_store_both_survive(tmp_path):
     from mlflow import MlflowClient
 
-    from packtrain.evaluate.tiny import build_tiny_model_dir
+    from packtrain.testing.tiny_model import build_tiny_model_dir
 
     texts = ["def area(r):\n    return 3.14159 * r * r\n", "The quick brown fox jumps over the lazy dog. "] * 4
     models = [build_tiny_model_dir(tmp_path / f"model-{s}", texts, init_std=s) for s in (0.02, 0.3)]
@@ -56,6 +56,6 @@ def test_two_registrations_into_a_fresh_store_both_survive(tmp_path):
     assert sorted(str(v.version) for v in versions) == ["1", "2"]
     assert {r.info.status for r in client.search_runs([e.experiment_id for e in client.search_experiments()])} \
         == {"FINISHED"}
-    from packtrain.tracking.store import store_lock_path
+    from packtrain.tracking.store_creation import store_lock_path
 
     assert store_lock_path(db).exists() and store_lock_path(db).stat().st_size == 0   # the lock file, beside it

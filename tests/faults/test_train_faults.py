@@ -56,7 +56,7 @@ def _weights_equal(a: Path, b: Path) -> bool:
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
-    from packtrain.train.synthetic import make_synthetic_inputs
+    from packtrain.testing.synthetic_inputs import make_synthetic_inputs
 
     root = tmp_path_factory.mktemp("fault_data")
     make_synthetic_inputs(root, n_docs=200, vocab_size=V, budget=128, seed=1)

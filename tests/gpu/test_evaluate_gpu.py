@@ -21,8 +21,8 @@ BF16_REL_TOL = 5e-3
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     from packtrain.config import load_run_config
+    from packtrain.testing.synthetic_inputs import make_synthetic_inputs
     from packtrain.train.loop import train
-    from packtrain.train.synthetic import make_synthetic_inputs
 
     cfg = load_run_config("350m-h200")
     root = tmp_path_factory.mktemp("gpu_eval")

@@ -25,7 +25,7 @@ BUDGET = 256
 
 
 def _pairs():
-    from packtrain.model.tiny import FAMILY_NAMES
+    from packtrain.testing.tiny_families import FAMILY_NAMES
 
     return [(f, b) for f in FAMILY_NAMES for b in ("varlen", "flex", "sdpa", "eager")
             if not (f == "gemma2" and b in ("varlen", "sdpa"))]
@@ -35,7 +35,7 @@ def _gpu_sizes(family: str) -> dict:
     """Wider than the CPU fixtures: head_dim 32 (compiled flex needs ≥ 16; FlashAttention a multiple of 8), and a
     real model's init std 0.02: the CPU fixtures' 0.2 gives logits of ±50, where bf16 rounding alone is ~0.8
     (measured on the H200: llama sdpa vs eager, no window involved), drowning the 0.05 tolerance."""
-    from packtrain.model.tiny import FAMILY_KWARGS
+    from packtrain.testing.tiny_families import FAMILY_KWARGS
 
     extra = {"head_dim": 32} if "head_dim" in FAMILY_KWARGS[family] else {}
     return dict(hidden_size=128, intermediate_size=256, max_position_embeddings=512, initializer_range=0.02, **extra)
@@ -53,8 +53,8 @@ def test_family_isolation_bf16_cuda(tmp_path, family, backend):
     from packtrain.config import ModelConfig
     from packtrain.model.attention import available_backends
     from packtrain.model.build import build_model
-    from packtrain.model.tiny import build_tiny_family_dir
     from packtrain.packing.batches import build_batch
+    from packtrain.testing.tiny_families import build_tiny_family_dir
 
     if backend not in available_backends("cuda", "bf16"):
         pytest.skip(f"{backend} not available on this torch/GPU")
@@ -89,9 +89,9 @@ def test_family_trains_on_varlen_compiled(tmp_path, family):
     """A few steps through train() from a checkpoint: varlen + compile + bf16, finite losses."""
     from packtrain.config import load_run_config
     from packtrain.model.attention import available_backends
-    from packtrain.model.tiny import build_tiny_family_dir
-    from packtrain.train.smoke import smoke_run
-    from packtrain.train.synthetic import make_synthetic_inputs
+    from packtrain.testing.gpu_smoke import smoke_run
+    from packtrain.testing.synthetic_inputs import make_synthetic_inputs
+    from packtrain.testing.tiny_families import build_tiny_family_dir
 
     if "varlen" not in available_backends("cuda", "bf16"):
         pytest.skip("varlen not available on this torch/GPU")

@@ -34,7 +34,7 @@ def recipe():
 
 @pytest.fixture(scope="module")
 def data(recipe, tmp_path_factory):
-    from packtrain.train.synthetic import make_synthetic_inputs
+    from packtrain.testing.synthetic_inputs import make_synthetic_inputs
 
     root = tmp_path_factory.mktemp("fp8_data")
     make_synthetic_inputs(root, n_docs=1200, vocab_size=recipe.tokenize.vocab_size, budget=recipe.pack.budget)
@@ -54,7 +54,7 @@ def _attention() -> str:
 def test_fp8_follows_bf16_on_the_350m_recipe(recipe, data, tmp_path):
     if not _fp8_capable():
         pytest.skip("needs compute capability ≥ 8.9 and torchao")
-    from packtrain.train.smoke import smoke_run
+    from packtrain.testing.gpu_smoke import smoke_run
 
     runs = {}
     for precision in ("bf16", "fp8"):
@@ -74,7 +74,7 @@ def test_fp8_follows_bf16_on_the_350m_recipe(recipe, data, tmp_path):
 def test_fp8_with_activation_checkpointing(recipe, data, tmp_path):
     if not _fp8_capable():
         pytest.skip("needs compute capability ≥ 8.9 and torchao")
-    from packtrain.train.smoke import smoke_run
+    from packtrain.testing.gpu_smoke import smoke_run
 
     cfg = _with(recipe, precision="fp8", activation_checkpointing="full", fp8=recipe.train.fp8.model_copy(
         update={"recipe": "rowwise"}))

@@ -40,7 +40,7 @@ def recipe():
 
 @pytest.fixture(scope="module")
 def data(recipe, tmp_path_factory):
-    from packtrain.train.synthetic import make_synthetic_inputs
+    from packtrain.testing.synthetic_inputs import make_synthetic_inputs
 
     root = tmp_path_factory.mktemp("gpu_data")
     make_synthetic_inputs(root, n_docs=1500, vocab_size=recipe.tokenize.vocab_size, budget=recipe.pack.budget)
@@ -51,7 +51,7 @@ def data(recipe, tmp_path_factory):
 def test_isolation_in_bf16(backend):
     if not _available(backend):
         pytest.skip(f"{backend} not available on this torch/GPU")
-    from packtrain.train.smoke import isolation_error
+    from packtrain.testing.gpu_smoke import isolation_error
 
     r = isolation_error(backend, "cuda", "bf16")
     print(json.dumps({"test": "isolation_bf16", **r}))
@@ -63,7 +63,7 @@ def test_isolation_in_bf16(backend):
 def test_350m_recipe_trains_with_each_backend(recipe, data, tmp_path, backend):
     if not _available(backend):
         pytest.skip(f"{backend} not available on this torch/GPU")
-    from packtrain.train.smoke import smoke_run
+    from packtrain.testing.gpu_smoke import smoke_run
 
     r = smoke_run(recipe, data / "tokenize", data / "pack", tmp_path, backend, steps=8, warmup_steps=3)
     print(json.dumps({"test": "350m_backend", **r}))
@@ -75,7 +75,7 @@ def test_350m_recipe_trains_with_each_backend(recipe, data, tmp_path, backend):
 
 @pytest.mark.parametrize("change", [{"activation_checkpointing": "full"}, {"loss": "chunked"}])
 def test_memory_techniques_lower_the_peak(recipe, data, tmp_path, change):
-    from packtrain.train.smoke import smoke_run
+    from packtrain.testing.gpu_smoke import smoke_run
 
     # the baseline holds full logits and every layer's activations (the recipe's fused loss is chunked here
     # when liger-kernel is absent, so it would be the "chunked" case itself)

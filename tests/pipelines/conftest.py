@@ -8,7 +8,7 @@ import time
 import pytest
 from pipeline_helpers import PINNED_CODE, as_args, run_main, tiny_corpus, tiny_settings
 
-from packtrain.data.tiny_corpus import WORDORDER_SUITE
+from packtrain.testing.tiny_corpus import WORDORDER_SUITE
 
 
 @pytest.fixture

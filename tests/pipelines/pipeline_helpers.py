@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from packtrain.data.tiny_corpus import tiny_corpus, tiny_settings  # noqa: F401 - the tests' helpers
+from packtrain.testing.tiny_corpus import tiny_corpus, tiny_settings  # noqa: F401 - the tests' helpers
 
 REPO = Path(__file__).resolve().parents[2]
 PINNED_CODE = "test-pinned"

@@ -74,7 +74,7 @@ def test_two_rank_train_component_raises_rank0_error_with_its_exit_code(tmp_path
     """The KFP train component's body with train.gpus=2: the stage launches two gloo ranks through torchrun
     (packtrain.train.launch); both diverge at step 2 (fault hook), and rank 0's TrainingDiverged — not torchrun's
     generic failure — reaches the component with exit code 8, recorded for `packtrain run`."""
-    from packtrain.train.synthetic import make_synthetic_inputs
+    from packtrain.testing.synthetic_inputs import make_synthetic_inputs
 
     tokens, packs = make_synthetic_inputs(tmp_path / "in", n_docs=120, vocab_size=128, budget=128, seed=1)
     cfg = load_run_config("tiny-cpu", [

@@ -75,7 +75,7 @@ def test_champion_is_the_training_run_of_the_pipeline(pipeline_tree, tmp_path, c
 def test_rules_example_names_exist_in_a_real_run(pipeline_tree, tmp_path):
     """The documented rules once named train.tokens_per_s / train.useful_mfu, which no run has (exit 2). Every
     name now exists in this `packtrain run`'s tree or in the recorded H200 train run."""
-    from packtrain.gate.sources import load_run, load_source
+    from packtrain.gate.metric_sources import load_run, load_source
 
     names = set(_rules_example()["metrics"])
     cpu = load_source(pipeline_tree["pipeline"], pipeline_tree["uri"]).metrics

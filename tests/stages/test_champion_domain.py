@@ -21,7 +21,7 @@ import pytest
 from promotion_models import domain_a, train_tiny, write_eval_packs
 
 from packtrain.config import load_run_config
-from packtrain.evaluate.tiny import build_tiny_model_dir
+from packtrain.testing.tiny_model import build_tiny_model_dir
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "pipelines"))
 from pipeline_helpers import as_args, run_main  # noqa: E402
@@ -74,7 +74,7 @@ def _register(world, name, key, ev_dir, tag, *extra):
 def registry(world):
     """v1 champion of NAME (held-out packs A, kept) and of NAME-gone / NAME-override (held-out packs deleted
     after registration)."""
-    from packtrain.tracking.run import set_fluent_tracking_uri
+    from packtrain.tracking.run_lifecycle import set_fluent_tracking_uri
 
     with pytest.MonkeyPatch.context() as mp:
         mp.chdir(world["root"])

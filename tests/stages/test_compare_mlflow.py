@@ -22,7 +22,7 @@ from mlflow import MlflowClient
 from packtrain.cli import main
 from packtrain.config import load_run_config
 from packtrain.tracking import end_pipeline_run, start_pipeline_run
-from packtrain.tracking.run import _close_clients
+from packtrain.tracking.run_lifecycle import _close_clients
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore:telemetry threshold violated")]   # CPU utilization
 
@@ -42,7 +42,7 @@ def _sets(*items: str) -> list[str]:
 @pytest.fixture(scope="module")
 def pipelines(mlflow_server, tmp_path_factory):
     """Two pipeline runs (train.lr 3e-3 vs 1e-3) on the server: {"uri", "pipeline": [ids], "train": [ids]}."""
-    from packtrain.train.synthetic import make_synthetic_inputs
+    from packtrain.testing.synthetic_inputs import make_synthetic_inputs
 
     root = tmp_path_factory.mktemp("compare_pipelines")
     make_synthetic_inputs(root, n_docs=120, vocab_size=128, budget=64, seed=1)
@@ -70,7 +70,7 @@ def pipelines(mlflow_server, tmp_path_factory):
 
 def test_compare_pipeline_runs_curves_params_gate(pipelines, tmp_path, capsys):
     from packtrain.gate import evaluate_gate
-    from packtrain.gate.sources import load_source
+    from packtrain.gate.metric_sources import load_source
 
     out = tmp_path / "cmp"
     refs = [p[:8] for p in pipelines["pipeline"]]                 # what `packtrain run` prints

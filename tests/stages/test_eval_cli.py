@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from packtrain.cli import main
-from packtrain.evaluate.tiny import build_tiny_model_dir, write_tiny_packs
 from packtrain.stages.lineage import make_lineage
 from packtrain.stages.results import EvaluateResult
+from packtrain.testing.tiny_model import build_tiny_model_dir, write_tiny_packs
 
 TEXTS = ["def f(x):\n    return x\n", "import os\n", "The cat sat on the mat."] * 6
 
@@ -45,7 +45,7 @@ def inputs(tmp_path_factory):
         model_dir=str(model), eval_split_dir=str(root / "packs" / "eval"), lineage=make_lineage({"model": "m"}),
     ).write(ev)
     from packtrain.config import load_run_config
-    from packtrain.evaluate.paired_eval import paired_evaluation
+    from packtrain.evaluate.paired_scores import paired_evaluation
 
     # the paired evaluation register decides from (here: the model alone, no champion)
     paired_evaluation(load_run_config("tiny-cpu", ["tracking.enabled=false", "evaluate.suites=[]"]), model, "none", ev,

@@ -10,15 +10,15 @@ import re
 import numpy as np
 
 from packtrain.cli import main
-from packtrain.evaluate.tiny import build_tiny_model_dir, write_tiny_packs
 from packtrain.pipeline.progress import Progress, format_bar, parse_bar
+from packtrain.testing.tiny_model import build_tiny_model_dir, write_tiny_packs
 
 TEXTS = ["def f(x):\n    return x\n", "import os\n", "The cat sat on the mat."] * 6
 
 
 def test_standalone_evaluate_draws_a_bar_per_suite_in_documents(tmp_path, capfd, monkeypatch):
     """... and says nothing else: run outside a git checkout, no "fatal: not a git repository" (lm-eval's `git
-    describe`), no torchao CPU-build or torch _pytree messages (packtrain.noise)."""
+    describe`), no torchao CPU-build or torch _pytree messages (packtrain.log_noise)."""
     monkeypatch.chdir(tmp_path)   # not a git checkout
     model = build_tiny_model_dir(tmp_path / "model", TEXTS)
     rng = np.random.default_rng(0)
@@ -68,7 +68,7 @@ def test_progress_line_of_a_slow_bar_in_seconds_per_unit():
 def test_known_library_noise_is_dropped_at_its_logger_and_nothing_else(caplog):
     import logging
 
-    from packtrain.noise import silence_known_noise
+    from packtrain.log_noise import silence_known_noise
 
     silence_known_noise()
     so = "Failed to load /venv/site-packages/torchao/_C_mxfp8.cpython-310-x86_64-linux-gnu.so: Could not load"

@@ -9,14 +9,14 @@ import json
 import pytest
 
 from packtrain.cli import main
-from packtrain.model.tiny import build_tiny_family_dir
+from packtrain.testing.tiny_families import build_tiny_family_dir
 
 V = 97
 
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
-    from packtrain.train.synthetic import make_synthetic_inputs
+    from packtrain.testing.synthetic_inputs import make_synthetic_inputs
 
     root = tmp_path_factory.mktemp("family_attention_data")
     make_synthetic_inputs(root, n_docs=40, vocab_size=V, budget=64, seed=4)
@@ -45,7 +45,7 @@ def test_gemma2_model_registers(tmp_path, monkeypatch):
     from registry_helpers import register_model_dir as register_model
 
     from packtrain.config.evaluate import RegisterConfig
-    from packtrain.tracking.run import set_fluent_tracking_uri
+    from packtrain.tracking.run_lifecycle import set_fluent_tracking_uri
 
     monkeypatch.chdir(tmp_path)   # MLflow puts artifacts of a new experiment under ./mlruns
     model = build_tiny_family_dir(tmp_path / "gemma2", "gemma2", V)

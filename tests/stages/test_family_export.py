@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from packtrain.config import ModelConfig, PackConfig, TelemetryConfig, TrainConfig
-from packtrain.model.tiny import FAMILY_NAMES, build_tiny_family_dir
+from packtrain.testing.tiny_families import FAMILY_NAMES, build_tiny_family_dir
 
 V = 97
 BACKEND = {"gemma2": "eager"}   # transformers refuses sdpa for Gemma2 (and packtrain refuses it: soft-cap)
@@ -22,7 +22,7 @@ IDS = torch.tensor([[5, 17, 33, 8, 41, 60, 12, 9, 77, 23, 4, 51]])
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
-    from packtrain.train.synthetic import make_synthetic_inputs
+    from packtrain.testing.synthetic_inputs import make_synthetic_inputs
 
     root = tmp_path_factory.mktemp("family_export_data")
     make_synthetic_inputs(root, n_docs=60, vocab_size=V, budget=64, seed=3)

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from packtrain.cli import main
-from packtrain.model.tiny import build_tiny_family_dir
+from packtrain.testing.tiny_families import build_tiny_family_dir
 
 V = 97
 SETS = ["train.rows=2", "train.max_steps=6", "train.warmup_steps=1", "train.lr=1e-2", "train.threads=1",
@@ -23,7 +23,7 @@ SETS = ["train.rows=2", "train.max_steps=6", "train.warmup_steps=1", "train.lr=1
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
-    from packtrain.train.synthetic import make_synthetic_inputs
+    from packtrain.testing.synthetic_inputs import make_synthetic_inputs
 
     root = tmp_path_factory.mktemp("family_train_data")
     make_synthetic_inputs(root, n_docs=120, vocab_size=V, budget=64, seed=2)

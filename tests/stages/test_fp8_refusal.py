@@ -17,7 +17,7 @@ def _tree_digest(root: Path) -> str:
 
 
 def test_fp8_train_on_cpu_exits_2_and_leaves_out_untouched(tmp_path, capsys):
-    from packtrain.train.synthetic import make_synthetic_inputs
+    from packtrain.testing.synthetic_inputs import make_synthetic_inputs
 
     tokens, packs = make_synthetic_inputs(tmp_path / "data", n_docs=24, vocab_size=64, budget=32, seed=0)
     out = tmp_path / "out"

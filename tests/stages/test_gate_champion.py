@@ -40,7 +40,7 @@ SEPARATE = ["tracking.experiment=gate-champion", f"register.model_name={NAME}"] 
 def trees(mlflow_server, tmp_path_factory):
     """The data stages once, then trees a, b, c (module doc) by bench/suites/gate_noise.py's run_tree, the same code
     that measured bench/baselines/noise-cpu.json's `--trees` session."""
-    from packtrain.tracking.run import _close_clients
+    from packtrain.tracking.run_lifecycle import _close_clients
 
     root = tmp_path_factory.mktemp("gate_champion")
     t0 = time.perf_counter()

@@ -7,8 +7,8 @@ from __future__ import annotations
 from mlflow import MlflowClient
 
 from packtrain.gate import evaluate_gate, load_source
+from packtrain.gate.metric_sources import MetricSource
 from packtrain.gate.rules import Rule, Rules
-from packtrain.gate.sources import MetricSource
 
 
 def _pipeline(c: MlflowClient, exp: str, metrics: dict, restored_from: str | None = None) -> tuple[str, str]:

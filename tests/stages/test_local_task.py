@@ -44,7 +44,7 @@ def test_shipped_files_are_what_the_generator_writes(tmp_path):
 def test_accuracy_moves_between_scratch_and_trained(tmp_path):
     from packtrain.evaluate.loading import load_model_dir
     from packtrain.evaluate.tasks import score_task
-    from packtrain.evaluate.tiny import build_tiny_model_dir
+    from packtrain.testing.tiny_model import build_tiny_model_dir
 
     texts = [(Path(os.__file__).parent / f).read_text(encoding="utf-8") for f in STDLIB]
     scratch = build_tiny_model_dir(tmp_path / "scratch", texts, vocab_size=400, hidden_size=48)

@@ -35,7 +35,7 @@ train(ModelConfig(**a["model"]), TrainConfig(**a["train"]), None, TelemetryConfi
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory):
     from packtrain.model.build import build_model
-    from packtrain.train.synthetic import make_synthetic_inputs
+    from packtrain.testing.synthetic_inputs import make_synthetic_inputs
 
     root = tmp_path_factory.mktemp("lora")
     tokens_dir, packs_dir = make_synthetic_inputs(root / "syn", n_docs=80, vocab_size=V, budget=64)
@@ -82,7 +82,7 @@ def test_lora_run_writes_adapter_only_checkpoints_and_a_loadable_model(inputs, s
 
     from transformers import AutoModelForCausalLM
 
-    from packtrain.model.adapter import load_adapter_model
+    from packtrain.model.lora import load_adapter_model
 
     merged = AutoModelForCausalLM.from_pretrained(str(model_dir / "merged"))   # plain transformers
     adapted = load_adapter_model(model_dir, merge=False)
@@ -130,7 +130,7 @@ def test_loss_on_assistant_without_a_loss_mask_is_refused(inputs, tmp_path):
 
 
 def test_bf16_lora_with_checkpointing_evaluates_in_fp32_during_training(inputs, tmp_path):
-    """bf16 training turns peft's per-branch input cast off (model.adapter.adapter_input_casts); the recompute of
+    """bf16 training turns peft's per-branch input cast off (model.lora.adapter_input_casts); the recompute of
     checkpointed layers in backward and an fp32 in-training evaluation (no autocast) both still run."""
     from packtrain.train.loop import train
 

@@ -18,7 +18,7 @@ from mlflow import MlflowClient
 
 from packtrain.config import load_run_config
 from packtrain.tracking import stage_run
-from packtrain.tracking.apply import EXPERIMENT_KIND, TRAINING_KIND
+from packtrain.tracking.store_ops import EXPERIMENT_KIND, TRAINING_KIND
 
 
 def test_packtrains_experiments_open_in_the_training_view(tmp_path):

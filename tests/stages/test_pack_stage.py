@@ -16,7 +16,7 @@ from packtrain.cli import main
 from packtrain.data.token_store import TokenStore, write_token_store
 from packtrain.packing.batches import PackedLoader
 from packtrain.packing.store import PackStore
-from packtrain.packing.synthetic import write_random_token_store
+from packtrain.testing.synthetic_lengths import write_random_token_store
 
 NO_TRACKING = ["--set", "tracking.enabled=false"]
 

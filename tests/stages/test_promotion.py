@@ -27,7 +27,7 @@ from promotion_models import domain_a, domain_b, train_tiny, write_eval_packs, w
 
 from packtrain.cli import main
 from packtrain.config import load_run_config
-from packtrain.evaluate.tiny import build_tiny_model_dir
+from packtrain.testing.tiny_model import build_tiny_model_dir
 
 NAME = "promo-lm"
 
@@ -54,7 +54,7 @@ def world(tmp_path_factory):
 
 def _calibrate(world, base, texts, seeds=(2, 3, 4)) -> dict:
     """The seed-spread record of v1's recipe: seeds 2..4 trained as v1 was, each scored alone on recent + replay."""
-    from packtrain.evaluate.paired_eval import paired_evaluation
+    from packtrain.evaluate.paired_scores import paired_evaluation
     from packtrain.evaluate.seed_record import spread_record
 
     cfg = _cfg(world, _replay(world), "tracking.enabled=false", "register.promotion.seed_spread=null")
@@ -106,7 +106,7 @@ def _champion():
 @pytest.fixture(scope="module")
 def history(world):
     """Register v1..v3 in order (each evaluated against the champion of its time)."""
-    from packtrain.tracking.run import set_fluent_tracking_uri
+    from packtrain.tracking.run_lifecycle import set_fluent_tracking_uri
 
     with pytest.MonkeyPatch.context() as mp:
         mp.chdir(world["root"])
@@ -182,8 +182,8 @@ def test_seed_rerun_is_not_promoted_in_either_role(world, tmp_path, challenger, 
     """Two trainings that differ only in train.seed: one of them looks better on the documents (the bootstrap
     holds both weights fixed), but not by more than the recorded seed spread, so neither takes the alias."""
     from packtrain.config.evaluate import PromotionConfig
-    from packtrain.evaluate.paired import decide_promotion
-    from packtrain.evaluate.paired_eval import paired_evaluation, read_decision_input
+    from packtrain.evaluate.paired_scores import paired_evaluation, read_decision_input
+    from packtrain.evaluate.promotion import decide_promotion
     from packtrain.evaluate.seed_spread import seed_margin
     from packtrain.registry.op import promotion_verdict
 
@@ -247,7 +247,7 @@ def test_against_reproduces_every_number_and_registers_nothing(world, history, t
 
 
 def test_mixed_tokenizers_compare_bits_per_byte(world, tmp_path):
-    from packtrain.evaluate.paired_eval import paired_evaluation
+    from packtrain.evaluate.paired_scores import paired_evaluation
     from packtrain.registry.op import promotion_verdict
 
     other = build_tiny_model_dir(tmp_path / "other0", domain_a(60, 5), vocab_size=400, hidden_size=32, seed=3)

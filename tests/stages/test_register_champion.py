@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from packtrain.cli import main
-from packtrain.evaluate.tiny import build_tiny_model_dir, write_tiny_packs
 from packtrain.stages.lineage import Lineage
 from packtrain.stages.results import TrainResult
+from packtrain.testing.tiny_model import build_tiny_model_dir, write_tiny_packs
 
 TEXTS = ["def area(r):\n    return 3.14159 * r * r\n", "import os\nimport sys\nprint(sys.argv)\n",
          "The quick brown fox jumps over the lazy dog. " * 3] * 8
@@ -148,9 +148,9 @@ def test_champion_challenger_and_load_back(setup, capsys):
 
 
 def _better_than(version: str):
-    """A real verdict (packtrain.evaluate.paired) of a challenger 0.01 bits/byte better on every document."""
+    """A real verdict (packtrain.evaluate.promotion) of a challenger 0.01 bits/byte better on every document."""
     from packtrain.config.evaluate import PromotionConfig
-    from packtrain.evaluate.paired import decide_promotion
+    from packtrain.evaluate.promotion import decide_promotion
 
     nll = 500 + np.arange(20.0)
     cols = {m: {"nll": nll - d, "tokens": np.full(20, 90), "bytes": np.full(20, 400), "acc": np.full(20, np.nan)}
@@ -170,7 +170,7 @@ def test_champion_alias_moves_only_by_compare_and_set(tmp_path, monkeypatch):
     from registry_helpers import register_model_dir as register_model
 
     from packtrain.config.evaluate import RegisterConfig
-    from packtrain.tracking.run import set_fluent_tracking_uri
+    from packtrain.tracking.run_lifecycle import set_fluent_tracking_uri
 
     monkeypatch.chdir(tmp_path)
     model = build_tiny_model_dir(tmp_path / "model", TEXTS)

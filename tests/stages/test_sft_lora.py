@@ -47,7 +47,7 @@ def test_sft_lora_recipe_registers_merged_model_and_adapter_and_compares(tmp_pat
 
     from packtrain.cli import main
     from packtrain.data.synthetic_chat import write_synthetic_chat
-    from packtrain.model.adapter import load_adapter_model
+    from packtrain.model.lora import load_adapter_model
 
     chat = write_synthetic_chat(tmp_path / "chat_tiny.jsonl", n=160)
     before = chat.read_bytes()

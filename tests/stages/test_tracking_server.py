@@ -15,7 +15,7 @@ from mlflow_server import Server, free_port
 
 from packtrain.config import load_run_config
 from packtrain.tracking import end_pipeline_run, stage_run, start_pipeline_run
-from packtrain.tracking.run import _clients, _close_clients
+from packtrain.tracking.run_lifecycle import _clients, _close_clients
 
 pytestmark = pytest.mark.slow
 

@@ -22,7 +22,7 @@ from packtrain.telemetry.sampler import SystemSampler
 from packtrain.telemetry.thresholds import TelemetryWarning
 from packtrain.tracking import PARENT_ENV, end_pipeline_run, stage_run, start_pipeline_run
 from packtrain.tracking.layout import system_rows
-from packtrain.tracking.run import _clients, _close_clients, name_pipeline_run
+from packtrain.tracking.run_lifecycle import _clients, _close_clients, name_pipeline_run
 from packtrain.versioning import git_sha
 
 

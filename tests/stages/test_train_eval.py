@@ -28,7 +28,7 @@ def _args(data: Path, out: Path, *sets: str, tracking: bool = False) -> list[str
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
-    from packtrain.train.synthetic import make_synthetic_inputs
+    from packtrain.testing.synthetic_inputs import make_synthetic_inputs
 
     root = tmp_path_factory.mktemp("train_eval_data")
     make_synthetic_inputs(root, n_docs=30, vocab_size=V, budget=128, seed=1)

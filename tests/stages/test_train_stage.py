@@ -40,7 +40,7 @@ def _tree_digest(root: Path) -> str:
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
-    from packtrain.train.synthetic import make_synthetic_inputs
+    from packtrain.testing.synthetic_inputs import make_synthetic_inputs
 
     root = tmp_path_factory.mktemp("train_data")
     make_synthetic_inputs(root, n_docs=200, vocab_size=V, budget=128, seed=1)

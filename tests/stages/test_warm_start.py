@@ -20,7 +20,7 @@ import pytest
 from packtrain.cli import main
 from packtrain.data.token_store import TokenStore
 from packtrain.data.tokenizer_files import tokenizer_hash
-from packtrain.model.tiny import BOS, EOS, build_tiny_family_dir
+from packtrain.testing.tiny_families import BOS, EOS, build_tiny_family_dir
 
 V = 97
 COMMON = ["tokenize.eval_fraction=0.25", "tokenize.workers=1", "pack.budget=32", "train.rows=2",

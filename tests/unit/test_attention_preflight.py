@@ -13,7 +13,7 @@ from packtrain.cli import main
 from packtrain.config import load_run_config
 from packtrain.errors import ConfigError
 from packtrain.model.families import allowed_backends, pick_attention
-from packtrain.model.tiny import build_tiny_family_dir, tiny_family_config
+from packtrain.testing.tiny_families import build_tiny_family_dir, tiny_family_config
 
 V = 97
 

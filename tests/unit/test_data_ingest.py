@@ -16,7 +16,7 @@ from packtrain.data.corpus import select_default_corpus
 from packtrain.data.ingest import ingest_documents
 from packtrain.data.record_rules import has_visible
 from packtrain.data.source_files import SourceFile, discover_files
-from packtrain.data.sources import decode_utf8, read_txt
+from packtrain.data.source_readers import decode_utf8, read_txt
 from packtrain.errors import InputDataError
 
 

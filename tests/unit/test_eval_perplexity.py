@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 from packtrain.config import EvalConfig
 from packtrain.evaluate.loading import load_model_dir
 from packtrain.evaluate.perplexity import evaluate, evaluate_batches
-from packtrain.evaluate.tiny import build_tiny_model_dir, write_tiny_packs
 from packtrain.packing.batches import build_batch
+from packtrain.testing.tiny_model import build_tiny_model_dir, write_tiny_packs
 
 TEXTS = ["def area(r):\n    return 3.14159 * r * r\n", "import os\nimport sys\nprint(sys.argv)\n",
          "The quick brown fox jumps over the lazy dog. " * 3, "class Point:\n    x: int\n    y: int\n"] * 8

@@ -11,8 +11,8 @@ import torch
 from packtrain.config import ModelConfig, load_run_config
 from packtrain.errors import ConfigError, MissingDataError
 from packtrain.model.build import build_model
-from packtrain.model.source import resolve_init_source
-from packtrain.model.tiny import build_tiny_family_dir
+from packtrain.model.init_from import resolve_init_source
+from packtrain.testing.tiny_families import build_tiny_family_dir
 
 V = 97
 

@@ -3,7 +3,7 @@ document alone (fp32, ≤ 1e-5), AND equal transformers' eager attention on the 
 that dropped the family's sliding window or soft-cap would fail here, not only isolation). Pairs that cannot
 be honoured are refused with a message naming family, backend and why (one test per refused pair).
 
-Checkpoints are tiny random-weight save_pretrained directories (packtrain.model.tiny): sliding window 4 on the
+Checkpoints are tiny random-weight save_pretrained directories (packtrain.testing.tiny_families): sliding window 4 on the
 families that have one, Gemma2's soft-caps at 2/3, so every quirk changes the logits of the test documents
 (checked by the controls below). varlen runs on CUDA only: tests/gpu/test_family_varlen.py.
 """
@@ -21,8 +21,8 @@ from packtrain.errors import ConfigError
 from packtrain.model.attention import model_inputs
 from packtrain.model.build import build_model
 from packtrain.model.families import FAMILIES, attention_semantics, check_attention, refusal
-from packtrain.model.tiny import FAMILY_NAMES, build_tiny_family_dir, tiny_family_model
 from packtrain.packing.batches import build_batch
+from packtrain.testing.tiny_families import FAMILY_NAMES, build_tiny_family_dir, tiny_family_model
 
 V = 97
 CPU_BACKENDS = ("sdpa", "eager", "flex")
@@ -196,7 +196,7 @@ def test_family_gemma2_packed_loss_applies_the_final_softcap_like_its_own_forwar
     import torch.nn.functional as F
 
     from packtrain.evaluate.perplexity import batch_loss_sum
-    from packtrain.model.tiny import tiny_family_model
+    from packtrain.testing.tiny_families import tiny_family_model
     from packtrain.train.loss import packed_causal_lm
 
     model = tiny_family_model("gemma2", vocab_size=64, attn_implementation="eager")

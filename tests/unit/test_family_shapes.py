@@ -11,10 +11,10 @@ import torch
 
 from packtrain.cli import main
 from packtrain.config import load_run_config
-from packtrain.model.tiny import FAMILY_NAMES, tiny_family_config
 from packtrain.planner import model_shape, plan_memory
 from packtrain.planner.shapes import shape_of_config
 from packtrain.telemetry.mfu import model_flop_dims, step_flops
+from packtrain.testing.tiny_families import FAMILY_NAMES, tiny_family_config
 
 QWEN2 = {  # the released Qwen2 configs' sizes (151,936-token vocabulary, tied, GQA with 2 KV heads)
     "0.5b": dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,

@@ -132,7 +132,7 @@ def test_converted_model_trains_with_checkpointing_and_chunked_loss():
 @needs_torchao
 def test_lora_adapters_stay_out_frozen_base_converts():
     from packtrain.config.train import AdapterConfig
-    from packtrain.model.adapter import apply_adapter
+    from packtrain.model.lora import apply_adapter
 
     model = tiny_llama()
     apply_adapter(model, AdapterConfig(type="lora", r=16), base_dtype=torch.bfloat16)

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from packtrain.errors import ConfigError
 from packtrain.gate import MetricSource, Rule, gate, load_rules
 from packtrain.gate.gate import check, combined_value
-from packtrain.gate.sources import load_file
+from packtrain.gate.metric_sources import load_file
 
 HI = Rule("tps", "higher", max_drop=0.05)
 LO = Rule("mem", "lower", max_rise=0.05)

@@ -1,4 +1,4 @@
-"""The import graph of src/packtrain: imports go one way (no cycles) and no module only re-exports.
+"""The import graph of src/packtrain and of bench/: imports go one way (no cycles) and no module only re-exports.
 
 Every module under src/packtrain is parsed with `ast` (nothing is imported, so this takes well under a second).
 Every `import` / `from ... import` counts as an edge, wherever it stands: at module level, inside a function
@@ -51,8 +51,12 @@ from pathlib import Path
 
 import pytest
 
-SRC = Path(__file__).resolve().parents[2] / "src"
+REPO = Path(__file__).resolve().parents[2]
+SRC = REPO / "src"
 ROOT_PACKAGE = "packtrain"
+BENCH_PACKAGE = "bench"
+"""The benchmark is a package at the repository root (`python -m bench`); its graph is checked for cycles too
+(its imports of packtrain are edges out of it, not part of it: packtrain never imports bench)."""
 
 # Import cycles still present (strongly connected components, module names relative to `packtrain.`).
 # This set may only shrink: fix a cycle, then delete its entry (the test fails while a fixed cycle stays here).
@@ -82,10 +86,10 @@ def _short(module: str) -> str:
     return module.removeprefix(ROOT_PACKAGE + ".")
 
 
-def discover_modules(src: Path = SRC) -> dict[str, Path]:
+def discover_modules(src: Path = SRC, package: str = ROOT_PACKAGE) -> dict[str, Path]:
     """{'packtrain.gate.rules': Path(.../gate/rules.py), 'packtrain.gate': Path(.../gate/__init__.py), ...}"""
     modules = {}
-    for path in sorted((src / ROOT_PACKAGE).rglob("*.py")):
+    for path in sorted((src / package).rglob("*.py")):
         parts = list(path.relative_to(src).with_suffix("").parts)
         if parts[-1] == "__init__":
             parts.pop()
@@ -94,9 +98,9 @@ def discover_modules(src: Path = SRC) -> dict[str, Path]:
 
 
 class ImportGraph:
-    def __init__(self, src: Path = SRC):
+    def __init__(self, src: Path = SRC, package: str = ROOT_PACKAGE):
         self.src = src
-        self.modules = discover_modules(src)
+        self.modules = discover_modules(src, package)
         self.trees = {name: ast.parse(path.read_text(), str(path)) for name, path in self.modules.items()}
         self._bindings = {name: self._module_bindings(name) for name in self.modules if self._is_package(name)}
         self.edges = [edge for name in self.modules for edge in self._edges_of(name)]
@@ -139,7 +143,7 @@ class ImportGraph:
         return base
 
     def _edges_of(self, module: str) -> list[Edge]:
-        file = str(self.modules[module].relative_to(self.src.parent))
+        file = str(self.modules[module].relative_to(REPO if self.src == REPO else self.src.parent))
         edges = []
         for node in ast.walk(self.trees[module]):
             if isinstance(node, ast.Import):
@@ -282,6 +286,15 @@ def test_no_import_cycles_beyond_the_known_ones():
     )
     gone = KNOWN_CYCLES - {members for members, _ in cycles}
     assert not gone, f"no longer cycles, remove them from KNOWN_CYCLES (it may only shrink): {sorted(map(sorted, gone))}"
+
+
+def test_no_import_cycles_in_bench():
+    cycles = ImportGraph(REPO, BENCH_PACKAGE).cycles()
+    assert not cycles, (
+        "import cycles in bench/ (function-level imports count too); move the shared piece to a lower module "
+        "(as bench/lora_flops.py holds what bench/suites/lora.py and bench/lora_variants.py share):\n"
+        + _describe(cycles)
+    )
 
 
 def test_no_reexport_shims_beyond_the_known_ones():

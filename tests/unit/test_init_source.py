@@ -18,19 +18,19 @@ import torch
 from packtrain.config import ModelConfig, RegisterConfig, load_run_config
 from packtrain.data.tokenizer_files import tokenizer_hash
 from packtrain.errors import ConfigError, MissingDataError
-from packtrain.model.source import resolve_init_source
-from packtrain.model.tiny import BOS, EOS, build_tiny_family_dir
+from packtrain.model.init_from import resolve_init_source
 from packtrain.registry.source import SOURCE_FILE, cache_identity, resolve_init
+from packtrain.testing.tiny_families import BOS, EOS, build_tiny_family_dir
 
 V = 97
 
 
 def _promoted_over(version: str):
-    """A real paired verdict (packtrain.evaluate.paired): 3 nats better on each of 20 documents."""
+    """A real paired verdict (packtrain.evaluate.promotion): 3 nats better on each of 20 documents."""
     import numpy as np
 
     from packtrain.config.evaluate import PromotionConfig
-    from packtrain.evaluate.paired import decide_promotion
+    from packtrain.evaluate.promotion import decide_promotion
 
     nll = 500 + np.arange(20.0)
     cols = {m: {"nll": nll - d, "tokens": np.full(20, 90), "bytes": np.full(20, 400), "acc": np.full(20, np.nan)}
@@ -43,7 +43,7 @@ def _promoted_over(version: str):
 def registry(tmp_path_factory):
     from registry_helpers import register_model_dir as register_model
 
-    from packtrain.tracking.run import set_fluent_tracking_uri
+    from packtrain.tracking.run_lifecycle import set_fluent_tracking_uri
 
     root = tmp_path_factory.mktemp("registry")
     uri = f"sqlite:///{root / 'mlflow.db'}"

@@ -21,7 +21,7 @@ from packtrain.model.build import build_model
 from packtrain.model.rope import rotary_state
 from packtrain.packing.batches import IGNORE, PackedLoader, build_batch, token_loss_sum, token_mean_loss
 from packtrain.packing.dataset import pack_dataset
-from packtrain.packing.synthetic import write_random_token_store
+from packtrain.testing.synthetic_lengths import write_random_token_store
 
 V = 61
 B = 16                                      # pack budget
@@ -279,7 +279,7 @@ def test_a_config_read_back_in_another_process_keeps_the_checkpoint_theta(tmp_pa
 
 @pytest.mark.parametrize("family", ["qwen3", "mistral"])
 def test_checkpoint_rope_kept_unless_set_and_overridden_when_set(tmp_path, capfd, family):
-    from packtrain.model.tiny import build_tiny_family_dir
+    from packtrain.testing.tiny_families import build_tiny_family_dir
 
     d = build_tiny_family_dir(tmp_path / family, family, vocab_size=V)
     theta = json.loads((d / "config.json").read_text()).get("rope_parameters", {}).get("rope_theta", 10000.0)

@@ -13,14 +13,14 @@ import torch
 from packtrain.config import ModelConfig, PlanConfig, TrainConfig
 from packtrain.config.train import AdapterConfig
 from packtrain.errors import ConfigError
-from packtrain.model.adapter import adapter_param_count, apply_adapter, base_of
 from packtrain.model.attention import available_backends, model_inputs
 from packtrain.model.build import build_model
+from packtrain.model.lora import adapter_param_count, apply_adapter, base_of
 from packtrain.packing.batches import build_batch
 from packtrain.planner import plan_memory
-from packtrain.planner.memory import CUDA_WORKSPACE_BYTES
 from packtrain.planner.shapes import model_shape
 from packtrain.planner.states import lora_params
+from packtrain.planner.step_bytes import CUDA_WORKSPACE_BYTES
 from packtrain.train import checkpoint as ck
 from packtrain.train import techniques as tq
 from packtrain.train.loss import packed_causal_lm
@@ -168,7 +168,7 @@ def test_branches_sharing_their_input_under_autocast_are_bitwise_the_same_and_ke
     """peft's per-branch cast to the fp32 adapter is undone by autocast; with it off (what training does) the loss
     and every gradient are bitwise equal, autograd keeps fewer bytes, and a checkpointed layer's recompute in
     backward (outside the autocast block) still runs."""
-    from packtrain.model.adapter import adapter_input_casts, lora_layers
+    from packtrain.model.lora import adapter_input_casts, lora_layers
 
     model, peft_model = _lora_model(base_dtype=torch.bfloat16)
     tq.apply_activation_checkpointing(model, TrainConfig(activation_checkpointing=ac))

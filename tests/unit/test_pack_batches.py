@@ -15,7 +15,7 @@ from packtrain.errors import ConfigError, InputDataError, MissingDataError
 from packtrain.packing.batches import PackedLoader, build_batch, token_mean_loss
 from packtrain.packing.dataset import pack_dataset
 from packtrain.packing.store import PackStore, write_pack_store
-from packtrain.packing.synthetic import write_random_token_store
+from packtrain.testing.synthetic_lengths import write_random_token_store
 
 
 def test_build_batch_matches_the_docstring_picture():

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from packtrain.packing.batches import PackedBatch, build_batch, token_loss_sum, token_mean_loss
-from packtrain.packing.plan import pack_lengths
+from packtrain.packing.bins import pack_lengths
 
 BUDGET, VOCAB = 24, 97
 LENGTHS = [5, 9, 2, 14, 7, 1, 11, 3, 6, 10]     # 68 tokens: packs with 1-4 documents, some padding

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from packtrain.packing import strategies
-from packtrain.packing.plan import (
+from packtrain.packing.bins import (
     STRATEGIES,
     bfd_without_mbs,
     carry_order,
@@ -19,7 +19,7 @@ from packtrain.packing.plan import (
     pack_lengths,
     repair_packs,
 )
-from packtrain.packing.synthetic import length_set
+from packtrain.testing.synthetic_lengths import length_set
 
 # (lengths, budget, strategy, expected packs as (doc_index, start, length) lists)
 TABLE = [
@@ -205,7 +205,7 @@ def test_mbs_and_repair_put_every_document_in_one_pack_within_budget(lengths, bu
     assert repair_packs(ln, budget, strategies.mbs(ln, budget), stride).max() <= strategies.mbs(ln, budget).max()
 
 
-# 100k documents of packtrain.packing.synthetic, budget 2048: packs before → now. Pareto and lognormal reach
+# 100k documents of packtrain.testing.synthetic_lengths, budget 2048: packs before → now. Pareto and lognormal reach
 # the L2 bound; uniform stays above L2 but reaches the LP (Gilmore-Gomory) bound of bench/suites/pack_fill.py
 # (seed 2: LP 50,163.0, L2 50,141), so no packer can do better.
 FILL_TABLE = [("pareto", 0, 8347, 8345), ("lognormal", 0, 22535, 22534), ("uniform", 2, 50168, 50163)]

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from packtrain.config.evaluate import PromotionConfig
-from packtrain.evaluate.paired import bootstrap, decide_promotion
+from packtrain.evaluate.promotion import bootstrap, decide_promotion
 from packtrain.registry.champion import CHALLENGER, CHAMPION, decide_from_verdict
 
 CFG = PromotionConfig(resamples=500)

@@ -9,8 +9,8 @@ import warnings
 import pytest
 
 from packtrain.config import load_run_config
-from packtrain.planner import memory as mem
 from packtrain.planner import plan_memory
+from packtrain.planner import step_bytes as mem
 from packtrain.planner.shapes import model_shape
 
 V = 512

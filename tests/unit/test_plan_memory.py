@@ -11,7 +11,7 @@ from packtrain.cli import main
 from packtrain.config import load_run_config
 from packtrain.errors import ConfigError
 from packtrain.planner import choose_shape, model_shape, plan_memory
-from packtrain.planner import memory as mem
+from packtrain.planner import step_bytes as mem
 from packtrain.planner.shapes import ModelShape
 from packtrain.planner.states import model_states
 

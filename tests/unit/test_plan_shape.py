@@ -24,7 +24,7 @@ AUTO = ["train.rows=auto", "plan.device_memory_gib=0.0055"]
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
-    from packtrain.train.synthetic import make_synthetic_inputs
+    from packtrain.testing.synthetic_inputs import make_synthetic_inputs
 
     root = tmp_path_factory.mktemp("plan_shape")
     make_synthetic_inputs(root, n_docs=80, vocab_size=V, budget=BUDGET, seed=2)

@@ -25,8 +25,8 @@ def registered(tmp_path_factory):
     from registry_helpers import register_model_dir as register_model
     from transformers import AutoModelForCausalLM
 
-    from packtrain.evaluate.tiny import build_tiny_model_dir
-    from packtrain.tracking.run import set_fluent_tracking_uri
+    from packtrain.testing.tiny_model import build_tiny_model_dir
+    from packtrain.tracking.run_lifecycle import set_fluent_tracking_uri
 
     tmp_path = tmp_path_factory.mktemp("register-files")
     exported = build_tiny_model_dir(tmp_path / "model", TEXTS)
@@ -51,7 +51,7 @@ def registered(tmp_path_factory):
 def _download(uri: str, model_uri: str, dst):
     import mlflow
 
-    from packtrain.tracking.run import set_fluent_tracking_uri
+    from packtrain.tracking.run_lifecycle import set_fluent_tracking_uri
 
     set_fluent_tracking_uri(uri)
     try:
@@ -94,7 +94,7 @@ def test_pyfunc_predict_keeps_the_transformers_contract(registered):
     import mlflow
     import pandas as pd
 
-    from packtrain.tracking.run import set_fluent_tracking_uri
+    from packtrain.tracking.run_lifecycle import set_fluent_tracking_uri
 
     set_fluent_tracking_uri(registered["uri"])
     try:
@@ -142,7 +142,7 @@ def test_a_directory_the_files_flavor_cannot_take_is_loaded_and_re_saved(registe
     from registry_helpers import register_model_dir as register_model
 
     from packtrain.registry.model import load_registered
-    from packtrain.tracking.run import set_fluent_tracking_uri
+    from packtrain.tracking.run_lifecycle import set_fluent_tracking_uri
 
     d = shutil.copytree(registered["dir"], tmp_path / "no-arch")
     cfg = json.loads((d / "config.json").read_text())

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from packtrain.tracking import apply
+from packtrain.tracking import store_ops
 from packtrain.tracking.transport import is_transient
 
 OP = {"op": "register_model", "id": "op1", "run_id": "r1"}
@@ -20,23 +20,23 @@ def _client(tmp_path: Path):
 
 
 def test_without_its_handler_the_op_stays_pending(tmp_path, monkeypatch):
-    monkeypatch.setattr(apply, "HANDLERS", {})
-    with pytest.raises(apply.Blocked, match="install_handlers") as e:
-        apply.apply_op(_client(tmp_path), OP)
+    monkeypatch.setattr(store_ops, "HANDLERS", {})
+    with pytest.raises(store_ops.Blocked, match="install_handlers") as e:
+        store_ops.apply_op(_client(tmp_path), OP)
     assert is_transient(e.value)   # the replayer keeps it in the buffer (not rejected.jsonl)
     with pytest.raises(ValueError, match="unknown buffered op 'nope'"):
-        apply.apply_op(_client(tmp_path), {**OP, "op": "nope"})
+        store_ops.apply_op(_client(tmp_path), {**OP, "op": "nope"})
 
 
 def test_the_registered_callable_applies_it(tmp_path, monkeypatch):
-    monkeypatch.setattr(apply, "HANDLERS", {})
+    monkeypatch.setattr(store_ops, "HANDLERS", {})
     calls = []
-    apply.register_handler("register_model", lambda *a: calls.append(a) or {"version": "1"})
-    assert apply.apply_op(_client(tmp_path), OP) == {"version": "1"}
+    store_ops.register_handler("register_model", lambda *a: calls.append(a) or {"version": "1"})
+    assert store_ops.apply_op(_client(tmp_path), OP) == {"version": "1"}
     assert calls == [("client", "sqlite:///x.db", "r1", OP, None)]
 
     from packtrain.registry import install_handlers
     from packtrain.registry.apply import apply_registration
 
     install_handlers()
-    assert apply.HANDLERS["register_model"] is apply_registration
+    assert store_ops.HANDLERS["register_model"] is apply_registration

@@ -17,8 +17,8 @@ import torch
 
 from packtrain.config import RegisterConfig, load_run_config
 from packtrain.model.logged_model import PickleRefused
-from packtrain.model.tiny import BOS, build_tiny_family_dir
 from packtrain.registry.source import resolve_init
+from packtrain.testing.tiny_families import BOS, build_tiny_family_dir
 
 V = 97
 _seen: list[tuple[str, str]] = []
@@ -51,7 +51,7 @@ def registry(tmp_path_factory):
     from registry_helpers import register_model_dir as register_model
     from transformers import AutoModelForCausalLM
 
-    from packtrain.tracking.run import set_fluent_tracking_uri
+    from packtrain.tracking.run_lifecycle import set_fluent_tracking_uri
 
     root = tmp_path_factory.mktemp("registry")
     uri = f"sqlite:///{root / 'mlflow.db'}"

@@ -13,8 +13,8 @@ import pytest
 from packtrain.config import load_run_config
 from packtrain.config.evaluate import PromotionConfig
 from packtrain.errors import ConfigError, MissingDataError
-from packtrain.evaluate.paired import decide_promotion, verdict_markdown
 from packtrain.evaluate.power import check_power, power_table
+from packtrain.evaluate.promotion import decide_promotion, verdict_markdown
 from packtrain.evaluate.seed_spread import mde, recipe_hash, resolve_seed_spread, seed_margin, t_quantile
 
 CFG = PromotionConfig(resamples=500)

@@ -59,7 +59,7 @@ def test_zero2_on_cpu_trains_like_the_torch_engine(tmp_path):
     The first run on a machine JIT-builds DeepSpeed's shm_comm op (~50 s, cached in TORCH_EXTENSIONS_DIR,
     default ~/.cache/packtrain/torch_extensions)."""
     from packtrain.cli import main
-    from packtrain.train.synthetic import make_synthetic_inputs
+    from packtrain.testing.synthetic_inputs import make_synthetic_inputs
 
     make_synthetic_inputs(tmp_path, n_docs=120, vocab_size=96, budget=64, seed=2)
     common = ["train", "--packs", str(tmp_path / "pack"), "--tokens", str(tmp_path / "tokenize")]

@@ -9,8 +9,8 @@ import pytest
 from packtrain.config import PackConfig
 from packtrain.packing.batches import PackedLoader
 from packtrain.packing.dataset import pack_dataset
-from packtrain.packing.synthetic import write_random_token_store
-from packtrain.train.runtime import Prefetcher
+from packtrain.testing.synthetic_lengths import write_random_token_store
+from packtrain.train.prefetch import Prefetcher
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,8 @@ import pytest
 from packtrain.config import load_run_config
 from packtrain.errors import ConfigError
 from packtrain.planner.micro_batch import Shape, choose_shape
-from packtrain.train.runtime import dist_info, oom_error
+from packtrain.train.distributed import dist_info
+from packtrain.train.oom import oom_error
 
 
 @pytest.mark.parametrize("rows, grad_accum", [(4, 1), (1, 1), (3, 2)])

@@ -19,7 +19,7 @@ TINY = ModelConfig(hidden_size=16, intermediate_size=32, num_layers=1, num_heads
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
-    from packtrain.train.synthetic import make_synthetic_inputs
+    from packtrain.testing.synthetic_inputs import make_synthetic_inputs
 
     root = tmp_path_factory.mktemp("session_data")
     make_synthetic_inputs(root, n_docs=40, vocab_size=64, budget=64, seed=3)

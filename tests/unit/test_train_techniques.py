@@ -180,7 +180,7 @@ def test_allocator_env_is_set_once_and_respects_the_user(monkeypatch):
 
 @pytest.fixture(scope="module")
 def synthetic(tmp_path_factory):
-    from packtrain.train.synthetic import make_synthetic_inputs
+    from packtrain.testing.synthetic_inputs import make_synthetic_inputs
 
     return make_synthetic_inputs(tmp_path_factory.mktemp("syn"), n_docs=120, vocab_size=V, budget=64)
 

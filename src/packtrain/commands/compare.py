@@ -67,7 +67,7 @@ def validation_lines(uri: str, refs: list[str]) -> list[str]:
     from mlflow import MlflowClient
     from mlflow.exceptions import MlflowException
 
-    from packtrain.gate.sources import _model_version
+    from packtrain.gate.metric_sources import _model_version
 
     client = MlflowClient(tracking_uri=uri, registry_uri=uri)
     out = []

@@ -49,8 +49,8 @@ def run_against(cfg, model_dir, packs_dir, out, ref: str) -> int:
     import sys
 
     from packtrain.evaluate.loading import check_model_dir
-    from packtrain.evaluate.paired import verdict_markdown
-    from packtrain.evaluate.paired_eval import paired_evaluation
+    from packtrain.evaluate.paired_scores import paired_evaluation
+    from packtrain.evaluate.promotion import verdict_markdown
     from packtrain.publish import staged_output
     from packtrain.registry.op import promotion_verdict
 

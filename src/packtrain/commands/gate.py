@@ -32,7 +32,7 @@ def run(cfg, args) -> int:
     from pathlib import Path
 
     from packtrain.gate import evaluate_gate, load_rules, load_source, write_gate_outputs
-    from packtrain.gate.sources import needs_mlflow
+    from packtrain.gate.metric_sources import needs_mlflow
 
     rules = load_rules(args.rules)
     uri = None

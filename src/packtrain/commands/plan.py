@@ -72,7 +72,7 @@ def run(cfg, args) -> int:
     if args.device_memory_gib is not None and args.device_memory_gib <= 0:
         raise ConfigError(f"--device-memory-gib {args.device_memory_gib}: must be > 0")
     cfg = _with_flags(cfg, args)
-    from packtrain.model.source import init_from_value, is_registry_source
+    from packtrain.model.init_from import init_from_value, is_registry_source
 
     if is_registry_source(init_from_value(cfg.model)):   # champion / models:/...: plan the registered model's shape
         from packtrain.registry.source import resolve_init

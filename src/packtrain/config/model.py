@@ -20,7 +20,7 @@ _URI_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+:/")
 def _check_init_from(value: str) -> str:
     """Syntax only: scratch | champion | models:/NAME@ALIAS | models:/NAME/VERSION | a local path. Whether the
     directory exists or the registry knows the name is checked where the model is built
-    (packtrain.model.source.resolve_init_source)."""
+    (packtrain.model.init_from.resolve_init_source)."""
     if not value.strip():
         raise PydanticCustomError("blank_string", "only whitespace")
     if value.startswith("models:") and not REGISTRY_URI.match(value):

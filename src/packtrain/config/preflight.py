@@ -74,7 +74,7 @@ def check_attention_settings(cfg: RunSections) -> dict[str, list[str]]:
     flex)".
     """
     from packtrain.model.families import allowed_backends, check_attention
-    from packtrain.model.source import init_checkpoint_config, init_from_value
+    from packtrain.model.init_from import init_checkpoint_config, init_from_value
 
     family_cfg = init_checkpoint_config(cfg.model)
     if family_cfg is None:

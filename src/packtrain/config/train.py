@@ -63,7 +63,7 @@ class DeepSpeedOptions(StrictModel):
 
 
 class AdapterConfig(StrictModel):
-    """A parameter-efficient adapter trained instead of the full model (packtrain.model.adapter, through peft).
+    """A parameter-efficient adapter trained instead of the full model (packtrain.model.lora, through peft).
 
     LoRA (Hu et al.): every target linear W (out × in) gets W + (alpha/r)·B·A with A (r × in), B (out × r);
     only A and B train — Σ r·(in + out) parameters over the targets (Llama-3-8B, r 16, all linears: 42M of

@@ -291,7 +291,7 @@ def prompt_tokens(mask: Sequence[int] | np.ndarray) -> int:
     return int(hits[0]) if len(hits) else len(m)
 
 
-# ---- reading: which files hold records (packtrain.data.sources) -----------------------------------------
+# ---- reading: which files hold records (packtrain.data.source_readers) -----------------------------------------
 
 def detect_record_format(obj: dict, text_field: str, record_format: str = "auto") -> RecordFormat:
     """The kind of a JSON record: `messages` when it has a "messages" key, `prompt_completion` when it has

@@ -92,7 +92,7 @@ def read_sources(src: EvalSources, text_field: str = "text", base: Path | None =
 
 
 def read_against(value: str, text_field: str) -> list[EvalDoc]:
-    """One `against` entry's text records (packtrain.data.contamination.read_eval_documents), a .jsonl record
+    """One `against` entry's text records (read_eval_documents, below), a .jsonl record
     without the text field refused with a hint naming the record's real text keys."""
     try:
         return read_eval_documents([value], text_field)
@@ -110,7 +110,7 @@ def read_eval_documents(paths: Iterable[str | Path], text_field: str = "text"
     text), .parquet per row (`p.parquet#41`); a folder: every such file in it. Read with ingest's readers, so a
     missing, empty or malformed eval file is the same InputDataError (exit 3) naming the file and line."""
     from packtrain.data.source_files import discover_files
-    from packtrain.data.sources import SkippedRecord, read_jsonl, read_parquet, read_txt
+    from packtrain.data.source_readers import SkippedRecord, read_jsonl, read_parquet, read_txt
 
     out: list[tuple[tuple[str, str, str], str]] = []
     for p in paths:

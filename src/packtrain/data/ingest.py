@@ -20,7 +20,7 @@ Order and ids are deterministic: files in sorted relative-path order, documents 
 source gives a byte-identical table (same pyarrow version). The table is streamed to a temp file in
 batches (≤ 4,096 documents or 64 MB) and renamed into place, so a failed ingest leaves no table behind and
 the source is only ever read. Duplicates are kept (validate reports them). Symbolic links in a source folder
-are followed safely (packtrain.data.sources.discover_files); the stage (packtrain.stages.ingest) builds the
+are followed safely (packtrain.data.source_files.discover_files); the stage (packtrain.stages.ingest) builds the
 table and ingest_stats.json in a staging directory and publishes both together (packtrain.publish).
 """
 
@@ -38,7 +38,14 @@ from packtrain.data.chat import file_record_format
 from packtrain.data.corpus import select_default_corpus
 from packtrain.data.record_rules import RowRules
 from packtrain.data.source_files import Discovery, SourceFile, discover_files
-from packtrain.data.sources import Doc, SkippedRecord, read_jsonl, read_parquet, read_txt, too_long_error
+from packtrain.data.source_readers import (
+    Doc,
+    SkippedRecord,
+    read_jsonl,
+    read_parquet,
+    read_txt,
+    too_long_error,
+)
 from packtrain.errors import InputDataError
 
 DOCUMENTS_FILE = "documents.parquet"

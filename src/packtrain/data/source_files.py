@@ -6,7 +6,7 @@
 Folders are walked in sorted order following symbolic links (also out of the folder), every folder read at
 most once by its resolved path; dangling or looping links, links to a folder already read and special files
 are named (`discover_files`). A missing source, an empty folder or an unsupported file type raises
-`InputDataError` naming the path and what is allowed. Reading the files found is packtrain.data.sources.
+`InputDataError` naming the path and what is allowed. Reading the files found is packtrain.data.source_readers.
 """
 
 from __future__ import annotations

@@ -11,6 +11,9 @@ writes N conversations, one JSON object per line, e.g.
 Every 4th record has a second user/assistant exchange, every 5th has no system turn, so templates, multi-turn
 masks and varying lengths are exercised. Same (n, seed) → byte-identical file. Answers are right, so a model
 fine-tuned on them has something learnable (loss on the assistant tokens falls quickly).
+
+It stays in the library, not packtrain.testing: it is a user command, the way to make the input of the shipped
+recipes/sft-tiny-cpu.yaml (its header and docs/finetune.md run it).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
     <model_dir>/config.json, model.safetensors, generation_config.json      (model.save_pretrained)
     <model_dir>/tokenizer.json, tokenizer_config.json                      (tokenizer.save_pretrained)
 
-or a LoRA run's adapter directory (packtrain.model.adapter.save_adapter_model):
+or a LoRA run's adapter directory (packtrain.model.lora.save_adapter_model):
 
     <model_dir>/adapter_config.json, adapter_model.safetensors              (peft save_pretrained)
     <model_dir>/packtrain_adapter.json     base location (base/ or the init_from directory), loss_on, merged/
@@ -100,7 +100,7 @@ def resolve_device(device: str = "auto"):
 def check_model_dir(model_dir: str | Path) -> Path:
     """The directory exists and holds config.json + weights + a tokenizer (or an adapter, its base and a
     tokenizer); returns it as a Path."""
-    from packtrain.model.adapter import ADAPTER_META, adapter_base_dir, read_adapter_meta
+    from packtrain.model.lora import ADAPTER_META, adapter_base_dir, read_adapter_meta
 
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
@@ -137,7 +137,7 @@ def model_loss_on(model_dir: str | Path) -> str:
     `packtrain_loss_on` (a full fine-tune with loss_on ≠ all), else 'all'."""
     import json
 
-    from packtrain.model.adapter import read_adapter_meta
+    from packtrain.model.lora import read_adapter_meta
 
     model_dir = Path(model_dir)
     meta = read_adapter_meta(model_dir)
@@ -154,7 +154,7 @@ def read_model_config(model_dir: str | Path):
     the family; InputDataError naming the directory when it cannot be read."""
     from transformers import AutoConfig
 
-    from packtrain.model.adapter import adapter_base_dir, read_adapter_meta
+    from packtrain.model.lora import adapter_base_dir, read_adapter_meta
 
     model_dir = check_model_dir(model_dir)
     meta = read_adapter_meta(model_dir)
@@ -176,9 +176,9 @@ def load_model_dir(model_dir: str | Path, device="cpu", attention: str = "auto")
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from packtrain.model.adapter import load_adapter_model, read_adapter_meta
     from packtrain.model.attention import HF_NAMES, register_attention_backends
     from packtrain.model.families import check_attention, pick_attention
+    from packtrain.model.lora import load_adapter_model, read_adapter_meta
 
     register_attention_backends()
     model_dir = check_model_dir(model_dir)

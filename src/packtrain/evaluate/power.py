@@ -13,7 +13,7 @@ strictest level α/m), α = 1 − confidence and the power of register.promotion
                                                 (2.241 + 0.842) · 0.25 / 8 = 0.096 bits/byte
     needs n ≥ n · (MDE / margin)²             for MDE ≤ margin
 
-The margin is the suite's (configured, or its seed margin when larger: packtrain.evaluate.paired.suite_margin);
+The margin is the suite's (configured, or its seed margin when larger: packtrain.evaluate.promotion.suite_margin);
 a primary suite must resolve at least the regression margin of its unit (a superiority margin of 0 can never be
 resolved). A suite with MDE > margin is named: a warning (power_check warn), a ConfigError (strict: exit 2,
 before any stage runs). Without a record (or a suite it does not cover) the MDE is unknown, and said so; strict
@@ -96,7 +96,7 @@ def suite_sizes(cfg: RunConfig, spread: dict) -> list[tuple[str, str, str, int |
 
 def power_table(cfg: RunConfig, spread: dict) -> list[SuitePower]:
     """Every suite's SuitePower under `spread` (packtrain.evaluate.seed_spread.resolve_seed_spread)."""
-    from packtrain.evaluate.paired import suite_margin
+    from packtrain.evaluate.promotion import suite_margin
     from packtrain.evaluate.seed_spread import mde
 
     p = cfg.register_.promotion

@@ -22,7 +22,7 @@ def _suite_docs(eval_dir: Path) -> dict[str, dict]:
     """{suite: {"kind", "docs": {doc_id: (nll, bytes) | acc}}} of the challenger in an evaluate output."""
     import pyarrow.parquet as pq
 
-    from packtrain.evaluate.paired_eval import SCORES_FILE
+    from packtrain.evaluate.paired_scores import SCORES_FILE
 
     path = Path(eval_dir) / SCORES_FILE
     if not path.is_file():

@@ -1,7 +1,7 @@
 """How much a suite's metric moves between two trainings that differ only in `train.seed`, and the margins
 and detectable effects that follow from it (docs/validation.md "Seed noise").
 
-The paired bootstrap of packtrain.evaluate.paired resamples documents with both models fixed: it says how sure
+The paired bootstrap of packtrain.evaluate.promotion resamples documents with both models fixed: it says how sure
 we are that *these two weights* differ, not that the recipe change did anything. Two trainings of one recipe
 that differ only in the seed differ too (Dodge et al. 2020: of the order of the effects people report). The
 calibration record measures that spread:

@@ -12,9 +12,9 @@ Module imports are light (no mlflow/matplotlib at import time).
 """
 
 from packtrain.gate.gate import GateFailed, GateResult, GateRow, evaluate_gate, gate, write_gate_outputs
+from packtrain.gate.metric_sources import MetricSource, load_source
 from packtrain.gate.metrics import GATE_METRICS, GateMetric
 from packtrain.gate.rules import Rule, Rules, default_rules, load_rules
-from packtrain.gate.sources import MetricSource, load_source
 
 __all__ = ["GATE_METRICS", "GateFailed", "GateMetric", "GateResult", "GateRow", "MetricSource", "Rule", "Rules",
            "default_rules", "evaluate_gate", "gate", "load_rules", "load_source", "write_gate_outputs"]

@@ -23,7 +23,7 @@ slot_tokens_per_s, dense_mfu, and packtrain's system.utilization_pct / system.me
 the sampler started).
 
 Numbers (headline table, compare.json "metrics") are each run tree read as `packtrain gate` reads it
-(packtrain.gate.sources.load_run: the train, pack and evaluate stage runs under the canonical names of
+(packtrain.gate.metric_sources.load_run: the train, pack and evaluate stage runs under the canonical names of
 packtrain.gate.metrics, e.g. `train.throughput.real_tokens_per_s`). Params: only those that differ, grouped
 by stage (the first dotted part: `train.lr` → train); a pipeline run holds the whole flattened config, a
 stage run its own section. Gate: the first run is the baseline, every other run a candidate, judged by
@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from packtrain.errors import ConfigError
-from packtrain.gate.sources import _client, _short, missing
+from packtrain.gate.metric_sources import _client, _short, missing
 
 PIPELINE_FILTER = "tags.packtrain.kind = 'pipeline'"
 STAGE_FILTER = "tags.packtrain.kind = 'stage'"
@@ -129,7 +129,7 @@ def compare_runs(run_refs: list[str] | None = None, experiment: str | None = Non
                  rules=None) -> Comparison:
     """Resolve the runs (refs, or the pipeline runs of `experiment` matching `filter_string`, oldest first),
     walk each to its train stage run, and line them up (see the module docstring)."""
-    from packtrain.gate.sources import load_run
+    from packtrain.gate.metric_sources import load_run
     from packtrain.tracking.refs import resolve_run_ref
 
     client = _client(tracking_uri)

@@ -25,9 +25,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from packtrain.errors import PacktrainError
+from packtrain.gate.metric_sources import MetricSource, aggregate_values
 from packtrain.gate.noise import device_kind
 from packtrain.gate.rules import Rule, Rules, default_rules
-from packtrain.gate.sources import MetricSource, aggregate_values
 from packtrain.publish import atomic_write_text, write_json
 
 __all__ = ["GateFailed", "GateRow", "GateResult", "evaluate_gate", "gate", "write_gate_outputs", "default_rules",

@@ -85,7 +85,7 @@ def build_model(model_cfg: ModelConfig, vocab_size: int, attention: str = "sdpa"
     import torch
     from transformers import LlamaForCausalLM
 
-    from packtrain.model.source import resolve_init_source
+    from packtrain.model.init_from import resolve_init_source
 
     register_attention_backends()
     if attention not in HF_NAMES:

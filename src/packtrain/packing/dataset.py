@@ -25,7 +25,7 @@ import numpy as np
 from packtrain.config.packing import PackConfig
 from packtrain.data.token_store import SPLIT_EVAL, SPLIT_TRAIN, TokenStore
 from packtrain.errors import InputDataError
-from packtrain.packing.plan import PackPlan, l2_bound_packs, lower_bound_packs, pack_lengths
+from packtrain.packing.bins import PackPlan, l2_bound_packs, lower_bound_packs, pack_lengths
 from packtrain.packing.store import write_pack_store
 from packtrain.publish import staged_output, write_json
 

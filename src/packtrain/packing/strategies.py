@@ -25,7 +25,7 @@ mbs — minimum bin slack (Gupta & Ho 1999) in the variant that seeds every bin 
     bins as the counts allow. Cost: O(N log N) for the sort plus O(#patterns) pattern searches, independent
     of N (B 2048: ~2,000 patterns per 100k items, ~0.1 s). Where BFD leaves a long item's gap open, MBS
     fills it before moving on: 100k Pareto documents, 8,347 → 8,346 packs (the L2 bound is 8,345); its own
-    weak spot is the end, where only the shortest lengths are left (`plan.repair_packs` closes that).
+    weak spot is the end, where only the shortest lengths are left (`bins.repair_packs` closes that).
 ffd — first-fit-decreasing: per length class, the lowest-numbered bins with space ≥ l each take
     floor(space / l) items (numpy over the open bins), so it costs O(L · open bins).
 sequential — next-fit in the given order (no reordering): a pack is closed when the next item does not fit.

@@ -68,7 +68,7 @@ def _start_parent(cfg, runner: str) -> str | None:
     import mlflow  # noqa: F401  (imported first: its import resets the "mlflow" logger to INFO)
 
     from packtrain.tracking import StageRun, start_pipeline_run
-    from packtrain.tracking.run import get_client
+    from packtrain.tracking.run_lifecycle import get_client
     from packtrain.versioning import code_version
 
     logging.getLogger("mlflow").setLevel(logging.WARNING)  # not "Creating initial MLflow database tables"
@@ -85,7 +85,7 @@ def _end_parent(cfg, run: _Run, status: str) -> None:
     version), then the end."""
     from packtrain.tracking import StageRun, end_pipeline_run
     from packtrain.tracking.layout import data_version_of, pipeline_run_name
-    from packtrain.tracking.run import get_client
+    from packtrain.tracking.run_lifecycle import get_client
 
     stages, parent = run.stages, cast(str, run.parent)
     metrics = {f"{s}.{k}": v for s, st in stages.items() for k, v in flat_numbers(st).items()}
@@ -371,7 +371,7 @@ def _stage_run_tags(stages: dict[str, dict]) -> dict[str, str]:
 def _footer(cfg, tracking_uri: str, parent: str | None, stages: dict[str, dict]) -> list[str]:
     """The MLflow hint, the run id and the copy-pasteable compare/gate lines (packtrain.tracking.links)."""
     from packtrain.tracking.links import run_footer, store_args
-    from packtrain.tracking.run import get_client
+    from packtrain.tracking.run_lifecycle import get_client
 
     client = get_client(cfg)
     run_id = client.resolve(parent) if parent else None

@@ -249,7 +249,7 @@ def registered_model(cfg) -> dict:
     import mlflow
 
     from packtrain.tracking import resolve_tracking_uri
-    from packtrain.tracking.run import set_fluent_tracking_uri
+    from packtrain.tracking.run_lifecycle import set_fluent_tracking_uri
 
     set_fluent_tracking_uri(resolve_tracking_uri(cfg))
     client = mlflow.MlflowClient()

@@ -95,7 +95,7 @@ def config_parts(stage: str, cfg, inputs: dict[str, str] | None = None) -> dict[
       the directory's fingerprint), so a new champion is a miss and the same one a hit; train then also
       holds its `init_config` (the step-0 evaluation's `evaluate` section);
     - evaluate: `against`, the champion version it scores next to the model and every suite file's md5
-      (packtrain.evaluate.paired_eval.evaluate_identity);
+      (packtrain.evaluate.paired_scores.evaluate_identity);
     - register: `tracking.resolved_uri`, where the registry really is (MLFLOW_TRACKING_URI wins), redacted
       because the key parts are written to disk (cache entry.json); a password never changes the registry.
 
@@ -116,7 +116,7 @@ def config_parts(stage: str, cfg, inputs: dict[str, str] | None = None) -> dict[
             parts["init"] = init
             parts.update({path: _at(d, path) for path in spec.init_config})
     if stage == "evaluate":   # the champion it is compared with and the suite files' md5 (a new champion: a miss)
-        from packtrain.evaluate.paired_eval import evaluate_identity
+        from packtrain.evaluate.paired_scores import evaluate_identity
         from packtrain.versioning import data_md5
 
         model = Path(inputs["model"]) / "model" if inputs and "model" in inputs else None
@@ -192,7 +192,7 @@ def run_stage(stage: str, cfg, inputs: Mapping[str, str | Path], out_dir: str | 
     component). `train` resumes from its own checkpoints: a retried pod (same output dir) continues its killed
     attempt instead of being refused; a fresh output dir starts at step 0."""
     from packtrain.registry import install_handlers
-    from packtrain.tracking.run import stage_run_record
+    from packtrain.tracking.run_lifecycle import stage_run_record
 
     install_handlers()   # a buffered registration can be replayed by any stage's tracked run
     paths = {k: str(v) for k, v in inputs.items()}
@@ -214,7 +214,7 @@ def run_stage(stage: str, cfg, inputs: Mapping[str, str | Path], out_dir: str | 
     stats = stats_dict(RUNNERS[stage](cfg, *args, Path(out_dir), **({"resume": True} if stage == "train" else {})))
     if stage == "ingest":   # the data version is known now: the pipeline run's name says it
         from packtrain.tracking.layout import data_version_of
-        from packtrain.tracking.run import name_pipeline_run
+        from packtrain.tracking.run_lifecycle import name_pipeline_run
 
         name_pipeline_run(cfg, data_version_of(stats))
     rec = stage_run_record(stage)
@@ -279,7 +279,7 @@ def log_cache_hit(parent: str, cfg, stage: str, stats: dict) -> str:
     from packtrain.tracking.context import base_tags
     from packtrain.tracking.layout import data_version_of
     from packtrain.tracking.restore import restore_run
-    from packtrain.tracking.run import get_client, name_pipeline_run
+    from packtrain.tracking.run_lifecycle import get_client, name_pipeline_run
 
     client = get_client(cfg)
     tags = {**base_tags("stage", cfg.name, stage), "mlflow.parentRunId": client.resolve(parent),
@@ -348,7 +348,7 @@ def _ensure_parent_run(cfg, kfp_run_id: str) -> None:
     import mlflow
 
     from packtrain.tracking import resolve_tracking_uri
-    from packtrain.tracking.run import set_fluent_tracking_uri
+    from packtrain.tracking.run_lifecycle import set_fluent_tracking_uri
 
     set_fluent_tracking_uri(resolve_tracking_uri(cfg))
     exp = mlflow.set_experiment(cfg.tracking.experiment)

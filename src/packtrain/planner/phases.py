@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from packtrain.planner import memory as mem
+from packtrain.planner import step_bytes as mem
 from packtrain.planner.shapes import ModelShape
 from packtrain.planner.states import ModelStates, lora_states, model_states
 

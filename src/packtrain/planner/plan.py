@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Literal, cast
 
 from packtrain.errors import ConfigError
-from packtrain.planner import memory as mem
+from packtrain.planner import step_bytes as mem
 from packtrain.planner.phases import (
     component_notes,
     phase_components,

@@ -134,7 +134,7 @@ def model_shape(model_cfg: ModelConfig, plan_cfg: PlanConfig | None = None, voca
 
     Vocabulary: the checkpoint's, else the `vocab_size` argument, else `plan_cfg.vocab_size`.
     """
-    from packtrain.model.source import resolve_init_source
+    from packtrain.model.init_from import resolve_init_source
 
     source = resolve_init_source(model_cfg)
     if source is not None:

@@ -14,7 +14,7 @@ operation that registers a version and moves the champion/challenger aliases.
 
 The register stage (packtrain.stages.register) builds the op and submits it through its tracked run; the tracking
 buffer applies it live, or later when the store was down, through the handler `install_handlers` registers
-(packtrain.tracking.apply.register_handler): a plain call, no import by name. The CLI, the pipeline's stage
+(packtrain.tracking.store_ops.register_handler): a plain call, no import by name. The CLI, the pipeline's stage
 components and the register stage install it; a process that never did keeps a buffered registration pending
 (never rejected) until one that has replays it.
 
@@ -31,6 +31,6 @@ def install_handlers() -> None:
     """Register the buffered op kinds this room applies (`register_model` → apply_registration) with the tracking
     buffer; idempotent."""
     from packtrain.registry.apply import apply_registration
-    from packtrain.tracking.apply import register_handler
+    from packtrain.tracking.store_ops import register_handler
 
     register_handler("register_model", apply_registration)

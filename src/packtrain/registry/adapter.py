@@ -1,6 +1,6 @@
 """Registering a LoRA run: the registry holds the merged model, the adapter travels as an artifact beside it.
 
-A LoRA train stage writes model/ as (packtrain.model.adapter.save_adapter_model):
+A LoRA train stage writes model/ as (packtrain.model.lora.save_adapter_model):
 
     model/adapter_config.json, adapter_model.safetensors     peft's adapter (A, B of every target linear)
     model/packtrain_adapter.json                             base location, init_from, loss_on, r/alpha/targets
@@ -38,7 +38,7 @@ def registry_model_dir(model_dir: str | Path) -> Path:
     >>> # registry_model_dir("data/train/model")   full fine-tune → data/train/model
     >>> #                                          LoRA + save_merged → data/train/model/merged
     """
-    from packtrain.model.adapter import read_adapter_meta
+    from packtrain.model.lora import read_adapter_meta
 
     model_dir = Path(model_dir)
     meta = read_adapter_meta(model_dir)
@@ -61,7 +61,7 @@ def adapter_files(model_dir: Path) -> list[Path]:
 def log_adapter(client, run_id: str, model_dir: str | Path) -> dict[str, str]:
     """Log the adapter files of `model_dir` under the run's `adapter/` artifacts (overwritten on a repeat of the
     same op) and return the version tags naming it; {} for a full model."""
-    from packtrain.model.adapter import read_adapter_meta
+    from packtrain.model.lora import read_adapter_meta
 
     model_dir = Path(model_dir)
     meta = read_adapter_meta(model_dir)

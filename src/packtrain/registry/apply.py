@@ -31,7 +31,9 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from packtrain.gate.sources import TRAIN_RUN_TAG  # the version's training run: what `gate NAME@ALIAS` reads
+from packtrain.gate.metric_sources import (
+    TRAIN_RUN_TAG,  # the version's training run: what `gate NAME@ALIAS` reads
+)
 from packtrain.registry.adapter import log_adapter
 from packtrain.registry.champion import (
     CHALLENGER,
@@ -150,7 +152,7 @@ def _log_model_once(client, run_id: str, op: dict, model_dir: Path, card: str, s
 def train_run_of(client, run_id: str) -> str | None:
     """The train stage run of the pipeline tree `run_id` (the register run) belongs to, or None."""
     from packtrain.errors import MissingDataError
-    from packtrain.gate.sources import stage_runs
+    from packtrain.gate.metric_sources import stage_runs
 
     try:
         train = stage_runs(client, client.get_run(run_id))[1].get("train")
@@ -190,7 +192,7 @@ def apply_registration(client, tracking_uri: str, run_id: str, op: dict, model_d
 
     from packtrain.errors import MissingDataError
     from packtrain.secrets import redact_uri
-    from packtrain.tracking.run import set_fluent_tracking_uri
+    from packtrain.tracking.run_lifecycle import set_fluent_tracking_uri
 
     name, metric, oid, candidate = op["name"], op["metric"], op["id"], float(op["candidate"])
     set_fluent_tracking_uri(tracking_uri)   # Model.log and create_model_version read the global URI
@@ -303,14 +305,14 @@ def champion_value_of(promo: dict) -> float | None:
 
 
 def validation_tags(promo: dict) -> dict[str, str]:
-    from packtrain.evaluate.paired import PromotionVerdict
+    from packtrain.evaluate.promotion import PromotionVerdict
 
     return PromotionVerdict.from_dict(promo).tags()
 
 
 def _publish_validation(client, run_id: str, promo: dict) -> None:
     """validation/validation.md + validation/validation.json artifacts of the register run."""
-    from packtrain.evaluate.paired import PromotionVerdict, verdict_markdown
+    from packtrain.evaluate.promotion import PromotionVerdict, verdict_markdown
 
     tmp = Path(tempfile.mkdtemp(prefix="packtrain-validation-"))
     try:

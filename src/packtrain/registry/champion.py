@@ -1,7 +1,7 @@
 """Who holds the champion alias: the paired verdict, the gate against the champion, the compare-and-set.
 
     decide_from_verdict(verdict, ...)       the evaluate stage's paired comparison with champion v3 says promote
-                                            (packtrain.evaluate.paired) and v3 still holds the alias → champion
+                                            (packtrain.evaluate.promotion) and v3 still holds the alias → champion
     gate_against_champion(...)              champion by the verdict, and `register.gate` on (scheduled runs): the new
                                             version's training run must pass `packtrain gate` against the
                                             champion's (packtrain.gate, default noise-aware rules), else it
@@ -29,7 +29,7 @@ CHAMPION, CHALLENGER, DEFERRED = "champion", "challenger", "deferred"
 
 def decide_from_verdict(promotion: dict | None, has_champion: bool, champion_version: str | None
                         ) -> tuple[str, str]:
-    """(decision, reason) from the paired evaluation's verdict (packtrain.evaluate.paired.PromotionVerdict as a
+    """(decision, reason) from the paired evaluation's verdict (packtrain.evaluate.promotion.PromotionVerdict as a
     dict) and who holds the champion alias now. The verdict only counts against the version it was made
     against; there is no other rule.
 
@@ -104,7 +104,7 @@ def gate_against_champion(client, run_id: str, name: str, champion_version: str,
     cannot be found is "MISSING DATA" (exit 2), which does not pass."""
     from packtrain.errors import MissingDataError, PacktrainError
     from packtrain.gate import evaluate_gate, load_rules, write_gate_outputs
-    from packtrain.gate.sources import load_run, resolve_ref
+    from packtrain.gate.metric_sources import load_run, resolve_ref
 
     base_label = f"v{champion_version}"
     try:

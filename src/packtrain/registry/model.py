@@ -135,7 +135,7 @@ def load_registered(model_uri: str, tracking_uri: str | None = None, allow_pickl
     import mlflow
 
     from packtrain.model.logged_model import hf_files, load_hf, load_pickled
-    from packtrain.tracking.run import set_fluent_tracking_uri
+    from packtrain.tracking.run_lifecycle import set_fluent_tracking_uri
 
     # MLflow 3.17 resolves `models:/name@alias` through the *global* registry URI whatever download_artifacts
     # is given, so the store is made global for the download and the previous one restored after (also

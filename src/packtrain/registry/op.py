@@ -1,7 +1,7 @@
 """Register a trained model in the MLflow Model Registry and move the champion/challenger aliases.
 
     evaluate: challenger and champion v3 scored on the same suites (suite_scores.parquet, suites.json)
-    promotion_verdict(eval_dir, cfg.promotion)   paired per-document Δ, bootstrap CI, Holm (paired.py)
+    promotion_verdict(eval_dir, cfg.promotion)   paired per-document Δ, bootstrap CI, Holm (evaluate/promotion.py)
       promote → [register.gate: the training run passes `packtrain gate` against v3's]
               → log model, register v4 (tags: verdict, per suite Δ / CI / n / md5), champion v3 → v4 *if still v3*
       keep    → alias challenger → v4, champion stays on v3 (the reason names the suite and its CI)
@@ -38,9 +38,9 @@ def _eval_dict(eval_result) -> dict:
 
 
 def promotion_verdict(eval_dir: str | Path, cfg: RegisterConfig):
-    """The PromotionVerdict of an evaluate output directory under `cfg.promotion` (packtrain.evaluate.paired)."""
-    from packtrain.evaluate.paired import decide_promotion
-    from packtrain.evaluate.paired_eval import read_decision_input
+    """The PromotionVerdict of an evaluate output directory under `cfg.promotion` (packtrain.evaluate.promotion)."""
+    from packtrain.evaluate.paired_scores import read_decision_input
+    from packtrain.evaluate.promotion import decide_promotion
 
     suites, manifest = read_decision_input(Path(eval_dir))
     against = (manifest.get("against") or {}).get("label")

@@ -2,7 +2,7 @@
 
     resolve_init(cfg) -> InitSource(value, path, kind, name, version, uri, reason)
       scratch                  path None: random init from model.* sizes
-      /path/to/dir             that directory (config.json checked by packtrain.model.source)
+      /path/to/dir             that directory (config.json checked by packtrain.model.init_from)
       models:/NAME/VERSION     the version, from the Model Registry of the run's tracking URI
       models:/NAME@ALIAS       the version the alias points to now
       champion                 models:/<register.model_name>@champion; while there is none (the first
@@ -39,8 +39,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from packtrain.errors import InputDataError, MissingDataError
+from packtrain.model.init_from import init_from_value, is_registry_source, resolve_init_source
 from packtrain.model.saving import save_pretrained
-from packtrain.model.source import init_from_value, is_registry_source, resolve_init_source
 
 if TYPE_CHECKING:
     from packtrain.config import ModelConfig, RunConfig
@@ -167,7 +167,7 @@ def _find_version(uri: str, shown: str, value: str, name: str, alias: str | None
     from mlflow import MlflowClient
     from mlflow.exceptions import MlflowException
 
-    from packtrain.tracking.store import ensure_store
+    from packtrain.tracking.store_creation import ensure_store
     from packtrain.tracking.transport import is_transient, short_http
 
     ensure_store(uri)   # a fresh sqlite store: created by one process at a time
@@ -275,7 +275,7 @@ def _download_version(tracking_uri: str, name: str, version: str, dst: Path, run
 def _download(tracking_uri: str, model_uri: str, raw: Path) -> Path:
     import mlflow
 
-    from packtrain.tracking.run import set_fluent_tracking_uri
+    from packtrain.tracking.run_lifecycle import set_fluent_tracking_uri
 
     # as packtrain.registry.model.load_registered: MLflow 3.17 resolves models:/ through the global registry
     # URI whatever download_artifacts is given, so the store is made global for the download and restored after

@@ -6,7 +6,7 @@
                                          + lineage: md5 of the model and the eval split), also returned
               out_dir/samples.json       [{"prompt", "completion", "n_new_tokens"}]
               out_dir/suite_scores.parquet  per-document NLL, tokens, UTF-8 bytes (and task accuracy) of the
-                                         challenger and the champion on every suite (packtrain.evaluate.paired_eval)
+                                         challenger and the champion on every suite (packtrain.evaluate.paired_scores)
               out_dir/suites.json        the suites scored (md5, n, role), both models, the settings
       MLflow  run "evaluate": metrics eval_loss, perplexity, eval_tokens_per_s, eval_peak_memory_gib, ...;
               suite.<name>.<model>.bits_per_byte / .acc (+ .acc_stderr); every file as an artifact; the eval
@@ -108,7 +108,7 @@ def score_against(cfg: RunConfig, model_dir: Path, split: Path, out: Path, run, 
     import math
     import sys
 
-    from packtrain.evaluate.paired_eval import SCORES_FILE, paired_evaluation
+    from packtrain.evaluate.paired_scores import SCORES_FILE, paired_evaluation
 
     manifest, _ = paired_evaluation(cfg, model_dir, "champion" if cfg.evaluate.against == "champion" else "none",
                                     out, recent_packs=split, loaded=loaded, timings=timings)

@@ -81,6 +81,6 @@ def _heldout_tags(eval_dir: Path) -> dict[str, str]:
     import json
 
     from packtrain.evaluate.champion_domain import heldout_tags
-    from packtrain.evaluate.paired_eval import MANIFEST_FILE
+    from packtrain.evaluate.paired_scores import MANIFEST_FILE
 
     return heldout_tags(json.loads((eval_dir / MANIFEST_FILE).read_text(encoding="utf-8")))

@@ -180,8 +180,8 @@ def _run_train(cfg: RunConfig, packs_dir: Path, tokens_dir: Path, out_dir: Path,
     from packtrain.model.warm_start import check_store_matches_model
     from packtrain.registry.source import resolve_init
     from packtrain.telemetry.memory import begin_stage_memory
+    from packtrain.train.distributed import dist_info
     from packtrain.train.loop import train
-    from packtrain.train.runtime import dist_info
 
     begin_stage_memory()   # memory.cpu_peak_rss_gib: this stage's own peak, whatever ran before it in the process
     tokenizer_dir, backend = check_inputs(cfg, packs_dir, tokens_dir)

@@ -17,10 +17,10 @@ open a run for each store kind is packtrain.tracking.links.
 
 from packtrain.tracking.buffer import replay_dir
 from packtrain.tracking.context import PARENT_ENV, is_rank_zero
-from packtrain.tracking.handle import StageRun
 from packtrain.tracking.refs import RunRefError, resolve_run_ref, short_id, stage_run_of
 from packtrain.tracking.replay import ReplayResult, recorded_uris
-from packtrain.tracking.run import (
+from packtrain.tracking.run_handle import StageRun
+from packtrain.tracking.run_lifecycle import (
     buffer_dir_for,
     end_pipeline_run,
     resolve_tracking_uri,

@@ -21,7 +21,7 @@ after the window probes the store (2 s timeout), replays the backlog (this proce
 by exited processes: packtrain.tracking.replay) and then runs live. `packtrain mlflow replay` replays what is
 left. A replay never rewrites a buffer file: it records each applied op id in `applied.log` (append + fsync,
 packtrain.tracking.ledger) and deletes a file once all its ops are applied. Replaying twice, after a kill -9
-at any op, or from a copy of the buffer directory applies every op once (packtrain.tracking.apply says why
+at any op, or from a copy of the buffer directory applies every op once (packtrain.tracking.store_ops says why
 the store side is idempotent too).
 
 Secrets: ops record `redact_uri(uri)` (`https://user:***@host`), param and tag values pass through
@@ -52,10 +52,10 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from packtrain.secrets import redact_text, redact_uri, redact_value
-from packtrain.tracking.apply import PENDING, apply_op
 from packtrain.tracking.ledger import AppliedLog, read_ids
 from packtrain.tracking.replay import ReplayResult, replay_file, replay_files
-from packtrain.tracking.store import ensure_store
+from packtrain.tracking.store_creation import ensure_store
+from packtrain.tracking.store_ops import PENDING, apply_op
 from packtrain.tracking.transport import Blocked, is_transient, short_http
 
 log = logging.getLogger(__name__)
@@ -78,7 +78,7 @@ class BufferedClient:
         self.retry_after_s = retry_after_s
         self.applied = AppliedLog(self.buffer_dir)
         os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")   # its "View run at <uri>" line
-        ensure_store(tracking_uri)   # a fresh sqlite store is created by one process at a time (tracking.store)
+        ensure_store(tracking_uri)   # a fresh sqlite store is created by one process at a time (tracking.store_creation)
         self._client = MlflowClient(tracking_uri)
         self._lock = threading.RLock()
         self._down_until = 0.0

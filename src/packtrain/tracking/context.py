@@ -9,7 +9,7 @@ import socket
 from packtrain.versioning import git_sha  # the one git-HEAD lookup
 
 PARENT_ENV = "PACKTRAIN_PARENT_RUN_ID"
-"""The MLflow run id of the pipeline's parent run: set by `packtrain run`/Airflow (packtrain.tracking.run.
+"""The MLflow run id of the pipeline's parent run: set by `packtrain run`/Airflow (packtrain.tracking.run_lifecycle.
 start_pipeline_run) or by the first KFP component (packtrain.pipeline.runtime); every stage run nests under it."""
 
 # Orchestrator run ids: KFP components get KFP_RUN_ID from the pipeline room's components; Airflow exports

@@ -6,7 +6,7 @@
 
 Replay skips every op whose id is in applied.log, so a replay killed after op k and started again resumes
 at op k+1; the window between "the store applied op k" and "k's id is on disk" (one fsync, ~1 ms) is
-covered by the store side being idempotent too (packtrain.tracking.apply). A copy of the buffer directory
+covered by the store side being idempotent too (packtrain.tracking.store_ops). A copy of the buffer directory
 carries its applied.log. Ops written before ids existed get a stable id from their content (`op_id`).
 """
 

@@ -1,6 +1,6 @@
 """Who owns a stage run while it is RUNNING, and ending the runs whose owner is gone.
 
-A stage run (packtrain.tracking.run.stage_run) is ended FINISHED/FAILED/KILLED by the process that opened it,
+A stage run (packtrain.tracking.run_lifecycle.stage_run) is ended FINISHED/FAILED/KILLED by the process that opened it,
 in a `finally`. A process killed with SIGKILL (a scheduler, the OOM killer, `kill -9`) never gets there, so its
 run would stay RUNNING in MLflow forever. Every stage run therefore records its owner as tags:
 
@@ -24,7 +24,7 @@ and a note on stderr. Whatever cannot be decided from here is left RUNNING: a ru
 or boot (another machine may share the host name), a run without owner tags (made by an older packtrain), and,
 while the buffer still holds ops, a run that was created from the buffer (its own replayed ops may still end it).
 On a system without /proc (not Linux) nothing is ever marked. The pipeline's parent run opened by `packtrain run`
-(packtrain.tracking.run.start_pipeline_run) carries the same owner tags — the process that opens it ends it — and
+(packtrain.tracking.run_lifecycle.start_pipeline_run) carries the same owner tags — the process that opens it ends it — and
 opening one sweeps too, so a killed `packtrain run` leaves neither its stage run nor its pipeline run RUNNING. The
 parent run of a KFP run on a cluster has none: it is opened by one component and ended by another.
 """
@@ -99,7 +99,7 @@ def end_orphaned_runs(client: Any, experiment: str, opening: str) -> list[str]:
     """Mark KILLED (with packtrain.end_reason) the RUNNING runs of `experiment` whose owner is gone (module doc);
     `client` is the stage's BufferedClient, `opening` what is about to open a run ("stage train", "pipeline run"). Returns their ids. Never
     fails a stage: a store that cannot be searched now is left as it is."""
-    from packtrain.tracking.apply import PENDING_TAG
+    from packtrain.tracking.store_ops import PENDING_TAG
     from packtrain.tracking.transport import short_http
 
     here = _here()

@@ -12,10 +12,10 @@ replay its own backlog; so this module never imports it: a caller passes `open_c
 
 Per op: skip it if its id is in applied.log → apply it → record its id (fsync) → delete the buffer's copy
 of its file. A kill between "applied" and "recorded" re-applies one op on the next replay, which the store
-absorbs (packtrain.tracking.apply). The first transient failure in a file (store unreachable, or a run whose
+absorbs (packtrain.tracking.store_ops). The first transient failure in a file (store unreachable, or a run whose
 create_run is in a later file) keeps the rest of that file for the next pass or replay; an op the store
 refuses goes to rejected.jsonl and never blocks the others. So does an op whose file path leads outside the
-buffer's artifacts/ after resolving `..` and symbolic links (packtrain.tracking.apply.buffered_file): it is
+buffer's artifacts/ after resolving `..` and symbolic links (packtrain.tracking.store_ops.buffered_file): it is
 refused before anything is sent, listed in `refused` with the buffer file, line, path and what is allowed,
 and nothing it names is uploaded or deleted.
 
@@ -40,7 +40,6 @@ from typing import Any
 
 from packtrain.paths import PathOutsideError, confined_path
 from packtrain.secrets import MASK, has_userinfo, redact_text, strip_userinfo
-from packtrain.tracking.apply import buffered_file, drop_copy
 from packtrain.tracking.ledger import (
     APPLIED,
     REJECTED,
@@ -51,6 +50,7 @@ from packtrain.tracking.ledger import (
     read_ops,
     reject,
 )
+from packtrain.tracking.store_ops import buffered_file, drop_copy
 from packtrain.tracking.transport import is_transient, short_http
 
 log = logging.getLogger(__name__)
@@ -141,7 +141,7 @@ def replay_file(bc, fh, name: str, only_uri: str | None = None) -> ReplayResult:
 
 def _path_refusal(buffer_dir: Path, op: dict, file: Path, line_no: int) -> str | None:
     """Why the op on line `line_no` of buffer file `file` is refused (a path it names leads outside the
-    buffer's artifacts/: packtrain.tracking.apply.buffered_file), or None."""
+    buffer's artifacts/: packtrain.tracking.store_ops.buffered_file), or None."""
     if not (op.get("path") or op.get("buffered_path")):
         return None
     try:

@@ -4,7 +4,10 @@
     session.py          TrainSession: its parts built in order, per-step records, checks, final save
     parts.py            DataParts, ModelParts, Telemetry: declared fields (slots) + one builder each
     resume.py           Checkpointing: restore (resume / refuse / overwrite) and each checkpoint save
-    runtime.py          ranks/devices, TorchStepper, OOM error (the micro-batch shape: planner's choose_shape)
+    distributed.py      ranks, devices, host-side collectives (no-ops on one process)
+    torch_engine.py     TorchStepper: the plain torch/DDP engine; StepInfo, what every engine's step returns
+    oom.py              the out-of-memory error naming planned and observed peaks (shape: planner's choose_shape)
+    prefetch.py         Prefetcher: the next micro-batches collated in a background thread
     techniques.py       activation checkpointing, compile (+ recompile counter), AMP, AdamW, LR schedule
     loss.py             standard / chunked LM loss on packed batches
     checkpoint.py       atomic, checksummed, keep-last-K checkpoints; newest valid one for --resume

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from packtrain.errors import ConfigError
-from packtrain.train.runtime import StepInfo
+from packtrain.train.torch_engine import StepInfo
 
 if TYPE_CHECKING:
     from packtrain.config import TrainConfig

@@ -96,8 +96,8 @@ class Evaluator:
 
         from packtrain.config.evaluate import eval_precision
         from packtrain.evaluate.perplexity import evaluate_batches, open_eval_loader
-        from packtrain.model.adapter import adapter_input_casts, lora_layers
-        from packtrain.train.runtime import broadcast_object
+        from packtrain.model.lora import adapter_input_casts, lora_layers
+        from packtrain.train.distributed import broadcast_object
 
         cfg, model = self.eval_cfg, s.parts.model
         loader = open_eval_loader(self.split, cfg.rows, cfg.seed, self.loss_on, s.device.type)

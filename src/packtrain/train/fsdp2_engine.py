@@ -42,13 +42,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from packtrain.errors import ConfigError, InputDataError
-from packtrain.train.runtime import StepInfo
+from packtrain.train.torch_engine import StepInfo
 
 if TYPE_CHECKING:
     import torch
 
     from packtrain.config import TrainConfig
-    from packtrain.train.runtime import DistInfo
+    from packtrain.train.distributed import DistInfo
 
 DCP_DIR = "dcp"
 """Sub-directory of a checkpoint step_N that holds the torch.distributed.checkpoint files (.metadata,

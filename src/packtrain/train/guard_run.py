@@ -139,7 +139,7 @@ class RunGuard:
                               hung_in_data=float(h.phase == "data") if h else None, **counters)
 
     def _interval(self, step: int) -> None:
-        from packtrain.train.runtime import gather_floats
+        from packtrain.train.distributed import gather_floats
 
         recs = [r for r in self.s.telemetry.meter.records[-self.cfg.interval_steps:]
                 if r["step"] > step - self.cfg.interval_steps]

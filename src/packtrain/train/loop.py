@@ -23,8 +23,8 @@ if TYPE_CHECKING:
     from packtrain.train.evaluation import Evaluator
     from packtrain.train.guard_run import RunGuard
     from packtrain.train.parts import ModelParts
-    from packtrain.train.runtime import StepInfo
     from packtrain.train.session import TrainSession
+    from packtrain.train.torch_engine import StepInfo
 
 
 @dataclass

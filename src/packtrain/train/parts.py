@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from packtrain.planner.micro_batch import Shape, choose_shape
-from packtrain.train.runtime import DistInfo
+from packtrain.train.distributed import DistInfo
 
 if TYPE_CHECKING:
     import torch
@@ -34,8 +34,8 @@ if TYPE_CHECKING:
     from packtrain.telemetry.sampler import SystemSampler
     from packtrain.train.deepspeed_engine import DeepSpeedStepper
     from packtrain.train.fsdp2_engine import Fsdp2Stepper
-    from packtrain.train.runtime import TorchStepper
     from packtrain.train.techniques import CompileCounter
+    from packtrain.train.torch_engine import TorchStepper
 
 
 # ---------------------------------------------------------------------------------------------------- data
@@ -53,7 +53,7 @@ class DataParts:
     def start(self, device: torch.device) -> Iterator[PackedBatch]:
         """The micro-batch iterator: prefetched in a thread on CUDA (collate + pin overlap the GPU's step),
         the loader itself on CPU (nothing to overlap with)."""
-        from packtrain.train.runtime import Prefetcher
+        from packtrain.train.prefetch import Prefetcher
 
         self.batches = Prefetcher(self.loader) if device.type == "cuda" else iter(self.loader)
         return self.batches
@@ -118,7 +118,7 @@ class ModelParts:
         """True when a step needs no host sync (plain torch engine, no fp16 loss scaler): the loop may then
         read each step's numbers one step late."""
         from packtrain.train.fsdp2_engine import Fsdp2Stepper
-        from packtrain.train.runtime import TorchStepper
+        from packtrain.train.torch_engine import TorchStepper
 
         return isinstance(self.stepper, (TorchStepper, Fsdp2Stepper)) and self.stepper.scaler is None
 
@@ -130,10 +130,10 @@ def build_model_parts(model_cfg: ModelConfig, train_cfg: TrainConfig, data: Data
     leaves no counter running."""
     import torch
 
-    from packtrain.model.adapter import apply_adapter, lora_layers, set_adapter_input_casts
     from packtrain.model.build import build_model, count_params
     from packtrain.model.families import pick_attention
-    from packtrain.model.source import init_checkpoint_config
+    from packtrain.model.init_from import init_checkpoint_config
+    from packtrain.model.lora import apply_adapter, lora_layers, set_adapter_input_casts
     from packtrain.telemetry.mfu import model_flop_dims
     from packtrain.train import techniques as tq
     from packtrain.train.loss import packed_causal_lm
@@ -188,7 +188,7 @@ def build_model_parts(model_cfg: ModelConfig, train_cfg: TrainConfig, data: Data
         stepper = Fsdp2Stepper(module, model, optimizer, train_cfg, dist)
         autocast = contextlib.nullcontext   # its MixedPrecisionPolicy computes in bf16 params (no autocast)
     else:
-        from packtrain.train.runtime import TorchStepper
+        from packtrain.train.torch_engine import TorchStepper
 
         scaler = tq.make_grad_scaler(train_cfg.precision, device.type)
         stepper = TorchStepper(module, optimizer, scaler, train_cfg, dist, device)

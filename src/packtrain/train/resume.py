@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from packtrain.errors import ConfigError, PacktrainError
 from packtrain.train import checkpoint as ckpt
-from packtrain.train.runtime import DistInfo, barrier, broadcast_object
+from packtrain.train.distributed import DistInfo, barrier, broadcast_object
 
 if TYPE_CHECKING:
     from packtrain.config import TrainConfig

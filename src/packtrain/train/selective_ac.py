@@ -11,7 +11,7 @@ and recomputes only the element-wise ops between them in backward (`train.activa
 
 A whole layer re-runs nearly no FLOPs (the rank-r products) and keeps, per token, its input plus every kept op's output —
 q, k, v, the attention output and its log-sum-exp, o, gate, up and down (torch caches every kept output, needed
-or not; planner.memory.selective_layer_bytes_per_token). bench/suites/lora_budget.py measures the same rule on an 8B LoRA layer
+or not; planner.step_bytes.selective_layer_bytes_per_token). bench/suites/lora_budget.py measures the same rule on an 8B LoRA layer
 (`bench/saved_graph.py` evaluates it op by op) and records what it keeps against no recompute and full recompute.
 
 Built on torch.utils.checkpoint's `create_selective_checkpoint_contexts` (non-reentrant checkpoint, as

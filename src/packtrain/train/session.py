@@ -29,6 +29,15 @@ from packtrain.faults import kill_point
 from packtrain.model.saving import save_pretrained
 from packtrain.publish import replace_dir
 from packtrain.train import resume as resume_mod
+from packtrain.train.distributed import (
+    DistInfo,
+    dist_info,
+    gather_floats,
+    global_sum,
+    init_distributed,
+    resolve_device,
+)
+from packtrain.train.oom import oom_error
 from packtrain.train.parts import (
     DataParts,
     ModelParts,
@@ -38,22 +47,14 @@ from packtrain.train.parts import (
     build_telemetry,
 )
 from packtrain.train.resume import Checkpointing
-from packtrain.train.runtime import (
-    DistInfo,
-    dist_info,
-    gather_floats,
-    global_sum,
-    init_distributed,
-    oom_error,
-    resolve_device,
-)
 
 if TYPE_CHECKING:
     import torch
 
     from packtrain.config import ModelConfig, PackConfig, PlanConfig, TelemetryConfig, TrainConfig
     from packtrain.packing.batches import PackedBatch
-    from packtrain.train.runtime import StepInfo, TrainOutOfMemory
+    from packtrain.train.oom import TrainOutOfMemory
+    from packtrain.train.torch_engine import StepInfo
 
 
 @dataclass(slots=True, init=False, eq=False, repr=False)
@@ -241,7 +242,7 @@ class TrainSession:
         shutil.rmtree(tmp, ignore_errors=True)
         lm = self.parts.model
         targets = [tmp]
-        if self.parts.adapted is not None:   # LoRA: the adapter + what loads it (model.adapter.save_adapter_model)
+        if self.parts.adapted is not None:   # LoRA: the adapter + what loads it (model.lora.save_adapter_model)
             targets += self._save_adapter(tmp)
         else:
             impl = lm.config._attn_implementation
@@ -265,8 +266,8 @@ class TrainSession:
         """model/ of a LoRA run: adapter_config.json + adapter_model.safetensors (peft), packtrain_adapter.json
         (base location, init_from, loss_on), base/ when the base was a scratch init, merged/ with
         train.adapter.save_merged. Returns the extra directories that get the tokenizer (base/, merged/)."""
-        from packtrain.model.adapter import save_adapter_model
-        from packtrain.model.source import init_from_value, resolve_init_source
+        from packtrain.model.init_from import init_from_value, resolve_init_source
+        from packtrain.model.lora import save_adapter_model
 
         a = self.cfg.adapter
         meta = save_adapter_model(self.parts.adapted, tmp, init_from=init_from_value(self.model_cfg),

@@ -49,12 +49,12 @@ def decoder_layers(model) -> list:
 
 
 def checkpointed_layer_indices(n_layers: int, mode: str, every_k: int = 2, count: int = 16) -> list[int]:
-    """Which layers recompute their activations in backward (the rule: planner.memory.checkpointed_layers).
+    """Which layers recompute their activations in backward (the rule: planner.step_bytes.checkpointed_layers).
 
     >>> checkpointed_layer_indices(6, "every_k", 2), checkpointed_layer_indices(3, "full")
     ([0, 2, 4], [0, 1, 2])
     """
-    from packtrain.planner.memory import checkpointed_layers
+    from packtrain.planner.step_bytes import checkpointed_layers
 
     if mode not in ("none", "full", "every_k", "count", "selective"):
         raise ConfigError(f"train.activation_checkpointing: {mode!r} (allowed: none, full, every_k, count, "

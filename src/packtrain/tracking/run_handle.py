@@ -7,7 +7,7 @@
     run.log_artifact / log_json / log_stats / log_dataset / log_report, run.submit(op)
 
 Every call goes through the run's `BufferedClient` (packtrain.tracking.buffer); a handle with no client (tracking
-off, rank ≠ 0) does nothing. Opening and closing runs (stage_run, the pipeline run) is packtrain.tracking.run.
+off, rank ≠ 0) does nothing. Opening and closing runs (stage_run, the pipeline run) is packtrain.tracking.run_lifecycle.
 """
 
 from __future__ import annotations
@@ -155,7 +155,7 @@ class StageRun:
                 self._live[0].log_batch(self._live[1], tags=clean)
 
     def submit(self, op: dict) -> Any:
-        """Send a custom op for this run (e.g. register_model, packtrain.tracking.apply.HANDLERS) through the
+        """Send a custom op for this run (e.g. register_model, packtrain.tracking.store_ops.HANDLERS) through the
         buffered client, after the pending per-step metrics. The op's result when the store applied it
         live; None when it was buffered (or tracking is off)."""
         if not self.enabled:

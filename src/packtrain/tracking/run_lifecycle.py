@@ -19,7 +19,7 @@ redacted (`user:***@host`, packtrain.secrets). `StageRun.submit(op)` sends a cus
 registration (buffered too: packtrain.registry.op). Only rank 0
 logs (RANK / LOCAL_RANK); other ranks and `tracking.enabled: false` get a `StageRun` whose methods do nothing.
 This module opens and closes the runs and keeps one client per store; `StageRun`, the handle a stage logs
-through, is packtrain.tracking.handle.
+through, is packtrain.tracking.run_handle.
 MLflow's own system metrics (cpu/memory/disk/network/GPU under system/...) run on a separate monitor.
 """
 
@@ -35,10 +35,10 @@ from pathlib import Path
 from typing import Any
 
 from packtrain.config import RunConfig, flatten
-from packtrain.tracking.apply import PENDING
 from packtrain.tracking.buffer import BufferedClient
 from packtrain.tracking.context import PARENT_ENV, base_tags, is_rank_zero
-from packtrain.tracking.handle import StageRun
+from packtrain.tracking.run_handle import StageRun
+from packtrain.tracking.store_ops import PENDING
 from packtrain.tracking.system_metrics import start_system_metrics, stop_system_metrics
 from packtrain.tracking.transport import short_http
 

@@ -3,7 +3,7 @@
     resolve_against(cfg, "champion" | "models:/NAME/V" | "models:/NAME@ALIAS" | DIR) -> Against | None
     score_suites(models, suites, cfg: EvalConfig) -> (table rows, per-suite task metrics)
     write_scores(out_dir, rows, manifest)         suite_scores.parquet + suites.json
-    read_decision_input(eval_dir) -> (suites for packtrain.evaluate.paired.decide_promotion, manifest)
+    read_decision_input(eval_dir) -> (suites for packtrain.evaluate.promotion.decide_promotion, manifest)
 
 suite_scores.parquet, one row per (suite, model, document):
 
@@ -54,7 +54,7 @@ def resolve_against(cfg: RunConfig, ref: str, challenger: Path | None = None) ->
     `model_md5` tag equals the md5 of `challenger`, a rerun on unchanged data) it is not downloaded: an Against
     with `same` set, whose scores are the challenger's (Δ = 0 exactly, not promoted);
     models:/… a registry version; else a model directory."""
-    from packtrain.model.source import is_registry_source
+    from packtrain.model.init_from import is_registry_source
     from packtrain.registry.source import cache_dir, download_version, registry_ref
 
     if ref == "none":
@@ -78,7 +78,7 @@ def resolve_against(cfg: RunConfig, ref: str, challenger: Path | None = None) ->
 
     uri = resolve_tracking_uri(cfg)
     name, alias, version = registry_ref(ref, cfg.register_.model_name)
-    from packtrain.tracking.store import ensure_store
+    from packtrain.tracking.store_creation import ensure_store
 
     ensure_store(uri)   # a fresh sqlite store: created by one process at a time
     client = MlflowClient(tracking_uri=uri, registry_uri=uri)
@@ -243,7 +243,7 @@ def write_scores(out_dir: Path, rows: list[dict], manifest: dict) -> None:
 
 
 def read_decision_input(eval_dir: Path) -> tuple[list[dict], dict]:
-    """(suites as packtrain.evaluate.paired.suite_delta takes them, suites.json) from an evaluate output.
+    """(suites as packtrain.evaluate.promotion.suite_delta takes them, suites.json) from an evaluate output.
     A champion document missing from the challenger's rows (or the reverse) is an error: both were scored on
     the same documents, or the files were edited."""
     import pyarrow.parquet as pq

@@ -1,4 +1,4 @@
-"""`pack_lengths`: the pure packing function over document lengths, and the lower bound it is judged by.
+"""`pack_lengths`: the bin packing of document lengths into budgets (a `PackPlan`), and the lower bounds it is judged by.
 
     >>> plan = pack_lengths(np.array([6, 6, 5, 4, 3, 3, 2, 1]), budget=10, strategy="bfd")
     >>> plan.to_lists()           # per pack: (doc_index, start, length)

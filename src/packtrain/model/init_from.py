@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING
 from packtrain.errors import ConfigError, MissingDataError
 
 if TYPE_CHECKING:
-    from packtrain.config import ModelConfig
+    # from the module that defines it: packtrain.config's loader calls this module (config.preflight)
+    from packtrain.config.model import ModelConfig
 
 
 def init_from_value(model_cfg: ModelConfig) -> str:

@@ -2,7 +2,7 @@
 
     decide_promotion(scores, manifest, cfg: PromotionConfig) -> PromotionVerdict
 
-For every suite both models were scored on the same documents (packtrain.evaluate.paired_eval). Per document d:
+For every suite both models were scored on the same documents (packtrain.evaluate.paired_scores). Per document d:
 
     text suites   Δ = Σ_d (nll_chal,d − nll_champ,d) / (ln 2 · Σ_d bytes_d)     bits per UTF-8 byte
                   (= challenger's bits/byte − champion's; bytes are the same for both, whatever the tokenizers)
