@@ -86,11 +86,56 @@ def mlflow_server(tmp_path_factory):
     return types.SimpleNamespace(uri=rec["uri"], root=root)
 
 
+# Nothing a test writes may land in the checkout (a leaked `other.db` was committed once): the controller (or a run
+# without xdist) lists the checkout's untracked and git-ignored paths before the session and fails the session
+# when one appeared by its end (interpreter and tool caches aside). `git status` takes ~30 ms.
+_REPO = Path(__file__).resolve().parents[1]
+_CACHES = {"__pycache__", ".pytest_cache", ".hypothesis", ".mypy_cache", ".ruff_cache"}
+_BEFORE: list = []
+
+
+def _checkout_extras() -> set[str] | None:
+    """Untracked and ignored paths of the checkout (`git status`: ignored folders as one entry), None outside git."""
+    import subprocess
+
+    try:
+        r = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all", "--ignored=matching"],
+                           cwd=_REPO, capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if r.returncode != 0:
+        return None
+    paths = {line[3:] for line in r.stdout.splitlines() if line[:2] in ("??", "!!")}
+    return {p for p in paths if not _CACHES & set(p.rstrip("/").split("/")) and not p.endswith(".pyc")}
+
+
+def pytest_sessionstart(session):
+    if not hasattr(session.config, "workerinput"):
+        _BEFORE.append(_checkout_extras())
+
+
+def _check_checkout(session) -> None:
+    before = _BEFORE[0] if _BEFORE else None
+    after = _checkout_extras() if before is not None else None
+    new = sorted(after - before) if after is not None and before is not None else []
+    if new:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        message = (f"tests wrote into the checkout {_REPO} (write under tmp_path instead): " + ", ".join(new))
+        if reporter is not None:
+            reporter.write_sep("=", "files left in the checkout", red=True)
+            reporter.write_line(message)
+        else:
+            print(message)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
 def pytest_sessionfinish(session):
     """Stop the shared `mlflow_server` once the whole session is done: in the xdist controller (after every
-    worker) or in a run without xdist; never in a worker, whose peer may still use it."""
+    worker) or in a run without xdist; never in a worker, whose peer may still use it. Then fail the session if a
+    test left a file in the checkout (`_check_checkout`)."""
     if hasattr(session.config, "workerinput"):
         return
+    _check_checkout(session)
     base = getattr(getattr(session.config, "_tmp_path_factory", None), "_basetemp", None)   # None: no tmp dir made
     record = Path(base) / "mlflow_server" / "record.json" if base is not None else None
     if record is not None and record.exists():
@@ -121,5 +166,15 @@ _SLOW_FIRST = ("test_kfp_runner.py", "test_promotion.py", "test_local_pipeline.p
 
 
 def pytest_collection_modifyitems(config, items):
+    """Slowest files first (`_SLOW_FIRST`); PACKTRAIN_TEST_ORDER=reverse then reverses the order of the files (each
+    file's tests kept in their order): `make test-reverse` runs tests/pipelines so, to show that no file depends
+    on another running first (the shared session runs are read-only: `tiny_pipeline_copy` for a test that writes)."""
     rank = {name: i for i, name in enumerate(_SLOW_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))   # stable: file order kept otherwise
+    order = os.environ.get("PACKTRAIN_TEST_ORDER", "")
+    if order not in ("", "reverse"):
+        raise pytest.UsageError(f"PACKTRAIN_TEST_ORDER={order!r}: only 'reverse' (or unset) is known")
+    if order == "reverse":
+        files = list(dict.fromkeys(item.path for item in items))[::-1]
+        place = {path: i for i, path in enumerate(files)}
+        items.sort(key=lambda item: place[item.path])

@@ -5,7 +5,8 @@ The session fixture `tiny_pipeline` runs it once (`--progress 0`); here: (1) its
 id and next-step lines, and its MLflow store (parent + 7 stage runs, a registered version with the champion
 alias); (2) a rerun on unchanged data/config/code restores every stage from the stage cache, fast, and every
 cached stage run is a complete copy of the run it was restored from; (3) a failing validation stops the DAG
-before tokenize/train with exit 4 and the report path.
+before tokenize/train with exit 4 and the report path. (2) and (3) run in a copy of that run's folder of their
+own (`tiny_pipeline_copy`), so no file order changes what another test sees.
 """
 
 from __future__ import annotations
@@ -100,15 +101,16 @@ def test_full_run_summary_and_mlflow(tiny_pipeline):
     assert mv.tags["validation"] == "promote" and mv.tags["validation_against"] == "none"
 
 
-def test_rerun_on_unchanged_data_is_cached_and_tracked(tiny_pipeline):
-    assert tiny_pipeline["result"].returncode == 0
-    wd, root = tiny_pipeline["workdir"], tiny_pipeline["root"]
+def test_rerun_on_unchanged_data_is_cached_and_tracked(tiny_pipeline_copy):
+    tiny = tiny_pipeline_copy   # the first run, in a folder of this test's own
+    assert tiny["result"].returncode == 0
+    wd, root = tiny["workdir"], tiny["root"]
     t0 = time.perf_counter()
-    r = run_main(["run", *as_args(tiny_pipeline["settings"])], cwd=root)
+    r = run_main(["run", *as_args(tiny["settings"])], cwd=root)
     seconds = time.perf_counter() - t0
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert r.stdout.count("(cached)") == 7, r.stdout
-    assert seconds < tiny_pipeline["seconds"] / 2, (tiny_pipeline["seconds"], seconds)
+    assert seconds < tiny["seconds"] / 2, (tiny["seconds"], seconds)
     # the restored register stage reads the registry as it is now, not the decision it recorded
     assert "(7 from cache" in r.stdout and ("register   packtrain-lm v1 (registered by an earlier run, restored from "
                                             "cache) · registry now: champion v1") in r.stdout
@@ -137,12 +139,13 @@ def test_rerun_on_unchanged_data_is_cached_and_tracked(tiny_pipeline):
     assert gate and gate.group(1) != short, r.stdout
 
 
-def test_failing_validation_stops_before_training(tiny_pipeline):
-    wd, root, corpus = tiny_pipeline["workdir"], tiny_pipeline["root"], tiny_pipeline["corpus"]
+def test_failing_validation_stops_before_training(tiny_pipeline_copy):
+    tiny = tiny_pipeline_copy
+    wd, root, corpus = tiny["workdir"], tiny["root"], tiny["corpus"]
     before = {p.name: p.read_bytes() for p in corpus.iterdir()}
     runs_dir = wd / "kfp"
     old = set(runs_dir.glob("packtrain-*"))
-    r = run_main(["run", *as_args(tiny_pipeline["settings"]), "--set", "validate.min_rows=10000"], cwd=root)
+    r = run_main(["run", *as_args(tiny["settings"]), "--set", "validate.min_rows=10000"], cwd=root)
     assert r.returncode == 4, r.stdout + r.stderr
     assert "stage validate failed" in r.stderr and "Traceback" not in r.stderr
     reports = [Path(p) for p in re.findall(r"(/\S+?report\.json)", r.stderr)]
