@@ -15,7 +15,7 @@ export MLFLOW_DISABLE_TELEMETRY := true
 export DO_NOT_TRACK := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: run test typecheck setup setup-airflow lint clean bench-pack lock repro chromium wheelhouse dvc-files \
+.PHONY: run test test-reverse typecheck setup setup-airflow lint clean bench-pack lock repro chromium wheelhouse dvc-files \
         images test-containers
 
 # `dvc repro` with the venv's packtrain on PATH (dvc.yaml calls the CLI)
@@ -86,10 +86,21 @@ $(CHROMIUM_STAMP):
 	@if [ -x /usr/bin/chromium ]; then mkdir -p $(@D) && touch $@; fi
 
 # two workers (one per core of the CI machine), whole files per worker so module fixtures are built once, in
-# collection order (tests/conftest.py puts the slowest files first)
+# collection order (tests/conftest.py puts the slowest files first); one torch thread per process
+# (tests/conftest.py sets OMP_NUM_THREADS=1: a second thread per worker only spins on the other worker's core).
+# The session's shared runs (tiny_pipeline, mlflow_server) are read-only to the tests that use them: a test that
+# runs again in the tiny pipeline's workdir takes a copy of its own (tiny_pipeline_copy, tests/pipelines/conftest.py)
+# and a check after each test fails the one that changed it, so no file depends on another file running first
+# (`make test-reverse` shows it). The session fails when a test left a file in the checkout (tests/conftest.py).
 test: $(STAMP) $(AF_STAMP) $(CHROMIUM_STAMP) typecheck
 	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=40 tests
 	$(PY) bench/ci_gate.py
+
+# tests/pipelines with its files in reverse order (PACKTRAIN_TEST_ORDER=reverse, tests/conftest.py): the files that
+# share the session's tiny pipeline run pass whichever comes first
+test-reverse: $(STAMP) $(AF_STAMP) $(CHROMIUM_STAMP)
+	PACKTRAIN_TEST_ORDER=reverse $(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=10 \
+	  tests/pipelines
 
 # The CPU and GPU images, daemonless (podman/buildah from Debian packages, installed with apt-get as root when
 # missing): docker/build-images.sh — the Dockerfiles' public bases when they can be pulled, else a local Python

@@ -16,6 +16,11 @@ os.environ.setdefault("GX_ANALYTICS_ENABLED", "False")
 # as packtrain.cli sets it: CPU matmuls independent of buffer alignment, so "an unchanged rerun gives the same loss,
 # bit for bit" holds for trainings run in this process too
 os.environ.setdefault("MKL_CBWR", "AUTO")
+# one torch/OpenMP thread per process (inherited by the CLI, kfp-component and Airflow processes the tests start), as
+# `python -m bench all --smoke` runs: `make test`'s two xdist workers have a core each, and two threads per worker
+# spin on the other's core (a tiny train_tiny of tests/promotion_models.py: 6.8 CPU-s with 2 threads, 0.7 s with 1,
+# on the shared 2-core machine). Set before anything imports torch; a developer's OMP_NUM_THREADS wins.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 # Property tests: random exploration on developer machines; in CI (.ci/run sets HYPOTHESIS_PROFILE=ci) the same
 # examples every run, so a counterexample found by chance fails a developer's run, not an unrelated merge.
@@ -122,6 +127,7 @@ def _check_checkout(session) -> None:
         reporter = session.config.pluginmanager.get_plugin("terminalreporter")
         message = (f"tests wrote into the checkout {_REPO} (write under tmp_path instead): " + ", ".join(new))
         if reporter is not None:
+            reporter.write("\n")
             reporter.write_sep("=", "files left in the checkout", red=True)
             reporter.write_line(message)
         else:
