@@ -172,15 +172,21 @@ _SLOW_FIRST = ("test_kfp_runner.py", "test_promotion.py", "test_local_pipeline.p
 
 
 def pytest_collection_modifyitems(config, items):
-    """Slowest files first (`_SLOW_FIRST`); PACKTRAIN_TEST_ORDER=reverse then reverses the order of the files (each
-    file's tests kept in their order): `make test-reverse` runs tests/pipelines so, to show that no file depends
-    on another running first (the shared session runs are read-only: `tiny_pipeline_copy` for a test that writes)."""
-    rank = {name: i for i, name in enumerate(_SLOW_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))   # stable: file order kept otherwise
+    """Slowest files first (`_SLOW_FIRST`), each file's tests in their order. PACKTRAIN_TEST_ORDER:
+
+        reverse       the files the other way round, the slowest still first: `make test` (the ~200 other files then
+                      run in the reverse of a developer's plain `pytest`, at no cost to the workers' balance)
+        reverse-all   every file the other way round, the slowest last: `make test-reverse` (tests/pipelines)
+
+    Either shows that no file depends on another running first: the session's shared runs are read-only
+    (tests/pipelines/conftest.py: `tiny_pipeline_copy` for a test that writes, and a check after each test)."""
     order = os.environ.get("PACKTRAIN_TEST_ORDER", "")
-    if order not in ("", "reverse"):
-        raise pytest.UsageError(f"PACKTRAIN_TEST_ORDER={order!r}: only 'reverse' (or unset) is known")
-    if order == "reverse":
+    if order not in ("", "reverse", "reverse-all"):
+        raise pytest.UsageError(f"PACKTRAIN_TEST_ORDER={order!r}: 'reverse', 'reverse-all' or unset")
+    if order:
         files = list(dict.fromkeys(item.path for item in items))[::-1]
         place = {path: i for i, path in enumerate(files)}
         items.sort(key=lambda item: place[item.path])
+    rank = {name: i for i, name in enumerate(_SLOW_FIRST)}
+    sign = -1 if order == "reverse-all" else 1
+    items.sort(key=lambda item: sign * rank.get(item.path.name, len(rank)))   # stable: file order kept otherwise
