@@ -29,6 +29,8 @@ def test_config_text_roundtrip_and_empty():
 def test_pods_share_one_parent_run_by_kfp_run_id(tmp_path, monkeypatch):
     import mlflow
 
+    monkeypatch.chdir(tmp_path)   # a new experiment's artifacts go under ./mlruns (MLflow's default), not the checkout
+
     corpus = tiny_corpus(tmp_path / "corpus", n_docs=20)
     cfg = load_run_config("tiny-cpu", tiny_settings(tmp_path / "wd", corpus) + ["tracking.system_metrics=false"])
     text = json.dumps(cfg.to_dict())

@@ -56,7 +56,8 @@ def test_key_changes_with_inputs_config_and_code(tmp_path):
     assert stage_cache_key("pack", {"tokens": tokens}, config_parts("pack", cfg), "v1")[0] != base
 
 
-def test_config_parts_hold_only_what_the_stage_reads():
+def test_config_parts_hold_only_what_the_stage_reads(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)   # register's parts resolve the store: the recipe's workdir `data` is made in the cwd
     cfg = load_run_config("tiny-cpu")
     other = load_run_config("tiny-cpu", ["train.lr=0.1", "evaluate.max_batches=3"])
     for stage in ("ingest", "validate", "tokenize", "pack"):  # upstream of train: a new lr changes nothing
@@ -66,9 +67,10 @@ def test_config_parts_hold_only_what_the_stage_reads():
     assert config_parts("train", cfg)["pack.budget"] == cfg.pack.budget
 
 
-def test_train_key_follows_the_planner_section():
+def test_train_key_follows_the_planner_section(tmp_path, monkeypatch):
     """The planner picks the train shape (budget auto): a new plan.target_fraction must rerun train, not
     reuse a train stage planned for another memory target (before the stage table, `plan` was left out)."""
+    monkeypatch.chdir(tmp_path)   # register's parts resolve the store: the recipe's workdir `data` is made in the cwd
     cfg = load_run_config("tiny-cpu")
     other = load_run_config("tiny-cpu", ["plan.target_fraction=0.5"])
     assert config_parts("train", cfg) != config_parts("train", other)
@@ -106,9 +108,10 @@ def test_runner_args_follow_the_stage_contract(stage, inputs, expected):
     assert runner_args(stage, inputs) == [Path(p) for p in expected]
 
 
-def test_a_train_outputs_checkpoints_key_nothing_downstream(tmp_path):
+def test_a_train_outputs_checkpoints_key_nothing_downstream(tmp_path, monkeypatch):
     """evaluate and register read the saved model (and register the train result), never checkpoints/: a
     checkpoint written or pruned leaves their cache keys as they were, and the keys do not hash its bytes."""
+    monkeypatch.chdir(tmp_path)   # register's parts resolve the store: the recipe's workdir `data` is made in the cwd
     cfg = load_run_config("tiny-cpu")
     train = _tree(tmp_path / "train", {"model/w.bin": b"w", "train_result.json": b"{}",
                                        "checkpoints/step_000001/optimizer.pt": b"o"})
