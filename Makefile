@@ -87,7 +87,10 @@ $(CHROMIUM_STAMP):
 
 # two workers (one per core of the CI machine), whole files per worker so module fixtures are built once, in
 # collection order (tests/conftest.py puts the slowest files first); one torch thread per process
-# (tests/conftest.py sets OMP_NUM_THREADS=1: a second thread per worker only spins on the other worker's core).
+# (tests/conftest.py sets OMP_NUM_THREADS=1: a second thread per worker only spins on the other worker's core;
+# CPU-seconds of one file alone, 2 threads → 1, back to back on the shared machine, 2026-12-06: test_promotion
+# 203 → 56, test_gate_champion 124 → 78, test_train_deepspeed 36 → 29; test_register_champion and
+# test_guard_ranks, which wait on MLflow and on their own rank processes, unchanged within the noise).
 # The session's shared runs (tiny_pipeline, mlflow_server) are read-only to the tests that use them: a test that
 # runs again in the tiny pipeline's workdir takes a copy of its own (tiny_pipeline_copy, tests/pipelines/conftest.py)
 # and a check after each test fails the one that changed it, so no file depends on another file running first
