@@ -91,7 +91,7 @@ def _tiny_pipeline_unchanged(request):
 def tiny_pipeline_copy(tiny_pipeline, tmp_path):
     """`tiny_pipeline` moved to a folder of this test's own (pipeline_helpers.copy_tree): a test that runs again in
     it, or counts runs and versions, sees the session's first run and its own changes only, in any file order.
-    The same keys as `tiny_pipeline`, its paths (settings included) in the copy; ~0.2 s for its ~13 MB."""
+    The same keys as `tiny_pipeline`, its paths (settings included) in the copy; ~0.2 s."""
     root = tmp_path / "tiny_pipeline"
     old, new = str(tiny_pipeline["root"]), str(root)
     copy_tree(tiny_pipeline["root"], root)

@@ -64,7 +64,7 @@ def copy_tree(src: Path, dst: Path) -> None:
     """Copy a tiny pipeline's folder `src` (corpus, workdir, records) to `dst` as if it had been made there: every
     absolute path `src/...` inside a text file or an sqlite store (MLflow's artifact locations, the stage cache's
     entries, DVC's remote) now reads `dst/...`. Files of the write-once stores that name no path are hard links
-    (~70% of the bytes); everything else is a real copy, sqlite stores above all (written in place)."""
+    (~2/3 of the bytes); everything else is a real copy, sqlite stores above all (written in place)."""
     import shutil
     import sqlite3
 
