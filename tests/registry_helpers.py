@@ -12,14 +12,15 @@ from pathlib import Path
 
 def register_model_dir(model_dir: str | Path, eval_result, train_result_path: str | Path | None, cfg,
                        before_alias: Callable[[str], None] | None = None, verdict=None):
-    """The RegisterResult of registering `model_dir` under `cfg` (RegisterConfig). `eval_result`: eval_result.json's
+    """The RegisterOutcome of registering `model_dir` under `cfg` (RegisterConfig). `eval_result`: evaluate_result.json's
     dict; `verdict`: a PromotionVerdict (None: only a first version becomes champion); `before_alias(version)` runs
     between the decision and the compare-and-set."""
     import mlflow
     from mlflow import MlflowClient
 
-    from packtrain.registry.apply import RegisterResult, apply_registration
+    from packtrain.registry.apply import apply_registration
     from packtrain.registry.op import build_registration
+    from packtrain.registry.outcome import RegisterOutcome
 
     op = build_registration(model_dir, eval_result, train_result_path, cfg, verdict=verdict)
     with contextlib.ExitStack() as stack:
@@ -28,4 +29,4 @@ def register_model_dir(model_dir: str | Path, eval_result, train_result_path: st
         run_id = mlflow.active_run().info.run_id
         out = apply_registration(MlflowClient(), mlflow.get_tracking_uri(), run_id, {**op, "ts": time.time()},
                                  Path(op["path"]), before_alias)
-    return RegisterResult(**out)
+    return RegisterOutcome(**out)

@@ -12,7 +12,7 @@ Per run, from the run's own output (`--json`): every stage's wall time (the runn
 
     train steps     train_result.json timings.train_s − timings.checkpoint_s (the optimizer steps, first one
                     included; the loop's checkpoint saves are not steps)
-    eval steps      eval_result.json seconds (the timed held-out epoch) + timings.suites_text_forward_s (the
+    eval steps      evaluate_result.json seconds (the timed held-out epoch) + timings.suites_text_forward_s (the
                     text suites' forwards, both models: evaluation steps as much as the held-out epoch)
     GPU-stage time  train + evaluate + register walls (the GPU is held from the first step to the registered
                     model: on a cluster the job keeps its node for the whole tail)

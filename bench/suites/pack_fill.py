@@ -16,7 +16,7 @@ the fill against each lower bound on packs, bound / packs:
 
     fill_vs_sum    ⌈Σ/B⌉                                  the fill goal's bound
     fill_vs_bound  max(⌈Σ/B⌉, #docs > B/2)                 `bins.lower_bound_packs`
-    fill_vs_l2     Martello-Toth L2                        `bins.l2_bound_packs` (pack_stats.json's fill_vs_bound)
+    fill_vs_l2     Martello-Toth L2                        `bins.l2_bound_packs` (pack_result.json's fill_vs_bound)
     fill_vs_lp     the LP (Gilmore-Gomory) bound: = L2 where a plan meets L2, else certified by `bench.lp_bound`
 
 Goals: ≥ 0.9999 of the bound, 1M documents in < 5 s. Where the LP bound is above ⌈Σ/B⌉ / 0.9999 no packer can

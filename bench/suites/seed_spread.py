@@ -110,7 +110,7 @@ def run(args, out: Path) -> Record:
                 done = json.loads((cwd / f"run_{s}.json").read_text())
                 runs.append(done.get("bench_run") or {
                     "seed": s, "seconds": round(float(done["seconds"]), 1),
-                    "evaluate_timings": json.loads((keep / "eval_result.json").read_text()).get("timings", {})})
+                    "evaluate_timings": json.loads((keep / "evaluate_result.json").read_text()).get("timings", {})})
                 print(f"seed {s}: reused from {keep}", file=sys.stderr)
                 continue
             if args.smoke:
@@ -125,7 +125,7 @@ def run(args, out: Path) -> Record:
             ev = Path(json.loads((cwd / f"run_{s}.json").read_text())["summary"]["evaluate_dir"])
             shutil.copytree(ev, keep)
             eval_dirs.append(keep)
-            timing = json.loads((ev / "eval_result.json").read_text()).get("timings", {})
+            timing = json.loads((ev / "evaluate_result.json").read_text()).get("timings", {})
             runs.append({"seed": s, "seconds": run_seconds(r.stdout, wall), "wall_s": round(wall, 1),
                          "evaluate_timings": timing})
             done = json.loads((cwd / f"run_{s}.json").read_text())

@@ -1,15 +1,15 @@
 """The one place that names where each stage reads and writes inside a run's `workdir`.
 
     <workdir>/
-      ingest/documents.parquet        doc_id, text, source, n_chars        (+ ingest_stats.json)
+      ingest/documents.parquet        doc_id, text, source, n_chars        (+ ingest_result.json)
       (every stage's output is the directory <workdir>/<stage>/)
       validate/report.json            per-expectation result, offending doc_ids (+ data_docs/index.html)
       tokenize/                       tokenizer/ (AutoTokenizer-loadable), tokens.bin (uint32, flat),
                                       offsets.npy (int64, n_docs+1), doc_ids.npy (int64), split.npy
-                                      (uint8: 0 train, 1 eval), stats.json
-      pack/train/, pack/eval/         the pack store (packtrain.packing.store) + pack_stats.json
+                                      (uint8: 0 train, 1 eval), tokenize_result.json
+      pack/train/, pack/eval/         the pack store (packtrain.packing.store) + pack_result.json
       train/model/                    save_pretrained + tokenizer; train_result.json; checkpoints/
-      evaluate/eval_result.json       loss, perplexity, tokens/s, peak memory; samples.json
+      evaluate/evaluate_result.json       loss, perplexity, tokens/s, peak memory; samples.json
       register/register_result.json   model name, version, alias decision
       mlflow.db                       the embedded MLflow store (when MLFLOW_TRACKING_URI is unset)
 

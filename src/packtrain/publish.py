@@ -200,7 +200,7 @@ def staged_output(dst: str | Path, outputs: Sequence[str] | None = None, what: s
                   required: Iterable[str] | None = None) -> Iterator[Path]:
     """Build a stage's outputs in a staging directory; publish them as one unit when the block succeeds.
 
-        with staged_output(out, ("documents.parquet", "ingest_stats.json"), "ingest") as tmp:
+        with staged_output(out, ("documents.parquet", "ingest_result.json"), "ingest") as tmp:
             ...  # write every output into tmp, check it; raise to abandon
         # here `out` holds exactly the new outputs; after an exception or a kill it is byte-identical to before
 

@@ -97,29 +97,29 @@ class Stage:
 
 def _check_ingest(out: Path) -> None:
     rows = pq.ParquetFile(out / "documents.parquet").metadata.num_rows
-    assert rows == _json(out / "ingest_stats.json")["documents"]
+    assert rows == _json(out / "ingest_result.json")["documents"]
 
 
 def _check_validate(out: Path) -> None:
-    assert _json(out / "report.json")["success"] and _json(out / "validate_stats.json")["success"]
+    assert _json(out / "report.json")["success"] and _json(out / "validate_result.json")["success"]
     assert (out / "data_docs" / "index.html").is_file()
 
 
 def _check_tokenize(out: Path) -> None:
     store = TokenStore.open(out)
-    stats = _json(out / "stats.json")
+    stats = _json(out / "tokenize_result.json")
     assert store.n_docs == stats["documents"] and int(store.meta["n_tokens"]) == stats["tokens"]
     assert (out / "tokenizer" / "tokenizer.json").is_file()
 
 
 def _check_pack(out: Path) -> None:
-    stats = _json(out / "pack_stats.json")
+    stats = _json(out / "pack_result.json")
     for split in ("train", "eval"):
         assert PackStore.open(out / split, verify=True).n_packs == stats[split]["n_packs"]
 
 
 def _check_evaluate(out: Path) -> None:
-    assert _json(out / "eval_result.json")["n_label_tokens"] > 0 and len(_json(out / "samples.json")) == 1
+    assert _json(out / "evaluate_result.json")["n_label_tokens"] > 0 and len(_json(out / "samples.json")) == 1
 
 
 def _docs(root: Path) -> list[str]:
@@ -128,7 +128,7 @@ def _docs(root: Path) -> list[str]:
 
 STAGES = {s.name: s for s in [
     Stage("ingest", lambda r: ["--source", str(r / "src")], lambda r: ["--source", str(r / "src_new")],
-          lambda o: _json(o / "ingest_stats.json")["documents"] == 61, _check_ingest,
+          lambda o: _json(o / "ingest_result.json")["documents"] == 61, _check_ingest,
           lambda r: (["--source", str(r / "src_bad")], 3), 4, 1),
     Stage("validate", lambda r: [*_docs(r), "--set", "validate.min_rows=10"],
           lambda r: [*_docs(r), "--set", "validate.min_rows=11"],
@@ -140,7 +140,7 @@ STAGES = {s.name: s for s in [
           lambda r: (["--docs", str(r / "docs_null"), "--set", "tokenize.vocab_size=300"], 3), 4, 1),
     Stage("pack", lambda r: ["--tokens", str(r / "wd" / "tokenize"), "--set", "pack.budget=64"],
           lambda r: ["--tokens", str(r / "wd" / "tokenize"), "--set", "pack.budget=96"],
-          lambda o: _json(o / "pack_stats.json")["budget"] == 96, _check_pack,
+          lambda o: _json(o / "pack_result.json")["budget"] == 96, _check_pack,
           lambda r: (["--tokens", str(r / "wd" / "tokenize"), "--set", "pack.min_doc_tokens=100000"], 3), 8, 5),
     Stage("evaluate",
           lambda r: ["--model", str(r / "model"), "--packs", str(r / "packs"), "--set", "evaluate.prompts=['def ']",

@@ -15,7 +15,7 @@ import os, sys, time
 from pathlib import Path
 from packtrain.config import load_run_config
 from packtrain.registry import install_handlers
-from packtrain.registry.apply import RegisterResult
+from packtrain.registry.outcome import RegisterOutcome
 from packtrain.registry.op import build_registration
 from packtrain.tracking.run_lifecycle import stage_run
 install_handlers()   # the register stage's path: the op submitted through the stage run, applied by the handler
@@ -26,7 +26,7 @@ print("ready", flush=True)
 while not go.exists():
     time.sleep(0.002)
 with stage_run("register", cfg) as run:
-    r = RegisterResult(**run.submit(build_registration(model, {"eval_loss": 3.0, "perplexity": 20.1}, None,
+    r = RegisterOutcome(**run.submit(build_registration(model, {"eval_loss": 3.0, "perplexity": 20.1}, None,
                                                        cfg.register_)))
 print("registered", r.version, r.decision, flush=True)
 """

@@ -1,6 +1,6 @@
 """Symbolic links in an ingest source folder: dangling links, link loops and folder loops are
 a clear error (exit 3) naming the link and its target — or, with ingest.unsupported=skip, named on stderr and
-in ingest_stats.json and skipped; linked folders are read (also outside the source) or reported, never
+in ingest_result.json and skipped; linked folders are read (also outside the source) or reported, never
 dropped silently; a failed ingest leaves the previous output byte-identical; stats always match the table."""
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def table(out: Path) -> dict[str, list]:
 
 
 def stats(out: Path) -> dict:
-    return json.loads((out / "ingest_stats.json").read_text())
+    return json.loads((out / "ingest_result.json").read_text())
 
 
 @pytest.fixture
@@ -115,7 +115,7 @@ def test_skip_reports_every_bad_link_and_stats_match_the_table(tmp_path, src, pr
     assert s["input_md5_of"] == "files read"
     assert s["lineage"]["input_md5"]["source"] == files_md5({"a.txt": src / "a.txt", "sub/b.txt": src / "sub" / "b.txt"})
     assert s["output_md5"] == data_md5(out / "documents.parquet")
-    assert tree(out) != previous and sorted(os.listdir(out)) == ["documents.parquet", "ingest_stats.json"]
+    assert tree(out) != previous and sorted(os.listdir(out)) == ["documents.parquet", "ingest_result.json"]
 
 
 def test_linked_folders_and_files_are_read_also_outside_the_source(tmp_path, src, capsys):

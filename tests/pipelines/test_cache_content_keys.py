@@ -1,7 +1,7 @@
 """Stage cache keys come from content only: a stage's JSON stats are hashed without the run's measurements and
 paths (packtrain.pipeline.cache.MEASURED), and ingest is keyed on its source's content, not where it lies. So
 `packtrain run --no-cache` twice — the second time on a copy of the corpus in another directory — leaves one
-cache entry per stage, each replaced by the fresher output. Before, ingest_stats.json's absolute `output` and
+cache entry per stage, each replaced by the fresher output. Before, ingest_result.json's absolute `output` and
 `seconds` gave identical documents a new md5 and every downstream stage a new key (one more entry per stage per
 run: ~255 MB of stale entries after a few runs of a real corpus)."""
 
@@ -22,15 +22,15 @@ def test_measurements_and_paths_do_not_change_the_content_md5(tmp_path):
         d = tmp_path / f"run{i}"
         d.mkdir()
         (d / "documents.parquet").write_bytes(b"PAR1 same rows")
-        (d / "ingest_stats.json").write_text(json.dumps({"documents": 3, "seconds": seconds, "source": where,
+        (d / "ingest_result.json").write_text(json.dumps({"documents": 3, "seconds": seconds, "source": where,
                                                          "output": f"{where}/documents.parquet",
                                                          "lineage": {"input_md5": {"source": "f3b6.dir"}}}))
         runs.append(d)
     assert dir_md5(runs[0]) != dir_md5(runs[1])            # the bytes differ …
     assert content_md5(runs[0]) == content_md5(runs[1])    # … the content does not
-    (runs[1] / "ingest_stats.json").write_text(json.dumps({"documents": 4, "seconds": 0.3}))
+    (runs[1] / "ingest_result.json").write_text(json.dumps({"documents": 4, "seconds": 0.3}))
     assert content_md5(runs[0]) != content_md5(runs[1])    # a real change still changes the key
-    (runs[1] / "ingest_stats.json").write_text(json.dumps({"documents": 3, "seconds": 0.3, "lineage": {
+    (runs[1] / "ingest_result.json").write_text(json.dumps({"documents": 3, "seconds": 0.3, "lineage": {
         "input_md5": {"source": "OTHER.dir"}}}))
     assert content_md5(runs[0]) != content_md5(runs[1])    # only the listed keys are dropped, not nested namesakes
     assert without_measured("train_result.json", {"final_loss": 5.1, "timings": {"train_s": 1.0},

@@ -92,6 +92,19 @@ def test_store_then_restore_gives_the_same_tree_and_stats(tmp_path):
     assert (out / "model" / "w.bin").read_bytes() == b"w" * 100  # the source is untouched
 
 
+
+@pytest.mark.parametrize("stage, old", [("pack", "pack_stats.json"), ("tokenize", "stats.json"),
+                                        ("evaluate", "eval_result.json"), ("ingest", "ingest_stats.json")])
+def test_an_entry_with_the_old_record_name_is_a_miss(tmp_path, stage, old):
+    """An entry stored before the records were named <stage>_result.json (a pinned code version keeps its key)
+    is a miss — the stage reruns and stores it again — not a restore the next stage cannot read."""
+    cache = StageCache(tmp_path / "cache")
+    cache.store(stage, "k1", _tree(tmp_path / "old", {old: b"{}"}), {"documents": 3}, {})
+    assert cache.lookup(stage, "k1") is None
+    cache.store(stage, "k1", _tree(tmp_path / "new", {f"{stage}_result.json": b"{}"}), {"documents": 3}, {})
+    hit = cache.lookup(stage, "k1")
+    assert hit is not None and hit.stats == {"documents": 3}
+
 @pytest.mark.parametrize("stage, inputs, expected", [
     ("ingest", {}, []),
     ("validate", {"documents": "/a/docs"}, ["/a/docs"]),
@@ -115,7 +128,7 @@ def test_a_train_outputs_checkpoints_key_nothing_downstream(tmp_path, monkeypatc
     cfg = load_run_config("tiny-cpu")
     train = _tree(tmp_path / "train", {"model/w.bin": b"w", "train_result.json": b"{}",
                                        "checkpoints/step_000001/optimizer.pt": b"o"})
-    ev, packs = _tree(tmp_path / "ev", {"eval_result.json": b"{}"}), _tree(tmp_path / "packs", {"p.bin": b"p"})
+    ev, packs = _tree(tmp_path / "ev", {"evaluate_result.json": b"{}"}), _tree(tmp_path / "packs", {"p.bin": b"p"})
     assert set(read_inputs("register", {"model": str(train), "evaluation": str(ev)})) == {
         "model/model", "evaluation", "model/train_result.json"}
     keys = [stage_cache_key(stage, read_inputs(stage, inputs), config_parts(stage, cfg), "v1")[0]

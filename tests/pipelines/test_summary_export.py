@@ -37,14 +37,12 @@ def test_pick_reads_the_declared_key_only(stats, key, expected):
 def test_summary_fields_are_keys_the_typed_results_declare():
     """Every summary number names a field of its stage's result class (packtrain.stages.results): the class
     its runner declares it returns (`TrainResult | None`: None on ranks other than 0)."""
-    import dataclasses
-
     from packtrain.pipeline.runtime import RUNNERS
 
     for field, (stage, key) in FIELDS.items():
         returns = typing.get_type_hints(RUNNERS[stage])["return"]
         result = next(t for t in typing.get_args(returns) or (returns,) if t is not type(None))
-        declared = {f.name for f in dataclasses.fields(result)}
+        declared = set(result.record_keys())
         assert key.split(".")[0] in declared, f"summary {field}: {stage} result declares no {key.split('.')[0]!r}"
 
 
@@ -91,10 +89,10 @@ def test_export_train_writes_metrics_and_plot(tmp_path):
 
 
 def test_export_missing_stats_is_a_clear_error(tmp_path):
-    with pytest.raises(MissingDataError, match="pack_stats.json does not exist"):
+    with pytest.raises(MissingDataError, match="pack_result.json does not exist"):
         export_stage("pack", tmp_path, tmp_path / "m")
     r = run_cli(["pipeline", "export", "pack", "--dir", str(tmp_path)], cwd=tmp_path)
-    assert r.returncode == 5 and "pack_stats.json does not exist" in r.stderr
+    assert r.returncode == 5 and "pack_result.json does not exist" in r.stderr
     assert not (tmp_path / "metrics").exists()
 
 

@@ -55,7 +55,7 @@ def test_long_answers_split_with_their_prompt_in_every_pack(tmp_path, capsys):
         tracked = ["--set", "tracking.enabled=true", "--set", "tracking.system_metrics=false"] * (stage == "tokenize")
         assert main([stage, *common, *tracked]) == 0, (stage, capsys.readouterr().err)
     out = capsys.readouterr().out
-    stats = json.loads((tmp_path / "tokenize" / "stats.json").read_text())
+    stats = json.loads((tmp_path / "tokenize" / "tokenize_result.json").read_text())
     records = _records(tmp_path)
     long_ids = {d for d, (ids, _) in records.items() if len(ids) > BUDGET}
     assert long_ids == {8, 9}, {d: len(i) for d, (i, _) in records.items()}
@@ -97,7 +97,7 @@ def test_truncate_and_refuse_are_applied_counted_and_said(tmp_path, capsys):
     assert main(["ingest", *common]) == 0
     assert main(["tokenize", *common, "--set", "tokenize.long_records=truncate"]) == 0
     out = capsys.readouterr().out
-    stats = json.loads((tmp_path / "tokenize" / "stats.json").read_text())
+    stats = json.loads((tmp_path / "tokenize" / "tokenize_result.json").read_text())
     records = _records(tmp_path)
     cut = sum(len(ids) - BUDGET for ids, _ in records.values() if len(ids) > BUDGET)
     assert (stats["records_truncated"], stats["record_truncated_tokens"]) == (2, cut)
@@ -108,15 +108,15 @@ def test_truncate_and_refuse_are_applied_counted_and_said(tmp_path, capsys):
     assert main(["validate", *refuse]) == 4
     err = capsys.readouterr().err
     assert "record_fits_budget" in err and "c.jsonl:9 record of at least" in err and "c.jsonl:10" in err, err
-    before = (tmp_path / "tokenize" / "stats.json").read_bytes()
+    before = (tmp_path / "tokenize" / "tokenize_result.json").read_bytes()
     assert main(["tokenize", *refuse]) == 3
     err = capsys.readouterr().err
     assert "c.jsonl:9 (doc_id 8): record of" in err and "c.jsonl:10 (doc_id 9)" in err, err
-    assert (tmp_path / "tokenize" / "stats.json").read_bytes() == before   # the earlier output stays
+    assert (tmp_path / "tokenize" / "tokenize_result.json").read_bytes() == before   # the earlier output stays
     # skip drops them at ingest, counted, and the rest tokenizes
     assert main(["ingest", *refuse, "--set", "ingest.on_bad_record=skip"]) == 0
-    ingest = json.loads((tmp_path / "ingest" / "ingest_stats.json").read_text())
+    ingest = json.loads((tmp_path / "ingest" / "ingest_result.json").read_text())
     assert ingest["records_skipped"] == 2
     assert {r["source"] for r in ingest["skipped_records"]} == {"c.jsonl:9", "c.jsonl:10"}
     assert main(["tokenize", *refuse]) == 0
-    assert json.loads((tmp_path / "tokenize" / "stats.json").read_text())["documents"] == len(ROWS) - 2
+    assert json.loads((tmp_path / "tokenize" / "tokenize_result.json").read_text())["documents"] == len(ROWS) - 2

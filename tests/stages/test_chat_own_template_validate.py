@@ -50,11 +50,11 @@ def test_template_refusal_and_typed_control_text_caught_at_validate(tmp_path, ca
     # skip drops the refused record at ingest, counted and named — under as_text (the default) the typed marker is
     # plain text, kept — and the rest tokenizes with the own template
     assert main(["ingest", *common, "--set", "ingest.on_bad_record=skip"]) == 0
-    stats = json.loads((tmp_path / "ingest" / "ingest_stats.json").read_text())
+    stats = json.loads((tmp_path / "ingest" / "ingest_result.json").read_text())
     assert stats["records_skipped"] == 1 and stats["skipped_records"][0]["source"] == "c.jsonl:3"
     assert "System role not supported" in stats["skipped_records"][0]["reason"]
     assert main(["tokenize", *common]) == 0
     out = capsys.readouterr().out
-    tok = json.loads((tmp_path / "tokenize" / "stats.json").read_text())
+    tok = json.loads((tmp_path / "tokenize" / "tokenize_result.json").read_text())
     assert tok["chat_template"] == "tokenizer" and tok["control_text_records"] == 1 and tok["documents"] == 6
     assert "control strings typed in the content of 1 record(s) encoded as plain text" in out, out

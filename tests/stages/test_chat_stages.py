@@ -84,7 +84,7 @@ def test_synthetic_chat_through_the_cli(tmp_path):
     common = ["--set", f"workdir={tmp_path}", *SMALL]
     for stage in (["ingest", "--source", str(src)], ["validate"], ["tokenize"], ["pack"]):
         assert main([*stage, *common]) == 0, stage
-    stats = json.loads((tmp_path / "tokenize" / "stats.json").read_text())
+    stats = json.loads((tmp_path / "tokenize" / "tokenize_result.json").read_text())
     assert stats["loss_mask"] and stats["chat_template"] == "builtin"
     assert 0 < stats["loss_tokens"] < stats["tokens"] / 2, stats    # prompts and markup are most of the tokens
     store = PackStore.open(tmp_path / "pack" / "train")

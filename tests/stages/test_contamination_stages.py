@@ -80,7 +80,7 @@ def test_drop_removes_exactly_that_document_downstream(corpus, capsys):
         assert main(["tokenize", "--out", str(d / "tokenize"), *sets]) == 0
         assert main(["pack", "--tokens", str(d / "tokenize"), "--out", str(d / "pack"), *sets]) == 0
         runs[policy] = {s: json.loads((d / s / f).read_text()) for s, f in
-                        (("validate", "validate_stats.json"), ("tokenize", "stats.json"), ("pack", "pack_stats.json"))}
+                        (("validate", "validate_result.json"), ("tokenize", "tokenize_result.json"), ("pack", "pack_result.json"))}
     err = capsys.readouterr().err
     assert "contamination: 1 of 37 training document(s) overlap the eval data (13-gram; suite(s) wordorder; " \
            "the held-out split (3 documents, not checked themselves); against " in err and "kept and trained on" in err
@@ -120,11 +120,11 @@ def test_defaults_drop_a_planted_task_item_and_a_held_out_copy(tmp_path, capsys)
     assert main(["ingest", "--source", str(tmp_path / "train.jsonl"), *sets]) == 0
     assert main(["validate", *sets]) == 0 and main(["tokenize", *sets]) == 0
     err = capsys.readouterr().err
-    stats = json.loads((tmp_path / "wd" / "validate" / "validate_stats.json").read_text())["contamination"]
+    stats = json.loads((tmp_path / "wd" / "validate" / "validate_result.json").read_text())["contamination"]
     assert stats["policy"] == "drop" and stats["dropped"] == [5, 30]
     assert [(o["suite"], o["eval_record"]) for o in stats["overlaps"]] == [
         ("wordorder", "wordorder.jsonl:1"), ("recent (held-out split)", f"train.jsonl:{held[0] + 1}")]
     assert "2 of 28 training document(s) overlap the eval data" in err and "dropped from training" in err
-    tok = json.loads((tmp_path / "wd" / "tokenize" / "stats.json").read_text())
+    tok = json.loads((tmp_path / "wd" / "tokenize" / "tokenize_result.json").read_text())
     assert tok["contamination_dropped"] == [5, 30] and tok["documents"] == 29
     assert held[0] in TokenStore.open(tmp_path / "wd" / "tokenize").doc_ids.tolist()   # the held-out one stays

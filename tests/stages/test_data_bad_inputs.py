@@ -129,7 +129,7 @@ def test_mixed_folder_errors_naming_files_or_skips_with_warning(tmp_path, capsys
     t = pq.read_table(out / "documents.parquet")
     assert t.column("text").to_pylist() == ["alpha", "beta", "gamma"]
     assert t.column("source").to_pylist() == ["a.txt", "b.jsonl:1", "c.parquet#0"]
-    stats = json.loads((out / "ingest_stats.json").read_text())
+    stats = json.loads((out / "ingest_result.json").read_text())
     assert stats["skipped_files"] == ["img.png", "sub/notes.md"] and stats["documents"] == 3
 
 
@@ -155,7 +155,7 @@ def test_all_duplicate_corpus_ingests_but_fails_validation(tmp_path, capsys):
     assert dup["unexpected_count"] == 11 and dup["observed"]["duplicate_ratio"] == pytest.approx(11 / 12, abs=1e-6)
     assert dup["offending_doc_ids"] == list(range(1, 12))
     assert report["report"] == str(failed / "report.json") and (failed / "data_docs" / "index.html").is_file()
-    assert json.loads((failed / "validate_stats.json").read_text())["success"] is False
+    assert json.loads((failed / "validate_result.json").read_text())["success"] is False
 
 
 def test_validate_without_documents(tmp_path, capsys):

@@ -115,7 +115,7 @@ def test_non_utf8_file_names_are_refused_naming_the_bytes(tmp_path, capsys):
     with open(os.path.join(sub, b"x.txt"), "wb") as fh:
         fh.write(b"inside\n")
     assert main(["ingest", "--source", str(src), *common, "--set", "ingest.unsupported=skip"]) == 0
-    stats = json.loads((tmp_path / "wd" / "ingest" / "ingest_stats.json").read_text(encoding="utf-8"))
+    stats = json.loads((tmp_path / "wd" / "ingest" / "ingest_result.json").read_text(encoding="utf-8"))
     assert {"name": "d\\xfcr", "target": None, "problem": f"file name b'd\\xfcr' in folder '{src}' is not valid "
             "UTF-8 (byte 0xfc at offset 1)"} in stats["skipped_entries"], stats["skipped_entries"]
     assert stats["documents"] == 11
@@ -247,7 +247,7 @@ def test_on_bad_record_fail_stops_at_the_first_bad_record(tmp_path, capsys):
 
 
 def test_on_bad_record_skip_lists_every_skipped_record_and_the_run_continues(tmp_path, capsys):
-    """skip: each bad record is dropped and listed with its reason in ingest_stats.json, the count is an MLflow
+    """skip: each bad record is dropped and listed with its reason in ingest_result.json, the count is an MLflow
     metric of the ingest run (and on_bad_record its param), and validate → tokenize pass on the rest."""
     import mlflow
 
@@ -259,7 +259,7 @@ def test_on_bad_record_skip_lists_every_skipped_record_and_the_run_continues(tmp
     assert main(["ingest", "--source", str(src), *common]) == 0
     err = capsys.readouterr().err
     assert f"warning: ingest skipped {len(expected)} bad record(s)" in err, err
-    stats = json.loads((wd / "ingest" / "ingest_stats.json").read_text())
+    stats = json.loads((wd / "ingest" / "ingest_result.json").read_text())
     assert stats["records_skipped"] == len(expected) == len(stats["skipped_records"])
     listed = {r["source"]: r["reason"] for r in stats["skipped_records"]}
     assert set(listed) == set(expected), listed

@@ -50,9 +50,9 @@ def chain(tmp_path_factory):
 @pytest.mark.slow
 def test_chain_outputs_md5s_and_mlflow_tags(chain):
     wd, outs = chain
-    ing = json.loads((wd / "ingest" / "ingest_stats.json").read_text())
-    val = json.loads((wd / "validate" / "validate_stats.json").read_text())
-    tok = json.loads((wd / "tokenize" / "stats.json").read_text())
+    ing = json.loads((wd / "ingest" / "ingest_result.json").read_text())
+    val = json.loads((wd / "validate" / "validate_result.json").read_text())
+    tok = json.loads((wd / "tokenize" / "tokenize_result.json").read_text())
     docs = wd / "ingest" / "documents.parquet"
     assert ing["source_kind"] == "default" and ing["default_corpus"]["python"].startswith("CPython")
     src_md5, val_md5, tok_md5 = (d["lineage"]["input_md5"][k] for d, k in
@@ -115,7 +115,7 @@ def test_tokenizer_round_trip_and_store(chain):
         assert tok.decode(ids[:-1]) == texts[i]
     assert np.array_equal(store.split, split_eval(store.doc_ids, 0.1))
     assert 1 <= (store.split == SPLIT_EVAL).sum() < store.n_docs
-    stats = json.loads((wd / "tokenize" / "stats.json").read_text())
+    stats = json.loads((wd / "tokenize" / "tokenize_result.json").read_text())
     lt = stats["length_tokens"]
     assert lt["p50"] <= lt["p90"] <= lt["p99"] <= lt["max"] == int(store.lengths().max())
     assert stats["train_tokens"] + stats["eval_tokens"] == stats["tokens"] == int(store.offsets[-1])
@@ -134,7 +134,7 @@ def test_tokenize_is_deterministic_and_loads_a_tokenizer_dir(chain, tmp_path, ca
     assert main(["tokenize", "--out", str(loaded), *common,
                  "--set", f"tokenize.tokenizer_dir={first / 'tokenizer'}"]) == 0
     assert _md5(first / "tokens.bin") == _md5(loaded / "tokens.bin")
-    stats = json.loads((loaded / "stats.json").read_text())
+    stats = json.loads((loaded / "tokenize_result.json").read_text())
     assert stats["tokenizer"] == str((first / "tokenizer").resolve())
     assert stats["lineage"]["input_md5"]["tokenizer"].endswith(".dir")
     capsys.readouterr()

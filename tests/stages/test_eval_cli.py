@@ -68,7 +68,7 @@ def run_cli(args, tmp_path, capsys):
     ("evaluate_no_eval_packs", 5, "eval packs"),
     ("evaluate_corrupt_packs", 3, "corrupt"),
     ("evaluate_bad_device_value", 2, "evaluate.device"),
-    ("register_no_eval_result", 5, "eval_result.json"),
+    ("register_no_eval_result", 5, "evaluate_result.json"),
     ("register_corrupt_eval_result", 3, "not valid JSON"),
     ("register_eval_result_without_metric", 3, "'perplexity'"),
     ("register_tracking_disabled", 2, "tracking.enabled"),
@@ -110,11 +110,11 @@ def test_bad_input(case, code, needle, inputs, tmp_path, capsys, monkeypatch):
         (bad / "eval").mkdir()
         (bad / "eval" / "meta.json").write_text("{not json")
     if case == "register_corrupt_eval_result":
-        (bad / "eval_result.json").write_text("{\"eval_loss\": ")
+        (bad / "evaluate_result.json").write_text("{\"eval_loss\": ")
     if case == "register_eval_result_without_metric":
-        (bad / "eval_result.json").write_text(json.dumps({"eval_loss": 5.0}))
-    if case == "register_without_paired_evaluation":   # an eval_result.json alone: no recorded-loss fallback
-        (bad / "eval_result.json").write_bytes((ev / "eval_result.json").read_bytes())
+        (bad / "evaluate_result.json").write_text(json.dumps({"eval_loss": 5.0}))
+    if case == "register_without_paired_evaluation":   # an evaluate_result.json alone: no recorded-loss fallback
+        (bad / "evaluate_result.json").write_bytes((ev / "evaluate_result.json").read_bytes())
     before = tree_digest(root), tree_digest(bad)
     got, err = run_cli(args, tmp_path, capsys)
     assert got == code, err

@@ -37,7 +37,7 @@ def test_gemma2_trains_and_evaluates_with_auto_attention(data, tmp_path):
     assert result["init"]["eval"]["attention"] == "eager"           # the step-0 loss of the warm start
     assert main(["evaluate", "--model", str(out / "model"), "--packs", str(data / "pack"), "--out",
                  str(tmp_path / "ev"), *flags]) == 0
-    assert json.loads((tmp_path / "ev" / "eval_result.json").read_text())["attention"] == "eager"
+    assert json.loads((tmp_path / "ev" / "evaluate_result.json").read_text())["attention"] == "eager"
 
 
 def test_gemma2_model_registers(tmp_path, monkeypatch):

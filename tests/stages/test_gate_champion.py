@@ -151,5 +151,5 @@ def test_dataset_tags_say_what_they_hold(trees):
 
     t = trees["client"].get_model_version(NAME, "1").tags
     assert t["dataset_md5"] == data_md5(trees["corpus"])
-    tok_stats = json.loads((trees["root"] / "tok" / "stats.json").read_text())   # the tokenize stage's result
+    tok_stats = json.loads((trees["root"] / "tok" / "tokenize_result.json").read_text())   # the tokenize stage's result
     assert t["tokens_md5"] == tok_stats["tokens_md5"] != t["dataset_md5"]

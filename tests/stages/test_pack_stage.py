@@ -47,7 +47,7 @@ def test_pack_cli_every_token_once_and_deterministic(store, tmp_path, capsys):
     before = _digest(store)
     assert _pack(store, tmp_path / "a") == 0
     assert "packs, fill" in capsys.readouterr().out
-    stats = json.loads((tmp_path / "a" / "pack_stats.json").read_text())
+    stats = json.loads((tmp_path / "a" / "pack_result.json").read_text())
     ts = TokenStore.open(store)
     for name, code in (("train", 0), ("eval", 1)):
         ps = PackStore.open(tmp_path / "a" / name, verify=True)
@@ -70,9 +70,9 @@ def test_pack_cli_every_token_once_and_deterministic(store, tmp_path, capsys):
     # same input + config → byte-identical packs and identical stats but for timings; input untouched
     assert _pack(store, tmp_path / "b") == 0
     a_files, b_files = _digest(tmp_path / "a"), _digest(tmp_path / "b")
-    assert {k: v for k, v in a_files.items() if k != "pack_stats.json"} == \
-        {k: v for k, v in b_files.items() if k != "pack_stats.json"}
-    b_stats = json.loads((tmp_path / "b" / "pack_stats.json").read_text())
+    assert {k: v for k, v in a_files.items() if k != "pack_result.json"} == \
+        {k: v for k, v in b_files.items() if k != "pack_result.json"}
+    b_stats = json.loads((tmp_path / "b" / "pack_result.json").read_text())
     assert _without_seconds(stats) == _without_seconds(b_stats)
     assert _digest(store) == before
     # a different seed shuffles the packs' order, not their content
@@ -93,7 +93,7 @@ def test_pack_stage_logs_to_mlflow(store, tmp_path):
     client = MlflowClient(f"sqlite:///{db}")
     runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
     run = next(r for r in runs if r.info.run_name == "pack")
-    stats = json.loads((tmp_path / "p" / "pack_stats.json").read_text())
+    stats = json.loads((tmp_path / "p" / "pack_result.json").read_text())
     assert run.data.metrics["train.fill"] == pytest.approx(stats["train"]["fill"])
     assert run.data.params["pack.budget"] == "128"
 
@@ -138,7 +138,7 @@ def test_bad_token_stores_fail_cleanly(tmp_path, kind, code, message):
     before = _digest(tok)
     out = tmp_path / "out"
     (out / "train").mkdir(parents=True)   # stands for an earlier pack output: it stays byte-identical
-    (out / "pack_stats.json").write_text("an earlier output stays intact")
+    (out / "pack_result.json").write_text("an earlier output stays intact")
     (out / "train" / "tokens.bin").write_bytes(b"\x01\x02")
     previous = _digest(out)
     r = _run_cli("pack", "--tokens", str(tok), "--out", str(out), *NO_TRACKING)
@@ -146,7 +146,7 @@ def test_bad_token_stores_fail_cleanly(tmp_path, kind, code, message):
     assert message in r.stderr and "Traceback" not in r.stderr
     assert _digest(tok) == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "tok"]      # no temp dir left behind
-    assert _digest(out) == previous and sorted(p.name for p in out.iterdir()) == ["pack_stats.json", "train"]
+    assert _digest(out) == previous and sorted(p.name for p in out.iterdir()) == ["pack_result.json", "train"]
 
 
 def test_bad_budget_and_missing_store(tmp_path, store, capsys):

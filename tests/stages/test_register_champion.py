@@ -37,7 +37,7 @@ def setup(tmp_path, monkeypatch):
     docs = [rng.integers(0, len(tok), size=int(n)) for n in rng.integers(8, 60, size=12)]
     packs = tmp_path / "packs"
     write_tiny_packs(packs / "eval", docs, budget=64, pad_id=tok.eos_token_id, vocab_size=len(tok))
-    (packs / "pack_stats.json").write_text(json.dumps({"lineage": LINEAGE.to_dict()}))   # evaluate reads the chain
+    (packs / "pack_result.json").write_text(json.dumps({"lineage": LINEAGE.to_dict()}))   # evaluate reads the chain
     work = tmp_path / "run"
     sets = ["--set", f"workdir={work}", "--set", "evaluate.max_batches=null", "--set", "evaluate.rows=2",
             "--set", "evaluate.sample_tokens=4", "--set", f"register.model_name={NAME}",
@@ -56,7 +56,7 @@ def test_champion_challenger_and_load_back(setup, capsys):
     losses = {}
     for s, d in models.items():
         assert main(["evaluate", *sets, "--model", str(d), "--packs", str(packs), "--out", str(tmp / f"ev-{s}")]) == 0
-        ev = _json(tmp / f"ev-{s}" / "eval_result.json")
+        ev = _json(tmp / f"ev-{s}" / "evaluate_result.json")
         assert ev["complete"] and ev["lineage"]["data_version"].startswith("5d41")
         assert len(_json(tmp / f"ev-{s}" / "samples.json")) == 3
         losses[s] = ev["eval_loss"]

@@ -60,7 +60,7 @@ def test_pipeline_with_stage_runs_in_sqlite(store, tmp_path):
     with stage_run("ingest", cfg, section=cfg.ingest, tags={"packtrain.source": "stdlib"}) as run:
         run.log_dataset(docs, "documents", "0f343b0931126a20f133d67c2b018a3b")
         run.log_stats({"n_docs": 120, "chars": {"total": 5000, "max": 900}}, prefix="ingest.")
-        run.log_json({"n_docs": 120}, "ingest_stats.json")
+        run.log_json({"n_docs": 120}, "ingest_result.json")
     name_pipeline_run(cfg, "791d2730c58fc40a69c6a6a9d5b14553.dir")   # the data version ingest found
 
     meter = ThroughputMeter(warmup_steps=cfg.telemetry.warmup_steps)
@@ -132,7 +132,7 @@ def test_pipeline_with_stage_runs_in_sqlite(store, tmp_path):
     local = client.download_artifacts(tid, "telemetry/telemetry.json", str(tmp_path / "dl"))
     assert json.loads(open(local).read())["summary"]["steps"] == 6
     iid = runs["ingest"]["run_id"]
-    assert [a.path for a in client.list_artifacts(iid)] == ["ingest_stats.json"]
+    assert [a.path for a in client.list_artifacts(iid)] == ["ingest_result.json"]
     (ds,) = client.get_run(iid).inputs.dataset_inputs
     assert ds.dataset.name == "documents" and ds.dataset.digest == "0f343b0931126a20f133d67c2b018a3b"
     assert str(docs) in ds.dataset.source

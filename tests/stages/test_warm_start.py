@@ -71,7 +71,7 @@ def test_tokenize_uses_the_init_models_tokenizer_and_its_bos_rule(world, tmp_pat
     tok = AutoTokenizer.from_pretrained(str(world["llama"]))
     for i in range(store.n_docs):   # BOS by the Llama tokenizer's own rule, EOS appended
         assert store.doc(i).tolist() == tok(texts[i])["input_ids"] + [EOS] and store.doc(i)[0] == BOS
-    meta, stats = store.meta, json.loads((root / "tok" / "stats.json").read_text())
+    meta, stats = store.meta, json.loads((root / "tok" / "tokenize_result.json").read_text())
     h = tokenizer_hash(world["llama"])
     assert meta["tokenizer_hash"] == stats["tokenizer_hash"] == tokenizer_hash(root / "tok" / "tokenizer") == h
     assert (meta["tokenizer"], meta["tokenizer_from"]) == (str(world["llama"].resolve()), str(world["llama"]))
@@ -114,7 +114,7 @@ def test_train_step0_loss_is_the_evaluate_stages_loss_of_the_init_model(world, t
     sets = _sets(f"workdir={tmp_path}", *COMMON, f"model.init_from={world['llama']}")
     assert main(["evaluate", "--model", str(world["llama"]), "--packs", str(root / "pack"), "--out",
                  str(tmp_path / "ev"), *sets]) == 0
-    expected = json.loads((tmp_path / "ev" / "eval_result.json").read_text())
+    expected = json.loads((tmp_path / "ev" / "evaluate_result.json").read_text())
     assert main(["train", "--packs", str(root / "pack"), "--tokens", str(root / "tok"), "--out",
                  str(tmp_path / "train"), *sets]) == 0
     result = json.loads((tmp_path / "train" / "train_result.json").read_text())

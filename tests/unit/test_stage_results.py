@@ -83,7 +83,7 @@ def test_one_lineage_chain(chain):
     assert r["train"].lineage.input_md5["packs"] == data_md5(wd / "pack" / "train")
     assert r["evaluate"].lineage.input_md5 == {"model": data_md5(wd / "train" / "model"),
                                                "packs": data_md5(wd / "pack" / "eval")}
-    assert r["train"].packing_fill == r["pack"].train["fill"] > 0.5
+    assert r["train"].packing_fill == r["pack"].train.fill > 0.5
 
 
 def test_registry_lineage_tags_from_typed_results(chain):
@@ -95,7 +95,7 @@ def test_registry_lineage_tags_from_typed_results(chain):
     values, origin, missing = collect_lineage(train_json, eval_json, checkout_sha="not-used")
     assert values["dataset_md5"] == data_md5(corpus) and origin["dataset_md5"] == "train_result:lineage.data_version"
     assert values["git_sha"] == r["train"].lineage.git_sha and values["tokenizer_hash"].startswith("sha256:")
-    assert values["packing_fill"] == r["pack"].fill
+    assert values["packing_fill"] == r["pack"].train.fill
     assert values["peak_memory_gib"] > 0                      # CPU: the process' peak RSS
     assert set(missing) <= {"mfu", "git_sha"} and set(values) | set(missing) == set(LINEAGE_TAGS)
     # without a train result the evaluation's lineage still names the data and the tokenizer
@@ -109,7 +109,7 @@ def test_registry_lineage_tags_from_typed_results(chain):
 def test_unknown_and_missing_keys_are_refused(chain, tmp_path):
     wd, _, r = chain
     d = r["pack"].to_dict()
-    with pytest.raises(InputDataError, match=r"pack_stats\.json: unknown key 'fill_ratio'"):
+    with pytest.raises(InputDataError, match=r"pack_result\.json: unknown key 'fill_ratio'"):
         PackResult.from_dict({**d, "fill_ratio": 0.9})
     bad = tmp_path / TrainResult.FILE
     bad.write_text(json.dumps({k: v for k, v in r["train"].to_dict().items() if k != "final_loss"}))
@@ -138,11 +138,11 @@ def test_lineage_rules():
 
 def test_upstream_lineage_of_library_files(tmp_path):
     """The library functions write the stats file names without a lineage: the chain starts downstream."""
-    assert upstream_lineage(tmp_path / "pack_stats.json") is None
-    (tmp_path / "pack_stats.json").write_text(json.dumps({"budget": 64}))
-    assert upstream_lineage(tmp_path / "pack_stats.json") is None
-    (tmp_path / "pack_stats.json").write_text(json.dumps({"lineage": {"git_sha": None}}))
+    assert upstream_lineage(tmp_path / "pack_result.json") is None
+    (tmp_path / "pack_result.json").write_text(json.dumps({"budget": 64}))
+    assert upstream_lineage(tmp_path / "pack_result.json") is None
+    (tmp_path / "pack_result.json").write_text(json.dumps({"lineage": {"git_sha": None}}))
     with pytest.raises(InputDataError, match="missing required key 'code_version'"):
-        upstream_lineage(tmp_path / "pack_stats.json")
-    assert file_md5(tmp_path / "pack_stats.json") == data_md5(tmp_path / "pack_stats.json")
+        upstream_lineage(tmp_path / "pack_result.json")
+    assert file_md5(tmp_path / "pack_result.json") == data_md5(tmp_path / "pack_result.json")
     assert IngestResult.read_optional(tmp_path) is None

@@ -60,6 +60,30 @@ def test_runners_are_the_table_entries():
         assert (runner.__name__, runner.__module__) == (f"run_{spec.name}", f"packtrain.stages.{spec.name}")
 
 
+
+def test_every_stage_record_is_named_stage_result_json():
+    """One name pattern for every stage record: the table, the result class and the reader agree."""
+    from packtrain.stages.results import RESULTS
+
+    assert list(RESULTS) == list(STAGE_NAMES)
+    for spec in STAGES:
+        assert spec.stats_file == RESULTS[spec.name].FILE == f"{spec.name}_result.json"
+
+
+def test_no_stage_result_repeats_its_library_fields():
+    """A stage result extends its library's result class (one field list): its own fields are only the ones
+    the stage adds, none of them a library field again."""
+    import dataclasses
+
+    from packtrain.stages.results import RESULTS, StageResult
+
+    for cls in RESULTS.values():
+        libs = [b for b in cls.__mro__[1:] if dataclasses.is_dataclass(b) and not issubclass(b, StageResult)]
+        own = set(cls.__annotations__) - {"STAGE", "FILE"}
+        for lib in libs:
+            assert not own & {f.name for f in dataclasses.fields(lib)}, (cls.__name__, lib.__name__)
+
+
 # ---- the cache key follows the table: every recipe field -------------------------------------------------------
 
 @pytest.fixture(scope="module")

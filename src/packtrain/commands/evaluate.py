@@ -39,7 +39,7 @@ def run(cfg, args) -> int:
     s = run_evaluate(cfg, args.model or paths.model_dir, args.packs or paths.pack_dir, out).to_dict()
     print(f"eval_loss {s['eval_loss']:.4f}  perplexity {s['perplexity']:.2f}  "
           f"{s['n_label_tokens']} label tokens in {s['n_batches']}/{s['n_batches_epoch']} batches  "
-          f"{s['tokens_per_s']:.0f} tok/s  → {out / 'eval_result.json'}")
+          f"{s['tokens_per_s']:.0f} tok/s  → {out / 'evaluate_result.json'}")
     return 0
 
 

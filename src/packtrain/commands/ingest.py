@@ -18,13 +18,13 @@ def summarize(d: dict) -> str:
     skipped = f" Skipped {len(d['skipped_files'])} unsupported file(s)." if d.get("skipped_files") else ""
     n_bad = len(d.get("skipped_entries") or ())
     if n_bad:
-        skipped += f" Skipped {n_bad} entr{'y' if n_bad == 1 else 'ies'} that cannot be read (see ingest_stats.json)."
+        skipped += f" Skipped {n_bad} entr{'y' if n_bad == 1 else 'ies'} that cannot be read (see ingest_result.json)."
     if d.get("linked_folders"):
         skipped += " Read linked folder(s) " + ", ".join(f"{x['name']} → {x['target']}"
                                                          for x in d["linked_folders"]) + "."
     if d.get("records_skipped"):
         skipped += (f" Skipped {d['records_skipped']:,} bad record(s) (ingest.on_bad_record=skip; each listed "
-                    "with its reason in ingest_stats.json).")
+                    "with its reason in ingest_result.json).")
     capped = " Stopped at ingest.max_docs." if d.get("stopped_at_max_docs") else ""
     return (
         f"ingest: {d['documents']:,} documents ({d['bytes_utf8'] / 1e6:.1f} MB of UTF-8 text) from {d['files']:,} "

@@ -13,7 +13,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tokens", default=None, metavar="DIR",
                         help="token store written by `packtrain tokenize` (default: <workdir>/tokenize)")
     parser.add_argument("--out", default=None, metavar="DIR",
-                        help="output directory for train/, eval/ and pack_stats.json (default: <workdir>/pack)")
+                        help="output directory for train/, eval/ and pack_result.json (default: <workdir>/pack)")
     parser.add_argument("--verify", default=None, metavar="DIR",
                         help="only check an existing pack output (checksums, shapes, budget) and exit")
 

@@ -7,7 +7,7 @@ import argparse
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", metavar="DIR", help="save_pretrained model dir (default <workdir>/train/model)")
-    parser.add_argument("--eval", metavar="DIR", help="evaluate output with eval_result.json "
+    parser.add_argument("--eval", metavar="DIR", help="evaluate output with evaluate_result.json "
                                                       "(default <workdir>/evaluate)")
     parser.add_argument("--train", metavar="DIR", help="train output with train_result.json (default "
                                                        "<workdir>/train; optional file)")

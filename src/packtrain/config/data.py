@@ -43,7 +43,7 @@ class IngestConfig(StrictModel):
     is not UTF-8 or is over-long; a record that validate's per-document rules would refuse (record shape, roles,
     role order, no visible text, a prompt over the pack budget as far as it can be counted before tokenize,
     packtrain.data.record_rules) — fails the stage (fail, the default: exit 3 at ingest, exit 4 at validate),
-    or is dropped (skip): every skipped document is listed with its reason in ingest_stats.json
+    or is dropped (skip): every skipped document is listed with its reason in ingest_result.json
     (`skipped_records`: source, reason), counted in `records_skipped` (an MLflow metric of the ingest run),
     and the run continues with the rest. File-level problems (unreadable file, no rows at all, a missing
     column) always fail."""
@@ -51,7 +51,7 @@ class IngestConfig(StrictModel):
     """Folder sources: files that are not .txt/.jsonl/.parquet (hidden files aside), dangling or looping
     symlinks, links to a folder already read, and special files (FIFOs, sockets, devices) are an error naming
     them (default: silently dropped data is a classic pipeline bug), or skipped with a warning listing them
-    (also recorded as `skipped_entries` in ingest_stats.json)."""
+    (also recorded as `skipped_entries` in ingest_result.json)."""
 
 
 class ContaminationConfig(StrictModel):

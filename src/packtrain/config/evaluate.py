@@ -107,7 +107,7 @@ class EvalConfig(StrictModel):
     65,536 tokens for a Llama-3-8B shape, ≈ 1.7 GiB for 350M) and the LM head is chunked."""
     max_batches: PositiveInt | None = None
     """Cap on evaluation micro-batches (smoke runs). None → exactly one epoch over the eval packs, so every
-    held-out document counts; a cap is recorded in eval_result.json (`complete: false`)."""
+    held-out document counts; a cap is recorded in evaluate_result.json (`complete: false`)."""
     prompts: list[Text] = ["def ", "import ", "The "]
     """Fixed prompts of the generation samples (samples.json); the same prompts every run, so runs compare."""
     sample_tokens: PositiveInt = 32

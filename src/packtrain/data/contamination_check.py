@@ -138,7 +138,7 @@ def contamination_message(found: dict, shown: int = 10) -> str:
 def contaminated_ids(path: Path, cfg: ContaminationConfig, sources: EvalSources | None = None) -> list[int]:
     """The doc_ids tokenize leaves out: those `check_table` finds under policy drop ([] otherwise). The
     same pure check the validate stage ran on the same table and eval sources, so exactly the documents its
-    report lists (`dropped` in validate_stats.json)."""
+    report lists (`dropped` in validate_result.json)."""
     if cfg.policy != "drop":
         return []
     found = check_table(path, cfg, sources)
@@ -179,4 +179,4 @@ def log_line(found: dict) -> str:
     return (f"validate: contamination: {len(ov)} of {found['documents']} training document(s) overlap the eval "
             f"data ({found['ngram']}-gram; {checked_against(found)}), {what}"
             + (": " + "; ".join(map(describe, ov[:10])) if ov else "")
-            + (f"; ... ({len(ov) - 10} more in validate_stats.json)" if len(ov) > 10 else ""))
+            + (f"; ... ({len(ov) - 10} more in validate_result.json)" if len(ov) > 10 else ""))

@@ -21,7 +21,7 @@ source gives a byte-identical table (same pyarrow version). The table is streame
 batches (≤ 4,096 documents or 64 MB) and renamed into place, so a failed ingest leaves no table behind and
 the source is only ever read. Duplicates are kept (validate reports them). Symbolic links in a source folder
 are followed safely (packtrain.data.source_files.discover_files); the stage (packtrain.stages.ingest) builds the
-table and ingest_stats.json in a staging directory and publishes both together (packtrain.publish).
+table and ingest_result.json in a staging directory and publishes both together (packtrain.publish).
 """
 
 from __future__ import annotations
@@ -30,12 +30,14 @@ import os
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 from packtrain.config import IngestConfig
 from packtrain.data.chat import file_record_format
-from packtrain.data.corpus import select_default_corpus
+from packtrain.data.corpus import DefaultCorpus, select_default_corpus
+from packtrain.data.ingest_stats import IngestStats
 from packtrain.data.record_rules import RowRules
 from packtrain.data.source_files import Discovery, SourceFile, discover_files
 from packtrain.data.source_readers import (
@@ -50,46 +52,6 @@ from packtrain.errors import InputDataError
 
 DOCUMENTS_FILE = "documents.parquet"
 _FLUSH_DOCS, _FLUSH_BYTES = 4096, 64 << 20
-
-
-@dataclass
-class IngestStats:
-    """What ingest wrote. `length_chars` holds min/p50/p90/p99/max/mean document length in characters."""
-
-    documents: int
-    chars: int
-    bytes_utf8: int
-    files: int
-    source: str
-    source_kind: str  # "default" | "txt" | "jsonl" | "parquet" | "folder"
-    output: str
-    files_by_type: dict[str, int] = field(default_factory=dict)
-    skipped_files: list[str] = field(default_factory=list)
-    skipped_entries: list[dict] = field(default_factory=list)
-    """Unreadable entries skipped with ingest.unsupported=skip: [{"name", "target", "problem"}] (dangling or
-    looping links, links to a folder already read, special files)."""
-    linked_folders: list[dict] = field(default_factory=list)
-    """Folders read through a symbolic link: [{"name": name in the source, "target": resolved path}]."""
-    length_chars: dict[str, float] = field(default_factory=dict)
-    stopped_at_max_docs: bool = False
-    seconds: float = 0.0
-    default_corpus: dict | None = None
-    records_by_format: dict[str, int] = field(default_factory=dict)
-    """Documents per record format ({"text": n, "messages": m, "prompt_completion": k}); {} for plain text."""
-    records_skipped: int = 0
-    """Documents dropped by ingest.on_bad_record=skip (0 with fail)."""
-    skipped_records: list[dict] = field(default_factory=list)
-    """Every one of them: [{"source": "c.jsonl:3", "reason": "..."}], in reading order."""
-    input_files: dict[str, Path] = field(default_factory=dict, repr=False)
-    """Files read, keyed by their `source` name (for the DVC-style md5 of exactly what was read)."""
-    input_exact: bool = field(default=True, repr=False)
-    """True when the files read are exactly the source's plain files (nothing skipped, no link followed)."""
-
-    def to_dict(self) -> dict:
-        d = asdict(self)
-        d.pop("input_files")
-        d.pop("input_exact")
-        return d
 
 
 def length_summary(lengths: list[int]) -> dict[str, float]:
@@ -177,99 +139,122 @@ def ingest_documents(source: str | Path | None, dst_dir: str | Path, cfg: Ingest
     t0 = time.perf_counter()
     dst_dir = Path(dst_dir)
     final = dst_dir / DOCUMENTS_FILE
-    default = None
-    disc = Discovery([], [])
-    if source is None:
-        default = select_default_corpus(cfg.default_corpus_mb)
-        files = [SourceFile(f.path, f.source, "txt", f.n_bytes) for f in default.files]
-        label, kind = f"default corpus ({default.python} standard library)", "default"
-    else:
-        src = Path(source)
-        disc = discover_files(src, cfg.unsupported)
-        files = disc.files
-        label, kind = str(src), ("folder" if src.is_dir() else files[0].kind)
-        out = Path(published_dir if published_dir is not None else dst_dir).resolve()
-        inside = next((f for f in files if f.path.resolve() == out or out in f.path.resolve().parents), None)
-        if inside is not None:
-            raise InputDataError(f"source {src} contains the output directory {out} ({inside.name}): choose "
-                                 "another --out, outside the source")
-        _warn_skipped(src, disc)
-    if not files:
-        raise InputDataError(f"{label}: no files to ingest")
-
+    files, label, kind, default, disc = _discover(source, cfg, Path(published_dir if published_dir is not None else dst_dir))
     dst_dir.mkdir(parents=True, exist_ok=True)
     records = any(file_record_format(f, cfg.text_field, cfg.record_format) != "text" for f in files)
     writer = _DocWriter(final, records=records)
-    by_format: dict[str, int] = {}
-    lengths: list[int] = []
-    by_type: dict[str, int] = {}
-    read: dict[str, Path] = {}
-    skip = cfg.on_bad_record == "skip"
-    rules = rules or RowRules()
-    skipped: list[SkippedRecord] = []
-    n_bytes = 0
-    stopped = False
+    tally = _Tally()
     bar = tqdm(total=sum(f.n_bytes for f in files), unit="B", unit_scale=True, desc="ingest",
                file=sys.stderr, delay=2.0, leave=False)
     try:
-        for f in files:
-            read[f.name] = f.path
-            key = Path(f.name).suffix.lstrip(".") if kind == "default" else f.kind
-            by_type[key] = by_type.get(key, 0) + 1
-            docs: Iterator[Doc | SkippedRecord]
-            if f.kind == "txt":
-                docs = ((t, w, "text", None) for t, w in read_txt(f, cfg.txt_mode, cfg.max_doc_chars, bar.update))
-            elif f.kind == "jsonl":
-                docs = read_jsonl(f, cfg.text_field, bar.update, cfg.record_format, cfg.on_bad_record)
-            else:
-                docs = read_parquet(f, cfg.text_field, bar.update, cfg.record_format, cfg.on_bad_record)
-            for item in _reading(f, docs, skip):
-                if isinstance(item, SkippedRecord):
-                    skipped.append(item)
-                    continue
-                text, where, fmt, record = item
-                bad = None
-                if len(text) > cfg.max_doc_chars:
-                    err = too_long_error(f, where, len(text), cfg.max_doc_chars)
-                    if not skip:
-                        raise err
-                    bad = SkippedRecord(where, str(err))
-                elif skip:
-                    bad = _refused(item, rules)
-                if bad is not None:
-                    skipped.append(bad)
-                    continue
-                writer.add(text, where, fmt, record)
-                by_format[fmt] = by_format.get(fmt, 0) + 1
-                lengths.append(len(text))
-                n_bytes += len(text.encode("utf-8")) if not text.isascii() else len(text)
-                if cfg.max_docs is not None and writer.n >= cfg.max_docs:
-                    stopped = True
-                    break
-            if stopped:
-                break
+        _read_files(files, kind, cfg, rules or RowRules(), writer, tally, bar)
         if writer.n == 0:
             raise InputDataError(f"{label}: no documents found" + (
-                f" ({len(skipped)} bad record(s) skipped: {_shown(skipped)})" if skipped else ""))
+                f" ({len(tally.skipped)} bad record(s) skipped: {_shown(tally.skipped)})" if tally.skipped else ""))
         writer.commit()
     except BaseException:
         writer.abort()
         raise
     finally:
         bar.close()
-    if skipped:
-        print(f"warning: ingest skipped {len(skipped)} bad record(s) (ingest.on_bad_record=skip): "
-              f"{_shown(skipped)}; all listed in ingest_stats.json (skipped_records)", file=sys.stderr)
+    if tally.skipped:
+        print(f"warning: ingest skipped {len(tally.skipped)} bad record(s) (ingest.on_bad_record=skip): "
+              f"{_shown(tally.skipped)}; all listed in ingest_result.json (skipped_records)", file=sys.stderr)
     return IngestStats(
-        documents=writer.n, chars=sum(lengths), bytes_utf8=n_bytes, files=len(read), source=label,
-        source_kind=kind, output=str(final), files_by_type=by_type, skipped_files=disc.skipped,
+        documents=writer.n, chars=sum(tally.lengths), bytes_utf8=tally.n_bytes, files=len(tally.read),
+        source=label, source_kind=kind, output=str(final), files_by_type=tally.by_type, skipped_files=disc.skipped,
         skipped_entries=[e.to_dict() for e in disc.bad_entries], linked_folders=disc.linked_folders,
-        length_chars=length_summary(lengths), stopped_at_max_docs=stopped,
+        length_chars=length_summary(tally.lengths), stopped_at_max_docs=tally.stopped,
         seconds=round(time.perf_counter() - t0, 3),
         default_corpus=default.provenance() if default else None,
-        records_by_format=by_format if records else {}, input_files=read,
-        records_skipped=len(skipped), skipped_records=[r.to_dict() for r in skipped],
+        records_by_format=tally.by_format if records else {}, input_files=tally.read,
+        records_skipped=len(tally.skipped), skipped_records=[r.to_dict() for r in tally.skipped],
         input_exact=source is not None and disc.exact)
+
+
+def _discover(source: str | Path | None, cfg: IngestConfig, out: Path
+              ) -> tuple[list[SourceFile], str, str, DefaultCorpus | None, Discovery]:
+    """The files to read: (files, label for messages, source_kind, the default corpus or None, the discovery).
+    A source that holds the output directory `out` (where the table is published) is refused."""
+    if source is None:
+        default = select_default_corpus(cfg.default_corpus_mb)
+        files = [SourceFile(f.path, f.source, "txt", f.n_bytes) for f in default.files]
+        label, kind = f"default corpus ({default.python} standard library)", "default"
+        return _nonempty(files, label), label, kind, default, Discovery([], [])
+    src = Path(source)
+    disc = discover_files(src, cfg.unsupported)
+    files = disc.files
+    label, kind = str(src), ("folder" if src.is_dir() else files[0].kind)
+    out = out.resolve()
+    inside = next((f for f in files if f.path.resolve() == out or out in f.path.resolve().parents), None)
+    if inside is not None:
+        raise InputDataError(f"source {src} contains the output directory {out} ({inside.name}): choose "
+                             "another --out, outside the source")
+    _warn_skipped(src, disc)
+    return _nonempty(files, label), label, kind, None, disc
+
+
+def _nonempty(files: list[SourceFile], label: str) -> list[SourceFile]:
+    if not files:
+        raise InputDataError(f"{label}: no files to ingest")
+    return files
+
+
+@dataclass
+class _Tally:
+    """What reading the files counted, for IngestStats."""
+
+    by_type: dict[str, int] = field(default_factory=dict)       # files per kind (or suffix, default corpus)
+    by_format: dict[str, int] = field(default_factory=dict)     # documents per record format
+    lengths: list[int] = field(default_factory=list)            # characters per document written
+    read: dict[str, Path] = field(default_factory=dict)         # source name → file read
+    skipped: list[SkippedRecord] = field(default_factory=list)  # bad records dropped (on_bad_record=skip)
+    n_bytes: int = 0                                            # UTF-8 bytes of the documents written
+    stopped: bool = False                                       # ingest.max_docs reached
+
+
+def _read_files(files: list[SourceFile], kind: str, cfg: IngestConfig, rules: RowRules, writer: _DocWriter,
+                tally: _Tally, bar) -> None:
+    """Every document of `files`, in order, into `writer`, counted in `tally`; stops at ingest.max_docs."""
+    skip = cfg.on_bad_record == "skip"
+    for f in files:
+        tally.read[f.name] = f.path
+        key = Path(f.name).suffix.lstrip(".") if kind == "default" else f.kind
+        tally.by_type[key] = tally.by_type.get(key, 0) + 1
+        for item in _reading(f, _file_docs(f, cfg, bar), skip):
+            bad = item if isinstance(item, SkippedRecord) else _bad_document(f, item, cfg, rules, skip)
+            if bad is not None:
+                tally.skipped.append(bad)
+                continue
+            text, where, fmt, record = cast(Doc, item)
+            writer.add(text, where, fmt, record)
+            tally.by_format[fmt] = tally.by_format.get(fmt, 0) + 1
+            tally.lengths.append(len(text))
+            tally.n_bytes += len(text.encode("utf-8")) if not text.isascii() else len(text)
+            if cfg.max_docs is not None and writer.n >= cfg.max_docs:
+                tally.stopped = True
+                return
+
+
+def _file_docs(f: SourceFile, cfg: IngestConfig, bar) -> Iterator[Doc | SkippedRecord]:
+    """The documents (or, on_bad_record=skip, bad records) of one file, by its kind."""
+    if f.kind == "txt":
+        return ((t, w, "text", None) for t, w in read_txt(f, cfg.txt_mode, cfg.max_doc_chars, bar.update))
+    if f.kind == "jsonl":
+        return read_jsonl(f, cfg.text_field, bar.update, cfg.record_format, cfg.on_bad_record)
+    return read_parquet(f, cfg.text_field, bar.update, cfg.record_format, cfg.on_bad_record)
+
+
+def _bad_document(f: SourceFile, doc: Doc, cfg: IngestConfig, rules: RowRules, skip: bool) -> SkippedRecord | None:
+    """Why `doc` is not written (None: it is): over ingest.max_doc_chars (an error unless skip), or, with skip,
+    refused by the per-document rules."""
+    text, where = doc[0], doc[1]
+    if len(text) > cfg.max_doc_chars:
+        err = too_long_error(f, where, len(text), cfg.max_doc_chars)
+        if not skip:
+            raise err
+        return SkippedRecord(where, str(err))
+    return _refused(doc, rules) if skip else None
 
 
 def _warn_skipped(src: Path, disc: Discovery) -> None:

@@ -4,7 +4,7 @@ A record whose rendered ids (BOS, template, every turn, the EOS) exceed `pack.bu
 segment. Cut blindly into chunks (what `pack.overlong: split` does to plain text), its continuation chunks
 would land in other packs with no question before them, positions from 0 and every token learned: the model
 would learn answers to nothing (the harm the prompt_fits_budget rule exists to prevent). Instead tokenize
-applies one of three policies, counts what it did (stats.json, the summary, MLflow metrics) and writes only
+applies one of three policies, counts what it did (tokenize_result.json, the summary, MLflow metrics) and writes only
 documents of ≤ B tokens for records:
 
     refuse              the record is an error naming it (tokenize exit 3; validate's record_fits_budget check

@@ -8,7 +8,7 @@ Used by packtrain.data.tokenize for tables with records. A row is rendered by pa
     tokenize.long_records   a record longer than the budget: refuse | truncate | split_with_prompt
                             (packtrain.data.long_records); a record that fits is one document, unchanged
 
-The counts (RecordFit.stats) go to stats.json, the summary and MLflow; RecordFit.meta to the store's meta.json.
+The counts (RecordFit.stats) go to tokenize_result.json, the summary and MLflow; RecordFit.meta to the store's meta.json.
 EOS, per row kind: a text row gets the EOS appended (tokenize.append_eos); a record gets it unless its template
 wrote the tokenizer's EOS itself (Mistral, Zephyr, Phi-3): `eos_appended_records` / `eos_from_template_records`.
 """

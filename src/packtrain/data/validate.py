@@ -66,6 +66,7 @@ from typing import TYPE_CHECKING
 from packtrain.config import ValidateConfig
 from packtrain.data.documents_frame import load_frame, resolve_documents
 from packtrain.data.record_rules import RowRules
+from packtrain.data.validation_summary import ValidationSummary
 
 if TYPE_CHECKING:
     from packtrain.data.contamination_sources import EvalSources
@@ -106,18 +107,12 @@ class ExpectationResult:
         return f"{self.name} (observed {self.observed})"
 
 
-@dataclass
-class ValidationReport:
-    success: bool
-    documents: int
-    input: str
-    report: str
-    data_docs: str | None
-    failed: list[str]
+@dataclass(kw_only=True)
+class ValidationReport(ValidationSummary):
+    """The full report (report.json): the summary, the thresholds checked and every expectation's result."""
+
     thresholds: dict
     results: list[ExpectationResult]
-    contamination: dict | None = None
-    """packtrain.data.contamination_check.check_table: every contaminated document (None: check off)."""
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -29,14 +29,15 @@ import math
 import sys
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from packtrain.config import EvalConfig
 from packtrain.errors import MissingDataError, PacktrainError
+from packtrain.record_fields import MEMORY_ONLY, record_dict
 
 if TYPE_CHECKING:
+    from packtrain.config import EvalConfig
     from packtrain.evaluate.loading import Loaded
 
 IGNORE_INDEX = -100
@@ -44,8 +45,9 @@ _DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
 
 
 @dataclass
-class EvalResult:
-    """What `evaluate` measured. `to_dict()` is eval_result.json."""
+class EvalStats:
+    """What `evaluate` measured: the evaluate stage's record (packtrain.stages.results.EvaluateResult) holds these
+    fields, by inheritance, plus the lineage; the samples go to samples.json."""
 
     eval_loss: float              # nats per label token, token-mean over the whole split
     perplexity: float             # exp(eval_loss)
@@ -65,20 +67,16 @@ class EvalResult:
     attention: str                # isolated attention backend: sdpa | eager | flex | varlen
     rows: int
     budget: int
-    compiled: bool = False        # evaluate.compile: the decoder layers ran compiled (loading.compile_layers)
-    samples: list[dict] = field(default_factory=list)   # [{"prompt", "completion", "n_new_tokens"}]
+    model_dir: str
+    eval_split_dir: str
     timings: dict = field(default_factory=dict)         # load_s, warmup_s (CUDA), samples_s; the stage adds
                                                         # suites_s and total_s
-    model_dir: str = ""
-    eval_split_dir: str = ""
+    compiled: bool = False        # evaluate.compile: the decoder layers ran compiled (loading.compile_layers)
+    samples: list[dict] = field(default_factory=list, metadata=MEMORY_ONLY)   # [{"prompt", "completion",
+                                                                              # "n_new_tokens"}]: samples.json
 
     def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict) -> EvalResult:
-        names = cls.__dataclass_fields__
-        return cls(**{k: v for k, v in d.items() if k in names})
+        return record_dict(self)
 
 
 def batch_loss_sum(model, model_kwargs: dict, labels, chunk: int = 4096, index=None):
@@ -199,7 +197,7 @@ def open_eval_loader(eval_split_dir: Path, rows: int | str, seed: int, loss_on: 
 
 
 def evaluate(model_dir: str | Path, eval_split_dir: str | Path, cfg: EvalConfig, device: str | None = None,
-             loss_on: str | None = None, loaded: Loaded | None = None) -> EvalResult:
+             loss_on: str | None = None, loaded: Loaded | None = None) -> EvalStats:
     """Held-out loss/perplexity of the model in `model_dir` over one epoch of `eval_split_dir`'s packs,
     eval tokens/s and peak memory, plus greedy samples from `cfg.prompts`.
 
@@ -259,7 +257,7 @@ def evaluate(model_dir: str | Path, eval_split_dir: str | Path, cfg: EvalConfig,
         if backend not in ("sdpa", "eager"):
             model.set_attn_implementation(HF_NAMES[backend])
     samples_s = time.perf_counter() - t_samples
-    return EvalResult(
+    return EvalStats(
         eval_loss=loss, perplexity=math.exp(min(loss, 700.0)),
         n_label_tokens=sums["n_label_tokens"], n_real_tokens=sums["n_real_tokens"],
         n_slot_tokens=sums["n_slot_tokens"], n_segments=sums["n_segments"], n_batches=sums["n_batches"],

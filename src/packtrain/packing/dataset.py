@@ -3,7 +3,7 @@
     dst/
       train/            pack store (packtrain.packing.store): tokens.bin, pack_offsets.npy, seg_offsets.npy,
       eval/                                                     segments.npy, meta.json
-      pack_stats.json   PackStats.to_dict()
+      pack_result.json   PackStats.to_dict()
 
 Train and eval documents are packed separately (no eval token ever shares a pack with training). The whole
 `dst` is built in a staging directory and published as one unit (packtrain.publish.staged_output): a crash or
@@ -17,7 +17,6 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -26,54 +25,13 @@ from packtrain.config.packing import PackConfig
 from packtrain.data.token_store import SPLIT_EVAL, SPLIT_TRAIN, TokenStore
 from packtrain.errors import InputDataError
 from packtrain.packing.bins import PackPlan, l2_bound_packs, lower_bound_packs, pack_lengths
+from packtrain.packing.pack_stats import PackStats, SplitPackStats
 from packtrain.packing.store import write_pack_store
 from packtrain.publish import staged_output, write_json
 
 CHUNK_TOKENS = 1 << 22   # tokens gathered per write (32 MB of int64 indices)
-STATS_FILE = "pack_stats.json"
+STATS_FILE = "pack_result.json"
 OUTPUTS = ("train", "eval", STATS_FILE)
-
-
-@dataclass
-class SplitPackStats:
-    """What packing did to one split. fill = real tokens / (n_packs × budget)."""
-
-    n_docs: int                 # documents in the split, before dropping short ones
-    dropped_short_docs: int     # documents with < min_doc_tokens tokens (not packed)
-    n_tokens: int               # real tokens packed
-    n_packs: int
-    lower_bound_packs: int      # max(⌈Σ/B⌉, #docs > B/2): no packer needs fewer packs
-    l2_bound_packs: int         # Martello-Toth L2, a tighter lower bound
-    fill: float
-    fill_vs_bound: float        # l2_bound_packs / n_packs: 1.0 = provably optimal
-    padding_tokens: int         # n_packs × budget − n_tokens
-    padding_fraction: float
-    docs_per_pack_mean: float   # segments per pack (a split document counts once per chunk)
-    docs_per_pack_max: int
-    truncated_tokens: int       # dropped by overlong="truncate"
-    split_docs: int             # documents longer than the budget cut into chunks
-    split_tokens: int           # tokens of those documents
-    seconds_plan: float         # pack_lengths only
-    seconds: float              # plan + gather + write
-    loss_tokens: int | None = None   # packed tokens with loss mask 1 (None: no mask, every token is learned)
-
-
-@dataclass
-class PackStats:
-    budget: int
-    strategy: str
-    overlong: str
-    seed: int
-    train: SplitPackStats
-    eval: SplitPackStats
-    seconds: float
-
-    def to_dict(self) -> dict:
-        d = asdict(self)
-        # Top-level copies of the train numbers the gate and the dashboards read.
-        d.update(fill=self.train.fill, padding_fraction=self.train.padding_fraction,
-                 n_packs=self.train.n_packs, fill_vs_bound=self.train.fill_vs_bound)
-        return d
 
 
 def pack_dataset(src: Path, dst: Path, cfg: PackConfig) -> PackStats:
@@ -86,7 +44,7 @@ def pack_dataset(src: Path, dst: Path, cfg: PackConfig) -> PackStats:
 
 
 def write_packs(src: Path, out: Path, cfg: PackConfig) -> PackStats:
-    """Pack the token store at `src` into the new or empty directory `out` (train/, eval/, pack_stats.json),
+    """Pack the token store at `src` into the new or empty directory `out` (train/, eval/, pack_result.json),
     in place: the caller publishes `out` (pack_dataset, the pack stage). Same errors as pack_dataset."""
     t0 = time.perf_counter()
     src, out = Path(src), Path(out)

@@ -52,19 +52,19 @@ def dir_md5(path: str | Path) -> str:
 
 
 MEASURED: dict[str, tuple[str, ...]] = {
-    "ingest_stats.json": (".source", "output", "seconds"),
-    "stats.json": ("input", "output", "seconds", "train_seconds", "encode_seconds", "tokens_per_second"),
-    "pack_stats.json": ("input", "output", "seconds", "seconds_plan"),
+    "ingest_result.json": (".source", "output", "seconds"),
+    "tokenize_result.json": ("input", "output", "seconds", "train_seconds", "encode_seconds", "tokens_per_second"),
+    "pack_result.json": ("input", "output", "seconds", "seconds_plan"),
     "train_result.json": ("model_dir", ".checkpoint", "telemetry_files", "violations", "timings", "throughput",
                           ".system", ".guard", ".memory"),
-    "eval_result.json": ("model_dir", "eval_split_dir", "seconds", "tokens_per_s", "peak_memory_gib", "timings"),
+    "evaluate_result.json": ("model_dir", "eval_split_dir", "seconds", "tokens_per_s", "peak_memory_gib", "timings"),
     # seed_spread's config hash (and the note quoting it) is derived from the config the key already holds, and
     # from ingest.source's spelling: the same documents in another directory must not move register's key
     "suites.json": ("model_dir", "suites[].path", ".seed_spread.config_hash", ".seed_spread.note"),
 }
 """What a stage's JSON output records about *how* its run went — wall times, speeds, memory and utilization
 measured while it ran, and the absolute paths it ran in — by file name. A plain name is that key at any depth
-(pack_stats.json's `seconds` of each split too); a path from the top is dotted or starts with "." (`.source`:
+(pack_result.json's `seconds` of each split too); a path from the top is dotted or starts with "." (`.source`:
 ingest's spelled source, not `lineage.input_md5.source`, its md5; `suites[].path`: key path of every item of
 list suites). A cache key hashes those files without them (`content_md5`): they change on every run (ingest's
 `seconds`, its absolute `output`), and when they were hashed, identical documents got a new key and so did every
@@ -79,7 +79,7 @@ def content_md5(path: str | Path) -> str:
     however fast they ran. "missing" when absent.
 
     >>> # {"documents": 3, "seconds": 0.31, "output": "/a/x"} and {"documents": 3, "seconds": 0.29,
-    >>> # "output": "/b/x"} as ingest_stats.json: the same content_md5; {"documents": 4, ...}: another
+    >>> # "output": "/b/x"} as ingest_result.json: the same content_md5; {"documents": 4, ...}: another
     """
     from packtrain.versioning import DVC_IGNORED, files_md5
 
@@ -110,7 +110,7 @@ def content_md5(path: str | Path) -> str:
 def without_measured(name: str, data: Any) -> Any:
     """`data` (a parsed JSON file called `name`) without the keys MEASURED lists for that name.
 
-    >>> without_measured("pack_stats.json", {"fill": 0.99, "seconds": 1.2, "train": {"seconds": 0.5, "n": 3}})
+    >>> without_measured("pack_result.json", {"fill": 0.99, "seconds": 1.2, "train": {"seconds": 0.5, "n": 3}})
     {'fill': 0.99, 'train': {'n': 3}}
     >>> without_measured("suites.json", {"suites": [{"name": "recent", "path": "/a/eval"}], "note": "n"})
     {'suites': [{'name': 'recent'}], 'note': 'n'}
@@ -208,13 +208,19 @@ class StageCache:
         return self.root / stage_spec(stage).name / key   # a stage of the table (KeyError naming them otherwise)
 
     def lookup(self, stage: str, key: str) -> CacheHit | None:
-        """The entry of (stage, key), None when there is none (or its entry.json does not parse). An entry
+        """The entry of (stage, key), None when there is none (or its entry.json does not parse, or its out/
+        lacks the stage's record under today's name, StageSpec.stats_file: an entry stored when records had
+        other names — `stats.json`, `pack_stats.json` — is a miss, rerun and stored again). An entry
         that leads outside the cache (the entry or its out/ a symbolic link out of `root`, or a link inside
         out/ leading out of the entry: `store` never writes one) raises PathOutsideError (exit 3) naming it,
         so a restore never copies a file from elsewhere into a stage's output."""
+        from packtrain.stages.table import stage_spec
+
         entry = self._entry(stage, key)
         meta = entry / "entry.json"
         if not (meta.is_file() and (entry / "out").is_dir()):
+            return None
+        if not (entry / "out" / stage_spec(stage).stats_file).is_file():
             return None
         self._check_confined(entry)
         try:

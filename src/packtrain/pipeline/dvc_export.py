@@ -50,7 +50,7 @@ from packtrain.publish import atomic_write_text, write_json
 from packtrain.stages.table import ARTIFACTS, STAGE_NAMES, STAGES, StageSpec, stage_spec
 
 STATS_FILES = {s.name: s.stats_file for s in STAGES}
-"""{'pack': 'pack_stats.json', ...}: the file each stage runner writes into its output dir (from the table)."""
+"""{'pack': 'pack_result.json', ...}: the file each stage runner writes into its output dir (from the table)."""
 TRAIN_LOG = "train_log.jsonl"
 PLOT_COLUMNS = ("step", "loss", "lr", "grad_norm", "step_time_s", "real_tokens")
 

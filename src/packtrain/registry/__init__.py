@@ -4,7 +4,8 @@ operation that registers a version and moves the champion/challenger aliases.
     op.py            build the registration op (`build_registration`: JSON, no MLflow call) and the verdict it
                      carries (`promotion_verdict`: the paired evaluation under register.promotion)
     apply.py         apply the op to MLflow (`apply_registration`: model, version, aliases, run logging; idempotent,
-                     and by content: the same weights and lineage are one version); `RegisterResult`
+                     and by content: the same weights and lineage are one version)
+    outcome.py       `RegisterOutcome`: what applying the op did (the register stage's record extends it)
     champion.py      the decision: verdict → alias, the gate against the champion, the compare-and-set
     model.py         log a model directory (`log_model_dir`), load a version back (`load_champion`, `load_registered`)
     files.py         the `files` flavor: the exported files as they are

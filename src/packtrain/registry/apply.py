@@ -28,7 +28,6 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from packtrain.gate.metric_sources import (
@@ -46,6 +45,7 @@ from packtrain.registry.champion import (
     gate_against_champion,
     move_champion,
 )
+from packtrain.registry.outcome import RegisterOutcome
 
 OP_TAG = "packtrain.register_op"
 """Tag on the logged model and the model version: the id of the registration op that made them."""
@@ -54,40 +54,6 @@ REGISTER_RUN_TAG = "packtrain.register_run_id"
 version's own run is the train run that owns the model."""
 ALIAS_SET_TAG = "packtrain.alias_set"
 """Version tag written once its alias (champion or challenger) is set: a repeat of the op leaves aliases alone."""
-
-
-@dataclass
-class RegisterResult:
-    """What applying a registration op did. `to_dict()` is register_result.json."""
-
-    model_name: str
-    version: str | None                   # the new version, e.g. "4" (None: deferred)
-    model_uri: str | None                 # models:/<name>/<version>
-    flavor: str                           # files | transformers | pytorch (register.flavor; auto → one of the last two)
-    flavor_note: str                      # why this flavor
-    decision: str                         # champion | challenger | deferred (store down: buffered)
-    reason: str                           # one line: the suites that decided, with Δ and CI (or both versions)
-    metric: str                           # "bits_per_byte:<primary suite>" (paired), else register.metric
-    candidate_value: float                # the challenger's value of `metric`
-    champion_value: float | None          # the champion's, on the same documents (None: no champion scored)
-    previous_champion_version: str | None
-    champion_version: str | None          # who holds the champion alias now
-    margin: float                         # register.promotion.delta (bits/byte)
-    threshold: float | None               # −delta: the primary suite's upper CI bound of Δ must be below it
-    version_tags: dict[str, str] = field(default_factory=dict)
-    lineage_origin: dict[str, str] = field(default_factory=dict)
-    missing_tags: list[str] = field(default_factory=list)
-    log_model_s: float = 0.0
-    register_s: float = 0.0
-    run_id: str | None = None
-    tracking_uri: str = ""                # redacted: https://user:***@host
-    op_id: str | None = None              # the registration op (tag packtrain.register_op)
-    buffer: str | None = None             # deferred: the buffer directory holding the op and a model copy
-    existing: bool = False                # an earlier version holds these weights (same model_md5 and lineage):
-                                          # no new version, `version` is that one (version_of_content)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 def _version_of_op(client, name: str, oid: str):
@@ -182,7 +148,7 @@ def gate_step(client, run_id: str, op: dict, decision: str, reason: str, prev_ve
 
 def apply_registration(client, tracking_uri: str, run_id: str, op: dict, model_dir: Path | None,
                        before_alias: Callable[[str], None] | None = None) -> dict:
-    """Apply registration `op` to run `run_id` (module doc). Returns RegisterResult.to_dict().
+    """Apply registration `op` to run `run_id` (module doc). Returns RegisterOutcome.to_dict().
 
     `before_alias(version)` runs between the decision and the compare-and-set (tests move the alias
     there with a second client).
@@ -282,7 +248,7 @@ def apply_registration(client, tracking_uri: str, run_id: str, op: dict, model_d
                 "packtrain.gate": vtags.get("gate")}
     client.log_batch(run_id, metrics=[Metric(k, float(v), ts, 0) for k, v in numbers.items()],
                      tags=[RunTag(k, str(v)) for k, v in run_tags.items() if v is not None])
-    result = RegisterResult(
+    result = RegisterOutcome(
         model_name=name, version=version, model_uri=f"models:/{name}/{version}", flavor=flavor,
         flavor_note=note, decision=decision, reason=reason, metric=metric, candidate_value=candidate,
         champion_value=prev_value, previous_champion_version=prev_version, champion_version=champion_now,

@@ -5,18 +5,18 @@ upstream stages (packtrain.stages.results), one declared key each; what is missi
 `missing_tags` tag and in register_result.json:
 
     tag               read from (first source that has it)
-    dataset_md5       train_result.json lineage.data_version, eval_result.json lineage.data_version
-    git_sha           train_result.json lineage.git_sha, eval_result.json lineage.git_sha, then this
+    dataset_md5       train_result.json lineage.data_version, evaluate_result.json lineage.data_version
+    git_sha           train_result.json lineage.git_sha, evaluate_result.json lineage.git_sha, then this
                       checkout (packtrain.versioning.git_sha)
-    code_version      train_result.json lineage.code_version, eval_result.json lineage.code_version
-    tokenizer_hash    train_result.json lineage.tokenizer_hash, eval_result.json lineage.tokenizer_hash
+    code_version      train_result.json lineage.code_version, evaluate_result.json lineage.code_version
+    tokenizer_hash    train_result.json lineage.tokenizer_hash, evaluate_result.json lineage.tokenizer_hash
     packing_fill      train_result.json packing_fill (fill of the train packs it was trained on)
     mfu               train_result.json throughput.useful_mfu (0 on a CPU run: missing)
     peak_memory_gib   train_result.json TrainResult.peak_memory_gib (memory.peak_alloc_gib; on a CPU run,
                       where CUDA numbers are 0, memory.cpu_peak_rss_gib)
 
 train_result.json is optional (register --train DIR); when present it must parse as a TrainResult
-(InputDataError naming the file and the key otherwise), as eval_result.json's "lineage" must parse.
+(InputDataError naming the file and the key otherwise), as evaluate_result.json's "lineage" must parse.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def _train_result(train: TrainResult | dict | None, source: str | Path | None) -
 
 
 def _eval_lineage(evaluation: EvaluateResult | dict | None, source: str | Path | None) -> Lineage | None:
-    """The evaluation's lineage; an evaluation dict without one (the library's EvalResult) has none."""
+    """The evaluation's lineage; an evaluation dict without one (the library's EvalStats) has none."""
     if evaluation is None:
         return None
     if isinstance(evaluation, EvaluateResult):
@@ -68,7 +68,7 @@ def collect_lineage(train: TrainResult | dict | None, evaluation: EvaluateResult
     """(values, origin, missing) for LINEAGE_TAGS (module doc).
 
     `train`: the TrainResult or train_result.json's dict (None: no train result); `evaluation`: the
-    EvaluateResult or eval_result.json's dict. `origin[tag]` says where a value came from, e.g.
+    EvaluateResult or evaluate_result.json's dict. `origin[tag]` says where a value came from, e.g.
     "train_result:lineage.data_version"; `checkout_sha` fills git_sha last ("checkout"). `*_source` name the
     files in errors.
 

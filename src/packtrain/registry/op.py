@@ -27,8 +27,8 @@ from pathlib import Path
 
 from packtrain.config import RegisterConfig
 from packtrain.errors import InputDataError
-from packtrain.registry.apply import RegisterResult
 from packtrain.registry.champion import DEFERRED, as_float
+from packtrain.registry.outcome import RegisterOutcome
 
 __all__ = ["build_registration", "deferred_result", "parent_tags", "promotion_verdict"]
 
@@ -90,7 +90,7 @@ def build_registration(model_dir: str | Path, eval_result, train_result_path: st
         raise InputDataError(f"eval result: field {cfg.metric!r} is missing or not a number "
                              f"(got {ev.get(cfg.metric)!r}); register.metric allows eval_loss, perplexity")
     train = read_optional_json(train_result_path)
-    lineage, origin, missing = collect_lineage(   # typed: TrainResult / eval_result.json's "lineage"
+    lineage, origin, missing = collect_lineage(   # typed: TrainResult / evaluate_result.json's "lineage"
         train, ev, checkout_sha=git_sha(), train_source=train_result_path)   # git: cwd, then packtrain's source
     from packtrain.versioning import data_md5
 
@@ -159,9 +159,9 @@ def parent_tags(train_result: dict | None) -> dict[str, str]:
     return {k: v for k, v in tags.items() if v}
 
 
-def deferred_result(op: dict, run_id: str | None, shown_uri: str, buffer_dir: str | Path) -> RegisterResult:
+def deferred_result(op: dict, run_id: str | None, shown_uri: str, buffer_dir: str | Path) -> RegisterOutcome:
     """What the register stage reports when the store was unreachable and `op` went to the buffer."""
-    return RegisterResult(
+    return RegisterOutcome(
         model_name=op["name"], version=None, model_uri=None, flavor=op["flavor"], flavor_note="",
         decision=DEFERRED,
         reason=(f"MLflow store {shown_uri} unreachable: registration buffered as op {op['id']} in {buffer_dir} "

@@ -1,9 +1,9 @@
 """Stage `evaluate`: held-out loss/perplexity of the trained model on the eval packs, generation samples.
 
     run_evaluate(cfg, model_dir, packs_dir, out_dir)
-      reads   model_dir/ (save_pretrained + tokenizer), packs_dir/eval/ (pack store), packs_dir/pack_stats.json
-      writes  out_dir/eval_result.json   packtrain.stages.results.EvaluateResult (EvalResult without samples,
-                                         + lineage: md5 of the model and the eval split), also returned
+      reads   model_dir/ (save_pretrained + tokenizer), packs_dir/eval/ (pack store), packs_dir/pack_result.json
+      writes  out_dir/evaluate_result.json   packtrain.stages.results.EvaluateResult (EvalStats + lineage: md5
+                                         of the model and the eval split), also returned
               out_dir/samples.json       [{"prompt", "completion", "n_new_tokens"}]
               out_dir/suite_scores.parquet  per-document NLL, tokens, UTF-8 bytes (and task accuracy) of the
                                          challenger and the champion on every suite (packtrain.evaluate.paired_scores)
@@ -77,10 +77,8 @@ def run_evaluate(cfg: RunConfig, model_dir: str | Path, packs_dir: str | Path, o
         result.timings["suites_s"] = round(time.perf_counter() - t_suites, 3)
         result.timings.update({f"suites_{k}": v for k, v in suite_timings.items()})
         result.timings["total_s"] = round(time.perf_counter() - t0, 3)
-        lib = result.to_dict()
-        samples = lib.pop("samples")
-        typed = from_library(EvaluateResult, lib, lineage, EvaluateResult.FILE)
-        write_json(tmp / "samples.json", samples)
+        typed = from_library(EvaluateResult, result.to_dict(), lineage, EvaluateResult.FILE)
+        write_json(tmp / "samples.json", result.samples)
         typed.write(tmp)
         _check_written(tmp, typed, out_dir)
         run.log_metrics({
@@ -133,7 +131,7 @@ def score_against(cfg: RunConfig, model_dir: Path, split: Path, out: Path, run, 
 
 def evaluate_lineage(model_dir: Path, packs_dir: Path) -> Lineage:
     """md5 of the model directory and of the eval split; the chain of the model's train_result.json (next to
-    a trained model: <train out>/model → <train out>/train_result.json), then of the packs' pack_stats.json;
+    a trained model: <train out>/model → <train out>/train_result.json), then of the packs' pack_result.json;
     the hash of the model's tokenizer."""
     from packtrain.data.tokenizer_files import tokenizer_hash
     from packtrain.stages.lineage import upstream_lineage
@@ -145,7 +143,7 @@ def evaluate_lineage(model_dir: Path, packs_dir: Path) -> Lineage:
 
 
 def _check_written(staged: Path, result: EvaluateResult, out_dir: Path) -> None:
-    """eval_result.json must read back as what was measured (register reads it), else nothing is published."""
+    """evaluate_result.json must read back as what was measured (register reads it), else nothing is published."""
     import json
 
     from packtrain.errors import InputDataError, PacktrainError
@@ -155,6 +153,6 @@ def _check_written(staged: Path, result: EvaluateResult, out_dir: Path) -> None:
     except InputDataError:
         back = None
     if back is None or back.n_label_tokens != result.n_label_tokens:
-        raise PacktrainError(f"evaluate: the staged eval_result.json does not read back as written; nothing "
+        raise PacktrainError(f"evaluate: the staged evaluate_result.json does not read back as written; nothing "
                              f"was published to {out_dir}")
     json.loads((staged / "samples.json").read_text(encoding="utf-8"))

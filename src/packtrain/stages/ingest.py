@@ -1,4 +1,4 @@
-"""Stage runner: ingest. `run_ingest(cfg, out_dir)` → out_dir/documents.parquet + ingest_stats.json
+"""Stage runner: ingest. `run_ingest(cfg, out_dir)` → out_dir/documents.parquet + ingest_result.json
 (`packtrain.stages.results.IngestResult`, also returned).
 
 Both files are built in a staging directory next to `out_dir`, checked (the table's row count equals the

@@ -27,10 +27,13 @@ def _check_keys(cls, d: Any, source: str) -> None:
     """Unknown or missing required keys → InputDataError naming `source`, the key and what is allowed."""
     if not isinstance(d, dict):
         raise InputDataError(f"{source}: expected a JSON object for {cls.__name__}, got {type(d).__name__}")
-    fields = {f.name: f for f in sorted(dataclasses.fields(cls), key=lambda f: f.name == "lineage")}   # as written
-    unknown = [k for k in d if k not in fields]
+    from packtrain.record_fields import recorded_fields
+
+    fields = {f.name: f for f in sorted(recorded_fields(cls), key=lambda f: f.name == "lineage")}   # as written
+    allowed = [*fields, *getattr(cls, "DERIVED_KEYS", ())]   # + what the library's to_dict adds
+    unknown = [k for k in d if k not in allowed]
     if unknown:
-        raise _refuse(cls.__name__, source, f"unknown key {unknown[0]!r} (allowed: {', '.join(fields)})")
+        raise _refuse(cls.__name__, source, f"unknown key {unknown[0]!r} (allowed: {', '.join(allowed)})")
     missing = [n for n, f in fields.items() if n not in d and f.default is dataclasses.MISSING
                and f.default_factory is dataclasses.MISSING]
     if missing:

@@ -1,7 +1,7 @@
-"""Stage runner: pack. `run_pack(cfg, tokens_dir, out_dir)` → out_dir/train/, out_dir/eval/, pack_stats.json
+"""Stage runner: pack. `run_pack(cfg, tokens_dir, out_dir)` → out_dir/train/, out_dir/eval/, pack_result.json
 (`packtrain.stages.results.PackResult`, also returned).
 
-Both pack stores and pack_stats.json (with the lineage md5) are built in a staging directory next to
+Both pack stores and pack_result.json (with the lineage md5) are built in a staging directory next to
 `out_dir`, checked (each store opens with its checksums verified) and published together
 (packtrain.publish.staged_output): a failed or killed pack leaves the previous out_dir byte-identical, a
 successful one replaces it whole.
@@ -25,9 +25,9 @@ def run_pack(cfg: RunConfig, tokens_dir: str | Path | None = None, out_dir: str 
     """Pack the token store `tokens_dir` (default <workdir>/tokenize) into `out_dir` (default <workdir>/pack).
 
     Logs the pack config as params, every numeric stat as a metric (`train.fill`, `eval.n_packs`, ...),
-    pack_stats.json and a document-length histogram as artifacts, the DVC md5 of tokens.bin as the input
+    pack_result.json and a document-length histogram as artifacts, the DVC md5 of tokens.bin as the input
     dataset (lineage `input_md5["tokens"]`, tag `dvc.md5.tokens`). Returns the PackResult (also in
-    out_dir/pack_stats.json, which replaces the library's stats file of the same name).
+    out_dir/pack_result.json, which replaces the library's stats file of the same name).
     """
     from packtrain.data.token_store import TokenStore
     from packtrain.data.tokenizer_files import tokenizer_hash

@@ -1,12 +1,12 @@
 """Stage `register`: log the model to MLflow, register a version, move the champion or challenger alias.
 
     run_register(cfg, model_dir, eval_dir, train_dir, out_dir)
-      reads   model_dir/ (save_pretrained + tokenizer), eval_dir/eval_result.json (required),
+      reads   model_dir/ (save_pretrained + tokenizer), eval_dir/evaluate_result.json (required),
               eval_dir/suites.json + suite_scores.parquet (required: the paired evaluation the decision is made
               from, register.promotion; docs/validation.md),
               train_dir/train_result.json (optional: lineage tags MFU, peak memory, git sha, dataset md5)
       writes  out_dir/register_result.json   packtrain.stages.results.RegisterResult: version, decision, both
-                                             numbers, tags, lineage (md5 of model + eval_result.json); returned
+                                             numbers, tags, lineage (md5 of model + evaluate_result.json); returned
       MLflow  run "register": metrics candidate_value/champion_value/promoted, tags packtrain.decision/...,
               artifacts register_result.json, validation/, gate/; the logged model goes to the pipeline's train
               run (its output, source run; docs/tracking.md "The MLflow layout"), alone to this run; Model
@@ -36,8 +36,8 @@ def run_register(cfg: RunConfig, model_dir: str | Path, eval_dir: str | Path, tr
     from packtrain.data.tokenizer_files import tokenizer_hash
     from packtrain.evaluate.loading import check_model_dir
     from packtrain.registry.adapter import registry_model_dir
-    from packtrain.registry.apply import RegisterResult as LibraryResult
     from packtrain.registry.op import build_registration, deferred_result, promotion_verdict
+    from packtrain.registry.outcome import RegisterOutcome
     from packtrain.tracking import stage_run
     from packtrain.versioning import data_md5, file_md5
 
@@ -50,14 +50,14 @@ def run_register(cfg: RunConfig, model_dir: str | Path, eval_dir: str | Path, tr
     ev = evaluation.to_dict()
     metric = ev.get(cfg.register_.metric)
     if isinstance(metric, bool) or not isinstance(metric, (int, float)):
-        raise InputDataError(f"{eval_dir / 'eval_result.json'}: field {cfg.register_.metric!r} is missing or "
+        raise InputDataError(f"{eval_dir / EvaluateResult.FILE}: field {cfg.register_.metric!r} is missing or "
                              f"not a number (got {metric!r}); register.metric allows eval_loss, perplexity")
     lineage = make_lineage({"model": data_md5(model_dir), "evaluation": file_md5(eval_dir / EvaluateResult.FILE)},
                            evaluation.lineage, upstream_lineage(train_dir / TrainResult.FILE),
                            tokenizer_hash=tokenizer_hash(model_dir))
     verdict = promotion_verdict(eval_dir, cfg.register_)   # before any MLflow call: bad input registers nothing
     op = build_registration(model_dir, ev, train_dir / TrainResult.FILE, cfg.register_, verdict=verdict)
-    op["result_path"] = str((out_dir / "register_result.json").resolve())
+    op["result_path"] = str((out_dir / RegisterResult.FILE).resolve())
     op["version_tags"].update(_heldout_tags(eval_dir))   # where this model's held-out documents are
     from packtrain.registry import install_handlers
 
@@ -69,7 +69,7 @@ def run_register(cfg: RunConfig, model_dir: str | Path, eval_dir: str | Path, tr
             assert client is not None   # tracking is enabled (checked above)
             lib = deferred_result(op, run.run_id, client.shown_uri, client.buffer_dir).to_dict()
         else:
-            lib = LibraryResult(**out).to_dict()
+            lib = RegisterOutcome(**out).to_dict()
         result = from_library(RegisterResult, lib, lineage, RegisterResult.FILE)
         result.write(out_dir)
     return result

@@ -133,7 +133,7 @@ STAGES: tuple[StageSpec, ...] = (
         config=("ingest", *ROW_RULE_FIELDS, "validate.role_order"),
         code=("src/packtrain/data", "src/packtrain/stages/ingest.py"),
         help="read a .txt/.jsonl/.parquet source (or the default corpus) into a documents table",
-        stats_file="ingest_stats.json", transient=True,
+        stats_file="ingest_result.json", transient=True,
         metrics=(("docs", "documents"),),
     ),
     StageSpec(
@@ -143,7 +143,7 @@ STAGES: tuple[StageSpec, ...] = (
         config=("validate", *ROW_RULE_FIELDS, *CONTAMINATION_FIELDS),
         code=("src/packtrain/data", "src/packtrain/stages/validate.py", *SUITE_CODE),
         help="run the Great Expectations suite on the documents table",
-        stats_file="validate_stats.json", cli_flags=("--docs",),
+        stats_file="validate_result.json", cli_flags=("--docs",),
         metrics=(("passed", "success"),),
     ),
     StageSpec(
@@ -152,7 +152,7 @@ STAGES: tuple[StageSpec, ...] = (
         config=("tokenize", "model.init_from", "pack.budget", "validate.contamination", "evaluate.suites"),
         code=("src/packtrain/data", "src/packtrain/stages/tokenize.py", *SUITE_CODE),
         help="train/load a BPE tokenizer and write memory-mappable token ids",
-        stats_file="stats.json", cli_flags=("--docs",), after=("validate",),
+        stats_file="tokenize_result.json", cli_flags=("--docs",), after=("validate",),
         metrics=(("tokens", "tokens"),),
     ),
     StageSpec(
@@ -160,7 +160,7 @@ STAGES: tuple[StageSpec, ...] = (
         config=("pack",),
         code=("src/packtrain/packing", "src/packtrain/stages/pack.py"),
         help="bin-pack documents into fixed token budgets",
-        stats_file="pack_stats.json",
+        stats_file="pack_result.json",
         metrics=(("fill", "train.fill"),),
     ),
     StageSpec(
@@ -182,7 +182,7 @@ STAGES: tuple[StageSpec, ...] = (
                 "register.promotion.seed_spread"),
         code=("src/packtrain/evaluate", "src/packtrain/model", "src/packtrain/stages/evaluate.py"),
         help="held-out loss/perplexity on packed batches, generation samples",
-        stats_file="eval_result.json", runner_args=("model/model", "packs"), gpu=True, transient=True,
+        stats_file="evaluate_result.json", runner_args=("model/model", "packs"), gpu=True, transient=True,
         cluster_cache=False,
         metrics=(("ppl", "perplexity"),),
     ),

@@ -1,7 +1,7 @@
-"""Stage runner: tokenize. `run_tokenize(cfg, docs_dir, out_dir)` → token store + stats.json in out_dir
+"""Stage runner: tokenize. `run_tokenize(cfg, docs_dir, out_dir)` → token store + tokenize_result.json in out_dir
 (`packtrain.stages.results.TokenizeResult`, also returned).
 
-The token store, its tokenizer/ and stats.json are built in a staging directory next to `out_dir`, checked
+The token store, its tokenizer/ and tokenize_result.json are built in a staging directory next to `out_dir`, checked
 (the store opens with consistent shapes, the tokenizer loads, the counts match the stats) and published
 together (packtrain.publish.staged_output): a failed or killed tokenize leaves the previous out_dir
 byte-identical, a successful one replaces it whole.
@@ -10,12 +10,12 @@ The tokenizer travels with the model: when `model.init_from` (resolved like the 
 packtrain.registry.source.resolve_init: a registry source is downloaded once into
 <workdir>/models/<name>/v<version>/) ships a tokenizer, that tokenizer is used — not a BPE trained afresh —
 and its BOS/EOS rules apply (packtrain.data.tokenize). `tokenize.tokenizer_dir` must then be unset or hold the
-same tokenizer (same tokenizer_hash), else exit 2 naming both. meta.json and stats.json record
+same tokenizer (same tokenizer_hash), else exit 2 naming both. meta.json and tokenize_result.json record
 `tokenizer_hash` and `tokenizer_from` (and the lineage its tokenizer_hash); MLflow tags `packtrain.tokenizer_hash`, `packtrain.tokenizer_from`.
 
 Contamination (`validate.contamination.policy: drop`, the default): the documents the validate stage's n-gram
 check lists (packtrain.data.contamination, the same pure check on the same table and eval sources) are left out of the store —
-neither trained on nor in the eval split; stats.json `contamination_dropped` lists their doc_ids, and the
+neither trained on nor in the eval split; tokenize_result.json `contamination_dropped` lists their doc_ids, and the
 input's md5 (lineage) is still documents.parquet's.
 """
 

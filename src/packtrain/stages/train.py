@@ -237,8 +237,8 @@ def _run_train(cfg: RunConfig, packs_dir: Path, tokens_dir: Path, out_dir: Path,
 
 
 def train_lineage(packs_dir: Path, tokens_dir: Path, tokenizer_dir: Path) -> Lineage:
-    """md5 of the train split and of tokens.bin, the upstream chain (pack_stats.json, then the token store's
-    stats.json) and the hash of the tokenizer copied next to the model."""
+    """md5 of the train split and of tokens.bin, the upstream chain (pack_result.json, then the token store's
+    tokenize_result.json) and the hash of the tokenizer copied next to the model."""
     from packtrain.data.tokenizer_files import tokenizer_hash
     from packtrain.stages.lineage import upstream_lineage
     from packtrain.versioning import data_md5
@@ -256,7 +256,7 @@ def packing_fill(split: Path) -> float:
 
     store = PackStore.open(split, verify=False)
     meta = store.meta
-    return round(int(meta["n_tokens"]) / max(int(meta["n_packs"]) * int(meta["budget"]), 1), 6)   # as pack_stats
+    return round(int(meta["n_tokens"]) / max(int(meta["n_packs"]) * int(meta["budget"]), 1), 6)   # as pack_result.json
 
 
 def initial_loss(cfg: RunConfig, init, packs_dir: Path, out_dir: Path, resume: bool) -> dict | None:

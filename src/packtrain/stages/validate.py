@@ -1,4 +1,4 @@
-"""Stage runner: validate. `run_validate(cfg, docs_dir, out_dir)` → report.json, data_docs/, validate_stats.json
+"""Stage runner: validate. `run_validate(cfg, docs_dir, out_dir)` → report.json, data_docs/, validate_result.json
 (`packtrain.stages.results.ValidateResult`, also returned).
 
 The outputs are built in a staging directory next to `out_dir` and published together only when the suite
@@ -84,7 +84,7 @@ def run_validate(cfg: RunConfig, docs_dir: str | Path | None = None, out_dir: st
 
 
 def _contamination(found: dict | None) -> dict | None:
-    """The contamination section of validate_stats.json (+ `dropped` under policy drop), said on stderr when
+    """The contamination section of validate_result.json (+ `dropped` under policy drop), said on stderr when
     documents were found and the policy lets the run go on."""
     import sys
 

@@ -176,7 +176,7 @@ class StageRun:
             self._live[0].log_artifact(self._live[1], path, artifact_path)
 
     def log_json(self, obj: Any, name: str, artifact_path: str | None = None) -> None:
-        """`obj` as pretty JSON artifact `<artifact_path>/<name>` (e.g. name="pack_stats.json")."""
+        """`obj` as pretty JSON artifact `<artifact_path>/<name>` (e.g. name="pack_result.json")."""
         if not self.enabled:
             return
         tmp = Path(tempfile.mkdtemp(prefix="packtrain-json-"))

@@ -1,6 +1,6 @@
-"""The train stage: `loop.train(...) -> TrainResult` and the techniques it applies.
+"""The train stage: `loop.train(...) -> TrainStats` and the techniques it applies.
 
-    loop.py             train(): the loop (one screen); TrainResult
+    loop.py             train(): the loop (one screen); TrainStats
     session.py          TrainSession: its parts built in order, per-step records, checks, final save
     parts.py            DataParts, ModelParts, Telemetry: declared fields (slots) + one builder each
     resume.py           Checkpointing: restore (resume / refuse / overwrite) and each checkpoint save

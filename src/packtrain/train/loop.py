@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from packtrain.faults import active, fault_arg
+from packtrain.record_fields import MEMORY_ONLY, record_dict
 
 if TYPE_CHECKING:
     import torch
@@ -28,8 +30,9 @@ if TYPE_CHECKING:
 
 
 @dataclass
-class TrainResult:
-    """What a training run did; `to_dict()` is train_result.json."""
+class TrainStats:
+    """What a training run did: the train stage's record (packtrain.stages.results.TrainResult) holds these
+    fields, by inheritance, plus the stage's own."""
 
     steps: int                      # optimizer steps completed (max_steps)
     start_step: int                 # 0, or the checkpoint step this run resumed from
@@ -55,18 +58,15 @@ class TrainResult:
     checkpoint: str | None
     evaluation: dict | None = None  # train.eval_every_steps: curve, best, early stop (packtrain.train.evaluation)
     guard: dict | None = None       # telemetry.guard: steady state, events, fallbacks (packtrain.train.guard_run)
-    history: list[dict] = field(default_factory=list, repr=False)
-    report: Any = field(default=None, repr=False)   # packtrain.telemetry.report.TelemetryReport (rank 0)
+    history: list[dict] = field(default_factory=list, repr=False, metadata=MEMORY_ONLY)
+    report: Any = field(default=None, repr=False, metadata=MEMORY_ONLY)   # telemetry.report.TelemetryReport (rank 0)
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d.pop("history")
-        d.pop("report")
-        return d
+        return record_dict(self)
 
 
 def train(model_cfg, train_cfg, pack_cfg, telemetry_cfg, packs_dir, tokenizer_dir, out_dir, tracker=None,
-          resume: bool = False, plan_cfg=None, overwrite: bool = False, eval_cfg=None) -> TrainResult:
+          resume: bool = False, plan_cfg=None, overwrite: bool = False, eval_cfg=None) -> TrainStats:
     """Train on `packs_dir/train` and write `out_dir/model` (+ checkpoints, train_log.jsonl).
 
     tokenizer_dir: the tokenize stage's output (its tokenizer/ is copied next to the model).
@@ -80,82 +80,28 @@ def train(model_cfg, train_cfg, pack_cfg, telemetry_cfg, packs_dir, tokenizer_di
     the run before max_steps. telemetry_cfg.guard: the utilization guard watches each interval and may checkpoint
     and stop (GuardStopped, exit 6) or fall back (packtrain.train.guard_run).
     """
-    import torch
     from tqdm import tqdm
 
     from packtrain.train.evaluation import build_evaluator
-    from packtrain.train.guard_run import RunGuard, inject_recompile
+    from packtrain.train.guard_run import RunGuard
     from packtrain.train.session import TrainSession
 
     t_start = time.perf_counter()
     evaluator = build_evaluator(train_cfg, eval_cfg, Path(packs_dir))   # None: train.eval_every_steps 0
     with TrainSession(model_cfg, train_cfg, pack_cfg, telemetry_cfg, packs_dir, tokenizer_dir, out_dir,
                       tracker, plan_cfg) as s:
-        m, ga, world = s.parts, s.data.shape.grad_accum, s.dist.world_size
         start = s.restore(resume, overwrite)
         s.release_setup_memory()
         guard = RunGuard(s, telemetry_cfg, start)
         s.on_close(guard.close)   # the watchdog thread, NVML, a compile_off stance: gone however the run ends
         batches = s.data.start(s.device)
-        last_end = time.perf_counter()     # when the previous step's numbers reached the host
         bar = tqdm(total=train_cfg.max_steps, initial=start, desc="train", unit="step", file=sys.stderr,
                    disable=not s.dist.is_main, dynamic_ncols=True)
         s.on_close(bar.close)   # a failing step ends the bar's line: the `error:` line then starts its own
         t_loop = time.perf_counter()
-        # One step behind on CUDA without a loss scaler: the host reads step t's loss/grad norm only after it
-        # has queued step t+1, so the GPU never idles on a per-step `.item()` (NVML util 94% → 99%). Over
-        # several GPUs the sums over ranks are host all-reduces (gloo), which do not drain the GPU either.
-        deferred = s.device.type == "cuda" and m.step_is_async()
-        pending: StepDone | None = None
-        last_step, stopped = start, False
-        for step in range(start + 1, train_cfg.max_steps + 1):
-            guard.begin(step, "data")
-            t0 = time.perf_counter()
-            window = [next(batches) for _ in range(ga)]                     # ga × (1, rows·budget)
-            delay = fault_arg("train.slow_data", step) or fault_arg(f"train.slow_data_rank{s.dist.rank}", step)
-            if delay:                                                        # fault-injection test hook
-                time.sleep(float(delay) * ga)
-            data_wait = time.perf_counter() - t0
-            guard.begin(step, "step")
-            n_labels = guard.global_sum(sum(b.n_label_tokens for b in window))   # window label tokens, all ranks
-            lr = m.scheduler.get_last_lr()[0]
-            if fault_arg("train.recompile", step) is not None:              # fault-injection test hook
-                inject_recompile(s, window[0], train_cfg.compile)
-            try:
-                loss_sum, info = run_step(m, window, n_labels / world, s.device, train_cfg.compile)
-            except torch.OutOfMemoryError as e:
-                raise s.oom(step) from e
-            stall = fault_arg("train.slow_step", step) or fault_arg(f"train.slow_step_rank{s.dist.rank}", step)
-            if stall:                                                        # fault-injection test hook
-                time.sleep(float(stall))
-            if not info.skipped:
-                m.scheduler.step()
-            done = StepDone(step, window, n_labels, loss_sum, lr, info, data_wait, s.device if deferred else None)
-            if pending is not None:
-                last_end = _finish(s, bar, pending, world, last_end, guard)
-            pending = done
-            evaluate = evaluator is not None and evaluator.due(step)
-            if not deferred or s.checkpoint_due(step) or step == train_cfg.max_steps or evaluate:
-                last_end = _finish(s, bar, pending, world, last_end, guard, evaluator if evaluate else None)
-                pending = None
-            guard.idle()
-            state = evaluator.state(s) if evaluate and evaluator is not None else None
-            if s.checkpoint_due(step) or (state is not None and state.best_step == step):   # a new lowest eval_loss
-                s.save_checkpoint(step)
-                last_end = time.perf_counter()   # saving is not part of the next step's time
-            if guard.pending:   # events of the steps recorded so far: report; checkpoint + stop or fall back
-                if pending is not None:
-                    last_end = _finish(s, bar, pending, world, last_end, guard)
-                    pending = None
-                guard.act(step)
-                last_end = time.perf_counter()
-            last_step = step
-            if state is not None and state.stop:
-                stopped = True
-                break
+        last_step, stopped = _run_steps(s, batches, start, guard, evaluator, bar)
         bar.close()
         t_steps_end = time.perf_counter()
-        train_s = t_steps_end - t_loop
         s.end_steady_state()
         last = s.checkpoints.last
         if last is None or not last.name.endswith(f"{last_step:06d}"):
@@ -163,12 +109,85 @@ def train(model_cfg, train_cfg, pack_cfg, telemetry_cfg, packs_dir, tokenizer_di
         exported = evaluator.restore_best(s, last_step) if evaluator is not None else last_step
         t_save = time.perf_counter()
         model_dir = s.save_model()
-        result = _result(s, start, train_s, time.perf_counter() - t_save, time.perf_counter() - t_start, model_dir)
+        result = _result(s, start, t_steps_end - t_loop, time.perf_counter() - t_save, time.perf_counter() - t_start,
+                         model_dir)
         result.timings.update(non_step_timings(result.history, t_start, t_loop, t_steps_end, time.perf_counter()))
         if evaluator is not None:
             result.evaluation = _evaluation(s, evaluator, exported, stopped)
         result.guard = guard.finish()
         return result
+
+
+def _run_steps(s: TrainSession, batches: Iterator[PackedBatch], start: int, guard: RunGuard,
+               evaluator: Evaluator | None, bar: Any) -> tuple[int, bool]:
+    """Optimizer steps start+1..max_steps, each recorded, checkpointed when due, evaluated when due (early
+    stopping may end them); returns (the last step taken, whether early stopping ended the run)."""
+    max_steps = s.cfg.max_steps
+    last_end = time.perf_counter()     # when the previous step's numbers reached the host
+    # One step behind on CUDA without a loss scaler: the host reads step t's loss/grad norm only after it
+    # has queued step t+1, so the GPU never idles on a per-step `.item()` (NVML util 94% → 99%). Over
+    # several GPUs the sums over ranks are host all-reduces (gloo), which do not drain the GPU either.
+    deferred = s.device.type == "cuda" and s.parts.step_is_async()
+    world = s.dist.world_size
+    pending: StepDone | None = None
+    last_step = start
+    for step in range(start + 1, max_steps + 1):
+        done = _take_step(s, step, batches, guard, deferred)
+        if pending is not None:
+            last_end = _finish(s, bar, pending, world, last_end, guard)
+        pending = done
+        evaluate = evaluator is not None and evaluator.due(step)
+        if not deferred or s.checkpoint_due(step) or step == max_steps or evaluate:
+            last_end = _finish(s, bar, pending, world, last_end, guard, evaluator if evaluate else None)
+            pending = None
+        guard.idle()
+        state = evaluator.state(s) if evaluate and evaluator is not None else None
+        if s.checkpoint_due(step) or (state is not None and state.best_step == step):   # a new lowest eval_loss
+            s.save_checkpoint(step)
+            last_end = time.perf_counter()   # saving is not part of the next step's time
+        if guard.pending:   # events of the steps recorded so far: report; checkpoint + stop or fall back
+            if pending is not None:
+                last_end = _finish(s, bar, pending, world, last_end, guard)
+                pending = None
+            guard.act(step)
+            last_end = time.perf_counter()
+        last_step = step
+        if state is not None and state.stop:
+            return last_step, True
+    return last_step, False
+
+
+def _take_step(s: TrainSession, step: int, batches: Iterator[PackedBatch], guard: RunGuard,
+               deferred: bool) -> StepDone:
+    """Draw the step's window of grad_accum micro-batches and queue its forward, backward and optimizer step;
+    its numbers stay on the device (`_finish` reads them)."""
+    import torch
+
+    from packtrain.train.guard_run import inject_recompile
+
+    m, ga, world, compiled = s.parts, s.data.shape.grad_accum, s.dist.world_size, s.cfg.compile
+    guard.begin(step, "data")
+    t0 = time.perf_counter()
+    window = [next(batches) for _ in range(ga)]                     # ga × (1, rows·budget)
+    delay = fault_arg("train.slow_data", step) or fault_arg(f"train.slow_data_rank{s.dist.rank}", step)
+    if delay:                                                        # fault-injection test hook
+        time.sleep(float(delay) * ga)
+    data_wait = time.perf_counter() - t0
+    guard.begin(step, "step")
+    n_labels = guard.global_sum(sum(b.n_label_tokens for b in window))   # window label tokens, all ranks
+    lr = m.scheduler.get_last_lr()[0]
+    if fault_arg("train.recompile", step) is not None:              # fault-injection test hook
+        inject_recompile(s, window[0], compiled)
+    try:
+        loss_sum, info = run_step(m, window, n_labels / world, s.device, compiled)
+    except torch.OutOfMemoryError as e:
+        raise s.oom(step) from e
+    stall = fault_arg("train.slow_step", step) or fault_arg(f"train.slow_step_rank{s.dist.rank}", step)
+    if stall:                                                        # fault-injection test hook
+        time.sleep(float(stall))
+    if not info.skipped:
+        m.scheduler.step()
+    return StepDone(step, window, n_labels, loss_sum, lr, info, data_wait, s.device if deferred else None)
 
 
 def non_step_timings(history: list[dict], t_start: float, t_loop: float, t_steps_end: float, t_end: float
@@ -289,11 +308,11 @@ def _evaluation(s: TrainSession, evaluator: Evaluator, exported: int, stopped: b
 
 
 def _result(s: TrainSession, start: int, train_s: float, save_s: float, total_s: float,
-            model_dir: Path | None) -> TrainResult:
+            model_dir: Path | None) -> TrainStats:
     report, memory, system = s.telemetry_report()
     h, cfg, m, shape, c = s.checkpoints.history, s.cfg, s.parts, s.data.shape, s.checkpoints
     counter = m.compile_counter
-    return TrainResult(
+    return TrainStats(
         steps=len(h), start_step=start,
         tokens=sum(x["real_tokens"] for x in h), label_tokens=sum(x["label_tokens"] for x in h),
         slot_tokens=sum(x["slot_tokens"] for x in h),
