@@ -14,6 +14,7 @@ import pytest
 
 from packtrain.paths import PathOutsideError
 from packtrain.pipeline.cache import StageCache
+from packtrain.stages.table import stage_spec
 
 
 def tree(root: Path) -> dict[str, str]:
@@ -46,6 +47,7 @@ def test_an_entry_leading_outside_the_cache_is_refused(tmp_path, tamper):
     src = tmp_path / "out"
     (src / "model").mkdir(parents=True)
     (src / "model" / "w.bin").write_bytes(b"w" * 64)
+    (src / stage_spec("train").stats_file).write_text("{}")   # the stage's record: an entry without it is a miss
     cache = StageCache(tmp_path / "cache")
     entry = cache.store("train", "k1", src, {"steps": 2}, {})
     tamper(entry, victim)
@@ -67,6 +69,7 @@ def test_a_checked_entry_still_restores(tmp_path):
     src = tmp_path / "out"
     (src / "model").mkdir(parents=True)
     (src / "model" / "w.bin").write_bytes(b"w" * 64)
+    (src / stage_spec("train").stats_file).write_text("{}")   # the stage's record: an entry without it is a miss
     cache = StageCache(tmp_path / "cache")
     cache.store("train", "k1", src, {"steps": 2}, {})
     hit = cache.lookup("train", "k1")

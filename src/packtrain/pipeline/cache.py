@@ -220,9 +220,9 @@ class StageCache:
         meta = entry / "entry.json"
         if not (meta.is_file() and (entry / "out").is_dir()):
             return None
+        self._check_confined(entry)   # before reading anything in it
         if not (entry / "out" / stage_spec(stage).stats_file).is_file():
             return None
-        self._check_confined(entry)
         try:
             data = json.loads(meta.read_text(encoding="utf-8"))
         except (OSError, json.JSONDecodeError):
