@@ -20,7 +20,8 @@ CFG = GuardConfig(interval_steps=10, window=2, drop_fraction=0.3, consecutive=2,
 
 def _iv(step: int, step_s: float = 0.100, wait_s: float = 0.002, tokens: float = 4000.0, **kw) -> IntervalStats:
     """An interval whose every step took `step_s` (of it `wait_s` waiting for data) for `tokens` tokens."""
-    return IntervalStats(step, tokens / step_s, step_s, wait_s, wait_s / step_s, **kw)
+    return IntervalStats(last_step=step, tok_s=tokens / step_s, step_s=step_s, wait_s=wait_s,
+                         wait_share=wait_s / step_s, **kw)
 
 
 def _steady_guard(**kw) -> Guard:

@@ -25,27 +25,24 @@ from __future__ import annotations
 import math
 import sys
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
 from packtrain.errors import ConfigError
+from packtrain.evaluate.promotion import SuiteMargin, suite_margin
 
 if TYPE_CHECKING:
     from packtrain.config import RunConfig
 
 
-@dataclass
-class SuitePower:
-    suite: str
-    role: str
-    kind: str                 # text | task
-    n: int | None
+@dataclass(kw_only=True)
+class SuitePower(SuiteMargin):
+    """One suite's preflight: its SuiteMargin (mde, decides: None when unknown, no record for this suite or n
+    unknown) from the recorded spread."""
+
     doc_sd: float | None      # per-document spread of the paired difference (the record)
-    mde: float | None
-    margin: float             # the suite's margin (configured, or its seed margin)
     need: float               # the margin the MDE must not exceed (primary: at least the regression margin)
-    margin_source: str
-    decides: bool | None      # None: unknown (no record for this suite, or n unknown)
     n_needed: int | None      # documents for MDE ≤ need
 
     def line(self) -> str:
@@ -96,7 +93,6 @@ def suite_sizes(cfg: RunConfig, spread: dict) -> list[tuple[str, str, str, int |
 
 def power_table(cfg: RunConfig, spread: dict) -> list[SuitePower]:
     """Every suite's SuitePower under `spread` (packtrain.evaluate.seed_spread.resolve_seed_spread)."""
-    from packtrain.evaluate.promotion import suite_margin
     from packtrain.evaluate.seed_spread import mde
 
     p = cfg.register_.promotion
@@ -111,12 +107,14 @@ def power_table(cfg: RunConfig, spread: dict) -> list[SuitePower]:
         need = max(margin, floor[kind]) if role == "primary" else margin
         entry = rec.get(name)
         doc_sd = float(entry["doc_sd"]) if entry else None
+        row = partial(SuitePower, suite=name, role=role, kind=kind, n=n, margin=margin, margin_source=source,
+                      need=need, doc_sd=doc_sd)
         if doc_sd is None or not n:
-            rows.append(SuitePower(name, role, kind, n, doc_sd, None, margin, need, source, None, None))
+            rows.append(row(n_needed=None))
             continue
         e = mde(doc_sd / math.sqrt(n), (1.0 - p.confidence) / m, p.power)
         n_needed = math.ceil(n * (e / need) ** 2) if need > 0 else None
-        rows.append(SuitePower(name, role, kind, n, doc_sd, e, margin, need, source, e <= need, n_needed))
+        rows.append(row(mde=e, decides=e <= need, n_needed=n_needed))
     return rows
 
 

@@ -40,15 +40,26 @@ if TYPE_CHECKING:
 LN2 = math.log(2.0)
 
 
-@dataclass
-class SuiteDelta:
-    """One suite's paired comparison."""
+@dataclass(kw_only=True)
+class SuiteMargin:
+    """A suite, the margin it must resolve, and whether its minimum detectable effect (MDE) does: what the paired
+    comparison (SuiteDelta) and the preflight (packtrain.evaluate.power.SuitePower) both say of it."""
 
     suite: str
     role: str                      # primary | regression | task
     kind: str                      # text | task
+    n: int | None                  # documents (paired); None: not known before evaluate
+    margin: float | None = None    # |threshold|: max(configured, seed margin); None in verdicts before margins
+    margin_source: str = "configured"   # configured | seed spread (k N, sd S): which one set the margin
+    mde: float | None = None       # minimum detectable effect at the Holm level and register.promotion.power
+    decides: bool | None = None    # mde ≤ the margin it must resolve (module doc); None: unknown / no champion
+
+
+@dataclass(kw_only=True)
+class SuiteDelta(SuiteMargin):
+    """One suite's paired comparison."""
+
     unit: str                      # "bits/byte" | "accuracy drop"
-    n: int                         # documents paired
     md5: str
     challenger: float              # challenger's bits/byte or accuracy
     champion: float | None         # the champion's, on the same documents (None: no champion)
@@ -62,10 +73,6 @@ class SuiteDelta:
     p_value: float | None
     passed: bool | None            # None: no champion to compare against
     loss_per_token: dict[str, float] = field(default_factory=dict)   # text suites, same tokenizer only
-    margin: float | None = None    # |threshold|: max(configured, seed margin); None in verdicts before margins
-    margin_source: str = "configured"   # configured | seed spread (k N, sd S): which one set the margin
-    mde: float | None = None       # minimum detectable effect at `level` and register.promotion.power
-    decides: bool | None = None    # mde ≤ the margin it must resolve (module doc); None without a champion
 
     def line(self) -> str:
         if self.delta is None:
@@ -179,9 +186,11 @@ def suite_delta(s: dict, cfg: PromotionConfig, seed: dict | None = None, k: int 
     if kind == "text" and s.get("same_tokenizer") and cp is not None:
         tok = float(np.sum(ch["tokens"]))
         lpt = {"challenger": float(np.sum(ch["nll"])) / tok, "champion": float(np.sum(cp["nll"])) / tok}
-    d = SuiteDelta(s["suite"], s["role"], kind, unit, len(ch["nll"] if kind == "text" else ch["acc"]), s["md5"],
-                   value, champ, None, None, None, None, None, threshold,
-                   "superiority" if s["role"] == "primary" else "non-inferiority", None, None, lpt, margin, source)
+    d = SuiteDelta(suite=s["suite"], role=s["role"], kind=kind, n=len(ch["nll"] if kind == "text" else ch["acc"]),
+                   margin=margin, margin_source=source, unit=unit, md5=s["md5"], challenger=value, champion=champ,
+                   delta=None, ci_low=None, ci_high=None, upper=None, level=None, threshold=threshold,
+                   test="superiority" if s["role"] == "primary" else "non-inferiority", p_value=None, passed=None,
+                   loss_per_token=lpt)
     if num is None:
         return d, None
     reps = bootstrap(num, den, cfg.resamples, _seed(cfg.seed, s["suite"]))

@@ -27,13 +27,20 @@ class SuiteDoc:
 
 
 @dataclass
-class TextSuite:
-    """Held-out documents scored by per-document negative log-likelihood."""
+class SuiteSource:
+    """What every suite has: its name and role, the file it is read from and that file's md5."""
 
     name: str
     role: Literal["primary", "regression", "task"]
-    path: str                      # resolved file ("" for recent: the eval packs dir)
-    md5: str                       # DVC md5 of the file (recent: of the eval packs)
+    path: str                      # text: resolved file ("" for recent: the eval packs dir); task: the task YAML
+    md5: str                       # text: DVC md5 of the file (recent: of the eval packs); task: over the YAML and
+                                   # its data files
+
+
+@dataclass
+class TextSuite(SuiteSource):
+    """Held-out documents scored by per-document negative log-likelihood."""
+
     docs: list[SuiteDoc]
     n_total: int                   # documents in the file (docs may be its first max_documents)
     perturb: dict | None = None    # {"kind", "rate", "seed"} of a robustness probe
@@ -45,13 +52,9 @@ class TextSuite:
 
 
 @dataclass
-class TaskSuite:
+class TaskSuite(SuiteSource):
     """An lm-evaluation-harness task on local files, scored per document (acc) by packtrain.evaluate.tasks."""
 
-    name: str
-    role: Literal["primary", "regression", "task"]
-    path: str                      # the task YAML
-    md5: str                       # md5 over the YAML and its data files
     task: str                      # the task name lm-eval knows it by
     data_files: dict[str, str] = field(default_factory=dict)
     max_documents: int | None = None

@@ -39,21 +39,28 @@ CLOCK_DROP = 0.10
 """An SM clock this much below the steady state's counts as throttling."""
 
 
-@dataclass(frozen=True, slots=True)
-class IntervalStats:
-    """One rank's interval: medians over its steps, cumulative counters at its end (None: not measured here)."""
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Pace:
+    """How fast the steps went: one interval's (IntervalStats) or the learned steady state's (SteadyState)."""
 
-    last_step: int
-    tok_s: float                    # median real tokens/s of a step (this rank)
+    tok_s: float                    # median real tokens/s of a step
     step_s: float                   # median step time, data wait included
     wait_s: float                   # median data wait of a step
     wait_share: float               # Σ data wait / Σ step time
+    sm_clock_mhz: float | None = None    # median NVML SM clock (None: no NVML)
+    util: float | None = None       # mean sampler utilization 0..1
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class IntervalStats(Pace):
+    """One rank's interval: its Pace (medians over its steps, this rank), cumulative counters at its end (None: not
+    measured here)."""
+
+    last_step: int
     alloc_retries: float = 0.0      # cumulative: num_alloc_retries (0 on the CPU)
     ooms: float = 0.0               # cumulative: num_ooms
     fragmentation: float | None = None   # at the peak (None: no CUDA)
     compiles: float | None = None   # cumulative dynamo compilations (None: train.compile off)
-    sm_clock_mhz: float | None = None    # median NVML SM clock over the interval (None: no NVML)
-    util: float | None = None       # mean sampler utilization 0..1 over the interval
     hung_step: float | None = None  # a step of this interval the watchdog flagged (gathered, so all ranks act)
     hung_s: float | None = None     # ... open this long when flagged
     hung_in_data: float | None = None   # ... 1.0: while waiting for its micro-batches, 0.0: in the step
@@ -64,8 +71,8 @@ class IntervalStats:
 
     @classmethod
     def from_vector(cls, v: Sequence[float]) -> IntervalStats:
-        vals = [None if isinstance(x, float) and math.isnan(x) else x for x in v]
-        return cls(int(vals[0] or 0), *vals[1:])   # type: ignore[arg-type]
+        vals = {f.name: None if isinstance(x, float) and math.isnan(x) else x for f, x in zip(fields(cls), v, strict=True)}
+        return cls(**{**vals, "last_step": int(vals["last_step"] or 0)})   # type: ignore[arg-type]
 
 
 def interval_stats(records: Sequence[dict], **counters: Any) -> IntervalStats:
@@ -77,9 +84,10 @@ def interval_stats(records: Sequence[dict], **counters: Any) -> IntervalStats:
     (13, 0.1, 40000.0, 0.4)
     """
     times = [r["step_time_s"] for r in records]
-    return IntervalStats(int(records[-1]["step"]), statistics.median(r["real_tokens_per_s"] for r in records),
-                         statistics.median(times), statistics.median(r["data_wait_s"] for r in records),
-                         sum(r["data_wait_s"] for r in records) / max(sum(times), 1e-12), **counters)
+    return IntervalStats(last_step=int(records[-1]["step"]),
+                         tok_s=statistics.median(r["real_tokens_per_s"] for r in records),
+                         step_s=statistics.median(times), wait_s=statistics.median(r["data_wait_s"] for r in records),
+                         wait_share=sum(r["data_wait_s"] for r in records) / max(sum(times), 1e-12), **counters)
 
 
 def _opt(values: list[float | None], fn: Callable[[list[float]], float]) -> float | None:
@@ -92,35 +100,32 @@ def combine(ranks: Sequence[IntervalStats]) -> IntervalStats:
     the largest counters and fragmentation, the lowest SM clock and utilization."""
     if len(ranks) == 1:
         return ranks[0]
-    return IntervalStats(max(r.last_step for r in ranks), statistics.median(r.tok_s for r in ranks),
-                         max(r.step_s for r in ranks), max(r.wait_s for r in ranks),
-                         max(r.wait_share for r in ranks), max(r.alloc_retries for r in ranks),
-                         max(r.ooms for r in ranks), _opt([r.fragmentation for r in ranks], max),
-                         _opt([r.compiles for r in ranks], max), _opt([r.sm_clock_mhz for r in ranks], min),
-                         _opt([r.util for r in ranks], min), _opt([r.hung_step for r in ranks], min),
-                         _opt([r.hung_s for r in ranks], max), _opt([r.hung_in_data for r in ranks], max))
+    return IntervalStats(last_step=max(r.last_step for r in ranks), tok_s=statistics.median(r.tok_s for r in ranks),
+                         step_s=max(r.step_s for r in ranks), wait_s=max(r.wait_s for r in ranks),
+                         wait_share=max(r.wait_share for r in ranks), alloc_retries=max(r.alloc_retries for r in ranks),
+                         ooms=max(r.ooms for r in ranks), fragmentation=_opt([r.fragmentation for r in ranks], max),
+                         compiles=_opt([r.compiles for r in ranks], max),
+                         sm_clock_mhz=_opt([r.sm_clock_mhz for r in ranks], min),
+                         util=_opt([r.util for r in ranks], min), hung_step=_opt([r.hung_step for r in ranks], min),
+                         hung_s=_opt([r.hung_s for r in ranks], max),
+                         hung_in_data=_opt([r.hung_in_data for r in ranks], max))
 
 
-@dataclass(frozen=True, slots=True)
-class SteadyState:
-    """Medians of the learned intervals."""
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SteadyState(Pace):
+    """Medians of the learned intervals' Pace."""
 
-    tok_s: float
-    step_s: float
-    wait_s: float
-    wait_share: float
-    sm_clock_mhz: float | None
-    util: float | None
     from_step: int                  # the first step of the learned intervals
     until_step: int
 
     @classmethod
     def learn(cls, intervals: Sequence[IntervalStats], from_step: int) -> SteadyState:
         med = statistics.median
-        return cls(med(i.tok_s for i in intervals), med(i.step_s for i in intervals),
-                   med(i.wait_s for i in intervals), med(i.wait_share for i in intervals),
-                   _opt([i.sm_clock_mhz for i in intervals], med), _opt([i.util for i in intervals], med),
-                   from_step, intervals[-1].last_step)
+        return cls(tok_s=med(i.tok_s for i in intervals), step_s=med(i.step_s for i in intervals),
+                   wait_s=med(i.wait_s for i in intervals), wait_share=med(i.wait_share for i in intervals),
+                   sm_clock_mhz=_opt([i.sm_clock_mhz for i in intervals], med),
+                   util=_opt([i.util for i in intervals], med), from_step=from_step,
+                   until_step=intervals[-1].last_step)
 
 
 @dataclass
@@ -292,7 +297,8 @@ def straggler(ranks: Sequence[IntervalStats], drop: float) -> tuple[int, float, 
     lower SM clock: a wait longer than the others' median by > drop × the step time, or a clock < (1 − drop) × the
     others' median.
 
-    >>> a = IntervalStats(20, 1e4, 0.40, 0.01, 0.02); b = IntervalStats(20, 1e4, 0.40, 0.30, 0.75)
+    >>> iv = dict(last_step=20, tok_s=1e4, step_s=0.40)
+    >>> a = IntervalStats(**iv, wait_s=0.01, wait_share=0.02); b = IntervalStats(**iv, wait_s=0.30, wait_share=0.75)
     >>> straggler([a, a, b], 0.3)[:2]
     (2, 0.29)
     """

@@ -133,7 +133,7 @@ class RunGuard:
                     "fragmentation": mem["fragmentation"], "compiles": counter.compiles if counter else None,
                     "sm_clock_mhz": clock, "util": util}
         if not records:
-            return IntervalStats(step, 0.0, 0.0, 0.0, 0.0, **counters)
+            return IntervalStats(last_step=step, tok_s=0.0, step_s=0.0, wait_s=0.0, wait_share=0.0, **counters)
         h = self._hung
         return interval_stats(records, hung_step=h.step if h else None, hung_s=h.open_s if h else None,
                               hung_in_data=float(h.phase == "data") if h else None, **counters)
