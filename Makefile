@@ -95,7 +95,7 @@ $(CHROMIUM_STAMP):
 # runs again in the tiny pipeline's workdir takes a copy of its own (tiny_pipeline_copy, tests/pipelines/conftest.py)
 # and a check after each test fails the one that changed it, so no file depends on another file running first
 # (`make test-reverse` shows it). `make test` itself runs the files in the reverse of a plain `pytest tests`'s order
-# (PACKTRAIN_TEST_ORDER=reverse: the slowest still first, so the check costs nothing): CI sees one order, developers
+# (PACKTRAIN_TEST_ORDER=reverse: the slow group still first, itself reversed, so the check costs ~nothing): CI sees one order, developers
 # the other. The session fails when a test left a file in the checkout (tests/conftest.py).
 test: $(STAMP) $(AF_STAMP) $(CHROMIUM_STAMP) typecheck
 	PACKTRAIN_TEST_ORDER=reverse $(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=40 tests

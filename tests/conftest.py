@@ -174,8 +174,9 @@ _SLOW_FIRST = ("test_kfp_runner.py", "test_promotion.py", "test_local_pipeline.p
 def pytest_collection_modifyitems(config, items):
     """Slowest files first (`_SLOW_FIRST`), each file's tests in their order. PACKTRAIN_TEST_ORDER:
 
-        reverse       the files the other way round, the slowest still first: `make test` (the ~200 other files then
-                      run in the reverse of a developer's plain `pytest`, at no cost to the workers' balance)
+        reverse       the files the other way round, the slowest still first but among themselves reversed too:
+                      `make test` (every file, tests/pipelines' included, in the reverse of a developer's plain
+                      `pytest`, at little cost to the workers' balance: the slow group still precedes the rest)
         reverse-all   every file the other way round, the slowest last: `make test-reverse` (tests/pipelines)
 
     Either shows that no file depends on another running first: the session's shared runs are read-only
@@ -188,5 +189,8 @@ def pytest_collection_modifyitems(config, items):
         place = {path: i for i, path in enumerate(files)}
         items.sort(key=lambda item: place[item.path])
     rank = {name: i for i, name in enumerate(_SLOW_FIRST)}
-    sign = -1 if order == "reverse-all" else 1
-    items.sort(key=lambda item: sign * rank.get(item.path.name, len(rank)))   # stable: file order kept otherwise
+    if order == "reverse":   # the slow files still first, but in the reverse of their listed order too
+        items.sort(key=lambda item: -rank[item.path.name] if item.path.name in rank else len(rank))
+    else:
+        sign = -1 if order == "reverse-all" else 1
+        items.sort(key=lambda item: sign * rank.get(item.path.name, len(rank)))   # stable: file order kept otherwise
