@@ -22,7 +22,6 @@ REASON = "Long because:"
 
 LONG_MODULES: frozenset[str] = frozenset()
 LONG_FUNCTIONS = frozenset({   # "path:qualified name"
-    "src/packtrain/registry/apply.py:apply_registration",
 })
 
 

@@ -146,6 +146,64 @@ def gate_step(client, run_id: str, op: dict, decision: str, reason: str, prev_ve
                         f"champion stays (by the paired evaluation alone: {reason})"), g
 
 
+def _register_new_version(client, run_id: str, op: dict, model_dir: Path | None, promo: dict | None):
+    """A new version of op["name"] for the model at `model_dir`: the decision against the current champion
+    (and its gate), the model logged once under the train run, the version registered with its tags.
+    Returns (model version, decision, reason, gate, had, prev_version, prev_value, flavor, note, log_s)."""
+    import mlflow
+
+    from packtrain.errors import MissingDataError
+
+    name, metric, oid, candidate = op["name"], op["metric"], op["id"], float(op["candidate"])
+    had, prev_version, _ = current_champion(client, name, metric)
+    decision, reason = decide_from_verdict(promo, had, prev_version)
+    prev_value = champion_value_of(promo) if promo and promo.get("against") == f"v{prev_version}" else None
+    if model_dir is None or not Path(model_dir).is_dir():
+        raise MissingDataError(f"registration op {oid}: model directory {model_dir} is gone")
+    decision, reason, gate = gate_step(client, run_id, op, decision, reason, prev_version)
+    card = (f"# {name}\n\n{metric}: {candidate:.6g}; decision: {decision} ({reason})\n\n"
+            + "\n".join(f"- {k}: {v}" for k, v in op["version_tags"].items()))
+    train_run = train_run_of(client, run_id)
+    model_id, flavor, note, log_s = _log_model_once(client, train_run or run_id, op, Path(model_dir), card,
+                                                    int(op.get("step") or 0) if train_run else 0)
+    if os.environ.get("PACKTRAIN_FAULT"):   # tests: die between the logged model and its version
+        from packtrain.faults import kill_point
+
+        kill_point("register.model_logged")
+    tags = {**op["version_tags"], "decision": decision, "decision_reason": reason[:4000], "flavor": flavor,
+            "previous_champion_version": prev_version, "had_champion": str(had).lower(),
+            "previous_champion_value": prev_value, "log_model_s": f"{log_s:.3f}", OP_TAG: oid,
+            TRAIN_RUN_TAG: train_run, REGISTER_RUN_TAG: run_id, **(gate.tags() if gate else {}),
+            **log_adapter(client, run_id, Path(model_dir)),   # LoRA: adapter files → artifact adapter/
+            **(validation_tags(promo) if promo else {})}
+    mv = mlflow.register_model(f"models:/{model_id}", name,
+                               tags={k: str(v) for k, v in tags.items() if v is not None})
+    if os.environ.get("PACKTRAIN_FAULT"):   # tests: die between the version and its alias
+        from packtrain.faults import kill_point
+
+        kill_point("register.version_registered")
+    return mv, decision, reason, gate, had, prev_version, prev_value, flavor, note, log_s
+
+
+def _log_decision(client, run_id: str, op: dict, decision: str, reason: str, version: str,
+                  prev_version: str | None, prev_value: float | None, gate: str | None) -> None:
+    """The register run's numbers and tags of the decision, at the op's time (a re-applied op logs the same
+    points)."""
+    from mlflow.entities import Metric, RunTag
+
+    name, oid, candidate = op["name"], op["id"], float(op["candidate"])
+    ts = int(float(op.get("ts") or time.time()) * 1000)   # the op's time: a re-applied op logs the same points
+    numbers = {"candidate_value": candidate, "promoted": float(decision == CHAMPION)}
+    if prev_value is not None:
+        numbers["champion_value"] = prev_value
+    run_tags = {"packtrain.decision": decision, "packtrain.model_version": version,
+                "packtrain.registered_model": name, "packtrain.decision_reason": reason[:4000],
+                "packtrain.previous_champion_version": prev_version, OP_TAG: oid,
+                "packtrain.gate": gate}
+    client.log_batch(run_id, metrics=[Metric(k, float(v), ts, 0) for k, v in numbers.items()],
+                     tags=[RunTag(k, str(v)) for k, v in run_tags.items() if v is not None])
+
+
 def apply_registration(client, tracking_uri: str, run_id: str, op: dict, model_dir: Path | None,
                        before_alias: Callable[[str], None] | None = None) -> dict:
     """Apply registration `op` to run `run_id` (module doc). Returns RegisterOutcome.to_dict().
@@ -153,10 +211,6 @@ def apply_registration(client, tracking_uri: str, run_id: str, op: dict, model_d
     `before_alias(version)` runs between the decision and the compare-and-set (tests move the alias
     there with a second client).
     """
-    import mlflow
-    from mlflow.entities import Metric, RunTag
-
-    from packtrain.errors import MissingDataError
     from packtrain.secrets import redact_uri
     from packtrain.tracking.run_lifecycle import set_fluent_tracking_uri
 
@@ -182,33 +236,8 @@ def apply_registration(client, tracking_uri: str, run_id: str, op: dict, model_d
         reason = (f"already registered: {name} v{mv.version} holds these weights (model md5 {md5[:12]}, same "
                   f"data and tokenizer): no new version; {reason}")
     elif mv is None:
-        had, prev_version, _ = current_champion(client, name, metric)
-        decision, reason = decide_from_verdict(promo, had, prev_version)
-        prev_value = champion_value_of(promo) if promo and promo.get("against") == f"v{prev_version}" else None
-        if model_dir is None or not Path(model_dir).is_dir():
-            raise MissingDataError(f"registration op {oid}: model directory {model_dir} is gone")
-        decision, reason, gate = gate_step(client, run_id, op, decision, reason, prev_version)
-        card = (f"# {name}\n\n{metric}: {candidate:.6g}; decision: {decision} ({reason})\n\n"
-                + "\n".join(f"- {k}: {v}" for k, v in op["version_tags"].items()))
-        train_run = train_run_of(client, run_id)
-        model_id, flavor, note, log_s = _log_model_once(client, train_run or run_id, op, Path(model_dir), card,
-                                                        int(op.get("step") or 0) if train_run else 0)
-        if os.environ.get("PACKTRAIN_FAULT"):   # tests: die between the logged model and its version
-            from packtrain.faults import kill_point
-
-            kill_point("register.model_logged")
-        tags = {**op["version_tags"], "decision": decision, "decision_reason": reason[:4000], "flavor": flavor,
-                "previous_champion_version": prev_version, "had_champion": str(had).lower(),
-                "previous_champion_value": prev_value, "log_model_s": f"{log_s:.3f}", OP_TAG: oid,
-                TRAIN_RUN_TAG: train_run, REGISTER_RUN_TAG: run_id, **(gate.tags() if gate else {}),
-                **log_adapter(client, run_id, Path(model_dir)),   # LoRA: adapter files → artifact adapter/
-                **(validation_tags(promo) if promo else {})}
-        mv = mlflow.register_model(f"models:/{model_id}", name,
-                                   tags={k: str(v) for k, v in tags.items() if v is not None})
-        if os.environ.get("PACKTRAIN_FAULT"):   # tests: die between the version and its alias
-            from packtrain.faults import kill_point
-
-            kill_point("register.version_registered")
+        mv, decision, reason, gate, had, prev_version, prev_value, flavor, note, log_s = \
+            _register_new_version(client, run_id, op, model_dir, promo)
     else:   # an earlier attempt registered it: read back what it decided
         t = mv.tags
         decision, reason, flavor = t.get("decision", CHALLENGER), t.get("decision_reason", ""), t.get("flavor", "")
@@ -238,16 +267,7 @@ def apply_registration(client, tracking_uri: str, run_id: str, op: dict, model_d
     if not mv.tags.get(ALIAS_SET_TAG):
         client.set_model_version_tag(name, version, ALIAS_SET_TAG, decision)
         vtags[ALIAS_SET_TAG] = decision
-    ts = int(float(op.get("ts") or time.time()) * 1000)   # the op's time: a re-applied op logs the same points
-    numbers = {"candidate_value": candidate, "promoted": float(decision == CHAMPION)}
-    if prev_value is not None:
-        numbers["champion_value"] = prev_value
-    run_tags = {"packtrain.decision": decision, "packtrain.model_version": version,
-                "packtrain.registered_model": name, "packtrain.decision_reason": reason[:4000],
-                "packtrain.previous_champion_version": prev_version, OP_TAG: oid,
-                "packtrain.gate": vtags.get("gate")}
-    client.log_batch(run_id, metrics=[Metric(k, float(v), ts, 0) for k, v in numbers.items()],
-                     tags=[RunTag(k, str(v)) for k, v in run_tags.items() if v is not None])
+    _log_decision(client, run_id, op, decision, reason, version, prev_version, prev_value, vtags.get("gate"))
     result = RegisterOutcome(
         model_name=name, version=version, model_uri=f"models:/{name}/{version}", flavor=flavor,
         flavor_note=note, decision=decision, reason=reason, metric=metric, candidate_value=candidate,
