@@ -48,7 +48,8 @@ def _logits(model) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("family", FAMILY_NAMES)
-def test_family_export_round_trip(data, mlflow_uri, tmp_path, family):
+def test_family_export_round_trip(data, mlflow_uri, tmp_path, family, monkeypatch):
+    monkeypatch.chdir(tmp_path)   # a fresh sqlite store puts its artifacts under ./mlruns: here, not the checkout
     import mlflow
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

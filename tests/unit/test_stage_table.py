@@ -86,6 +86,15 @@ def test_no_stage_result_repeats_its_library_fields():
 
 # ---- the cache key follows the table: every recipe field -------------------------------------------------------
 
+@pytest.fixture(scope="module", autouse=True)
+def _outside_the_checkout(tmp_path_factory):
+    """Run from a temporary directory: register's config part opens the store under the recipe's relative
+    workdir (`data/mlflow.db`, and a changed value's `datax/`), which must not land in the checkout."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(tmp_path_factory.mktemp("cwd"))
+        yield
+
+
 @pytest.fixture(scope="module")
 def places(tmp_path_factory) -> dict[str, str]:
     """Real directories a path-valued field can point at: a one-file corpus, a dir with a model config.json."""
