@@ -111,16 +111,7 @@ def _checkout_extras() -> set[str] | None:
     if r.returncode != 0:
         return None
     paths = {line[3:] for line in r.stdout.splitlines() if line[:2] in ("??", "!!")}
-    return {p for p in paths if not _CACHES & set(p.rstrip("/").split("/")) and not p.endswith(".pyc")
-            and not _only_empty_locks(_REPO / p)}
-
-
-def _only_empty_locks(path: Path) -> bool:
-    """A path holding nothing but empty `.packtrain.lock` files: the workdir lock a stage command takes under the
-    recipe's default workdir (`data/`) when a test runs it without one. Known and harmless (no data, no store);
-    every other file a test leaves fails the session."""
-    files = [f for f in path.rglob("*") if f.is_file()] if path.is_dir() else [path]
-    return bool(files) and all(f.name == ".packtrain.lock" and f.stat().st_size == 0 for f in files)
+    return {p for p in paths if not _CACHES & set(p.rstrip("/").split("/")) and not p.endswith(".pyc")}
 
 
 def pytest_sessionstart(session):
