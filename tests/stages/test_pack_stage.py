@@ -21,6 +21,13 @@ from packtrain.testing.synthetic_lengths import write_random_token_store
 NO_TRACKING = ["--set", "tracking.enabled=false"]
 
 
+@pytest.fixture(autouse=True)
+def _in_tmp(tmp_path_factory, monkeypatch):
+    """Run from a temporary directory (not tmp_path, whose contents tests check): a `packtrain pack` without --set workdir takes its lock under the recipe's relative
+    workdir (data/.packtrain.lock), which must not land in the checkout."""
+    monkeypatch.chdir(tmp_path_factory.mktemp("cwd"))
+
+
 def _digest(root: Path) -> dict[str, str]:
     return {str(p.relative_to(root)): hashlib.md5(p.read_bytes()).hexdigest()
             for p in sorted(root.rglob("*")) if p.is_file()}
