@@ -91,8 +91,10 @@ def table() -> list[str]:
     return lines
 
 
-PIPELINE = (("gpu_pipeline_350m.json", 1), ("gpu_pipeline_350m.json", 0), ("gpu_pipeline_350m_no_hash_ahead.json", 1))
-"""(record, row) of the `python -m bench gpu-pipeline` runs quoted under the table, in that order."""
+PIPELINE = (("gpu_pipeline_350m.json", 1), ("gpu_pipeline_350m.json", 0), ("gpu_pipeline_350m_60_90_h100.json", 1),
+            ("gpu_pipeline_350m_60_90_h100.json", 0))
+"""(record, row) of the `python -m bench gpu-pipeline` runs quoted under the table, in that order (each row names
+its card: H100 and H200 rows are never mixed into one number)."""
 
 
 def pipeline_efficiency(r: dict) -> float:
@@ -109,15 +111,17 @@ def train_steps(r: dict) -> float:
 
 
 def pipeline_table() -> list[str]:
-    """The whole `packtrain run` on the GPU: efficiency and non-step time of each recorded run."""
-    lines = ["", "| `packtrain run --recipe 350m-h200`, one H200 | GPU efficiency | train non-step | evaluate "
-             "non-step | register | eval ÷ train tok/s | record |", "|---|---:|---:|---:|---:|---:|---|"]
+    """The whole `packtrain run` on the GPU: efficiency and non-step time of each recorded run, with its card."""
+    lines = ["", "| `packtrain run --recipe 350m-h200` | card | GPU efficiency | train non-step | evaluate non-step | "
+             "register | eval ÷ train tok/s | record |", "|---|---|---:|---:|---:|---:|---:|---|"]
     for file, k in PIPELINE:
         doc = json.loads((RESULTS / file).read_text(encoding="utf-8"))
         r = doc["rows"][k]
-        lines.append(f"| {r['steps']:,} steps ({doc['created'][:16].replace('T', ' ')}) | {pipeline_efficiency(r):.1%} | "
-                     f"{r['stage_walls_s']['train'] - train_steps(r):.1f} s | {r['evaluate_non_step_s']:.1f} s | {r['register_s']:.1f} s | "
-                     f"{r['eval_over_train_tok_s']:.2f}× | [{file}](bench/results/{file}) |")
+        card = str(doc["machine"].get("device") or doc["machine"].get("gpu")).removeprefix("NVIDIA ").split(" ")[0]
+        lines.append(f"| {r['steps']:,} steps ({doc['created'][:16].replace('T', ' ')}) | {card} | "
+                     f"{pipeline_efficiency(r):.1%} | {r['stage_walls_s']['train'] - train_steps(r):.1f} s | "
+                     f"{r['evaluate_non_step_s']:.1f} s | {r['register_s']:.1f} s | {r['eval_over_train_tok_s']:.2f}× | "
+                     f"[{file}](bench/results/{file}) |")
     return lines
 
 
