@@ -1,6 +1,6 @@
 """The Airflow DAG `packtrain_retrain` under `dag.test()`, in .venv-airflow (Airflow destabilises the main
 venv; `make setup-airflow` installs it), on a sqlite AIRFLOW_HOME in tmp that `airflow db migrate` migrates (the
-CLI's own entry point, first thing in the test's one Airflow process: one Airflow start instead of two, ~4 CPU-s).
+CLI's own entry point, first thing in the test's one Airflow process: one Airflow start instead of two, ~3 CPU-s).
 Four runs in that process, on a cold workdir (no stage cache: every stage really runs in the Airflow venv) with
 the DAG's default recipe (retrain-cpu, its lm-eval task suite included) at the tiny test sizes:
 
