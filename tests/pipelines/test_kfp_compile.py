@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from pipeline_helpers import REPO, run_cli
+from pipeline_helpers import REPO, run_cli, run_main
 
 from packtrain import STAGES
 from packtrain.config import PipelineConfig, RunConfig
@@ -143,15 +143,17 @@ def test_compile_follows_the_pipeline_config(tmp_path):
 
 
 def test_compile_cli_reads_train_gpus(tmp_path):
-    """One GPU count: train.gpus is the train task's accelerator limit; train.device=cpu requests none."""
+    """One GPU count: train.gpus is the train task's accelerator limit; train.device=cpu requests none. The CLI's
+    entry point in this process (run_main: kfp is imported here already; a `packtrain` process is ~2.5 CPU-s each,
+    test_committed_ir_matches_a_fresh_compile runs the console script)."""
     out, cpu = tmp_path / "gpu8.yaml", tmp_path / "cpu.yaml"
-    r = run_cli(["pipeline", "compile", "--out", str(out), "--set", "train.gpus=8", "--set", "train.device=auto"],
-                cwd=tmp_path)
+    r = run_main(["pipeline", "compile", "--out", str(out), "--set", "train.gpus=8", "--set", "train.device=auto"],
+                 cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     execs = _docs(out)[0]["deploymentSpec"]["executors"]
     assert execs["exec-train"]["container"]["resources"]["accelerator"]["resourceCount"] == "8"
     assert execs["exec-evaluate"]["container"]["resources"]["accelerator"]["resourceCount"] == "1"
-    r = run_cli(["pipeline", "compile", "--out", str(cpu), "--set", "train.device=cpu"], cwd=tmp_path)
+    r = run_main(["pipeline", "compile", "--out", str(cpu), "--set", "train.device=cpu"], cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert all("accelerator" not in e["container"]["resources"]
                for e in _docs(cpu)[0]["deploymentSpec"]["executors"].values())
@@ -184,11 +186,12 @@ def test_a_bad_image_digest_is_a_clear_error_and_writes_nothing(tmp_path):
 
 def test_compile_without_out_writes_into_the_workdir_not_the_committed_ir(tmp_path):
     """A plain `packtrain pipeline compile` in a checkout must not rewrite pipelines/packtrain_pipeline.yaml (it
-    stamps this checkout's git version): it writes <workdir>/pipelines/packtrain_pipeline.yaml and says so."""
+    stamps this checkout's git version): it writes <workdir>/pipelines/packtrain_pipeline.yaml and says so (the
+    CLI's entry point in this process, as test_compile_cli_reads_train_gpus)."""
     committed = tmp_path / "pipelines" / "packtrain_pipeline.yaml"
     committed.parent.mkdir()
     committed.write_text("# the committed IR\n")
-    r = run_cli(["pipeline", "compile", "--set", "workdir=wd"], cwd=tmp_path)
+    r = run_main(["pipeline", "compile", "--set", "workdir=wd"], cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert committed.read_text() == "# the committed IR\n"
     out = tmp_path / "wd" / "pipelines" / "packtrain_pipeline.yaml"
