@@ -163,7 +163,7 @@ def verdict(before: Mapping[str, int], after: Mapping[str, int]) -> Verdict:
     ('partial', 'off')
     """
     def new(keys: tuple[tuple[str, str], ...]) -> int:
-        return sum(after.get(f"{g}.{n}", 0) - before.get(f"{g}.{n}", 0) for g, n in keys)
+        return sum(max(after.get(f"{g}.{n}", 0) - before.get(f"{g}.{n}", 0), 0) for g, n in keys)
 
     hits, misses = new(_HITS), new(_MISSES)
     if not hits and not misses:
