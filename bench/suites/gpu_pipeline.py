@@ -8,6 +8,13 @@ The runs share one working directory, in order: the first (e.g. 60 steps) runs e
 registers the first champion; each later one re-uses the cached data stages (ingest … pack) and trains,
 evaluates (against the champion: two models scored) and registers again — a scheduled retrain.
 
+Each run is as on a fresh cluster pod: its own empty TMPDIR (inductor's default cache, /tmp/torchinductor_<user>,
+starts empty) and no TORCHINDUCTOR_CACHE_DIR / TRITON_CACHE_DIR, so only the workdir carries compiled graphs from
+one run to the next (<workdir>/cache/compile, packtrain.train.compile_cache). Each row records the train and
+evaluate stages' compile_cache (hit | miss | partial | off), the first step's seconds and the cache's size.
+`--shared-tmp`: the runs share this host's /tmp and the caller's environment instead (the records before the
+workdir cache: the second run found the first one's graphs in /tmp).
+
 Per run, from the run's own output (`--json`): every stage's wall time (the runner's "success in X s"), and
 
     train steps     train_result.json timings.train_s − timings.checkpoint_s (the optimizer steps, first one
@@ -33,7 +40,7 @@ import tempfile
 from pathlib import Path
 
 from bench.harness import Record, machine_info
-from bench.packtrain_runs import run_packtrain_cli
+from bench.packtrain_runs import clean_env, run_packtrain_cli
 
 SUMMARY = "`packtrain run` on a GPU host: stage walls, non-step time, pipeline GPU efficiency"
 DEVICE = "gpu"
@@ -48,15 +55,30 @@ def add_arguments(p) -> None:
     p.add_argument("--steps", default="60,2000", help="train.max_steps of each run, in order (comma-separated)")
     p.add_argument("--set", action="append", default=[], help="more --set for every run")
     p.add_argument("--keep", action="store_true", help="keep the working directory")
+    p.add_argument("--shared-tmp", action="store_true",
+                   help="the runs share this host's /tmp (and compile cache variables) instead of a fresh TMPDIR each")
 
 
-def one_run(cwd: Path, recipe: str, steps: int, sets: list[str], k: int) -> dict:
-    """One `packtrain run` in `cwd`; the row of numbers (module doc)."""
+def fresh_host_env(tmp: Path) -> dict[str, str]:
+    """The environment of a run as on a fresh pod (module doc): TMPDIR=`tmp` (empty), no compile cache variables."""
+    env = {k: v for k, v in clean_env().items() if k not in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")}
+    return {**env, "TMPDIR": str(tmp)}
+
+
+def compile_cache_mib(key_dir: str | None) -> float | None:
+    """Size of a compile cache directory (MiB), None when there is none."""
+    if not key_dir or not Path(key_dir).is_dir():
+        return None
+    return round(sum(p.stat().st_size for p in Path(key_dir).rglob("*") if p.is_file()) / 2**20, 1)
+
+
+def one_run(cwd: Path, recipe: str, steps: int, sets: list[str], k: int, env: dict[str, str] | None = None) -> dict:
+    """One `packtrain run` in `cwd` under `env` (None: this process's, clean_env); the row of numbers (module doc)."""
     out_json = cwd / f"run{k}.json"
     cmd = [*CLI, "run", "--recipe", recipe, "--set", f"train.max_steps={steps}", "--json", str(out_json)]
     for s in sets:
         cmd += ["--set", s]
-    r, wall = run_packtrain_cli(cmd, cwd, f"run {k} ({steps} steps)")
+    r, wall = run_packtrain_cli(cmd, cwd, f"run {k} ({steps} steps)", env)
     walls = {m[1]: float(m[2]) for m in (STAGE_LINE.match(ln) for ln in r.stdout.splitlines()) if m}
     stats = json.loads(out_json.read_text())["stages"]
     tr, ev, rg = stats["train"], stats["evaluate"], stats["register"]
@@ -73,6 +95,10 @@ def one_run(cwd: Path, recipe: str, steps: int, sets: list[str], k: int) -> dict
         "register_s": walls["register"], "log_model_s": rg.get("log_model_s"),
         "train_tok_s": round(train_tok_s), "eval_tok_s": round(float(ev["tokens_per_s"])),
         "eval_over_train_tok_s": round(float(ev["tokens_per_s"]) / train_tok_s, 2) if train_tok_s else None,
+        "compile_cache": {"train": tr["timings"].get("compile_cache"),
+                          "evaluate": ev.get("timings", {}).get("compile_cache")},
+        "first_step_s": tr["timings"].get("first_step_s"),
+        "compile_cache_mib": compile_cache_mib(tr["timings"].get("compile_cache_dir")),
         "train_timings": tr["timings"], "eval_timings": ev.get("timings", {}),
         "cache_key_s": {k: v.get("cache_key_s") for k, v in stats.items() if isinstance(v, dict)},
         "eval": {k: ev.get(k) for k in ("precision", "attention", "rows", "n_real_tokens", "eval_loss", "compiled")},
@@ -94,14 +120,19 @@ def run(args, out: Path) -> Record:
         sets = [s for s in tiny_settings(cwd / "data", tiny_corpus(cwd / "corpus", n_docs=40))
                 if not s.startswith("train.max_steps=")] + sets
     rows = []
+    hosts = Path(tempfile.mkdtemp(prefix="packtrain-gpu-pipeline-hosts-"))   # each run's TMPDIR: outside cwd
     try:
         for k, n in enumerate(steps):
-            rows.append(one_run(cwd, recipe, n, sets, k))
+            env = None if args.shared_tmp else fresh_host_env(Path(tempfile.mkdtemp(dir=hosts, prefix=f"run{k}-")))
+            rows.append(one_run(cwd, recipe, n, sets, k, env))
             r = rows[-1]
             print(f"{n} steps: efficiency {r['efficiency']:.1%} · train non-step {r['train_non_step_s']} s · "
                   f"evaluate non-step {r['evaluate_non_step_s']} s · register {r['register_s']} s · eval/train "
-                  f"tok/s {r['eval_over_train_tok_s']}", file=sys.stderr, flush=True)
+                  f"tok/s {r['eval_over_train_tok_s']} · compile cache train {r['compile_cache']['train']}, "
+                  f"evaluate {r['compile_cache']['evaluate']} (first step {r['first_step_s']} s)",
+                  file=sys.stderr, flush=True)
     finally:
+        shutil.rmtree(hosts, ignore_errors=True)
         if args.keep:
             print(f"workdir kept: {cwd}", file=sys.stderr)
         else:
@@ -117,5 +148,6 @@ def run(args, out: Path) -> Record:
     return Record(suite="gpu-pipeline", study=f"`packtrain run --recipe {recipe}` end to end, "
                   f"{' then '.join(str(s) for s in steps)} steps in one working directory",
                   command=args.command, machine=machine_info(),
-                  settings={"recipe": recipe, "steps": steps, "set": sets}, rows=rows, goals=GOALS, goal_met=met,
+                  settings={"recipe": recipe, "steps": steps, "set": sets, "fresh_host": not args.shared_tmp},
+                  rows=rows, goals=GOALS, goal_met=met,
                   smoke=bool(args.smoke))

@@ -107,3 +107,28 @@ def test_deepspeed_paths(data, tmp_path, stage, offload):
     assert r["engine"] == "deepspeed" and r["steps"] == 4 and math.isfinite(r["final_loss"])
     assert (tmp_path / "run" / "deepspeed_config.json").is_file()
     assert (tmp_path / "run" / "model" / "model.safetensors").is_file()
+
+
+def test_compile_cache_second_run_hits(data, tmp_path):
+    """`packtrain train` twice into one workdir, each as on a fresh host (its own TMPDIR: inductor's default cache
+    /tmp/torchinductor_<user> empty; no TORCHINDUCTOR_CACHE_DIR): the second loads the first's compiled graphs and
+    kernels from <workdir>/cache/compile (packtrain.train.compile_cache)."""
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k not in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")}
+    runs = []
+    for k in range(2):
+        host, out = tmp_path / f"host{k}", tmp_path / f"train{k}"
+        host.mkdir()
+        sets = [f"workdir={tmp_path / 'work'}", "tracking.enabled=false", "train.max_steps=4", "train.warmup_steps=1",
+                "train.compile=true"]
+        cmd = [sys.executable, "-m", "packtrain.cli", "train", "--recipe", "350m-h200", "--packs", str(data / "pack"),
+               "--tokens", str(data / "tokenize"), "--out", str(out), *[x for s in sets for x in ("--set", s)]]
+        proc = subprocess.run(cmd, env={**env, "TMPDIR": str(host)}, capture_output=True, text=True, timeout=900,
+                              cwd=REPO)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        runs.append(json.loads((out / "train_result.json").read_text())["timings"])
+        assert "compile cache" in proc.stderr and str(tmp_path / "work") in runs[-1]["compile_cache_dir"]
+    print(json.dumps({"test": "compile_cache", **{k: [r.get(k) for r in runs] for k in
+                      ("compile_cache", "first_step_s", "compile_s", "compile_cache_check_s")}}))
+    assert [r["compile_cache"] for r in runs] == ["miss", "hit"]

@@ -8,6 +8,8 @@
               out_dir/suite_scores.parquet  per-document NLL, tokens, UTF-8 bytes (and task accuracy) of the
                                          challenger and the champion on every suite (packtrain.evaluate.paired_scores)
               out_dir/suites.json        the suites scored (md5, n, role), both models, the settings
+              <workdir>/cache/compile/<key>/  torch.compile's caches under evaluate.compile (packtrain.train.
+                                         compile_cache): timings.compile_cache hit | miss | off
       MLflow  run "evaluate": metrics eval_loss, perplexity, eval_tokens_per_s, eval_peak_memory_gib, ...;
               suite.<name>.<model>.bits_per_byte / .acc (+ .acc_stderr); every file as an artifact; the eval
               packs as a dataset input (digest = lineage input_md5["packs"]); tag packtrain.eval.against
@@ -22,6 +24,7 @@ Both files are written into a staging directory next to out_dir, read back and p
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from packtrain.config import RunConfig
@@ -60,8 +63,11 @@ def run_evaluate(cfg: RunConfig, model_dir: str | Path, packs_dir: str | Path, o
     t_lineage = time.perf_counter()
     lineage = evaluate_lineage(model_dir, packs_dir)
     lineage_s = time.perf_counter() - t_lineage
+    from packtrain.train.compile_cache import device_type, workdir_compile_cache
+
     with stage_run("evaluate", cfg, section=cfg.evaluate) as run, \
-            staged_output(out_dir, OUTPUTS, "evaluate") as tmp:
+            staged_output(out_dir, OUTPUTS, "evaluate") as tmp, \
+            workdir_compile_cache(cfg.workdir, device_type(cfg.evaluate.device)) as compile_cache:
         from packtrain.evaluate.loading import load_for_eval
 
         t0 = time.perf_counter()
@@ -77,6 +83,9 @@ def run_evaluate(cfg: RunConfig, model_dir: str | Path, packs_dir: str | Path, o
         result.timings["suites_s"] = round(time.perf_counter() - t_suites, 3)
         result.timings.update({f"suites_{k}": v for k, v in suite_timings.items()})
         result.timings["total_s"] = round(time.perf_counter() - t0, 3)
+        result.timings.update(compile_cache.timings())   # compile_cache: hit | miss | partial | off
+        if result.timings["compile_cache"] != "off":
+            print(compile_cache.line("evaluate"), file=sys.stderr, flush=True)
         typed = from_library(EvaluateResult, result.to_dict(), lineage, EvaluateResult.FILE)
         write_json(tmp / "samples.json", result.samples)
         typed.write(tmp)
@@ -86,7 +95,7 @@ def run_evaluate(cfg: RunConfig, model_dir: str | Path, packs_dir: str | Path, o
             "eval_tokens_per_s": result.tokens_per_s, "eval_seconds": result.seconds,
             "eval_label_tokens": result.n_label_tokens, "eval_real_tokens": result.n_real_tokens,
             "eval_batches": result.n_batches, "eval_complete": float(result.complete),
-            **{f"eval_{k}": float(v) for k, v in result.timings.items()},
+            **{f"eval_{k}": float(v) for k, v in result.timings.items() if not isinstance(v, str)},
             **({"eval_peak_memory_gib": result.peak_memory_gib} if result.peak_memory_gib is not None else {}),
         })
         run.set_tags({"packtrain.eval.memory_kind": result.memory_kind, "packtrain.eval.device": result.device})
@@ -104,7 +113,6 @@ def score_against(cfg: RunConfig, model_dir: Path, split: Path, out: Path, run, 
     """Score the challenger and (evaluate.against) the champion on every suite into `out`; log the per-suite
     numbers. Returns suites.json; `timings` (given) gets the seconds of its parts (paired_evaluation)."""
     import math
-    import sys
 
     from packtrain.evaluate.paired_scores import SCORES_FILE, paired_evaluation
 

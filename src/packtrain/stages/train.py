@@ -10,6 +10,8 @@
                                           keep_best); quarantine/ holds ones that failed verification
               out_dir/deepspeed_config.json   (engine: deepspeed)
               out_dir/telemetry.json (+ system.png, throughput.png)   packtrain.telemetry.report
+              <workdir>/cache/compile/<key>/   torch.compile's caches (packtrain.train.compile_cache; unless
+                                          TORCHINDUCTOR_CACHE_DIR is set): timings.compile_cache hit | miss | off
       refuses  a fresh run (no resume) into an out_dir holding checkpoints unless overwrite (exit 2; quarantined
               checkpoints do not count and are kept either way); a run into an out_dir that another run is
               writing (exit 7, naming it: packtrain.pipeline.lock.output_lock)
@@ -52,12 +54,16 @@ import contextlib
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from packtrain.config import RunConfig, flatten
 from packtrain.errors import ConfigError, MissingDataError, PacktrainError
 from packtrain.publish import write_json
 from packtrain.stages.lineage import Lineage, make_lineage
 from packtrain.stages.results import PackResult, TokenizeResult, TrainResult, from_library
+
+if TYPE_CHECKING:
+    from packtrain.train.compile_cache import CompileCache
 
 
 def check_inputs(cfg: RunConfig, packs_dir: Path, tokens_dir: Path) -> tuple[Path, str]:
@@ -171,12 +177,16 @@ def run_train(cfg: RunConfig, packs_dir: str | Path, tokens_dir: str | Path, out
     from packtrain.train.launch import is_rank
 
     check_suite_packages(cfg.evaluate)   # `dvc repro`, a KFP pod: the evaluate stage after this one must be able to run
-    with contextlib.nullcontext() if is_rank() else output_lock(out_dir, "train"):
-        return _run_train(cfg, Path(packs_dir), Path(tokens_dir), Path(out_dir), resume, overwrite)
+    from packtrain.train.compile_cache import workdir_compile_cache
+
+    # the compile caches under <workdir>/cache/compile (train/compile_cache.py); torchrun's ranks inherit them
+    with contextlib.nullcontext() if is_rank() else output_lock(out_dir, "train"), \
+            workdir_compile_cache(cfg.workdir, train_device(cfg)) as compile_cache:
+        return _run_train(cfg, Path(packs_dir), Path(tokens_dir), Path(out_dir), resume, overwrite, compile_cache)
 
 
 def _run_train(cfg: RunConfig, packs_dir: Path, tokens_dir: Path, out_dir: Path, resume: bool,
-               overwrite: bool) -> TrainResult | None:
+               overwrite: bool, compile_cache: CompileCache) -> TrainResult | None:
     from packtrain.model.warm_start import check_store_matches_model
     from packtrain.registry.source import resolve_init
     from packtrain.telemetry.memory import begin_stage_memory
@@ -214,6 +224,9 @@ def _run_train(cfg: RunConfig, packs_dir: Path, tokens_dir: Path, out_dir: Path,
         from packtrain.versioning import hash_ahead
 
         hash_ahead(out_dir / "model")   # what the evaluate stage's cache key reads first: hashed beside the tail
+        result.timings.update(compile_cache.timings())   # compile_cache: hit | miss | partial | off
+        if result.timings["compile_cache"] != "off":
+            print(compile_cache.line("train"), file=sys.stderr, flush=True)
         typed = from_library(TrainResult, result.to_dict(), lineage, TrainResult.FILE,
                              init_eval_loss=step0["eval_loss"] if step0 is not None else None,
                              init={**init.to_dict(), "tokenizer_check": tokenizer_check, "eval": step0},
