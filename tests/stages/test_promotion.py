@@ -281,3 +281,58 @@ def test_bad_suite_registers_nothing_and_moves_no_alias(world, history, tmp_path
     assert len(client.search_model_versions(f"name = '{NAME}'")) == 3
     assert str(client.get_model_version_by_alias(NAME, "champion").version) == "3"
     assert not out.exists()
+
+
+def _trained_by_the_recipe(path: Path) -> Path:
+    """A train output folder (train_result.json): the register stage then records the version's recipe, its
+    config hash and train.seed (packtrain.evaluate.recipe_identity)."""
+    from packtrain.stages.lineage import Lineage
+    from packtrain.stages.results import TrainResult
+
+    path.mkdir(parents=True, exist_ok=True)
+    TrainResult(
+        steps=50, start_step=0, tokens=10, label_tokens=9, slot_tokens=12, final_loss=3.0, loss_curve=[3.5, 3.0],
+        lr_curve=[3e-3, 3e-3], skipped_steps=0, compiles=None, recompiles=None, timings={}, throughput={}, memory={},
+        system={}, violations=[], telemetry_files=[], setup={}, params={}, model_dir=None, checkpoint=None,
+        lineage=Lineage(git_sha=None, code_version="0.1.0", input_md5={}, data_version="5d41")).write(path)
+    return path
+
+
+def test_seed_rerun_without_a_record_is_not_promoted_in_either_role(world, tmp_path):
+    """No seed-spread record covers the config (seed_spread null) and the margins are thin (confidence 0.51): on the
+    documents alone one of two seeds beats the other. The champion's version records its config hash and seed, so a
+    challenger of the same config that differs only in train.seed is not promoted, in either role."""
+    from packtrain.config.evaluate import PromotionConfig
+    from packtrain.evaluate.paired_scores import read_decision_input
+    from packtrain.evaluate.promotion import decide_promotion
+    from packtrain.stages.evaluate import run_evaluate
+    from packtrain.stages.register import run_register
+    from packtrain.tracking.run_lifecycle import set_fluent_tracking_uri
+
+    seeds, train = {"v1": 0, "seed1": 1}, _trained_by_the_recipe(tmp_path / "train")
+    alone = []
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(world["root"])
+        mp.delenv("MLFLOW_TRACKING_URI", raising=False)
+        set_fluent_tracking_uri(world["uri"])
+        for champion, challenger in (("v1", "seed1"), ("seed1", "v1")):
+            regs = []
+            for key in (champion, challenger):
+                cfg = _cfg(world, "evaluate.suites=[]", f"register.model_name={NAME}-seeds-{champion}",
+                           "register.promotion.seed_spread=null", "register.promotion.confidence=0.51",
+                           f"train.seed={seeds[key]}")
+                ev = tmp_path / f"ev-{champion}-{key}"
+                run_evaluate(cfg, world["models"][key], world["packs"]["a"], ev)
+                regs.append(run_register(cfg, world["models"][key], ev, train, tmp_path / f"reg-{champion}-{key}"))
+            first, second = regs
+            assert first.version_tags["packtrain.train_seed"] == str(seeds[champion])
+            assert (first.decision, second.version, second.decision) == ("champion", "2", "challenger")
+            assert second.version_tags["validation"] == "keep"
+            suites, _ = read_decision_input(ev)
+            alone.append(decide_promotion(suites, PromotionConfig(resamples=500, confidence=0.51), "v1", True).promote)
+            if alone[-1]:   # the better seed: the suites alone would promote it, its lineage does not
+                assert second.reason.startswith(
+                    f"not promoted over v1: the challenger differs from v1 only in train.seed ({seeds[challenger]}, "
+                    f"v1 {seeds[champion]}; config {first.version_tags['packtrain.config_hash']}, init scratch): a "
+                    "seed rerun is not an improvement (the suites alone: promoted over v1: recent"), second.reason
+    assert sorted(alone) == [False, True], "one seed beats the other on the documents alone"

@@ -98,7 +98,7 @@ def test_task_documents_are_prompt_plus_gold_choice():
 
     docs = task_documents(WORDORDER, "suite 'wordorder'")
     items = [json.loads(x) for x in WORDORDER.with_suffix(".jsonl").read_text().splitlines()]
-    assert len(docs) == len(items) == 200
+    assert len({loc for _, loc, _ in docs}) == len(items) == 200 and len(docs) == 3 * 200   # + its stored forms
     f, loc, text = docs[0]
     assert (f.name, loc) == ("wordorder.jsonl", "wordorder.jsonl:1")
     assert text == items[0]["context"] + "\n    " + items[0]["choices"][items[0]["label"]]   # target_delimiter
@@ -142,7 +142,7 @@ def test_a_record_without_the_text_field_names_its_real_keys(tmp_path):
     assert "validate.contamination.text_field=context" in msg and str(tmp_path / "t.yaml") in msg
     assert "ingest.text_field" not in msg
     docs = read_sources(EvalSources(against=(str(tmp_path / "t.yaml"),)))   # the task YAML itself is supported
-    assert len(docs) == 200 and docs[0][0] == (str(tmp_path / "t.yaml"), str(tmp_path / "wordorder.jsonl"),
+    assert len({d[0] for d in docs}) == 200 and docs[0][0] == (str(tmp_path / "t.yaml"), str(tmp_path / "wordorder.jsonl"),
                                                "wordorder.jsonl:1")
 
 
@@ -154,3 +154,26 @@ def test_a_repeated_ngram_counts_once_and_does_not_blow_up():
     assert [(o.doc_id, o.eval_id, o.shared_ngrams, o.coverage) for o in r.overlaps] == [
         (0, "e", 1, 1.0), (1, "f", 18, round(18 / 31, 4))]
     assert find_contamination([(1, _words(50, "a"))], evals, 13, min_coverage=0.6).overlaps == []
+
+
+def test_a_copy_of_the_task_data_file_is_found_named_with_its_suite(tmp_path):
+    """The item as its data file stores it (a corpus that swept up wordorder.jsonl, pasted as a Python dict, or
+    as a CSV row, upper-cased): a key or the other choice stands between the prompt and the gold answer, which the
+    rendered document alone never matched."""
+    from packtrain.config.data import ContaminationConfig
+    from packtrain.config.evaluate import SuiteConfig
+    from packtrain.data.contamination_check import check_table
+    from packtrain.data.contamination_sources import EvalSources
+
+    lines = WORDORDER.with_suffix(".jsonl").read_text().splitlines()
+    rng = np.random.default_rng(1)
+    texts = [" ".join(f"w{i}" for i in rng.integers(0, 5000, 80)) for _ in range(8)]
+    texts[1] += "\n" + lines[6] + "\n"                                     # the .jsonl line, verbatim
+    texts[4] = repr(json.loads(lines[9])) + "\n" + texts[4]                 # a Python dict
+    item = json.loads(lines[11])
+    texts[6] += "\n" + f'{item["context"]},"{item["choices"]}",{item["label"]}'.upper()   # a CSV row
+    found = check_table(_table(tmp_path / "documents.parquet", texts), ContaminationConfig(),
+                        EvalSources(suites=((0, SuiteConfig(name="wordorder", role="task", path=str(WORDORDER))),)))
+    got = {o["doc_id"]: (o["suite"], o["eval_record"], o["coverage"]) for o in found["overlaps"]}
+    assert got == {1: ("wordorder", "wordorder.jsonl:7", 1.0), 4: ("wordorder", "wordorder.jsonl:10", 1.0),
+                   6: ("wordorder", "wordorder.jsonl:12", 1.0)}

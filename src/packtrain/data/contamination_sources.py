@@ -7,7 +7,9 @@ default everything the run will score:
     evaluate.suites, task (.yaml)   per item: doc_to_text + target_delimiter +     the suite's name ("wordorder")
                                     the gold choice (or doc_to_target), rendered
                                     from the task's own fields as lm-eval does;
-                                    `doc_to_decontamination_query` when given
+                                    `doc_to_decontamination_query` when given;
+                                    and the item as its data file stores it
+                                    (the JSON record, its values in order)
     the held-out split ("recent")   the documents of this table that tokenize      "recent (held-out split)"
                                     holds out (tokenize.eval_fraction, the same
                                     doc_id hash): they are not checked
@@ -155,7 +157,9 @@ def _plain(pieces) -> str:
 
 
 def task_documents(path: Path, where: str) -> list[tuple[Path, str, str]]:
-    """(data file, record locator, document) of every item of an lm-eval task YAML (module doc)."""
+    """(data file, record locator, document) of every item of an lm-eval task YAML (module doc): per item its
+    rendered document first, then the item as its data file stores it (`stored_forms`), each under the item's
+    locator."""
     from packtrain.evaluate.tasks import data_files, read_task_yaml
 
     spec = read_task_yaml(where, path)
@@ -163,8 +167,26 @@ def task_documents(path: Path, where: str) -> list[tuple[Path, str, str]]:
     for f in map(Path, data_files(f"{where}: {path}", spec, path.parent).values()):
         for k, rec in enumerate(_records(f), 1):
             loc = f"{f.name}:{k}" if f.suffix.lower() in (".jsonl", ".json", ".csv") else f"{f.name}#{k - 1}"
-            out.append((f, loc, task_text(spec, rec, f"{where}: {f}: record {k}")))
+            text = task_text(spec, rec, f"{where}: {f}: record {k}")
+            out += [(f, loc, t) for t in dict.fromkeys([text, *stored_forms(rec)])]
     return out
+
+
+def stored_forms(rec: dict) -> list[str]:
+    """An item as a copy of its data file holds it: the JSON record (a .jsonl line: keys and values, in the file's
+    order) and its values in order (a .csv row, a table dump). The rendered document (task_text) misses both: a
+    key such as "choices" or another choice stands between the prompt and the gold answer — a training corpus that
+    swept up the task's data file (a checkout of the repository) would pass unseen.
+
+    >>> stored_forms({"context": "# why", "choices": ["a = 1", "1 = a"], "label": 0})
+    ['{"context": "# why", "choices": ["a = 1", "1 = a"], "label": 0}', '# why a = 1 1 = a 0']
+    """
+    def flat(v) -> list[str]:
+        if isinstance(v, dict):
+            return [x for u in v.values() for x in flat(u)]
+        return [x for u in v for x in flat(u)] if isinstance(v, list) else [str(v)]
+
+    return [json.dumps(rec, ensure_ascii=False, default=str), " ".join(flat(rec))]
 
 
 def _records(f: Path) -> list[dict]:

@@ -124,6 +124,7 @@ def evaluate_identity(cfg: RunConfig, model_md5: str | None = None) -> dict:
         p = suite_path(s.path, Path.cwd())
         suites[s.name] = data_md5(p) if p.exists() else "missing"
     champion: str | None = None
+    champion_hash: tuple[str, str] | None = None   # ("v1", its packtrain.config_hash): its seed-spread record
     if cfg.evaluate.against == "champion" and cfg.tracking.enabled:
         from mlflow import MlflowClient
         from mlflow.exceptions import MlflowException
@@ -137,11 +138,15 @@ def evaluate_identity(cfg: RunConfig, model_md5: str | None = None) -> dict:
                 mv = MlflowClient(tracking_uri=uri, registry_uri=uri).get_model_version_by_alias(
                     cfg.register_.model_name, "champion")
             champion = f"models:/{cfg.register_.model_name}/{mv.version}"
+            from packtrain.evaluate.recipe_identity import CONFIG_TAG
+
+            if (mv.tags or {}).get(CONFIG_TAG):
+                champion_hash = (f"v{mv.version}", str(mv.tags[CONFIG_TAG]))
             if model_md5 and (mv.tags or {}).get("model_md5") == model_md5:
                 # the champion is this very model: keyed as with none, so a rerun on unchanged data restores the
                 # first run's evaluation (and its registration) from the cache instead of registering the same
                 # weights again; evaluated afresh (no cache) it is scored once with Δ = 0 (resolve_against)
-                champion = None
+                champion, champion_hash = None, None
         except MlflowException as e:
             champion = None if e.error_code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE") else \
                 f"unresolved {time.time_ns()}"
@@ -150,7 +155,7 @@ def evaluate_identity(cfg: RunConfig, model_md5: str | None = None) -> dict:
     from packtrain.evaluate.seed_spread import resolve_seed_spread
 
     try:
-        sp = resolve_seed_spread(cfg)
+        sp = resolve_seed_spread(cfg, champion=champion_hash)
         # the record used (or none), not this run's config hash: whether it applies follows from the sections the
         # stage table declares for evaluate, and a corpus in another directory must not move the key
         spread = f"{sp.get('path')} {sp.get('md5')}"
@@ -310,6 +315,13 @@ def paired_manifest(challenger: Path, against: Against | None, note: str, cfg: E
             **scored}
 
 
+def _champion_recipe(against: Against | None) -> dict | None:
+    """The recipe the registered version compared with was trained with (its version tags), or None."""
+    from packtrain.evaluate.recipe_identity import identity_of_tags
+
+    return identity_of_tags(against.tags) if against is not None and against.version is not None else None
+
+
 def _champion_domain(cfg: EvalConfig, against: Against | None, recent_packs: Path | None):
     """How the registered version compared with is measured on its own held-out documents
     (packtrain.evaluate.champion_domain); None for no champion, a model directory or the challenger itself."""
@@ -333,6 +345,7 @@ def paired_evaluation(cfg: RunConfig, challenger: Path, ref: str, out_dir: Path,
     manifest's hashes + the scores' write (`write_s`)."""
     import time
 
+    from packtrain.evaluate.recipe_identity import recipe_identity
     from packtrain.evaluate.seed_spread import resolve_seed_spread
     from packtrain.evaluate.suites import load_suites
 
@@ -348,6 +361,9 @@ def paired_evaluation(cfg: RunConfig, challenger: Path, ref: str, out_dir: Path,
         timings["against_s"] = round(time.perf_counter() - t0, 3)
     models = [("challenger", Path(challenger))] + ([("champion", against.model_dir)] if against and not against.same
                                                    else [])
+    champ = _champion_recipe(against)
+    if champ is not None and not spread.get("path"):   # auto: the record of the champion's own config
+        spread = resolve_seed_spread(cfg, champion=(against.label, champ["config_hash"]))  # type: ignore[union-attr]
     domain = _champion_domain(cfg.evaluate, against, recent_packs)
     if domain is not None and domain.suite is not None:
         suites = [*suites, domain.suite]
@@ -357,6 +373,9 @@ def paired_evaluation(cfg: RunConfig, challenger: Path, ref: str, out_dir: Path,
         metrics += [{**m, "model": "champion"} for m in metrics]
     t_write = time.perf_counter()
     manifest = paired_manifest(Path(challenger), against, note, cfg.evaluate, scored)
+    manifest["challenger"]["recipe"] = recipe_identity(cfg)   # a seed rerun of the champion: never promoted
+    if manifest["against"] is not None:
+        manifest["against"]["recipe"] = champ
     if domain is not None:
         manifest["champion_domain"] = domain.describe()
     manifest["task_metrics"] = metrics

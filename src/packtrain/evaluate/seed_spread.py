@@ -140,12 +140,14 @@ def default_record_path(recipe: str) -> Path:
     return Path(packtrain.__file__).resolve().parents[2] / "bench" / "results" / f"{RECORD_PREFIX}{recipe}.json"
 
 
-def resolve_seed_spread(cfg: RunConfig, base: Path | None = None) -> dict:
+def resolve_seed_spread(cfg: RunConfig, base: Path | None = None, champion: tuple[str, str] | None = None) -> dict:
     """The seed-spread entry of suites.json for this run: {"recipe", "path", "md5", "config_hash", "k",
     "suites": {name: {"sd", "doc_sd", "n", "unit"}}, "note"} from `register.promotion.seed_spread`, or {"recipe",
     "path": None, "suites": {}, "note"} when there is none (the configured margins are assumed, and the note says
     so). A record made for another recipe is a ConfigError naming both; auto skips a record whose config hash
-    differs (saying so), an explicit path refuses it."""
+    differs from this run's (saying so) unless it is the champion's (`champion`: ("v1", its version tag
+    packtrain.config_hash; packtrain.evaluate.recipe_identity): the champion is a draw of that recipe, so its seed
+    spread is the noise to exceed), an explicit path refuses it."""
     from packtrain.versioning import file_md5
 
     setting = cfg.register_.promotion.seed_spread
@@ -176,6 +178,11 @@ def resolve_seed_spread(cfg: RunConfig, base: Path | None = None) -> dict:
     if rec_hash != digest:
         msg = (f"the seed-spread record {path} was measured for recipe {recipe} with config {rec_hash}, this run's "
                f"config is {digest} (sections {', '.join(HASHED_SECTIONS)} minus train.seed differ)")
+        if setting == "auto" and champion is not None and champion[1] == rec_hash and k >= 3:
+            return {"recipe": recipe, "config_hash": digest, "path": str(path), "md5": file_md5(path), "k": k,
+                    "suites": suites, "note": f"margins from the seed-spread record {path.name} (recipe {recipe}, k "
+                                              f"{k} seeds; measured for {champion[0]}'s config {rec_hash}, this "
+                                              f"run's config {digest} differs)"}
         if setting == "auto":
             return {**none, "note": f"{msg}: not used, the configured margins are assumed"}
         raise ConfigError(f"register.promotion.seed_spread: {msg}; re-measure it, or set seed_spread to null")

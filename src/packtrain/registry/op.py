@@ -47,7 +47,9 @@ def promotion_verdict(eval_dir: str | Path, cfg: RegisterConfig):
     v = decide_promotion(suites, cfg.promotion, against, manifest.get("tokenizers_match"), manifest.get("seed_spread"))
     if manifest.get("note") and manifest["note"] not in v.note:
         v.note = "; ".join(x for x in (manifest["note"], v.note) if x)
-    return guard_champion_domain(v, manifest, cfg.promotion.allow_unguarded)
+    from packtrain.evaluate.recipe_identity import guard_seed_rerun
+
+    return guard_seed_rerun(guard_champion_domain(v, manifest, cfg.promotion.allow_unguarded), manifest)
 
 
 def guard_champion_domain(v, manifest: dict, allow_unguarded: bool):

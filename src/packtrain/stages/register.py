@@ -58,7 +58,7 @@ def run_register(cfg: RunConfig, model_dir: str | Path, eval_dir: str | Path, tr
     verdict = promotion_verdict(eval_dir, cfg.register_)   # before any MLflow call: bad input registers nothing
     op = build_registration(model_dir, ev, train_dir / TrainResult.FILE, cfg.register_, verdict=verdict)
     op["result_path"] = str((out_dir / RegisterResult.FILE).resolve())
-    op["version_tags"].update(_heldout_tags(eval_dir))   # where this model's held-out documents are
+    op["version_tags"].update(_heldout_tags(eval_dir, (train_dir / TrainResult.FILE).is_file()))
     from packtrain.registry import install_handlers
 
     install_handlers()   # the op is applied through the tracking client's handler
@@ -75,12 +75,16 @@ def run_register(cfg: RunConfig, model_dir: str | Path, eval_dir: str | Path, tr
     return result
 
 
-def _heldout_tags(eval_dir: Path) -> dict[str, str]:
+def _heldout_tags(eval_dir: Path, trained: bool) -> dict[str, str]:
     """Version tags heldout.path/.md5/.n: the eval packs the evaluation scored as suite recent, so a later
-    challenger is scored on this model's own domain (packtrain.evaluate.champion_domain)."""
+    challenger is scored on this model's own domain (packtrain.evaluate.champion_domain); and, for a model trained
+    by this config (`trained`: its train_result.json is there), packtrain.config_hash/.train_seed, so a later seed
+    rerun of it is never promoted (packtrain.evaluate.recipe_identity)."""
     import json
 
     from packtrain.evaluate.champion_domain import heldout_tags
     from packtrain.evaluate.paired_scores import MANIFEST_FILE
+    from packtrain.evaluate.recipe_identity import identity_tags
 
-    return heldout_tags(json.loads((eval_dir / MANIFEST_FILE).read_text(encoding="utf-8")))
+    manifest = json.loads((eval_dir / MANIFEST_FILE).read_text(encoding="utf-8"))
+    return {**heldout_tags(manifest), **(identity_tags(manifest) if trained else {})}
