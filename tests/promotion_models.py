@@ -4,6 +4,7 @@ training loop (AdamW on packed-free 64-token rows, seeded: the same call gives t
     domain_a(n, seed)   prose-like sentences from a small grammar (the champion's domain, harder)
     domain_b(n, seed)   counting / repetition lines (a new, easier domain)
     train_tiny(src, dst, texts, steps, lr, seed)   continue the model in src on texts, save into dst
+    write_train_result(dir, data_version, tokens)  a train output folder (train_result.json) for `register --train`
 """
 
 from __future__ import annotations
@@ -88,3 +89,20 @@ def write_eval_packs(split_dir: Path, model_dir: Path, texts: list[str], budget:
             for t in texts]
     return write_tiny_packs(split_dir, docs, budget, pad_id=tok.pad_token_id, vocab_size=len(tok),
                             eos_id=tok.eos_token_id)
+
+
+def write_train_result(path: Path, data_version: str = "5d41", tokens: str | None = None) -> Path:
+    """A train output folder whose train_result.json names `data_version` and the token store md5 `tokens`: the
+    register stage then tags the version with that lineage (tokens_md5) and with the recipe it was trained with
+    (packtrain.evaluate.recipe_identity)."""
+    from packtrain.stages.lineage import Lineage
+    from packtrain.stages.results import TrainResult
+
+    path.mkdir(parents=True, exist_ok=True)
+    TrainResult(
+        steps=50, start_step=0, tokens=10, label_tokens=9, slot_tokens=12, final_loss=3.0, loss_curve=[3.5, 3.0],
+        lr_curve=[3e-3, 3e-3], skipped_steps=0, compiles=None, recompiles=None, timings={}, throughput={}, memory={},
+        system={}, violations=[], telemetry_files=[], setup={}, params={}, model_dir=None, checkpoint=None,
+        lineage=Lineage(git_sha=None, code_version="0.1.0", input_md5={"tokens": tokens} if tokens else {},
+                        data_version=data_version)).write(path)
+    return path

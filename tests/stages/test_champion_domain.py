@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from promotion_models import domain_a, train_tiny, write_eval_packs
+from promotion_models import domain_a, train_tiny, write_eval_packs, write_train_result
 
 from packtrain.config import load_run_config
 from packtrain.testing.tiny_model import build_tiny_model_dir
@@ -63,10 +63,10 @@ def _evaluate(world, name, key, packs, tag, *extra):
     return ev_dir
 
 
-def _register(world, name, key, ev_dir, tag, *extra):
+def _register(world, name, key, ev_dir, tag, *extra, train=None):
     from packtrain.stages.register import run_register
 
-    return run_register(_cfg(world, name, *extra), world["models"][key], ev_dir, world["root"] / "no-train",
+    return run_register(_cfg(world, name, *extra), world["models"][key], ev_dir, train or world["root"] / "no-train",
                         world["root"] / f"reg_{tag}")
 
 
@@ -207,6 +207,11 @@ def test_registering_the_same_weights_again_is_no_new_version(world, registry, c
     assert str(client.get_model_version_by_alias(NAME, "champion").version) == "1"
     text = format_summary("t", build_summary({"register": again}), 1.0, 7, None)
     assert f"register   {NAME} v1 (already registered: same weights and lineage, no new version) → champion" in text
+    # the same weights registered again with their train output (its token store md5, unknown to v1): v1 again
+    train = write_train_result(world["root"] / "train_v1", registry["v1"].version_tags["dataset_md5"], "70ec")
+    with_train = _register(world, NAME, "v1", world["root"] / "ev_v1", "v1_with_train", train=train)
+    assert (with_train.version, with_train.existing) == ("1", True), with_train.reason
+    assert len(client.search_model_versions(f"name = '{NAME}'")) == before
 
 
 def test_rerun_after_kill_during_register_finishes_the_same_version(world, registry, tmp_path, capsys):

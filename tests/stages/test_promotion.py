@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from promotion_models import domain_a, domain_b, train_tiny, write_eval_packs, write_jsonl
+from promotion_models import domain_a, domain_b, train_tiny, write_eval_packs, write_jsonl, write_train_result
 
 from packtrain.cli import main
 from packtrain.config import load_run_config
@@ -283,21 +283,6 @@ def test_bad_suite_registers_nothing_and_moves_no_alias(world, history, tmp_path
     assert not out.exists()
 
 
-def _trained_by_the_recipe(path: Path) -> Path:
-    """A train output folder (train_result.json): the register stage then records the version's recipe, its
-    config hash and train.seed (packtrain.evaluate.recipe_identity)."""
-    from packtrain.stages.lineage import Lineage
-    from packtrain.stages.results import TrainResult
-
-    path.mkdir(parents=True, exist_ok=True)
-    TrainResult(
-        steps=50, start_step=0, tokens=10, label_tokens=9, slot_tokens=12, final_loss=3.0, loss_curve=[3.5, 3.0],
-        lr_curve=[3e-3, 3e-3], skipped_steps=0, compiles=None, recompiles=None, timings={}, throughput={}, memory={},
-        system={}, violations=[], telemetry_files=[], setup={}, params={}, model_dir=None, checkpoint=None,
-        lineage=Lineage(git_sha=None, code_version="0.1.0", input_md5={}, data_version="5d41")).write(path)
-    return path
-
-
 def test_seed_rerun_without_a_record_is_not_promoted_in_either_role(world, tmp_path):
     """No seed-spread record covers the config (seed_spread null) and the margins are thin (confidence 0.51): on the
     documents alone one of two seeds beats the other. The champion's version records its config hash and seed, so a
@@ -309,7 +294,7 @@ def test_seed_rerun_without_a_record_is_not_promoted_in_either_role(world, tmp_p
     from packtrain.stages.register import run_register
     from packtrain.tracking.run_lifecycle import set_fluent_tracking_uri
 
-    seeds, train = {"v1": 0, "seed1": 1}, _trained_by_the_recipe(tmp_path / "train")
+    seeds, train = {"v1": 0, "seed1": 1}, write_train_result(tmp_path / "train")
     alone = []
     with pytest.MonkeyPatch.context() as mp:
         mp.chdir(world["root"])

@@ -70,13 +70,27 @@ def _version_of_op(client, name: str, oid: str):
 CONTENT_TAGS = ("model_md5", "dataset_md5", "tokens_md5", "tokenizer_hash")
 """What makes two registrations the same content: the weights' md5 and the lineage they were trained from (the data
 version, the token store, the tokenizer). A version with all four equal is registered once."""
+UNKNOWN_OK = ("tokens_md5", "tokenizer_hash")
+"""Content tags that a registration may lack (no train_result.json: `packtrain register` without --train): unknown on
+either side does not make the same weights of the same data version another version."""
+
+
+def _same_content(a: dict, b: dict) -> bool:
+    """CONTENT_TAGS equal, a tag of UNKNOWN_OK missing on either side counting as equal.
+
+    >>> t = {"model_md5": "m", "dataset_md5": "d", "tokens_md5": "t", "tokenizer_hash": "h"}
+    >>> _same_content(t, {**t, "tokens_md5": None}), _same_content(t, {**t, "tokens_md5": "u"})
+    (True, False)
+    """
+    return all(a.get(k) == b.get(k) or (k in UNKNOWN_OK and not (a.get(k) and b.get(k))) for k in CONTENT_TAGS)
 
 
 def version_of_content(client, name: str, tags: dict[str, str]):
-    """The oldest version of `name` whose CONTENT_TAGS equal `tags`' (tokens_md5 / tokenizer_hash missing on both
-    sides count as equal), or None. A registration without model_md5 or without a data lineage (dataset_md5: a
-    model registered by hand from a directory) is always a new version. A `--no-cache` rerun or a rerun after
-    kill -9 during register finds the version the first run registered."""
+    """The oldest version of `name` whose CONTENT_TAGS equal `tags`' (tokens_md5 / tokenizer_hash missing on either
+    side count as equal: `_same_content`), or None. A registration without model_md5 or without a data lineage
+    (dataset_md5: a model registered by hand from a directory) is always a new version. A `--no-cache` rerun, a
+    rerun after kill -9 during register, or `packtrain register` of the same weights without --train finds the
+    version the first run registered."""
     from mlflow.exceptions import MlflowException
 
     md5 = tags.get("model_md5")
@@ -86,7 +100,7 @@ def version_of_content(client, name: str, tags: dict[str, str]):
         found = client.search_model_versions(f"name = '{name}' and tags.model_md5 = '{md5}'")
     except MlflowException:   # no such registered model yet
         return None
-    same = [v for v in found if all((v.tags or {}).get(k) == tags.get(k) for k in CONTENT_TAGS)]
+    same = [v for v in found if _same_content(v.tags or {}, tags)]
     return min(same, key=lambda v: int(v.version)) if same else None
 
 
