@@ -163,3 +163,18 @@ def test_run_summary_says_which_margins_were_assumed(tmp_path):
                        "margins": note})
     shown = " ".join(ln.strip() for ln in lines)
     assert shown.endswith(f"not promoted over v1 margins: {note}") and all(len(ln) <= 113 for ln in lines)
+
+
+def test_auto_uses_the_record_of_the_champions_config():
+    """A seed rerun trained one step longer: this run's config is not the record's, the champion's is (its version
+    tag packtrain.config_hash) → auto uses the record, saying for whose config it was measured."""
+    from packtrain.evaluate.seed_spread import default_record_path
+
+    longer = load_run_config("tiny-cpu", ["train.seed=1", "train.max_steps=31"])
+    rec = json.loads(default_record_path("tiny-cpu").read_text())
+    assert "not used" in resolve_seed_spread(longer)["note"]
+    got = resolve_seed_spread(longer, champion=("v1", rec["config_hash"]))
+    assert got["k"] == rec["k"] and got["suites"]["recent"]["sd"] == rec["suites"]["recent"]["sd"]
+    assert got["note"].endswith(f"measured for v1's config {rec['config_hash']}, this run's config "
+                                f"{recipe_hash(longer)} differs)")
+    assert "not used" in resolve_seed_spread(longer, champion=("v1", "0123456789abcdef"))["note"]

@@ -128,6 +128,9 @@ def check_power(cfg: RunConfig, out: TextIO | None = None) -> list[SuitePower]:
         return []
     out = sys.stderr if out is None else out
     spread = resolve_seed_spread(cfg)
+    if not spread.get("path") and "this run's config is" in spread.get("note", ""):   # auto, another config
+        spread = {**spread, "note": f"{spread['note']}; the evaluation uses it all the same when the champion was "
+                                    "trained with the record's config (version tag packtrain.config_hash)"}
     rows = power_table(cfg, spread)
     bad = [r for r in rows if r.decides is False]
     unknown = [r for r in rows if r.decides is None]
