@@ -58,9 +58,11 @@ MEASURED: dict[str, tuple[str, ...]] = {
     "train_result.json": ("model_dir", ".checkpoint", "telemetry_files", "violations", "timings", "throughput",
                           ".system", ".guard", ".memory"),
     "evaluate_result.json": ("model_dir", "eval_split_dir", "seconds", "tokens_per_s", "peak_memory_gib", "timings"),
-    # seed_spread's config hash (and the note quoting it) is derived from the config the key already holds, and
-    # from ingest.source's spelling: the same documents in another directory must not move register's key
-    "suites.json": ("model_dir", "suites[].path", ".seed_spread.config_hash", ".seed_spread.note"),
+    # seed_spread's config hash (and the note quoting it), like the challenger's recipe hash, is derived from the
+    # config the key already holds, and from ingest.source's spelling: the same documents in another directory must
+    # not move register's key
+    "suites.json": ("model_dir", "suites[].path", ".seed_spread.config_hash", ".seed_spread.note",
+                    ".challenger.recipe.config_hash"),
 }
 """What a stage's JSON output records about *how* its run went — wall times, speeds, memory and utilization
 measured while it ran, and the absolute paths it ran in — by file name. A plain name is that key at any depth
