@@ -11,9 +11,9 @@ The evaluate stage writes the challenger's in suites.json (`challenger.recipe`) 
 tags, `against.recipe`). Then:
 
     same config hash, another seed, a start that   → a seed rerun: the recipe is the champion's, only the seed
-    cannot move (scratch, a directory, models:/N/3)  differs; NOT promoted, whatever the suites say (a seed margin
-                                                     bounds that to 1 − confidence; this makes it certain), the
-                                                     reason names both seeds and the config
+    cannot move (scratch, a directory, models:/N/3), differs; NOT promoted, whatever the suites say (a seed margin
+    and the same held-out split (champion_domain     bounds that to 1 − confidence; this makes it certain), the
+    status recent: the same documents, split alike)  reason names both seeds and the config
     init_from champion / models:/N@alias             → not a rerun: it started from another model than the
                                                        champion did (warm start), the suites decide
     no tags (registered before, or by hand)          → the suites decide
@@ -68,7 +68,8 @@ def seed_rerun_line(manifest: dict) -> str | None:
     registered version it was compared with (module doc), else None.
 
     >>> m = {"challenger": {"recipe": {"config_hash": "ab", "train_seed": 1, "init_from": "scratch"}},
-    ...      "against": {"label": "v1", "recipe": {"config_hash": "ab", "train_seed": 0}}}
+    ...      "against": {"label": "v1", "recipe": {"config_hash": "ab", "train_seed": 0}},
+    ...      "champion_domain": {"status": "recent"}}
     >>> seed_rerun_line(m)[:60]
     'the challenger differs from v1 only in train.seed (1, v1 0; '
     """
@@ -79,7 +80,8 @@ def seed_rerun_line(manifest: dict) -> str | None:
     cp = ag.get("recipe") or {}
     init = str(ch.get("init_from") or "scratch")
     moving = is_registry_source(init) and not (init.startswith("models:/") and "@" not in init)
-    if not ch.get("config_hash") or not cp.get("config_hash") or moving or ag.get("same"):
+    same_data = (manifest.get("champion_domain") or {}).get("status") == "recent"   # its held-out packs are ours
+    if not ch.get("config_hash") or not cp.get("config_hash") or moving or ag.get("same") or not same_data:
         return None
     if ch["config_hash"] != cp["config_hash"] or ch.get("train_seed") == cp.get("train_seed"):
         return None
