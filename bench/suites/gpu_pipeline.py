@@ -10,7 +10,7 @@ evaluates (against the champion: two models scored) and registers again — a sc
 
 Each run is as on a fresh cluster pod: its own empty TMPDIR (inductor's default cache, /tmp/torchinductor_<user>,
 starts empty) and no TORCHINDUCTOR_CACHE_DIR / TRITON_CACHE_DIR, so only the workdir carries compiled graphs from
-one run to the next (<workdir>/cache/compile, packtrain.train.compile_cache). Each row records the train and
+one run to the next (<workdir>/compile-cache, packtrain.train.compile_cache). Each row records the train and
 evaluate stages' compile_cache (hit | miss | partial | off), the first step's seconds and the cache's size.
 `--shared-tmp`: the runs share this host's /tmp and the caller's environment instead (the records before the
 workdir cache: the second run found the first one's graphs in /tmp).

@@ -112,7 +112,7 @@ def test_deepspeed_paths(data, tmp_path, stage, offload):
 def test_compile_cache_second_run_hits(data, tmp_path):
     """`packtrain train` twice into one workdir, each as on a fresh host (its own TMPDIR: inductor's default cache
     /tmp/torchinductor_<user> empty; no TORCHINDUCTOR_CACHE_DIR): the second loads the first's compiled graphs and
-    kernels from <workdir>/cache/compile (packtrain.train.compile_cache)."""
+    kernels from <workdir>/compile-cache (packtrain.train.compile_cache)."""
     import os
 
     env = {k: v for k, v in os.environ.items() if k not in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")}

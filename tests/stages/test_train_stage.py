@@ -65,7 +65,7 @@ def test_run_writes_result_log_model_and_mlflow_metrics(data, straight):
     assert result["loss_curve"][-1] < result["loss_curve"][0] - 0.1   # the Markov data is learnable
     assert result["setup"]["attention"] == "sdpa" and result["setup"]["budget"] == 128
     assert result["tokens"] <= result["slot_tokens"] == 20 * 4 * 128
-    compile_cache = data / "work" / "cache" / "compile"   # compile off: nothing compiled, nothing cached
+    compile_cache = data / "work" / "compile-cache"   # compile off: nothing compiled, nothing cached
     assert result["timings"]["compile_cache"] == "off"
     assert result["timings"]["compile_cache_dir"].startswith(str(compile_cache.resolve()))
     assert not any(p.is_file() for p in compile_cache.rglob("*"))

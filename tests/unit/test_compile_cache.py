@@ -48,7 +48,7 @@ def test_second_run_on_a_fresh_host_hits_the_workdir_cache_even_with_damaged_mod
     wd = tmp_path / "work"
     first = _compile_run(wd, tmp_path / "host1")
     key_dir = Path(first["compile_cache_dir"])
-    assert first["compile_cache"] == "miss" and key_dir.parent == wd.resolve() / "cache" / "compile"
+    assert first["compile_cache"] == "miss" and key_dir.parent == wd.resolve() / "compile-cache"
     assert key_dir.name.startswith("torch-") and key_dir.name.endswith("-cpu")
     assert (key_dir / cc.MANIFEST).is_file() and any((key_dir / "fxgraph").iterdir())
     assert not any(p.is_file() for p in (tmp_path / "host1").rglob("*"))   # nothing left in the host's /tmp

@@ -8,7 +8,7 @@
               out_dir/suite_scores.parquet  per-document NLL, tokens, UTF-8 bytes (and task accuracy) of the
                                          challenger and the champion on every suite (packtrain.evaluate.paired_scores)
               out_dir/suites.json        the suites scored (md5, n, role), both models, the settings
-              <workdir>/cache/compile/<key>/  torch.compile's caches under evaluate.compile (packtrain.train.
+              <workdir>/compile-cache/<key>/  torch.compile's caches under evaluate.compile (packtrain.train.
                                          compile_cache): timings.compile_cache hit | miss | off
       MLflow  run "evaluate": metrics eval_loss, perplexity, eval_tokens_per_s, eval_peak_memory_gib, ...;
               suite.<name>.<model>.bits_per_byte / .acc (+ .acc_stderr); every file as an artifact; the eval

@@ -10,7 +10,7 @@
                                           keep_best); quarantine/ holds ones that failed verification
               out_dir/deepspeed_config.json   (engine: deepspeed)
               out_dir/telemetry.json (+ system.png, throughput.png)   packtrain.telemetry.report
-              <workdir>/cache/compile/<key>/   torch.compile's caches (packtrain.train.compile_cache; unless
+              <workdir>/compile-cache/<key>/   torch.compile's caches (packtrain.train.compile_cache; unless
                                           TORCHINDUCTOR_CACHE_DIR is set): timings.compile_cache hit | miss | off
       refuses  a fresh run (no resume) into an out_dir holding checkpoints unless overwrite (exit 2; quarantined
               checkpoints do not count and are kept either way); a run into an out_dir that another run is
@@ -179,7 +179,7 @@ def run_train(cfg: RunConfig, packs_dir: str | Path, tokens_dir: str | Path, out
     check_suite_packages(cfg.evaluate)   # `dvc repro`, a KFP pod: the evaluate stage after this one must be able to run
     from packtrain.train.compile_cache import workdir_compile_cache
 
-    # the compile caches under <workdir>/cache/compile (train/compile_cache.py); torchrun's ranks inherit them
+    # the compile caches under <workdir>/compile-cache (train/compile_cache.py); torchrun's ranks inherit them
     with contextlib.nullcontext() if is_rank() else output_lock(out_dir, "train"), \
             workdir_compile_cache(cfg.workdir, train_device(cfg)) as compile_cache:
         return _run_train(cfg, Path(packs_dir), Path(tokens_dir), Path(out_dir), resume, overwrite, compile_cache)

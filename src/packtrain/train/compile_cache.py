@@ -1,11 +1,11 @@
 """torch.compile's on-disk caches under the run's workdir, so that the next run of a recipe on a fresh host (an
 empty /tmp, as every pod of a cluster starts with) loads its compiled graphs instead of compiling them again.
 
-    <workdir>/cache/compile/<key>/          TORCHINDUCTOR_CACHE_DIR: inductor's FX graph and AOTAutograd caches
+    <workdir>/compile-cache/<key>/          TORCHINDUCTOR_CACHE_DIR: inductor's FX graph and AOTAutograd caches
                                             (fxgraph/, aotautograd/), the generated code and kernels, autotuning
                                             results, dynamo's recorded dynamic-shape decisions
-    <workdir>/cache/compile/<key>/triton/   TRITON_CACHE_DIR: compiled Triton kernels (inductor's and Liger's)
-    <workdir>/cache/compile/<key>/packtrain_manifest.json   size, mtime, sha256 of each file a stage left
+    <workdir>/compile-cache/<key>/triton/   TRITON_CACHE_DIR: compiled Triton kernels (inductor's and Liger's)
+    <workdir>/compile-cache/<key>/packtrain_manifest.json   size, mtime, sha256 of each file a stage left
     key                                     torch-2.11.0+cu128-triton-3.5.0-cuda, torch-2.13.0+cpu-cpu
 
 Why: inductor's default cache is /tmp/torchinductor_<user>. The 350m-h200 train stage's first step took 9.9 s
@@ -66,8 +66,8 @@ _MISSES = (("inductor", "fxgraph_cache_miss"), ("inductor", "fxgraph_cache_bypas
 
 
 def compile_cache_root(workdir: str | Path) -> Path:
-    """<workdir>/cache/compile (beside the stage cache's <workdir>/cache/<stage>/; "compile" is no stage)."""
-    return Path(workdir).resolve() / "cache" / "compile"
+    """<workdir>/compile-cache (beside the stage cache, <workdir>/cache: no stage entry, no stage key)."""
+    return Path(workdir).resolve() / "compile-cache"
 
 
 def install_key(device_type: str) -> str:
@@ -123,7 +123,7 @@ def choose_dirs(workdir: str | Path, device: str, environ: Mapping[str, str], de
     """The directories a stage uses (module doc: a user's setting wins; inductor's own default counts as unset).
 
     >>> d = choose_dirs("/w", "cpu", {"TORCHINDUCTOR_CACHE_DIR": "/tmp/torchinductor_me"}, "/tmp/torchinductor_me")
-    >>> d.source, d.inductor.startswith("/w/cache/compile/torch-"), d.triton_source
+    >>> d.source, d.inductor.startswith("/w/compile-cache/torch-"), d.triton_source
     ('workdir', True, 'workdir')
     >>> d = choose_dirs("/w", "cpu", {"TORCHINDUCTOR_CACHE_DIR": "/scratch/ind"}, "/tmp/torchinductor_me")
     >>> d.inductor, d.source, d.triton, d.triton_source
