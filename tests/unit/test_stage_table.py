@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import shutil
 import typing
 from pathlib import Path
 
@@ -86,23 +87,51 @@ def test_no_stage_result_repeats_its_library_fields():
 
 # ---- the cache key follows the table: every recipe field -------------------------------------------------------
 
+@pytest.fixture(scope="module")
+def store_template(tmp_path_factory) -> Path:
+    """One fresh MLflow sqlite store (the champion lookup below on an empty registry), copied by `_seed_store`
+    wherever a changed config's register part opens one: a fresh store runs MLflow's ~70 schema migrations
+    (3-10 s each on the 2-core CI machine), five of them were most of this module's minute. The keys read the
+    same empty registry (no champion) from a copy."""
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    path = tmp_path_factory.mktemp("store") / "mlflow.db"
+    uri = f"sqlite:///{path}"
+    with pytest.raises(MlflowException):   # no such model: RESOURCE_DOES_NOT_EXIST
+        MlflowClient(tracking_uri=uri, registry_uri=uri).get_model_version_by_alias(BASE.register_.model_name,
+                                                                                    "champion")
+    return path
+
+
+def _seed_store(template: Path, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(template, path)
+
+
 @pytest.fixture(scope="module", autouse=True)
-def _outside_the_checkout(tmp_path_factory):
+def _outside_the_checkout(tmp_path_factory, store_template):
     """Run from a temporary directory: register's config part opens the store under the recipe's relative
     workdir (`data/mlflow.db`, and a changed value's `datax/`), which must not land in the checkout."""
+    cwd = tmp_path_factory.mktemp("cwd")
+    for workdir in ("data", "datax"):
+        _seed_store(store_template, cwd / workdir / "mlflow.db")
     with pytest.MonkeyPatch.context() as mp:
-        mp.chdir(tmp_path_factory.mktemp("cwd"))
+        mp.chdir(cwd)
         yield
 
 
 @pytest.fixture(scope="module")
-def places(tmp_path_factory) -> dict[str, str]:
-    """Real directories a path-valued field can point at: a one-file corpus, a dir with a model config.json."""
+def places(tmp_path_factory, store_template) -> dict[str, str]:
+    """Real directories a path-valued field can point at: a one-file corpus, a dir with a model config.json
+    (each with the store a workdir there opens), a store URI."""
     root = tmp_path_factory.mktemp("places")
     (root / "corpus").mkdir()
     (root / "corpus" / "a.txt").write_text("one tiny document\n", encoding="utf-8")
     (root / "init").mkdir()
     (root / "init" / "config.json").write_text(json.dumps({"model_type": "llama"}), encoding="utf-8")
+    for store in (root / "corpus" / "mlflow.db", root / "init" / "mlflow.db", root / "other.db"):
+        _seed_store(store_template, store)
     return {"corpus": str(root / "corpus"), "init": str(root / "init"),
             "store": f"sqlite:///{root / 'other.db'}"}   # in tmp: a store URI must not leak a file into the cwd
 
@@ -207,12 +236,24 @@ def base_keys():
         yield _keys(BASE)
 
 
-def test_every_recipe_field_moves_exactly_its_stages(places, base_keys):
+@pytest.fixture(scope="module")
+def valid_changes(places):
+    """`_valid_changes(leaf, places)`, each field's computed once in this module (both walks below use it)."""
+    memo: dict[str, list] = {}
+
+    def changes(leaf: str) -> list:
+        if leaf not in memo:
+            memo[leaf] = _valid_changes(leaf, places)
+        return memo[leaf]
+    return changes
+
+
+def test_every_recipe_field_moves_exactly_its_stages(valid_changes, base_keys):
     """Walk every leaf of tiny-cpu's RunConfig.to_dict(); the first valid other value of each must change the
     keys of the stages that declare it and of no other."""
     untested = []
     for leaf in LEAVES:
-        changes = _valid_changes(leaf, places)
+        changes = valid_changes(leaf)
         if not changes:
             untested.append(leaf)
             continue
@@ -222,9 +263,9 @@ def test_every_recipe_field_moves_exactly_its_stages(places, base_keys):
 
 @settings(max_examples=60, deadline=None)
 @given(data=st.data())
-def test_any_valid_change_moves_exactly_its_stages(places, base_keys, data):
+def test_any_valid_change_moves_exactly_its_stages(valid_changes, base_keys, data):
     leaf = data.draw(st.sampled_from(LEAVES), label="field")
-    changes = _valid_changes(leaf, places)
+    changes = valid_changes(leaf)
     change = data.draw(st.sampled_from(changes), label="value")
     _check(*change, base_keys)
 
