@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import copy
 import json
-import shutil
 import typing
 from pathlib import Path
 
@@ -87,42 +86,22 @@ def test_no_stage_result_repeats_its_library_fields():
 
 # ---- the cache key follows the table: every recipe field -------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def store_template(tmp_path_factory) -> Path:
-    """One fresh MLflow sqlite store (the champion lookup below on an empty registry), copied by `_seed_store`
-    wherever a changed config's register part opens one: a fresh store runs MLflow's ~70 schema migrations
-    (3-10 s each on the 2-core CI machine), five of them were most of this module's minute. The keys read the
-    same empty registry (no champion) from a copy."""
-    from mlflow import MlflowClient
-    from mlflow.exceptions import MlflowException
-
-    path = tmp_path_factory.mktemp("store") / "mlflow.db"
-    uri = f"sqlite:///{path}"
-    with pytest.raises(MlflowException):   # no such model: RESOURCE_DOES_NOT_EXIST
-        MlflowClient(tracking_uri=uri, registry_uri=uri).get_model_version_by_alias(BASE.register_.model_name,
-                                                                                    "champion")
-    return path
-
-
-def _seed_store(template: Path, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(template, path)
-
-
 @pytest.fixture(scope="module", autouse=True)
-def _outside_the_checkout(tmp_path_factory, store_template):
+def _outside_the_checkout(tmp_path_factory, seed_mlflow_store):
     """Run from a temporary directory: register's config part opens the store under the recipe's relative
-    workdir (`data/mlflow.db`, and a changed value's `datax/`), which must not land in the checkout."""
+    workdir (`data/mlflow.db`, and a changed value's `datax/`), which must not land in the checkout. Every store
+    a key opens is an empty one copied there (`seed_mlflow_store`: five fresh stores were most of this module's
+    minute); the keys read the same empty registry (no champion) either way."""
     cwd = tmp_path_factory.mktemp("cwd")
     for workdir in ("data", "datax"):
-        _seed_store(store_template, cwd / workdir / "mlflow.db")
+        seed_mlflow_store(cwd / workdir / "mlflow.db")
     with pytest.MonkeyPatch.context() as mp:
         mp.chdir(cwd)
         yield
 
 
 @pytest.fixture(scope="module")
-def places(tmp_path_factory, store_template) -> dict[str, str]:
+def places(tmp_path_factory, seed_mlflow_store) -> dict[str, str]:
     """Real directories a path-valued field can point at: a one-file corpus, a dir with a model config.json
     (each with the store a workdir there opens), a store URI."""
     root = tmp_path_factory.mktemp("places")
@@ -131,7 +110,7 @@ def places(tmp_path_factory, store_template) -> dict[str, str]:
     (root / "init").mkdir()
     (root / "init" / "config.json").write_text(json.dumps({"model_type": "llama"}), encoding="utf-8")
     for store in (root / "corpus" / "mlflow.db", root / "init" / "mlflow.db", root / "other.db"):
-        _seed_store(store_template, store)
+        seed_mlflow_store(store)
     return {"corpus": str(root / "corpus"), "init": str(root / "init"),
             "store": f"sqlite:///{root / 'other.db'}"}   # in tmp: a store URI must not leak a file into the cwd
 
