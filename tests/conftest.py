@@ -91,6 +91,42 @@ def mlflow_server(tmp_path_factory):
     return types.SimpleNamespace(uri=rec["uri"], root=root)
 
 
+@pytest.fixture(scope="session")
+def seed_mlflow_store(tmp_path_factory):
+    """`seed_mlflow_store(path)` copies one empty MLflow sqlite store (its schema at MLflow's head, no experiment
+    but Default, no registered model) to `path`: a run whose workdir holds it opens it as it is instead of creating
+    a fresh store, which runs MLflow's ~70 schema migrations (alembic; 7-11 s a store, measured on the shared
+    2-core machine under load; a copy opens in 0.07 s). For tests whose subject is not the creation of a store
+    (tests/faults/test_store_creation_race.py's is).
+
+    Made once per session, shared by every xdist worker (made under a file lock in the session's directory, in a
+    folder of its own: Default's artifact location is there; packtrain logs to named experiments only)."""
+    import fcntl
+    import shutil
+
+    shared = _session_dir(tmp_path_factory)
+    template = shared / "mlflow_store_template" / "mlflow.db"
+    with open(shared / "mlflow_store_template.lock", "a+") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not template.exists():
+            from mlflow import MlflowClient
+
+            template.parent.mkdir(exist_ok=True)
+            part = template.with_name("making.db")
+            uri = f"sqlite:///{part}"
+            with pytest.MonkeyPatch.context() as mp:
+                mp.chdir(template.parent)
+                MlflowClient(tracking_uri=uri, registry_uri=uri).search_registered_models()
+            part.rename(template)
+
+    def seed(path) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(template, path)
+        return path
+    return seed
+
+
 # Nothing a test writes may land in the checkout (a leaked `other.db` was committed once): the controller (or a run
 # without xdist) lists the checkout's untracked and git-ignored paths before the session and fails the session
 # when one appeared by its end (interpreter and tool caches aside). `git status` takes ~30 ms.

@@ -2,7 +2,7 @@
 pipeline GPU efficiency.
 
     python -m bench gpu-pipeline --out bench/results/gpu_pipeline_350m.json [--recipe 350m-h200] [--steps 60,2000]
-    python -m bench gpu-pipeline --smoke --out /tmp/gp      # CPU: tiny-cpu on a 40-document corpus, 2 then 3 steps
+    python -m bench gpu-pipeline --smoke --out /tmp/gp      # CPU: tiny-cpu on a 40-document corpus, one run of 2 steps
 
 The runs share one working directory, in order: the first (e.g. 60 steps) runs every stage from scratch and
 registers the first champion; each later one re-uses the cached data stages (ingest … pack) and trains,
@@ -113,10 +113,12 @@ def run(args, out: Path) -> Record:
     recipe, sets = args.recipe, list(args.set)
     steps = [int(s) for s in str(args.steps).split(",") if s]
     cwd = Path(tempfile.mkdtemp(prefix="packtrain-gpu-pipeline-"))
-    if args.smoke:   # the same code path in seconds: the tests' tiny corpus and settings (train.max_steps after)
+    if args.smoke:   # the same code path in seconds: the tests' tiny corpus and settings (train.max_steps after); one
+        # run (a later one, restoring the data stages from the cache, is a whole `packtrain run` process more: ~1/3
+        # of `python -m bench all --smoke` on the 2-core CI machine)
         from packtrain.testing.tiny_corpus import tiny_corpus, tiny_settings
 
-        recipe, steps = "tiny-cpu", [2, 3]
+        recipe, steps = "tiny-cpu", [2]
         sets = [s for s in tiny_settings(cwd / "data", tiny_corpus(cwd / "corpus", n_docs=40))
                 if not s.startswith("train.max_steps=")] + sets
     rows = []

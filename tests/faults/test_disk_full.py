@@ -33,7 +33,7 @@ def small_disk(tmp_path):
         subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
-def test_a_full_disk_while_checkpointing_is_one_clear_error(small_disk, tmp_path):
+def test_a_full_disk_while_checkpointing_is_one_clear_error(small_disk, tmp_path, seed_mlflow_store):
     from mlflow import MlflowClient
 
     from packtrain.testing.synthetic_inputs import make_synthetic_inputs
@@ -43,6 +43,8 @@ def test_a_full_disk_while_checkpointing_is_one_clear_error(small_disk, tmp_path
     data = tmp_path / "data"
     make_synthetic_inputs(data, n_docs=200, vocab_size=128, budget=128, seed=1)
     work = small_disk / "work"
+    # the workdir's store on the small disk, empty (the size a fresh one has: its creation is not the subject)
+    seed_mlflow_store(work / "mlflow.db")
     args = ["train", "--packs", str(data / "pack"), "--tokens", str(data / "tokenize"), "--out", str(work / "train"),
             *[x for s in [*TINY, f"workdir={work}"] for x in ("--set", s)]]
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}

@@ -32,14 +32,11 @@ def data(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def empty_store(tmp_path_factory) -> Path:
+def empty_store(tmp_path_factory, seed_mlflow_store) -> Path:
     """An MLflow sqlite store with its schema made and nothing in it, copied by each test: a fresh file costs
-    ~2 s of alembic migrations on the CPU, paid once here instead of once per test (and in the killed run)."""
-    from mlflow import MlflowClient
-
-    db = tmp_path_factory.mktemp("orphan_store") / "mlflow.db"
-    MlflowClient(f"sqlite:///{db}").search_experiments()
-    return db
+    ~2 s of alembic migrations on the CPU, paid once a session (tests/conftest.py's `seed_mlflow_store`) instead
+    of once per test (and in the killed run)."""
+    return seed_mlflow_store(tmp_path_factory.mktemp("orphan_store") / "mlflow.db")
 
 
 def _store(empty_store: Path, work: Path) -> Path:

@@ -36,8 +36,9 @@ def counting(n: int, seed: int) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory):
+def world(tmp_path_factory, seed_mlflow_store):
     root = tmp_path_factory.mktemp("domain")
+    seed_mlflow_store(root / "mlflow.db")   # the registry's store, empty (its creation: not the subject)
     a_train, a_held = domain_a(120, 0), domain_a(40, 1)
     base = build_tiny_model_dir(root / "init", a_train + counting(120, 2), vocab_size=300, hidden_size=32)
     m = {"v1": train_tiny(base, root / "m1", a_train, steps=50, lr=3e-3, seed=0)}

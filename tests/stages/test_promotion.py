@@ -33,8 +33,9 @@ NAME = "promo-lm"
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory):
+def world(tmp_path_factory, seed_mlflow_store):
     root = tmp_path_factory.mktemp("promotion")
+    seed_mlflow_store(root / "mlflow.db")   # the registry's store, empty (its creation: not the subject)
     a_train, a_held, b_train, b_held = domain_a(120, 0), domain_a(40, 1), domain_b(120, 2), domain_b(40, 3)
     base = build_tiny_model_dir(root / "init", a_train + b_train, vocab_size=300, hidden_size=32)
     m = {"v1": train_tiny(base, root / "m1", a_train, steps=50, lr=3e-3, seed=0)}

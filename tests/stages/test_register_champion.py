@@ -27,8 +27,9 @@ LINEAGE = Lineage(git_sha="abc123", code_version="0.1.0", input_md5={"packs": "p
 
 
 @pytest.fixture
-def setup(tmp_path, monkeypatch):
+def setup(tmp_path, monkeypatch, seed_mlflow_store):
     monkeypatch.chdir(tmp_path)   # MLflow puts artifacts of a new experiment under ./mlruns
+    seed_mlflow_store(tmp_path / "run" / "mlflow.db")   # the workdir's store, empty (its creation: not the subject)
     models = {s: build_tiny_model_dir(tmp_path / f"model-{s}", TEXTS, init_std=s) for s in (0.02, 0.3, 1.0)}
     from transformers import AutoTokenizer
 
@@ -161,7 +162,7 @@ def _better_than(version: str):
     return v
 
 
-def test_champion_alias_moves_only_by_compare_and_set(tmp_path, monkeypatch):
+def test_champion_alias_moves_only_by_compare_and_set(tmp_path, monkeypatch, seed_mlflow_store):
     """Another registration moves the champion between this one's decision and its alias write (done here by
     a real second MlflowClient in the `before_alias` hook): the alias stays where the other put it and the
     new version becomes challenger, with a reason naming both versions. Without interference it moves."""
@@ -174,7 +175,7 @@ def test_champion_alias_moves_only_by_compare_and_set(tmp_path, monkeypatch):
 
     monkeypatch.chdir(tmp_path)
     model = build_tiny_model_dir(tmp_path / "model", TEXTS)
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = f"sqlite:///{seed_mlflow_store(tmp_path / 'mlflow.db')}"
     before = mlflow.get_tracking_uri()
     set_fluent_tracking_uri(uri)
     try:

@@ -40,7 +40,8 @@ def _model_dir_with_config(root: Path) -> Path:
     return found[0]
 
 
-def test_sft_lora_recipe_registers_merged_model_and_adapter_and_compares(tmp_path, monkeypatch, capsys):
+def test_sft_lora_recipe_registers_merged_model_and_adapter_and_compares(tmp_path, monkeypatch, capsys,
+                                                                       seed_mlflow_store):
     import mlflow
     import torch
     from transformers import AutoModelForCausalLM
@@ -52,6 +53,7 @@ def test_sft_lora_recipe_registers_merged_model_and_adapter_and_compares(tmp_pat
     chat = write_synthetic_chat(tmp_path / "chat_tiny.jsonl", n=160)
     before = chat.read_bytes()
     wd = tmp_path / "wd"
+    seed_mlflow_store(wd / "mlflow.db")   # the workdir's store, empty (its creation: not the subject)
     args = ["--recipe", "sft-tiny-cpu", *as_args([f"workdir={wd}", f"ingest.source={chat}", *LEAN])]
     uri = f"sqlite:///{wd / 'mlflow.db'}"
     client = mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri)

@@ -30,8 +30,9 @@ with stage_run("validate", cfg, section=cfg.validate_) as run:
 """
 
 
-def test_server_down_mid_run_then_back(tmp_path, monkeypatch):
-    server = Server(tmp_path, free_port())
+def test_server_down_mid_run_then_back(tmp_path, monkeypatch, seed_mlflow_store):
+    # the server's store, empty (made by the session: its first start need not migrate a fresh one)
+    server = Server(tmp_path, free_port(), db=seed_mlflow_store(tmp_path / "server.db"))
     server.start()
     try:
         monkeypatch.setenv("MLFLOW_TRACKING_URI", server.uri)

@@ -39,11 +39,12 @@ def _tree_digest(root: Path) -> str:
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory):
+def data(tmp_path_factory, seed_mlflow_store):
     from packtrain.testing.synthetic_inputs import make_synthetic_inputs
 
     root = tmp_path_factory.mktemp("train_data")
     make_synthetic_inputs(root, n_docs=200, vocab_size=V, budget=128, seed=1)
+    seed_mlflow_store(root / "work" / "mlflow.db")   # the tracked runs' store, empty (its creation: not the subject)
     return root
 
 
@@ -207,10 +208,11 @@ def test_more_gpus_than_the_machine_has_is_a_config_error(data, tmp_path, capsys
 
 
 @pytest.mark.slow
-def test_two_processes_match_one_with_the_same_global_batch(data, straight, tmp_path):
+def test_two_processes_match_one_with_the_same_global_batch(data, straight, tmp_path, seed_mlflow_store):
     """`--gpus 2` on the CPU: torchrun + gloo DDP, rows 2 per rank = the straight run's 4 rows per step. The
     loss is the token mean over both ranks; only rank 0 opens an MLflow run and writes the outputs."""
     out = tmp_path / "ddp"
+    seed_mlflow_store(tmp_path / "work" / "mlflow.db")   # the workdir's store, empty (its creation: not the subject)
     args = _args(data, out, "--gpus", "2", "--set", "train.rows=2", "--set", "train.max_steps=3",
                  "--set", f"workdir={tmp_path / 'work'}", tracking=True)
     res = subprocess.run(PACKTRAIN + args, capture_output=True, text=True, timeout=600)

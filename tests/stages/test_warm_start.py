@@ -105,12 +105,13 @@ def test_tokenize_refuses_a_tokenizer_dir_that_is_not_the_models(world, tmp_path
     assert (out / "tokens.bin").read_bytes() == (root / "tok" / "tokens.bin").read_bytes()
 
 
-def test_train_step0_loss_is_the_evaluate_stages_loss_of_the_init_model(world, tmp_path):
+def test_train_step0_loss_is_the_evaluate_stages_loss_of_the_init_model(world, tmp_path, seed_mlflow_store):
     """Warm start from a directory: the train stage's step-0 held-out loss is what `packtrain evaluate` reports
     for the same weights on the same eval packs (same code, same batches)."""
     import mlflow
 
     root = world["root"]
+    seed_mlflow_store(tmp_path / "mlflow.db")   # the workdir's store, empty (its creation: not the subject)
     sets = _sets(f"workdir={tmp_path}", *COMMON, f"model.init_from={world['llama']}")
     assert main(["evaluate", "--model", str(world["llama"]), "--packs", str(root / "pack"), "--out",
                  str(tmp_path / "ev"), *sets]) == 0

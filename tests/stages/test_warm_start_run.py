@@ -28,11 +28,12 @@ def _train_runs(client):
     return [r for r in runs if r.info.run_name in ("train", "tokenize")]
 
 
-def test_second_run_starts_where_the_champion_ended(tmp_path):
+def test_second_run_starts_where_the_champion_ended(tmp_path, seed_mlflow_store):
     import mlflow
 
     corpus = tiny_corpus(tmp_path / "corpus")
     wd = tmp_path / "wd"
+    seed_mlflow_store(wd / "mlflow.db")   # the workdir's store, empty (its creation: not the subject)
     args = as_args(tiny_settings(wd, corpus)) + ["--set", "model.init_from=champion"]
     client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{wd / 'mlflow.db'}",
                                  registry_uri=f"sqlite:///{wd / 'mlflow.db'}")

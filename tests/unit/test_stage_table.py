@@ -87,22 +87,30 @@ def test_no_stage_result_repeats_its_library_fields():
 # ---- the cache key follows the table: every recipe field -------------------------------------------------------
 
 @pytest.fixture(scope="module", autouse=True)
-def _outside_the_checkout(tmp_path_factory):
+def _outside_the_checkout(tmp_path_factory, seed_mlflow_store):
     """Run from a temporary directory: register's config part opens the store under the recipe's relative
-    workdir (`data/mlflow.db`, and a changed value's `datax/`), which must not land in the checkout."""
+    workdir (`data/mlflow.db`, and a changed value's `datax/`), which must not land in the checkout. Every store
+    a key opens is an empty one copied there (`seed_mlflow_store`: five fresh stores were most of this module's
+    minute); the keys read the same empty registry (no champion) either way."""
+    cwd = tmp_path_factory.mktemp("cwd")
+    for workdir in ("data", "datax"):
+        seed_mlflow_store(cwd / workdir / "mlflow.db")
     with pytest.MonkeyPatch.context() as mp:
-        mp.chdir(tmp_path_factory.mktemp("cwd"))
+        mp.chdir(cwd)
         yield
 
 
 @pytest.fixture(scope="module")
-def places(tmp_path_factory) -> dict[str, str]:
-    """Real directories a path-valued field can point at: a one-file corpus, a dir with a model config.json."""
+def places(tmp_path_factory, seed_mlflow_store) -> dict[str, str]:
+    """Real directories a path-valued field can point at: a one-file corpus, a dir with a model config.json
+    (each with the store a workdir there opens), a store URI."""
     root = tmp_path_factory.mktemp("places")
     (root / "corpus").mkdir()
     (root / "corpus" / "a.txt").write_text("one tiny document\n", encoding="utf-8")
     (root / "init").mkdir()
     (root / "init" / "config.json").write_text(json.dumps({"model_type": "llama"}), encoding="utf-8")
+    for store in (root / "corpus" / "mlflow.db", root / "init" / "mlflow.db", root / "other.db"):
+        seed_mlflow_store(store)
     return {"corpus": str(root / "corpus"), "init": str(root / "init"),
             "store": f"sqlite:///{root / 'other.db'}"}   # in tmp: a store URI must not leak a file into the cwd
 
@@ -207,12 +215,24 @@ def base_keys():
         yield _keys(BASE)
 
 
-def test_every_recipe_field_moves_exactly_its_stages(places, base_keys):
+@pytest.fixture(scope="module")
+def valid_changes(places):
+    """`_valid_changes(leaf, places)`, each field's computed once in this module (both walks below use it)."""
+    memo: dict[str, list] = {}
+
+    def changes(leaf: str) -> list:
+        if leaf not in memo:
+            memo[leaf] = _valid_changes(leaf, places)
+        return memo[leaf]
+    return changes
+
+
+def test_every_recipe_field_moves_exactly_its_stages(valid_changes, base_keys):
     """Walk every leaf of tiny-cpu's RunConfig.to_dict(); the first valid other value of each must change the
     keys of the stages that declare it and of no other."""
     untested = []
     for leaf in LEAVES:
-        changes = _valid_changes(leaf, places)
+        changes = valid_changes(leaf)
         if not changes:
             untested.append(leaf)
             continue
@@ -222,9 +242,9 @@ def test_every_recipe_field_moves_exactly_its_stages(places, base_keys):
 
 @settings(max_examples=60, deadline=None)
 @given(data=st.data())
-def test_any_valid_change_moves_exactly_its_stages(places, base_keys, data):
+def test_any_valid_change_moves_exactly_its_stages(valid_changes, base_keys, data):
     leaf = data.draw(st.sampled_from(LEAVES), label="field")
-    changes = _valid_changes(leaf, places)
+    changes = valid_changes(leaf)
     change = data.draw(st.sampled_from(changes), label="value")
     _check(*change, base_keys)
 
