@@ -41,6 +41,9 @@ def run_suite(name: str, argv: list[str]) -> Path:
     module = suites.load(name)
     parser = suite_parser(name, module)
     args = parser.parse_args(argv)
+    why = getattr(module, "check_args", lambda a: None)(args)
+    if why:   # refused before anything runs or is written (exit 2)
+        parser.error(why)
     args.command = command_line(name, argv)
     if args.out is None:
         if getattr(module, "needs_out", lambda a: True)(args):

@@ -167,3 +167,28 @@ def test_push_file_caches_and_pushes_to_the_default_remote_and_changes_nothing_e
     assert (tmp_path / "storage" / obj).read_bytes() == b"documents\n"
     assert push_file(f, repo)["pushed"] == 0   # already there
     assert sorted(p.name for p in repo.iterdir()) == [".dvc", ".dvcignore"]   # no .dvc file
+
+
+def test_large_reads_hash_as_dvc_does_across_chunk_boundaries(tmp_path, monkeypatch):
+    """`_dvc_hashed` (one reused buffer of CHUNK bytes: few GIL hand-offs beside a busy thread) gives the Meta and
+    HashInfo dvc_data's own hash_file gives, for an empty file, one shorter than a chunk, exactly one, and one
+    over several chunks; a directory of them has the same .dir md5 either way."""
+    from dvc_data.hashfile.hash import hash_file
+    from dvc_data.hashfile.tree import Tree
+
+    from packtrain import versioning
+
+    monkeypatch.setattr(versioning, "CHUNK", 4096)
+    monkeypatch.setattr(versioning, "_HASHED", {})
+    fs = versioning._fs()
+    d = tmp_path / "d"
+    d.mkdir()
+    tree = Tree()
+    for size in (0, 1, 4095, 4096, 3 * 4096 + 7):
+        f = d / f"f{size}"
+        f.write_bytes(os.urandom(size))
+        meta, info = hash_file(str(f), fs, "md5")
+        assert versioning._dvc_hashed(f, fs) == (meta, info)
+        tree.add((f.name,), meta, info)
+    tree.digest()
+    assert versioning.data_md5(d) == tree.hash_info.value
