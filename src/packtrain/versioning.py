@@ -40,12 +40,13 @@ def _fs():
     return LocalFileSystem()
 
 
-CHUNK = 32 << 20
+CHUNK = 8 << 20
 """Bytes read per call when hashing, into one reused buffer: each call hands the GIL back and forth twice
 (read, update), and a thread that wants it back waits up to the switch interval (5 ms) while another thread
-runs Python. Measured on an H100 host's CPU, 700 MB hashed on a thread beside a main thread running Python
-(the evaluate stage scoring while the downloaded champion is hashed: hash_ahead): 1 MiB reads 8.4 s, 8 MiB 2.2 s,
-32 MiB 1.5 s; alone, 1.3 s whatever the size."""
+runs Python. 700 MB hashed on a thread beside a main thread running Python (hash_ahead: the evaluate stage
+scoring while the downloaded champion is hashed, the train stage's tail while its model is): on an H100 host's
+CPU 8.4 s in 1 MiB reads, 2.2 s in 8 MiB, 1.5 s in 32 MiB, 1.3 s alone whatever the size; on the 2-core CPU
+machine 32 MiB costs 0.3 s more CPU than 8 MiB or less (the buffer no longer fits its cache)."""
 
 
 _HASHED: dict[tuple, Any] = {}
