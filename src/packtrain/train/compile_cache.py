@@ -53,6 +53,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from packtrain.paths import patched_env
+
 INDUCTOR_ENV = "TORCHINDUCTOR_CACHE_DIR"
 TRITON_ENV = "TRITON_CACHE_DIR"
 MANIFEST = "packtrain_manifest.json"
@@ -271,7 +273,6 @@ def workdir_compile_cache(workdir: str | Path, device: str) -> Iterator[CompileC
     workdir, chooses again). Child processes started inside (torchrun's ranks) inherit the choice. The workdir's
     cache is checked against its manifest first and sealed after a stage that succeeded. Nothing is written where
     nothing compiled (inductor itself makes the empty directory when it is imported)."""
-    saved = {k: os.environ.get(k) for k in (INDUCTOR_ENV, TRITON_ENV)}
     dirs = choose_dirs(workdir, device, os.environ, inductor_default_dir())
     root = Path(dirs.inductor)
     own = dirs.source == "workdir"
@@ -279,17 +280,12 @@ def workdir_compile_cache(workdir: str | Path, device: str) -> Iterator[CompileC
     listed = read_manifest(root) if own else {}
     cache = CompileCache(dirs, remove_damaged(root, listed) if listed else [])
     cache.check_s = time.perf_counter() - t0
+    env = {k: os.environ.get(k) for k in (INDUCTOR_ENV, TRITON_ENV)}   # both put back after, whoever set them
     if own:
-        os.environ[INDUCTOR_ENV] = dirs.inductor
+        env[INDUCTOR_ENV] = dirs.inductor
     if dirs.triton_source == "workdir":
-        os.environ[TRITON_ENV] = dirs.triton
-    try:
+        env[TRITON_ENV] = dirs.triton
+    with patched_env(**env):
         yield cache
         if own and root.is_dir():
             seal(root, listed)
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
