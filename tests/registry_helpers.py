@@ -25,7 +25,10 @@ def register_model_dir(model_dir: str | Path, eval_result, train_result_path: st
     op = build_registration(model_dir, eval_result, train_result_path, cfg, verdict=verdict)
     with contextlib.ExitStack() as stack:
         if mlflow.active_run() is None:
-            stack.enter_context(mlflow.start_run(run_name="register"))
+            # in the store's Default experiment (id 0 in every sqlite store) by name, not by whatever
+            # MLFLOW_EXPERIMENT_ID an earlier test's mlflow.set_experiment left in this process's environment: it
+            # names an experiment of another store (seen under pytest-xdist: "No Experiment with id=1 exists")
+            stack.enter_context(mlflow.start_run(run_name="register", experiment_id="0"))
         run_id = mlflow.active_run().info.run_id
         out = apply_registration(MlflowClient(), mlflow.get_tracking_uri(), run_id, {**op, "ts": time.time()},
                                  Path(op["path"]), before_alias)

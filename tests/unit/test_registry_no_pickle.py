@@ -64,7 +64,7 @@ def registry(tmp_path_factory):
                             RegisterConfig(model_name="lm", flavor="transformers"))
         r2 = register_model(dirs[2], {"eval_loss": 2.0, "perplexity": 7.4}, None,
                             RegisterConfig(model_name="lm", flavor="pytorch"))
-        with mlflow.start_run(run_name="by-hand"):   # the pickle only, tokenizer as extra files
+        with mlflow.start_run(run_name="by-hand", experiment_id="0"):   # Default: registry_helpers says why
             model = AutoModelForCausalLM.from_pretrained(str(dirs[3]))
             info = mlflow.pytorch.log_model(model, name="model", serialization_format="pickle",
                                             extra_files=[str(dirs[3] / "tokenizer.json"),
