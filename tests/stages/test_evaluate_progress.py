@@ -47,14 +47,22 @@ def test_standalone_evaluate_draws_a_bar_per_suite_in_documents(tmp_path, capfd,
     # frames a fast machine draws in between depends on its speed: lm-eval may answer a batch at once)
     assert task == sorted(task) and task[-1] == 16, task
     assert "Running loglikelihood requests" not in err   # lm-eval's own request bar is off: the stage's says it
-    # what `packtrain run` prints for a frame of that bar: an unfinished one where the machine drew one (a fast
-    # machine may answer all 16 items in one batch and draw only the first and the last)
+    # what `packtrain run` prints for a frame of that bar. How many unfinished frames a machine draws depends on
+    # its speed (lm-eval may answer all 16 items in one batch: only the first and the last frame): each unfinished
+    # frame drawn becomes a line; the finished one becomes none (the stage's end line says it), and its text is
+    # still read into the same line shape, ending at 16/16.
     drawn = [f for f in re.split(r"[\r\n]", err) if (b := parse_bar(f)) and b["unit"] == "doc"
              and b["postfix"].get("suite", "").startswith("wordorder") and b["n"] > 0]
-    mid = next((f for f in drawn if parse_bar(f)["n"] < 16), drawn[-1])
-    line = Progress(0).line(mid, "evaluate")
-    assert re.fullmatch(r"docs \d+/16 \(\d+%\) · suite wordorder \(challenger\) 2/2 · [\d.,]+ docs/s · "
-                        r"\d+:\d\d elapsed · ETA \d+:\d\d", line), line
+    shape = (r"docs (\d+)/16 \(\d+%\) · suite wordorder \(challenger\) 2/2 · [\d.,]+ docs/s · "
+             r"\d+:\d\d elapsed · ETA \d+:\d\d")
+    for frame in drawn:
+        line = Progress(0).line(frame, "evaluate")
+        if parse_bar(frame)["n"] < 16:
+            assert line is not None and re.fullmatch(shape, line), (frame, line)
+        else:
+            assert line is None, (frame, line)
+    last = format_bar(parse_bar(drawn[-1]), "evaluate")
+    assert (m := re.fullmatch(shape, last)) and m[1] == "16", last
 
 
 def test_progress_line_of_a_slow_bar_in_seconds_per_unit():
