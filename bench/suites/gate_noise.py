@@ -3,7 +3,7 @@
     python -m bench gate-noise --out bench/baselines/noise-cpu.json --merge             # CPU, tiny corpus
     python -m bench gate-noise --out $OUT/noise-gpu.json --synthetic --recipe 350m-h200 \
         --set train.max_steps=60                                                      # GPU (H200 session)
-    python -m bench gate-noise --smoke --out /tmp/gn                                  # 2 repeats, 2 steps
+    python -m bench gate-noise --smoke --out /tmp/gn                                  # 1 repeat, 2 steps
 
 CPU: the corpus and settings of the gate acceptance test (tests/stages/test_gate_champion.py: tiny corpus,
 tiny-cpu recipe, budget 512, 12 steps); ingest → tokenize → pack once, then `packtrain train` N times on the
@@ -228,8 +228,10 @@ def add_arguments(ap) -> None:
 
 SMOKE = ["train.max_steps=2", "evaluate.max_batches=1"]
 SMOKE_DOCS = 400
-"""--smoke: 2 repeats of 2 steps on synthetic packs of the recipe (SMOKE_DOCS documents: ~150 packs, for 8 a
-run), tracking off."""
+"""--smoke: one repeat of 2 steps on synthetic packs of the recipe (SMOKE_DOCS documents: ~150 packs, for 8 a
+run), tracking off. One repeat runs the same code (a `packtrain train` process read back under the canonical
+names, the per-metric median and noise, the session record); each repeat is a whole process (~14 CPU-s on the
+2-core CI machine, almost all of it importing torch and transformers), and the noise of one run is 0."""
 
 
 def run(a, out: Path):
@@ -240,7 +242,7 @@ def run(a, out: Path):
     from bench.harness import Record, machine_info
 
     if a.smoke:
-        a.repeats, a.no_tracking, a.synthetic, a.set = 2, True, True, [*a.set, *SMOKE]
+        a.repeats, a.no_tracking, a.synthetic, a.set = 1, True, True, [*a.set, *SMOKE]
     with tempfile.TemporaryDirectory(prefix="gate-noise-") as tmp:
         if a.trees:
             runs, seconds, settings = measure_trees(Path(tmp), a.set, a.repeats, a.tracking_uri)
