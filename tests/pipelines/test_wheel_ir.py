@@ -8,7 +8,9 @@ inside the "pod", as it would on a 2-GPU node.
 
 Third-party packages come from .venv through a .pth file holding its site-packages path as a plain line (such a
 line only extends sys.path: .venv's editable-install finder .pth is not executed), so `import packtrain`
-resolves to the wheel, which the test asserts. MLflow is sqlite in tmp (the cluster's secret would name a server).
+resolves to the wheel, which the test asserts. MLflow is sqlite in tmp (the cluster's secret would name a server),
+an empty store copied in first (conftest seed_mlflow_store: its creation is not the subject here, and its ~70
+schema migrations were ~4 CPU-s of the first component).
 """
 
 from __future__ import annotations
@@ -116,7 +118,7 @@ def _executor_input(comp: dict, task: dict, pipeline_args: dict, produced: dict,
     }
 
 
-def test_every_ir_component_runs_from_the_installed_wheel(tmp_path):
+def test_every_ir_component_runs_from_the_installed_wheel(tmp_path, seed_mlflow_store):
     from google.protobuf import json_format
     from kfp.pipeline_spec import pipeline_spec_pb2
 
@@ -133,7 +135,7 @@ def test_every_ir_component_runs_from_the_installed_wheel(tmp_path):
     pod.mkdir()
     corpus = tiny_corpus(tmp_path / "corpus", n_docs=40)
     settings = tiny_settings(tmp_path / "wd", corpus) + ["train.gpus=2", "train.threads=1"]
-    env = _pod_env(py.parent, f"sqlite:///{tmp_path / 'mlflow.db'}")
+    env = _pod_env(py.parent, f"sqlite:///{seed_mlflow_store(tmp_path / 'mlflow.db')}")
     r = subprocess.run([str(py), "-c", COMPILE, json.dumps(settings)], cwd=pod, env=env, capture_output=True,
                        text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
