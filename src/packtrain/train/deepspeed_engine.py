@@ -17,9 +17,10 @@ fp32 master + Adam moments to CPU; parameter offload (stage 3) moves the paramet
 Training passes a client torch AdamW to `deepspeed.initialize` instead of declaring an optimizer in the JSON:
 a JSON optimizer makes DeepSpeed JIT-build FusedAdam/CPU-Adam (~95 s on CPU; FusedAdam's build failed on the
 H200 machine's TORCH_CUDA_ARCH_LIST="9.0a"). With offload the client optimizer runs torch's AdamW on the CPU
-copy (`zero_force_ds_cpu_optimizer: false`). On a CPU-only machine (DS_ACCELERATOR=cpu) DeepSpeed still
-JIT-builds its shared-memory communication op once (~47 s here), cached in TORCH_EXTENSIONS_DIR
-(default ~/.cache/packtrain/torch_extensions).
+copy (`zero_force_ds_cpu_optimizer: false`). On a CPU-only machine (DS_ACCELERATOR=cpu) DeepSpeed JIT-builds
+its shared-memory all-reduce op (deepspeed_shm_comm) for 2+ CPU ranks, once per venv path (~47 s here, 70-150 s
+on a loaded 2-core machine), cached in TORCH_EXTENSIONS_DIR (default ~/.cache/packtrain/torch_extensions); one CPU
+process skips it (`skip_shm_comm`: it has no peer to share memory with).
 """
 
 from __future__ import annotations
@@ -123,6 +124,17 @@ def _prepare_env(device_type: str, world_size: int = 1) -> None:
         os.environ.setdefault("MASTER_PORT", str(_free_port()))
 
 
+def skip_shm_comm() -> None:
+    """Mark DeepSpeed's CPU shared-memory all-reduce op (deepspeed_shm_comm) unavailable for this process, so
+    `deepspeed.initialize` does not JIT-build it: g++ -O2 of two C++ files, 70-150 s of CPU on a loaded 2-core
+    machine, again for every new venv path (the build hash names the include dirs). One process has no peer to
+    share memory with; DeepSpeed then reduces through torch.distributed (gloo), which at world size 1 returns
+    the tensor as it is, so the numbers are those of a run with the op."""
+    import deepspeed.ops
+
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False   # DeepSpeed reads this dict before a build
+
+
 class DeepSpeedStepper:
     """The DeepSpeed side of a train step: backward per micro-batch, optimizer step at the window's end.
 
@@ -133,6 +145,9 @@ class DeepSpeedStepper:
                  grad_accum: int, out_dir: Path | None = None):
         _prepare_env(str(device).split(":")[0], world_size)
         import deepspeed
+
+        if world_size == 1 and str(device).startswith("cpu"):
+            skip_shm_comm()
 
         self.config = build_deepspeed_config(train_cfg, world_size, rows, grad_accum)
         if out_dir is not None and int(os.environ.get("RANK", "0")) == 0:
