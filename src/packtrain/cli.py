@@ -122,4 +122,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    # `python -m packtrain.cli`: skip the interpreter's garbage collection of torch + transformers at teardown
+    # (~1.5 CPU-s a process; as packtrain.stages.train's ranks do); atexit handlers still run
+    import gc
+
+    gc.freeze()
+    sys.exit(code)

@@ -82,6 +82,7 @@ def test_two_rank_train_component_raises_rank0_error_with_its_exit_code(tmp_path
     cfg = load_run_config("tiny-cpu", [
         "model.hidden_size=32", "model.intermediate_size=64", "model.num_heads=2", "train.gpus=2", "train.rows=2",
         "train.max_steps=3", "train.warmup_steps=1", "train.threads=1", "telemetry.interval_s=5",
+        "telemetry.peak_tflops=1",   # no matmul probes in the ranks (MFU is not checked here)
         f"workdir={tmp_path / 'wd'}", "tracking.enabled=false"])
     monkeypatch.setenv(ERROR_ENV, str(tmp_path / "err.json"))
     monkeypatch.setenv("PACKTRAIN_FAULT", "train.nan_loss@2")

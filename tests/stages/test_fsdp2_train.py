@@ -15,7 +15,8 @@ from packtrain.cli import main
 V = 128
 TINY = ["model.hidden_size=32", "model.intermediate_size=64", "model.num_heads=2", "train.rows=4",
         "train.max_steps=6", "train.warmup_steps=2", "train.checkpoint.every_steps=3",
-        "train.checkpoint.keep_last=2", "train.threads=1", "telemetry.interval_s=5", "tracking.enabled=false"]
+        "train.checkpoint.keep_last=2", "train.threads=1", "telemetry.interval_s=5", "tracking.enabled=false",
+        "telemetry.peak_tflops=1"]   # MFU is not checked here: no matmul probes (~1 CPU-s a process)
 
 
 def _train(data: Path, out: Path, *sets: str, flags: tuple[str, ...] = ()) -> dict:
