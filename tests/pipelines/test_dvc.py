@@ -153,7 +153,7 @@ def test_dvc_repro_chain_noop_plan_change_and_metrics(tiny_pipeline, tmp_path):
     # the planner section reruns train and what follows it (before the stage table, train left plan out): DVC
     # reruns train for real (nothing before it), and train's new output leaves evaluate and register, and only
     # them, to rerun (`--dry`: DVC's decision on the real new output; running them would repeat the first repro's
-    # evaluate and register commands, ~40 of this test's ~170 CPU-s on 2 cores)
+    # evaluate and register commands: 17-42 of this test's 145-165 CPU-s on the shared 2-core machine)
     params["plan"]["target_fraction"] = 0.5
     (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     out = _repro(repo, "train")
