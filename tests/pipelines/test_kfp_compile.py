@@ -161,15 +161,18 @@ def test_compile_cli_reads_train_gpus(tmp_path):
 
 @pytest.mark.parametrize("old", ["pipeline.gpus", "plan.gpus"])
 def test_removed_gpu_fields_name_train_gpus(tmp_path, old):
-    r = run_cli(["pipeline", "compile", "--out", str(tmp_path / "x.yaml"), "--set", f"{old}=8"], cwd=tmp_path)
+    r = run_main(["pipeline", "compile", "--out", str(tmp_path / "x.yaml"), "--set", f"{old}=8"], cwd=tmp_path)
     assert r.returncode == 2
     assert f"--set {old}=8: {old}: removed: set train.gpus instead" in r.stderr and "Traceback" not in r.stderr
     assert not (tmp_path / "x.yaml").exists()
 
 
 def test_compile_cli_bad_override_is_a_clear_error(tmp_path):
-    r = run_cli(["pipeline", "compile", "--out", str(tmp_path / "x.yaml"), "--set", "train.gpus=-1"],
-                cwd=tmp_path)
+    """The CLI's entry point in this process (run_main), as for every refused setting here: the CLI refuses it
+    before anything compiles, and a process of its own (~1 CPU-s) would only add start-up;
+    test_committed_ir_matches_a_fresh_compile runs the console script itself."""
+    r = run_main(["pipeline", "compile", "--out", str(tmp_path / "x.yaml"), "--set", "train.gpus=-1"],
+                 cwd=tmp_path)
     assert r.returncode == 2
     assert "train.gpus: -1 is not allowed: must be an integer ≥ 1" in r.stderr and "Traceback" not in r.stderr
     assert not (tmp_path / "x.yaml").exists()
@@ -177,8 +180,8 @@ def test_compile_cli_bad_override_is_a_clear_error(tmp_path):
 
 def test_a_bad_image_digest_is_a_clear_error_and_writes_nothing(tmp_path):
     out = tmp_path / "x.yaml"
-    r = run_cli(["pipeline", "compile", "--out", str(out), "--set", "pipeline.base_image_digest=sha256:abc"],
-                cwd=tmp_path)
+    r = run_main(["pipeline", "compile", "--out", str(out), "--set", "pipeline.base_image_digest=sha256:abc"],
+                 cwd=tmp_path)
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert "pipeline.base_image_digest" in r.stderr and "sha256: and 64 hex digits" in r.stderr, r.stderr
     assert not out.exists()
