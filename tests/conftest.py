@@ -83,7 +83,11 @@ def mlflow_server(tmp_path_factory):
         fcntl.flock(lock, fcntl.LOCK_EX)
         record = root / "record.json"
         if not record.exists():
-            srv = Server(root, free_port())
+            from packtrain.tracking.store_creation import copy_template
+
+            db = root / "server.db"
+            copy_template(db)   # its empty store: the template's copy (no Default experiment yet: the server makes
+            srv = Server(root, free_port(), db=db)   # it), not ~70 migrations in the server's CLI process
             srv.start()
             _STARTED.append(srv)   # alive until this worker exits (no "still running" warning from its Popen)
             record.write_text(json.dumps({"uri": srv.uri, "pid": srv.proc.pid}))
