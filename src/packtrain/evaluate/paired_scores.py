@@ -182,10 +182,8 @@ def score_suites(models: list[tuple[str, Path]], suites: list[Suite], cfg: EvalC
     scored = list(suites)
     encoded: dict[tuple, object] = {}   # (suite, tokenizer hash) → PackedDocs: a tokenizer's work done once
     spent = {"text_forward_s": 0.0, "tasks_s": 0.0, "load_s": 0.0, "encode_s": 0.0}
-    # Each model is freed by a collection after its suites (its graphs hold cycles). What existed before is frozen
-    # for the loop, so those collections walk only what the loop made: a full walk over torch + transformers +
-    # mlflow (+ pytest's heap when tests call the stage in-process) is ~0.3-1 s per model on 2 cores. Skipped
-    # where the caller already froze (run_dag freezes at every stage boundary); unfrozen after the loop.
+    # each model is freed by a collection after its suites; with what existed before frozen (unless the caller froze:
+    # run_dag, begin_stage_memory) it walks only what the loop made, not torch + transformers + mlflow (~0.3-1 s)
     own_freeze = gc.get_freeze_count() == 0
     if own_freeze:
         gc.freeze()
