@@ -83,7 +83,11 @@ def mlflow_server(tmp_path_factory):
         fcntl.flock(lock, fcntl.LOCK_EX)
         record = root / "record.json"
         if not record.exists():
-            srv = Server(root, free_port())
+            from packtrain.tracking.store_creation import copy_template
+
+            db = root / "server.db"
+            copy_template(db)   # its empty store: the template's copy (no Default experiment yet: the server makes
+            srv = Server(root, free_port(), db=db)   # it), not ~70 migrations in the server's CLI process
             srv.start()
             _STARTED.append(srv)   # alive until this worker exits (no "still running" warning from its Popen)
             record.write_text(json.dumps({"uri": srv.uri, "pid": srv.proc.pid}))
@@ -92,37 +96,26 @@ def mlflow_server(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def seed_mlflow_store(tmp_path_factory):
-    """`seed_mlflow_store(path)` copies one empty MLflow sqlite store (its schema at MLflow's head, no experiment
-    but Default, no registered model) to `path`: a run whose workdir holds it opens it as it is instead of creating
-    a fresh store, which runs MLflow's ~70 schema migrations (alembic; 7-11 s a store, measured on the shared
-    2-core machine under load; a copy opens in 0.07 s). For tests whose subject is not the creation of a store
-    (tests/faults/test_store_creation_race.py's is).
+def seed_mlflow_store():
+    """`seed_mlflow_store(path)` puts an empty MLflow sqlite store (schema at MLflow's head, no experiment, no
+    registered model) at `path`: a copy of the product's store template (packtrain.tracking.store_creation, made
+    once per MLflow version under the user cache), as `ensure_store` makes every fresh store a packtrain stage
+    opens, then opened once from its folder (the Default experiment's artifact location there, not in the checkout).
+    For a store whose first opener is not packtrain (a raw MlflowClient in the test, an `mlflow server`), which would
+    otherwise run MLflow's ~70 schema migrations (1.5-2.7 CPU-s a store; a copy opens in ~0.1 s).
+    Not for tests whose subject is the creation of a store (tests/faults/test_store_creation_race.py's is)."""
+    from mlflow import MlflowClient
 
-    Made once per session, shared by every xdist worker (made under a file lock in the session's directory, in a
-    folder of its own: Default's artifact location is there; packtrain logs to named experiments only)."""
-    import fcntl
-    import shutil
-
-    shared = _session_dir(tmp_path_factory)
-    template = shared / "mlflow_store_template" / "mlflow.db"
-    with open(shared / "mlflow_store_template.lock", "a+") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not template.exists():
-            from mlflow import MlflowClient
-
-            template.parent.mkdir(exist_ok=True)
-            part = template.with_name("making.db")
-            uri = f"sqlite:///{part}"
-            with pytest.MonkeyPatch.context() as mp:
-                mp.chdir(template.parent)
-                MlflowClient(tracking_uri=uri, registry_uri=uri).search_registered_models()
-            part.rename(template)
+    from packtrain.tracking.store_creation import copy_template
 
     def seed(path) -> Path:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(template, path)
+        copy_template(path)   # False without a cache: the client below migrates a fresh store
+        uri = f"sqlite:///{path}"
+        with pytest.MonkeyPatch.context() as mp:   # the Default experiment's artifacts beside the store, in tmp
+            mp.chdir(path.parent)
+            MlflowClient(tracking_uri=uri, registry_uri=uri).search_registered_models()
         return path
     return seed
 

@@ -123,12 +123,11 @@ def store_state(uri: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def recorded(tmp_path_factory):
+def recorded(tmp_path_factory, seed_mlflow_store):
     """(buffer, empty migrated store db, expected state): recorded and replayed cleanly once."""
     root = tmp_path_factory.mktemp("recorded")
     buf = record_buffer(root / "work")
-    template = root / "template.db"
-    MlflowClient(f"sqlite:///{template}").search_experiments()   # migrations run once (2-8 s)
+    template = seed_mlflow_store(root / "template.db")   # the cases' empty store: copied, not migrated (2-8 s)
     ref = root / "ref"
     shutil.copytree(buf, ref / "buffer")
     shutil.copy(template, ref / "mlflow.db")

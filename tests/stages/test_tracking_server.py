@@ -30,9 +30,12 @@ with stage_run("validate", cfg, section=cfg.validate_) as run:
 """
 
 
-def test_server_down_mid_run_then_back(tmp_path, monkeypatch, seed_mlflow_store):
-    # the server's store, empty (made by the session: its first start need not migrate a fresh one)
-    server = Server(tmp_path, free_port(), db=seed_mlflow_store(tmp_path / "server.db"))
+def test_server_down_mid_run_then_back(tmp_path, monkeypatch):
+    from packtrain.tracking.store_creation import copy_template
+
+    # the server's store, empty: a copy of the store template, so its first start need not migrate a fresh one
+    copy_template(tmp_path / "server.db")
+    server = Server(tmp_path, free_port(), db=tmp_path / "server.db")
     server.start()
     try:
         monkeypatch.setenv("MLFLOW_TRACKING_URI", server.uri)

@@ -174,23 +174,47 @@ def score_suites(models: list[tuple[str, Path]], suites: list[Suite], cfg: EvalC
     gets the seconds of the text suites' forwards (`text_forward_s`), the task suites (`tasks_s`), the loads
     of the other models (`load_s`) and the suites' decoding and encoding (`encode_s`, the recent suite's too)."""
     import gc
+
+    from packtrain.evaluate.suite_progress import SuiteBar
+
+    with_recent = recent_packs is not None and cfg.recent_role != "off"
+    progress = SuiteBar(len(models) * (len(suites) + int(with_recent)))   # the terminal's progress (module doc)
+    scored = list(suites)
+    encoded: dict[tuple, object] = {}   # (suite, tokenizer hash) → PackedDocs: a tokenizer's work done once
+    spent = {"text_forward_s": 0.0, "tasks_s": 0.0, "load_s": 0.0, "encode_s": 0.0}
+    # each model is freed by a collection after its suites; with what existed before frozen (unless the caller froze:
+    # run_dag, begin_stage_memory) it walks only what the loop made, not torch + transformers + mlflow (~0.3-1 s)
+    own_freeze = gc.get_freeze_count() == 0
+    if own_freeze:
+        gc.freeze()
+    try:
+        rows, metrics = _score_models(models, scored, cfg, with_recent, recent_packs, challenger, progress, encoded,
+                                      spent)
+    finally:
+        if own_freeze:
+            gc.unfreeze()
+    if timings is not None:
+        timings.update({k: round(v, 3) for k, v in spent.items()})
+    return rows, metrics, {"suites": [s.describe() for s in scored]}
+
+
+def _score_models(models: list[tuple[str, Path]], scored: list, cfg: EvalConfig, with_recent: bool,
+                  recent_packs: Path | None, challenger: Loaded | None, progress, encoded: dict, spent: dict
+                  ) -> tuple[list[dict], list[dict]]:
+    """score_suites' loop: every model on every suite (`scored`, the recent suite inserted first by the first
+    model when `with_recent`); fills `encoded` and `spent`."""
+    import gc
     import time
 
     from packtrain.config.evaluate import eval_precision, forward_rows
     from packtrain.data.tokenizer_files import tokenizer_hash
     from packtrain.evaluate.docscore import pack_documents, score_packed
     from packtrain.evaluate.loading import load_for_eval
-    from packtrain.evaluate.suite_progress import SuiteBar
     from packtrain.evaluate.suite_types import TextSuite
     from packtrain.evaluate.suites import recent_suite
 
-    with_recent = recent_packs is not None and cfg.recent_role != "off"
-    progress = SuiteBar(len(models) * (len(suites) + int(with_recent)))   # the terminal's progress (module doc)
     rows: list[dict] = []
     metrics: list[dict] = []
-    scored = list(suites)
-    encoded: dict[tuple, object] = {}   # (suite, tokenizer hash) → PackedDocs: a tokenizer's work done once
-    spent = {"text_forward_s": 0.0, "tasks_s": 0.0, "load_s": 0.0, "encode_s": 0.0}
     for k, (label, model_dir) in enumerate(models):
         t_load = time.perf_counter()
         ld = challenger if k == 0 and challenger is not None else load_for_eval(model_dir, cfg)
@@ -229,9 +253,7 @@ def score_suites(models: list[tuple[str, Path]], suites: list[Suite], cfg: EvalC
                           "nll": None, "tokens": 0, "bytes": 0, "acc": float(a)} for doc, a in res.per_doc]
         del model, ld
         gc.collect()
-    if timings is not None:
-        timings.update({k: round(v, 3) for k, v in spent.items()})
-    return rows, metrics, {"suites": [s.describe() for s in scored]}
+    return rows, metrics
 
 
 def write_scores(out_dir: Path, rows: list[dict], manifest: dict) -> None:
