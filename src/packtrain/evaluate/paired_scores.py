@@ -173,26 +173,19 @@ def score_suites(models: list[tuple[str, Path]], suites: list[Suite], cfg: EvalC
     `challenger`: the first model already loaded (loading.load_for_eval), used as it is. `timings`, when given,
     gets the seconds of the text suites' forwards (`text_forward_s`), the task suites (`tasks_s`), the loads
     of the other models (`load_s`) and the suites' decoding and encoding (`encode_s`, the recent suite's too)."""
-    import gc
-
     from packtrain.evaluate.suite_progress import SuiteBar
+    from packtrain.telemetry.memory import frozen_heap
 
     with_recent = recent_packs is not None and cfg.recent_role != "off"
     progress = SuiteBar(len(models) * (len(suites) + int(with_recent)))   # the terminal's progress (module doc)
     scored = list(suites)
     encoded: dict[tuple, object] = {}   # (suite, tokenizer hash) → PackedDocs: a tokenizer's work done once
     spent = {"text_forward_s": 0.0, "tasks_s": 0.0, "load_s": 0.0, "encode_s": 0.0}
-    # each model is freed by a collection after its suites; with what existed before frozen (unless the caller froze:
-    # run_dag, begin_stage_memory) it walks only what the loop made, not torch + transformers + mlflow (~0.3-1 s)
-    own_freeze = gc.get_freeze_count() == 0
-    if own_freeze:
-        gc.freeze()
-    try:
+    # each model is freed by a collection after its suites: with what existed before frozen it walks only what the
+    # loop made, not torch + transformers + mlflow (~0.3-1 s)
+    with frozen_heap():
         rows, metrics = _score_models(models, scored, cfg, with_recent, recent_packs, challenger, progress, encoded,
                                       spent)
-    finally:
-        if own_freeze:
-            gc.unfreeze()
     if timings is not None:
         timings.update({k: round(v, 3) for k, v in spent.items()})
     return rows, metrics, {"suites": [s.describe() for s in scored]}
@@ -213,8 +206,7 @@ def _score_models(models: list[tuple[str, Path]], scored: list, cfg: EvalConfig,
     from packtrain.evaluate.suite_types import TextSuite
     from packtrain.evaluate.suites import recent_suite
 
-    rows: list[dict] = []
-    metrics: list[dict] = []
+    rows, metrics = [], []   # type: tuple[list[dict], list[dict]]
     for k, (label, model_dir) in enumerate(models):
         t_load = time.perf_counter()
         ld = challenger if k == 0 and challenger is not None else load_for_eval(model_dir, cfg)
@@ -234,7 +226,7 @@ def _score_models(models: list[tuple[str, Path]], scored: list, cfg: EvalConfig,
                     encoded[key] = pack_documents(s.docs, tok, cfg.suite_budget, suite=s.name)
                     spent["encode_s"] += time.perf_counter() - t_enc
                 with progress.suite(s.name, label, len(s.docs)) as advance:
-                    sc = score_packed(model, encoded[key], n_rows, precision, backend, dev,  # type: ignore[arg-type]
+                    sc = score_packed(model, encoded[key], n_rows, precision, backend, dev,
                                       ld.compiled, on_docs=advance)
                 spent["text_forward_s"] += sc.seconds
                 rows += [{"suite": s.name, "role": s.role, "kind": "text", "model": label, "doc_id": d.doc_id,

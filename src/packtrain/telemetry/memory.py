@@ -33,6 +33,22 @@ log = logging.getLogger(__name__)
 GIB = float(1 << 30)
 
 
+@contextlib.contextmanager
+def frozen_heap() -> Iterator[None]:
+    """What is alive now out of the collections inside the block (gc.freeze), put back after it; nothing when the
+    caller froze already (run_dag, begin_stage_memory): a collection inside then walks only what the block made."""
+    import gc
+
+    own = gc.get_freeze_count() == 0
+    if own:
+        gc.freeze()
+    try:
+        yield
+    finally:
+        if own:
+            gc.unfreeze()
+
+
 def begin_stage_memory() -> float | None:
     """Start measuring a stage's own peak resident memory (module doc); returns the resident GiB it starts from,
     None where the peak cannot be reset (then `cpu_peak_rss_gib` stays the process's `ru_maxrss`)."""
