@@ -15,6 +15,9 @@
 
 Adapters (CLI, KFP components, dvc.yaml, Airflow) pass explicit paths; these are only the defaults.
 
+Outside any workdir, `user_cache_dir()` holds what one machine reuses across runs (the MLflow store template,
+DeepSpeed's JIT-built ops): `$PACKTRAIN_CACHE_DIR`, else `$XDG_CACHE_HOME/packtrain`, else `~/.cache/packtrain`.
+
 Paths read from files (a buffer line's `buffered_path`, a cache entry's output) are confined with
 `confined_path` / `check_links_inside`: resolved (`..` and every symlink) and refused (PathOutsideError, exit 3)
 unless they lie inside the directory that holds them.
@@ -114,6 +117,13 @@ def check_links_inside(tree: str | Path, root: str | Path, what: str, allowed: s
             entry = Path(dirpath) / name
             if entry.is_symlink():
                 confined_path(entry, root, f"{what}: symbolic link", allowed)
+
+
+def user_cache_dir() -> Path:
+    """`$PACKTRAIN_CACHE_DIR`, else `$XDG_CACHE_HOME/packtrain`, else `~/.cache/packtrain` (module doc)."""
+    if os.environ.get("PACKTRAIN_CACHE_DIR"):
+        return Path(os.environ["PACKTRAIN_CACHE_DIR"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "packtrain"
 
 
 def run_paths(workdir: str | Path) -> RunPaths:

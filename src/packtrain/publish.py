@@ -9,6 +9,7 @@ byte-identical; one that succeeds replaces it whole. Leftover staging directorie
 whole directory is replaced, a stage refuses an output directory holding files that are not its own.
 
     atomic_write_text(path, text) / write_json(path, obj)   a file: fsynced temp file, then rename
+    atomic_copy_file(src, dst)                              a copy of a file, the same way
     staged_output(dst, outputs, what)                       a stage's directory: build in `tmp`, check, publish
     staging_dir(dst) + publish_dir(tmp, dst)                the same, by hand (stores, downloads, the stage cache)
 
@@ -43,6 +44,21 @@ def atomic_write_text(path: Path, text: str) -> None:
         f.flush()
         os.fsync(f.fileno())
     tmp.replace(path)
+
+
+def atomic_copy_file(src: Path, dst: Path) -> None:
+    """Copy `src` to `dst` through an fsynced temp file beside it (`.<name>.<pid>.part`) and a rename: `dst` is
+    the whole copy or what it was before; the temp file is removed when the copy fails (OSError raised)."""
+    tmp = dst.with_name(f".{dst.name}.{os.getpid()}.part")
+    try:
+        shutil.copyfile(src, tmp)
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        tmp.replace(dst)
+    except OSError:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise
 
 
 def write_json(path: Path, obj) -> None:

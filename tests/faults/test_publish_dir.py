@@ -222,3 +222,16 @@ def test_unpublishable_places_are_a_clear_error_before_any_work():
     with pytest.raises(PacktrainError, match="cannot create a staging directory next to /proc/packtrain-x/out"), \
             staged_output(Path("/proc/packtrain-x/out"), OUTPUTS, "demo"):
         pytest.fail("the block must not run")
+
+
+def test_atomic_copy_file_replaces_whole_and_a_failed_copy_leaves_the_old_file_and_no_temp(tmp_path):
+    src, dst = tmp_path / "src.db", tmp_path / "out" / "dst.db"
+    dst.parent.mkdir()
+    dst.write_bytes(b"earlier output")
+    src.write_bytes(b"new" * 1000)
+    publish.atomic_copy_file(src, dst)
+    assert dst.read_bytes() == b"new" * 1000 and sorted(p.name for p in dst.parent.iterdir()) == ["dst.db"]
+    dst.write_bytes(b"earlier output")
+    with pytest.raises(FileNotFoundError):
+        publish.atomic_copy_file(tmp_path / "missing.db", dst)
+    assert dst.read_bytes() == b"earlier output" and sorted(p.name for p in dst.parent.iterdir()) == ["dst.db"]

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import fcntl
 import os
-import shutil
 import threading
 from pathlib import Path
 
@@ -84,13 +83,6 @@ def ensure_store(uri: str) -> None:
         _ready.add(uri)
 
 
-def cache_dir() -> Path:
-    """`$PACKTRAIN_CACHE_DIR`, else `$XDG_CACHE_HOME/packtrain`, else `~/.cache/packtrain`."""
-    if os.environ.get("PACKTRAIN_CACHE_DIR"):
-        return Path(os.environ["PACKTRAIN_CACHE_DIR"])
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "packtrain"
-
-
 def store_template() -> Path | None:
     """The empty store template of the installed MLflow (module doc), made under a file lock by whoever asks
     first and published by a rename (never seen half-written); None when it cannot be made or read."""
@@ -100,8 +92,10 @@ def store_template() -> Path | None:
     import sqlalchemy
     from mlflow.store.db.utils import _get_latest_schema_revision
 
+    from packtrain.paths import user_cache_dir
+
     head = _get_latest_schema_revision()
-    folder = cache_dir() / "mlflow-store-templates"
+    folder = user_cache_dir() / "mlflow-store-templates"
     path = folder / f"mlflow-{mlflow.__version__}-{head}-sa{sqlalchemy.__version__}-sqlite{sqlite3.sqlite_version}.db"
     if path.is_file():
         return path
@@ -137,15 +131,14 @@ def _migrate_empty(db: Path, head: str) -> None:
 def copy_template(db: Path) -> bool:
     """Put a copy of the store template at `db` (absent; the caller holds its lock): copied beside it, then
     renamed into place, so a crash leaves no half store. False (nothing written) when there is no template."""
+    from packtrain.publish import atomic_copy_file
+
     template = store_template()
     if template is None:
         return False
-    part = db.with_name(f".{db.name}.{os.getpid()}.part")
     try:
-        shutil.copyfile(template, part)
-        os.replace(part, db)
+        atomic_copy_file(template, db)
     except OSError:
-        _discard(part)
         return False
     return True
 

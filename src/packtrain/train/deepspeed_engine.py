@@ -19,7 +19,7 @@ a JSON optimizer makes DeepSpeed JIT-build FusedAdam/CPU-Adam (~95 s on CPU; Fus
 H200 machine's TORCH_CUDA_ARCH_LIST="9.0a"). With offload the client optimizer runs torch's AdamW on the CPU
 copy (`zero_force_ds_cpu_optimizer: false`). On a CPU-only machine (DS_ACCELERATOR=cpu) DeepSpeed JIT-builds
 its shared-memory all-reduce op (deepspeed_shm_comm) for 2+ CPU ranks, once per venv path (~47 s here, 70-150 s
-on a loaded 2-core machine), cached in TORCH_EXTENSIONS_DIR (default ~/.cache/packtrain/torch_extensions); one CPU
+on a loaded 2-core machine), cached in TORCH_EXTENSIONS_DIR (default: packtrain.paths.user_cache_dir's torch_extensions); one CPU
 process skips it (`skip_shm_comm`: it has no peer to share memory with).
 """
 
@@ -116,8 +116,9 @@ def _prepare_env(device_type: str, world_size: int = 1) -> None:
     """Env DeepSpeed reads at import/init: accelerator, single-process rendezvous, extension cache."""
     if device_type == "cpu":
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    os.environ.setdefault("TORCH_EXTENSIONS_DIR",
-                          str(Path.home() / ".cache" / "packtrain" / "torch_extensions"))
+    from packtrain.paths import user_cache_dir
+
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(user_cache_dir() / "torch_extensions"))
     if "RANK" not in os.environ:   # not launched by torchrun/deepspeed: a single local process
         os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_SIZE="1")
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
