@@ -14,6 +14,7 @@ export DVC_NO_ANALYTICS := 1
 export MLFLOW_DISABLE_TELEMETRY := true
 export DO_NOT_TRACK := 1
 export TOKENIZERS_PARALLELISM := false
+unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: run test test-reverse typecheck setup setup-airflow lint clean bench-pack lock repro chromium wheelhouse dvc-files \
         images test-containers
@@ -31,11 +32,13 @@ setup: $(STAMP)
 
 # Installs go through uv (a PyPI package, bootstrapped once into .packtrain/uv): it resolves and installs the ~260
 # pinned packages in parallel from its user cache (~/.cache/uv, as pip's ~/.cache/pip), so torch and every package
-# the two venvs share are downloaded once per machine; bytecode is compiled at install time (imports are ~2x slower
-# without it on this machine).
+# the two venvs share are downloaded once per machine. Bytecode is not compiled at install time (uv's
+# --compile-bytecode costs ~130 CPU-s per venv for ~30k modules, most never imported); instead it is written lazily
+# on first import, so PYTHONDONTWRITEBYTECODE (set on some machines) is unexported here: imports are ~2x slower
+# when nothing is cached.
 # /opt/wheels, where a machine has it, holds the CPU torch wheel (pip.conf's find-links; uv does not read pip.conf).
 UV          := .packtrain/uv/bin/uv
-UV_PIP       = $(UV) pip install -q --compile-bytecode $(if $(wildcard /opt/wheels),--find-links /opt/wheels)
+UV_PIP       = $(UV) pip install -q $(if $(wildcard /opt/wheels),--find-links /opt/wheels)
 
 $(UV):
 	@test -x .packtrain/uv/bin/python || $(PYTHON) -m venv .packtrain/uv

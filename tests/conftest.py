@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,10 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("DO_NOT_TRACK", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("GX_ANALYTICS_ENABLED", "False")
+# bytecode is written on first import (the venvs are installed without precompiling it); a machine-wide
+# PYTHONDONTWRITEBYTECODE would make every test process parse every module from source
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+sys.dont_write_bytecode = False
 # as packtrain.cli sets it: CPU matmuls independent of buffer alignment, so "an unchanged rerun gives the same loss,
 # bit for bit" holds for trainings run in this process too
 os.environ.setdefault("MKL_CBWR", "AUTO")

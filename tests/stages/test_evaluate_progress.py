@@ -23,6 +23,10 @@ def test_standalone_evaluate_draws_a_bar_per_suite_in_documents(tmp_path, capfd,
     model = build_tiny_model_dir(tmp_path / "model", TEXTS)
     rng = np.random.default_rng(0)
     write_tiny_packs(tmp_path / "packs" / "eval", [rng.integers(0, 250, size=20) for _ in range(7)], budget=32)
+    from torch.utils import collect_env
+
+    collect_env_calls: list[int] = []
+    monkeypatch.setattr(collect_env, "get_pretty_env_info", lambda: collect_env_calls.append(1) or "")
     capfd.readouterr()   # the set-up's own output (building the model imported torchao before any filter)
     code = main(["evaluate", "--model", str(model), "--packs", str(tmp_path / "packs"), "--out", str(tmp_path / "ev"),
                  "--set", f"workdir={tmp_path / 'work'}", "--set", "tracking.enabled=false",
@@ -34,6 +38,8 @@ def test_standalone_evaluate_draws_a_bar_per_suite_in_documents(tmp_path, capfd,
     for noise in ("fatal: not a git repository", "Failed to load", "_pytree", "Enum subclass",
                   "Overwriting default num_fewshot", "Passed an already-initialized model"):
         assert noise not in err, (noise, err[-3000:])
+    # lm-eval's environment report (torch.utils.collect_env: `pip list` and a dozen probes, ~1.9 s a suite) not run
+    assert collect_env_calls == []
     # tqdm's frames ("\r"-separated): the last frame of each suite's bar, as a terminal shows it once it ends
     frames = [parse_bar(f) for f in re.split(r"[\r\n]", err)]
     bars = [b for b in frames if b and b["desc"] == "evaluate" and b["unit"] == "doc"]

@@ -138,7 +138,7 @@ def score_task(model, tokenizer, suite: TaskSuite, device, batch_size: int = 16,
         # include_defaults=False: index only our include directory, not lm-eval's ~14,000 shipped task YAMLs
         # (≈14 s of YAML parsing per call on a 2-core CPU); a suite YAML is self-contained (data only, checked).
         tm = TaskManager(include_path=str(inc), include_defaults=False)
-        with quiet_git_hash():
+        with lean_result_extras():
             res = simple_evaluate(model=lm, tasks=[suite.task], task_manager=tm,
                                   num_fewshot=0, limit=suite.max_documents, log_samples=True, bootstrap_iters=0,
                                   random_seed=0, numpy_random_seed=0, torch_random_seed=0, fewshot_random_seed=0)
@@ -207,11 +207,16 @@ def counting_lm(on_items: Callable[[int, int], None] | None):
 
 
 @contextlib.contextmanager
-def quiet_git_hash() -> Iterator[None]:
-    """lm-eval records the current directory's `git describe --always` in its results (`git_hash`) with git's
-    stderr on ours: outside a git checkout every task suite printed "fatal: not a git repository". For the call,
-    its helper runs git with stderr captured; the hash it records is the same (packtrain does not read it)."""
+def lean_result_extras() -> Iterator[None]:
+    """Two extras lm-eval adds to its results, which packtrain does not read, made cheap and quiet for the call:
+    - `git_hash`: lm-eval runs `git describe --always` in the current directory with git's stderr on ours
+      (outside a git checkout every task suite printed "fatal: not a git repository"); here git's stderr is
+      captured and the hash recorded is the same.
+    - `pretty_env_info`: lm-eval calls torch.utils.collect_env, which starts `pip list` and a dozen probes
+      (lscpu, nvidia-smi, gcc, conda, ...): ~1.9 s of wall time and ~1.2 CPU-s for every task suite scored. The
+      versions that matter are recorded instead (torch, transformers, lm-eval), as lm-eval records them."""
     import subprocess
+    from importlib.metadata import PackageNotFoundError, version
 
     from lm_eval import evaluator
     from lm_eval.loggers import utils
@@ -223,11 +228,21 @@ def quiet_git_hash() -> Iterator[None]:
             return None
         return out.stdout.strip() if out.returncode == 0 else None
 
-    saved = [(m, m.get_git_commit_hash) for m in (utils, evaluator)]   # evaluator holds its own name for it
-    for m, _ in saved:
-        m.get_git_commit_hash = git_hash
+    def env_info(storage: dict) -> None:
+        def ver(name: str) -> str:
+            try:
+                return version(name)
+            except PackageNotFoundError:
+                return "N/A"
+        storage.update({"pretty_env_info": f"torch {ver('torch')} (collect_env not run by packtrain)",
+                        "transformers_version": ver("transformers"), "lm_eval_version": ver("lm_eval")})
+
+    saved = [(m, name, getattr(m, name)) for m in (utils, evaluator)   # evaluator holds its own names for them
+             for name in ("get_git_commit_hash", "add_env_info") if hasattr(m, name)]
+    for m, name, _ in saved:
+        setattr(m, name, git_hash if name == "get_git_commit_hash" else env_info)
     try:
         yield
     finally:
-        for m, fn in saved:
-            m.get_git_commit_hash = fn
+        for m, name, fn in saved:
+            setattr(m, name, fn)
