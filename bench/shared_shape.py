@@ -58,7 +58,7 @@ class SharedShape:
         tried = "".join(f"; {t['mode']}: not even 1 row fits ({_gib(t['peak_gib'])} GiB)" for t in self.tried)
         return (f"{self.rows} rows, activation checkpointing {self.activation_checkpointing}: predicted peaks "
                 + ", ".join(f"{v} {_gib(g)}" for v, g in self.peaks_gib.items())
-                + f" GiB ≤ target {self.target_gib:.1f} GiB ({self.binding} binds){more}{tried}")
+                + f" GiB ≤ target {_gib(self.target_gib)} GiB ({self.binding} binds){more}{tried}")
 
     def to_dict(self) -> dict:
         return {**asdict(self), "description": self.describe()}
@@ -94,9 +94,9 @@ def choose_shared_shape(predict: Predict, target_gib: float, modes: Sequence[str
         worst = max(smallest, key=smallest.__getitem__)
         tried.append({"mode": mode, "rows": rows[-1], "peak_gib": smallest[worst], "binding": worst})
     last = tried[-1]
-    raise ConfigError(f"no shape fits every variant under the target {target_gib:.1f} GiB: at {last['rows']} row(s) "
-                      f"with activation checkpointing {last['mode']}, {last['binding']} needs "
-                      f"{last['peak_gib']:.1f} GiB (tried {', '.join(t['mode'] for t in tried)}); use shorter "
+    raise ConfigError(f"no shape fits every variant under the target {_gib(target_gib)} GiB: at {last['rows']} "
+                      f"row(s) with activation checkpointing {last['mode']}, {last['binding']} needs "
+                      f"{_gib(last['peak_gib'])} GiB (tried {', '.join(t['mode'] for t in tried)}); use shorter "
                       "packs (--budget) or a device with more memory")
 
 

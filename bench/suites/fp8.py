@@ -109,6 +109,7 @@ def overrides(args, row: str) -> list[str]:
 def resolve_shape(args, names: list[str], vocab: int) -> dict:
     """args.rows and args.ac from the planner (module doc; bench/shared_shape.py) unless both were given;
     returns the record's settings.shape_choice (the choice, the device memory it came from, the peaks)."""
+    from packtrain.errors import ConfigError
     from packtrain.planner.plan import device_memory_source
 
     rows = args.rows
@@ -121,15 +122,20 @@ def resolve_shape(args, names: list[str], vocab: int) -> dict:
     target = plan_cfg.target_fraction * gib
     device = "cpu" if args.smoke else "cuda"
     predict = planner_predictor(cfgs, args.budget, vocab, device, gib)
-    try:
-        shape = choose_shared_shape(predict, target, modes, fixed)
-    except Exception as e:  # noqa: BLE001 - ConfigError: nothing fits; said before anything runs
-        raise SystemExit(f"bench fp8: {e}") from None
-    args.rows, args.ac = shape.rows, shape.activation_checkpointing
     how = ("--rows" if rows != "auto" else f"planner, most rows ≤ --max-rows {args.max_rows}") + ", " + (
         f"--ac {modes[0]}" if len(modes) == 1 else "least recomputation first (" + " → ".join(modes) + ")")
-    return {**shape.to_dict(), "how": how, "device_memory_gib": gib, "device_memory_source": source,
-            "target_fraction": plan_cfg.target_fraction, "device": device}
+    where = {"how": how, "device_memory_gib": gib, "device_memory_source": source,
+             "target_fraction": plan_cfg.target_fraction, "device": device}
+    try:
+        shape = choose_shared_shape(predict, target, modes, fixed)
+    except ConfigError as e:
+        if rows == "auto" or len(modes) > 1:   # the planner was asked to choose and cannot: said before any run
+            raise SystemExit(f"bench fp8: {e}") from None
+        # --rows N --ac MODE: run as asked (an OOM becomes that variant's error row), the planner's verdict kept
+        return {**where, "activation_checkpointing": modes[0], "rows": fixed[0], "target_gib": target,
+                "peaks_gib": predict(modes[0], fixed[0]), "fits": False, "description": f"as asked; {e}"}
+    args.rows, args.ac = shape.rows, shape.activation_checkpointing
+    return {**shape.to_dict(), **where, "fits": True}
 
 
 def _settle(args) -> list[str]:
@@ -158,7 +164,7 @@ def run(args, out: Path) -> Record:
     names = _settle(args)
     vocab = 512 if args.smoke else args.vocab
     choice = resolve_shape(args, names, vocab)
-    print(f"bench fp8: {choice['description']} ({choice['device_memory_source']}: {choice['device_memory_gib']:.1f} "
+    print(f"bench fp8: {choice['description']} ({choice['device_memory_source']}: {choice['device_memory_gib']:.3g} "
           f"GiB × {choice['target_fraction']})", flush=True)
     rng = np.random.default_rng(args.seed)
     need = int(args.steps * args.rows * args.budget * 1.1)

@@ -153,3 +153,31 @@ def test_plot_is_written_beside_the_record(tmp_path):
     path = plot_curves(rows, list(rows), tmp_path / "fp8.png", comparisons, "test", GOALS)
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert not list(tmp_path.glob(".*tmp*"))
+
+
+def _smoke_args(*argv: str) -> argparse.Namespace:
+    from bench.suites import fp8
+
+    p = argparse.ArgumentParser()
+    fp8.add_arguments(p)
+    args = p.parse_args(list(argv))
+    args.smoke = True
+    return args
+
+
+@pytest.mark.parametrize(("argv", "expected"), [
+    ((), ("none", 2, True)),                                                      # the planner's 80 GiB default
+    (("--packtrain-set", "plan.device_memory_gib=0.005"), ("selective", 1, True)),   # tiny model, tiny "device"
+    (("--rows", "2", "--ac", "none", "--packtrain-set", "plan.device_memory_gib=0.005"), ("none", 2, False)),
+])
+def test_the_suite_takes_its_shape_from_the_device_memory(argv, expected):
+    """bench fp8's own resolution at --smoke sizes (no training): the device memory (here plan.device_memory_gib)
+    decides the rows and checkpointing; --rows N --ac MODE run as asked, with the planner's verdict recorded."""
+    from bench.suites import fp8
+
+    args = _smoke_args(*argv)
+    names = fp8._settle(args)
+    choice = fp8.resolve_shape(args, names, 512)
+    assert (args.ac, args.rows, choice["fits"]) == expected
+    assert (choice["activation_checkpointing"], choice["rows"]) == expected[:2]
+    assert set(choice["peaks_gib"]) == set(names) == {"bf16", "fp8", "fp8_nomix", "bf16_repeat"}
