@@ -82,7 +82,7 @@ def failure_row(e: BaseException) -> dict:
 
 
 @contextlib.contextmanager
-def observe_train(steady_from: int = 0, skip_save: bool = True):
+def observe_train(steady_from: int = 0, skip_save: bool = True, skip_checkpoint: bool = False):
     """What smoke_run does not return, observed by wrapping packtrain.train.loop's run_step and train (restored
     on exit): the steps' peak memory — step_peak: reset before the first step, after the model, compile wrappers
     and optimizer are built; steady_peak: reset again before step `steady_from` (0-based), so compile-time
@@ -90,7 +90,9 @@ def observe_train(steady_from: int = 0, skip_save: bool = True):
     the TrainResult (its loss_curve, per-step history). Yields a dict filled as the run goes.
 
     skip_save: TrainSession.save_model returns None instead of writing model/ — after the timed steps, so no
-    number changes, but a 3B fp32 save (12.8 GB gathered, serialized, written) costs ~20 s of a short lease."""
+    number changes, but a 3B fp32 save (12.8 GB gathered, serialized, written) costs ~20 s of a short lease.
+    skip_checkpoint: TrainSession.save_checkpoint does nothing — the resumable checkpoint a run writes after its
+    last step (3B: parameters + Adam states, 40-60 s on the H100 of fp8_bench_3b_h100.json) is not timed either."""
     import torch
 
     from packtrain.train import loop
@@ -100,7 +102,7 @@ def observe_train(steady_from: int = 0, skip_save: bool = True):
                  "step_peak_reserved_gib": 0.0, "steady_peak_alloc_gib": 0.0, "steady_peak_reserved_gib": 0.0,
                  "sum_s": [], "sum_s2": [], "result": None, "progress": [], "warmup": steady_from}
     inner_step, inner_train, inner_save = loop.run_step, loop.train, TrainSession.save_model
-    inner_record = TrainSession.record
+    inner_record, inner_checkpoint = TrainSession.record, TrainSession.save_checkpoint
     cuda = torch.cuda.is_available()
 
     def run_step(m, window, *a, **kw):
@@ -143,11 +145,13 @@ def observe_train(steady_from: int = 0, skip_save: bool = True):
     _LIVE["obs"] = obs
     if skip_save:
         TrainSession.save_model = lambda self: None
+    if skip_checkpoint:
+        TrainSession.save_checkpoint = lambda self, step: None
     try:
         yield obs
     finally:
         loop.run_step, loop.train, TrainSession.save_model = inner_step, inner_train, inner_save
-        TrainSession.record = inner_record
+        TrainSession.record, TrainSession.save_checkpoint = inner_record, inner_checkpoint
 
 
 def causal_fraction(cfg, vocab: int, sum_s: list[int], sum_s2: list[int]) -> float:
@@ -167,12 +171,13 @@ def causal_fraction(cfg, vocab: int, sum_s: list[int], sum_s2: list[int]) -> flo
 
 
 def run_packtrain(cfg, tokens_dir: Path, packs_dir: Path, out_dir: Path, steps: int, warmup: int,
-                  vocab: int) -> dict:
+                  vocab: int, skip_checkpoint: bool = False) -> dict:
     """`steps` optimizer steps of `cfg` through packtrain's `train()` (smoke_run; the first `warmup` are not
     measured). Returns smoke_run's numbers (tokens/s and MFU = the meter's steady-state medians) plus
     loss_curve, step_times_s, the steps' peak memory, useful_mfu_causal (attention halved) and the planner's
     predicted peak for the run's shape with its error (planner_peak_alloc_gib / steady_peak_alloc_gib − 1, the
-    peak over the measured steps; planner_error_vs_step_peak: against every step's, compile included)."""
+    peak over the measured steps; planner_error_vs_step_peak: against every step's, compile included).
+    skip_checkpoint: observe_train's (no resumable checkpoint after the last step)."""
     import shutil
 
     from packtrain.testing.gpu_smoke import smoke_run
@@ -180,7 +185,7 @@ def run_packtrain(cfg, tokens_dir: Path, packs_dir: Path, out_dir: Path, steps: 
     t = cfg.train
     planned = planner_prediction(cfg, cfg.pack.budget, vocab, "cpu" if t.device == "cpu" else "cuda")
     try:
-        with observe_train(steady_from=warmup) as obs:
+        with observe_train(steady_from=warmup, skip_checkpoint=skip_checkpoint) as obs:
             r = smoke_run(cfg, tokens_dir, packs_dir, out_dir, t.attention, steps, engine=t.engine,
                           compile=t.compile, warmup_steps=warmup)
     finally:   # the saved model (12.8 GB at 3B in fp32) is not evidence: free the disk for the next row
