@@ -7,11 +7,14 @@
     cuda_peaks_gib()                    (max_memory_allocated, max_memory_reserved) in GiB; (None, None) off CUDA
     measure_host_link()                 pinned device↔host copy GB/s, alone and beside bf16 matmuls; None off CUDA
     Record(suite, command, ...)         the JSON every suite writes: {"suite", "study", "command", "machine",
-                                        "settings", "rows", "goals", "goal_met", "created", "smoke", ...extra}
+                                        "settings", "rows", "goals", "goal_met", "limits", "created", "smoke",
+                                        ...extra}
     write_record(path, record)          indented JSON, atomically (temp file + rename: a timeout never leaves half)
 
 `rows` is a list of objects, one per measured variant/configuration, each carrying numbers; `goals` the targets
-the suite checks and `goal_met` {goal: bool} (empty when the suite has no target). Heavy libraries are
+the suite checks and `goal_met` {goal: bool} (empty when the suite has no target); `limits` says, for a goal
+not met, what limited it (the measured limit) and what was tried — `python -m bench report` shows it beside the
+goal ({{goals FILE}}). Heavy libraries are
 imported inside the functions, so `python -m bench --list` stays fast.
 """
 
@@ -156,6 +159,10 @@ class Record:
     rows: list[dict] = field(default_factory=list)
     goals: dict = field(default_factory=dict)
     goal_met: dict = field(default_factory=dict)
+    limits: dict = field(default_factory=dict)
+    """{goal: {"limit": what limited it, with its measured number, "tried": [what was tried, …]}} for goals of
+    goal_met that are not met; empty when every goal is met or nothing is known yet (optional: older records
+    lack it)."""
     study: str = ""
     """What the run measures, in words (e.g. "FP8 vs bf16 at 3B")."""
     smoke: bool = False
@@ -186,6 +193,22 @@ def check_record(doc: dict) -> list[str]:
             problems.append(f"rows[{i}]: no number in {sorted(r)}")
     if not isinstance(doc.get("goal_met"), dict) or not all(isinstance(v, bool) for v in doc["goal_met"].values()):
         problems.append("goal_met: not an object of booleans")
+    return problems + limit_problems(doc)
+
+
+def limit_problems(doc: dict) -> list[str]:
+    """What is wrong with a record's optional `limits` (Record.limits): each names a goal of goal_met that is not
+    met and holds a non-empty "limit" text and a "tried" list of texts."""
+    limits, met = doc.get("limits", {}), doc.get("goal_met") or {}
+    if not isinstance(limits, dict):
+        return ["limits: not an object"]
+    problems = []
+    for goal, why in limits.items():
+        if met.get(goal) is not False:
+            problems.append(f"limits[{goal!r}]: not a goal of goal_met that is not met ({met.get(goal)!r})")
+        if not isinstance(why, dict) or not isinstance(why.get("limit"), str) or not why["limit"].strip() \
+                or not isinstance(why.get("tried"), list) or not all(isinstance(t, str) for t in why["tried"]):
+            problems.append(f"limits[{goal!r}]: want {{\"limit\": text, \"tried\": [text, ...]}}, got {why!r}")
     return problems
 
 

@@ -16,6 +16,7 @@ table, ARGs naming files in bench/results:
     {{scaling FILE:CONFIG,... ...}}     scaling records, the named configs of each
     {{lora FILE FILE}}                  the lora suite's two variant files
     {{long-context FILE}} / {{fp8 FILE [LOG]}} / {{fsdp2 FILE}} / {{lora-budget FILE}}   (bench/report_studies.py)
+    {{goals FILE...}}                   each record's goals: target, met, and for a goal not met its `limits`
 
 Numbers are read from the records, never typed: change a table by re-running its suite.
 """
@@ -200,11 +201,43 @@ def lora(*names: str) -> list[str]:
     return lines
 
 
+def _target(t) -> str:
+    """A goal's target as the record states it: a number, or {step count: number} (gpu-pipeline's efficiency)."""
+    if isinstance(t, dict):
+        return ", ".join(f"{k}: {v:g}" if isinstance(v, (int, float)) else f"{k}: {v}" for k, v in t.items())
+    return "–" if t is None else f"{t:g}" if isinstance(t, (int, float)) else str(t)
+
+
+TARGET_NAMES = {"speedup": "tok_s_ratio_min"}
+"""goal_met names whose `goals` entry is named otherwise (the fp8 suite's)."""
+
+
+def goals(*names: str) -> list[str]:
+    """Each record's goals: the target, met or not, and for a goal not met what limited it and what was tried
+    (the record's `limits`, bench/harness.py; "not recorded" where it has none). A target is the `goals` (older
+    records: `goal`) entry of the goal's name or, in records whose keys differ, TARGET_NAMES' or the one starting
+    with it (goal_met "peak" ↔ goal "peak_gib_max")."""
+    lines = ["| record | goal | target | met | what limited it | what was tried |", "|---|---|---|---|---|---|"]
+    for name in names:
+        doc = _load(name)
+        targets, limits = doc.get("goals") or doc.get("goal") or {}, doc.get("limits") or {}
+        for g, met in doc["goal_met"].items():
+            key = g if g in targets else TARGET_NAMES.get(g) if TARGET_NAMES.get(g) in targets else \
+                next((k for k in targets if k.startswith(g)), None)
+            target = targets.get(key) if key else None
+            why = limits.get(g) or {}
+            limit = "–" if met else why.get("limit", "not recorded")
+            tried = "–" if met else "; ".join(why.get("tried") or ["not recorded"])
+            lines.append(f"| {name} | {g} | {_target(target)} | {'met' if met else '**not met**'} | {limit} | "
+                         f"{tried} |")
+    return lines
+
+
 RENDER = {"throughput": throughput, "families": families, "memory": memory, "train-smoke": train_smoke,
           "scaling": scaling, "lora": lora, "long-context": lambda f: studies.long_context(_load(f)),
           "fp8": lambda f, log=None: studies.fp8(_load(f), RESULTS / log if log else None),
           "fsdp2": lambda f: studies.fsdp2(_load(f)), "guard": lambda f: studies.guard(_load(f)),
-          "loss-kernels": loss_kernels, "lora-budget": lambda f: studies.lora_budget(_load(f))}
+          "loss-kernels": loss_kernels, "lora-budget": lambda f: studies.lora_budget(_load(f)), "goals": goals}
 
 
 def render(template: str) -> str:

@@ -1,6 +1,6 @@
 """`python -m bench gpu-pipeline`: a repeated step count is refused before anything runs or is written; a run
 whose train (or evaluate, register) stage was a stage-cache hit is a flagged row without numbers, and no goal is
-met from it."""
+met from it; every row is judged against the goals of its length."""
 
 from __future__ import annotations
 
@@ -58,3 +58,27 @@ def test_no_goal_is_met_from_a_stale_row(tmp_path, monkeypatch):
     record = gpu_pipeline.run(args, tmp_path)
     assert [r.get("stale") is not None for r in record.rows] == [False, True]
     assert set(record.goal_met) == set(gpu_pipeline.GOALS) and not any(record.goal_met.values())
+
+
+@pytest.mark.parametrize("steps,goal", [(2, 0.65), (60, 0.65), (90, 0.65), (1999, 0.65), (2000, 0.90), (5000, 0.90)])
+def test_the_efficiency_goal_follows_the_run_length(steps, goal):
+    assert gpu_pipeline.efficiency_goal(steps) == goal
+
+
+def test_each_row_is_judged_against_its_own_goals(tmp_path, monkeypatch):
+    # the 60-step run: (15 + 2) / 39 = 0.436 < 0.65; the 2,000-step run: (95 + 2) / 105 = 0.924 ≥ 0.90
+    short = gpu_pipeline.run_row(60, 40.0, WALLS, _stats({}), "")
+    long = gpu_pipeline.run_row(2000, 40.0, {"train": 100.0, "evaluate": 3.0, "register": 2.0},
+                                {**_stats({}), "train": {"cache": "miss", "timings": {"train_s": 95.0},
+                                                         "throughput": {"real_tokens_per_s": 1000.0}}}, "")
+    rows = iter([short, long])
+    monkeypatch.setattr(gpu_pipeline, "one_run", lambda *a: next(rows))
+    args = argparse.Namespace(recipe="tiny-cpu", set=[], steps="60,2000", smoke=True, keep=False, shared_tmp=True,
+                              command="test")
+    record = gpu_pipeline.run(args, tmp_path)
+    first, second = record.rows
+    assert (first["goals"]["efficiency"], second["goals"]["efficiency"]) == (0.65, 0.90)
+    assert second["efficiency"] == round((95.0 + 2.0) / 105.0, 4)
+    assert first["goal_met"]["efficiency"] is False and second["goal_met"]["efficiency"] is True
+    assert first["goal_met"]["evaluate_non_step_s"] is True   # 12 − 2 = 10 s: at the goal
+    assert record.goal_met["efficiency"] is False and record.goal_met["register_s"] is True

@@ -1,0 +1,65 @@
+"""Every GPU figure as a record with its card and goals: the README's headline rows name the card their record was
+measured on, the rows of one card stand together, and a ratio across cards or runs is refused (bench/headline.py);
+a record's `limits` (what limited a goal not met) is checked when written and shown by the results page
+(bench/harness.py, bench/report.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench import headline, report
+from bench.harness import Record, check_record, write_record
+
+
+def test_every_headline_row_names_the_card_of_its_record():
+    body = headline.table()[2:]
+    cards = [line.split(" | ")[1] for line in body]
+    for row, card in zip(headline.ROWS, cards, strict=True):
+        doc = json.loads((headline.RESULTS / row.ours[0]).read_text(encoding="utf-8"))
+        machine = doc["machine"] if isinstance(doc, dict) else doc[0]["machine"]
+        assert card == (machine.get("device") or machine["gpu"]).removeprefix("NVIDIA ")
+    assert {"H200", "H100 80GB HBM3"} <= set(cards)
+    runs = [c for k, c in enumerate(cards) if k == 0 or cards[k - 1] != c]
+    assert len(runs) == len(set(runs)), f"the rows of one card are split: {cards}"
+
+
+def test_a_ratio_across_cards_or_runs_is_refused():
+    across_cards = headline.Row("x", ("gpu_bench_350m.json", "variant=packtrain.real_tok_per_s"),
+                                ("fp8_bench_3b_h100.json", "variant=bf16.real_tokens_per_s"), "bf16",
+                                ("gpu_bench_350m.json", "variant=packtrain.useful_mfu"))
+    with pytest.raises(ValueError, match="different cards"):
+        headline.card(across_cards)
+    across_runs = headline.Row("y", ("gpu_bench_350m.json", "variant=packtrain.real_tok_per_s"),
+                               ("gpu_bench_1b.json", "variant=hf_packed.real_tok_per_s"), "hf",
+                               ("gpu_bench_350m.json", "variant=packtrain.useful_mfu"))
+    with pytest.raises(ValueError, match="not one run"):
+        headline.card(across_runs)
+    # the lora suite writes one file per variant of one run: that pair is one run
+    assert headline.card(next(r for r in headline.ROWS if r.theirs and r.theirs[0] != r.ours[0])) == "H200"
+
+
+def _record(**kw) -> Record:
+    return Record(suite="fp8", command="python -m bench fp8", machine={"device": "NVIDIA H100 80GB HBM3"},
+                  rows=[{"variant": "bf16", "real_tokens_per_s": 1.0}], goals={"tok_s_ratio_min": 1.25,
+                  "steps_min": 200}, goal_met={"speedup": False, "steps": True}, **kw)
+
+
+def test_limits_name_goals_not_met_and_say_what_was_tried():
+    ok = {"speedup": {"limit": "an example limit", "tried": ["fp8_nomix", "rowwise"]}}
+    assert check_record(_record(limits=ok).to_dict()) == []
+    assert check_record(_record().to_dict()) == [] and _record().to_dict()["limits"] == {}
+    met_goal = check_record(_record(limits={"steps": ok["speedup"]}).to_dict())
+    assert met_goal == ["limits['steps']: not a goal of goal_met that is not met (True)"]
+    no_tried = check_record(_record(limits={"speedup": {"limit": "x"}}).to_dict())
+    assert len(no_tried) == 1 and no_tried[0].startswith("limits['speedup']: want")
+
+
+def test_the_results_page_shows_the_limit_of_a_goal_not_met(tmp_path, monkeypatch):
+    write_record(tmp_path / "fp8.json", _record(limits={"speedup": {"limit": "an example limit",
+                                                                    "tried": ["fp8_nomix", "rowwise"]}}))
+    monkeypatch.setattr(report, "RESULTS", tmp_path)
+    assert report.goals("fp8.json")[2:] == [
+        "| fp8.json | speedup | 1.25 | **not met** | an example limit | fp8_nomix; rowwise |",
+        "| fp8.json | steps | 200 | met | – | – |"]
