@@ -178,6 +178,31 @@ def test_missing_lineage_promotes_with_the_override(world, registry, longer_vs_g
     assert str(client.get_model_version_by_alias(name, "champion").version) == "2"
 
 
+def test_override_on_a_rerun_moves_the_registered_version_with_this_verdict(world, registry, longer_vs_gone,
+                                                                              tmp_path):
+    """The same challenger registered again with the override (weights and lineage registered already, kept): that
+    version takes the alias, and its tags and its register run are this verdict's (validation promote, the line),
+    not the earlier keep's."""
+    import mlflow
+
+    name = f"{NAME}-rerun"
+    _register(world, name, "v1", world["root"] / "ev_v1_gone", name)   # v1: its held-out packs are gone
+    kept = _register(world, name, "longer", longer_vs_gone, "rerun_keep")
+    assert (kept.version, kept.decision) == ("2", "challenger")
+    again = _register(world, name, "longer", longer_vs_gone, "rerun_override",
+                      "register.promotion.allow_unguarded=true")
+    assert (again.version, again.decision, again.existing) == ("2", "champion", True), again.reason
+    client = mlflow.MlflowClient(tracking_uri=world["uri"], registry_uri=world["uri"])
+    assert str(client.get_model_version_by_alias(name, "champion").version) == "2"
+    t = client.get_model_version(name, "2").tags
+    assert (t["decision"], t["validation"], t["packtrain.register_run_id"]) == ("champion", "promote", again.run_id)
+    assert t["validation_reason"].endswith("promoted anyway (register.promotion.allow_unguarded=true)")
+    assert t["champion_domain"].startswith("nothing measures the champion's domain: v1's held-out documents")
+    path = client.download_artifacts(t["packtrain.register_run_id"], "validation/validation.json", str(tmp_path))
+    verdict = json.loads(Path(path).read_text())
+    assert verdict["promote"] is True and verdict["champion_domain"] == t["champion_domain"]
+
+
 def test_a_version_without_recorded_held_out_documents_is_unguarded(world):
     from packtrain.evaluate.champion_domain import champion_domain
 

@@ -65,6 +65,10 @@ def test_run_writes_result_log_model_and_mlflow_metrics(data, straight):
     assert result["steps"] == 20 and len(result["loss_curve"]) == 20
     assert result["loss_curve"][-1] < result["loss_curve"][0] - 0.1   # the Markov data is learnable
     assert result["setup"]["attention"] == "sdpa" and result["setup"]["budget"] == 128
+    from packtrain.config import load_run_config
+    from packtrain.evaluate.recipe_identity import recipe_identity
+
+    assert result["recipe"] == recipe_identity(load_run_config("tiny-cpu", TINY))   # what made these weights
     assert result["tokens"] <= result["slot_tokens"] == 20 * 4 * 128
     compile_cache = data / "work" / "compile-cache"   # compile off: nothing compiled, nothing cached
     assert result["timings"]["compile_cache"] == "off"

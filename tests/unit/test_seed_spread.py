@@ -165,6 +165,25 @@ def test_run_summary_says_which_margins_were_assumed(tmp_path):
     assert shown.endswith(f"not promoted over v1 margins: {note}") and all(len(ln) <= 113 for ln in lines)
 
 
+def test_run_summary_names_the_margins_assumed_without_a_record(tmp_path):
+    """No record for the recipe: the summary's margins line (from the version's tag validation_margins) names the
+    values the decision assumed, not only that some were; the evaluate output's note alone does not have them."""
+    from packtrain.pipeline.summary import build_summary
+
+    note = "no seed-spread record for recipe my-recipe (x does not exist): the configured margins are assumed"
+    (tmp_path / "suites.json").write_text(json.dumps({"seed_spread": {"note": note, "suites": {}}}))
+    cfg = PromotionConfig(resamples=500, epsilon=0.03, epsilon_task=0.15)
+    v = decide_promotion([_text("recent", "primary", -0.2)], cfg, "v1", True, {"note": note, "suites": {}})
+    assert v.margins == f"{note} — delta 0, epsilon 0.03, epsilon_task 0.15 (a rerun differing only in " \
+                        "train.seed is not accounted for)"
+    register = {"model_name": "lm", "version": "2", "decision": "champion", "reason": v.reason,
+                "version_tags": v.tags()}
+    summary = build_summary({"register": register, "evaluate": {"output_dir": str(tmp_path)}})
+    assert summary["margins"] == v.margins
+    first = decide_promotion([_text("recent", "primary", -0.2)], cfg, None, None, {"note": note, "suites": {}})
+    assert "validation_margins" not in first.tags()   # no champion compared: no margins decided anything
+
+
 def test_auto_uses_the_record_of_the_champions_config():
     """A seed rerun trained one step longer: this run's config is not the record's, the champion's is (its version
     tag packtrain.config_hash) → auto uses the record, saying for whose config it was measured."""

@@ -359,7 +359,7 @@ def paired_evaluation(cfg: RunConfig, challenger: Path, ref: str, out_dir: Path,
     manifest's hashes + the scores' write (`write_s`)."""
     import time
 
-    from packtrain.evaluate.recipe_identity import recipe_identity
+    from packtrain.evaluate.recipe_identity import challenger_identity
     from packtrain.evaluate.seed_spread import resolve_seed_spread
     from packtrain.evaluate.suites import load_suites
 
@@ -387,7 +387,7 @@ def paired_evaluation(cfg: RunConfig, challenger: Path, ref: str, out_dir: Path,
         metrics += [{**m, "model": "champion"} for m in metrics]
     t_write = time.perf_counter()
     manifest = paired_manifest(Path(challenger), against, note, cfg.evaluate, scored)
-    manifest["challenger"]["recipe"] = recipe_identity(cfg)   # a seed rerun of the champion: never promoted
+    manifest["challenger"]["recipe"] = challenger_identity(cfg, Path(challenger))   # a seed rerun: never promoted
     if manifest["against"] is not None:
         manifest["against"]["recipe"] = champ
     if domain is not None:

@@ -99,6 +99,7 @@ class PromotionVerdict:
     config: dict
     note: str = ""                 # e.g. "tokenizers differ: compared in bits per byte"
     champion_domain: str = ""      # what measures the champion's domain (packtrain.evaluate.champion_domain)
+    margins: str = ""              # where the margins came from, the assumed values named (margins_note)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -118,6 +119,8 @@ class PromotionVerdict:
              "validation_against": self.against or "none", "validation_failed": ",".join(failed) or "none"}
         if self.champion_domain:   # what measured the champion's own domain (packtrain.evaluate.champion_domain)
             t["champion_domain"] = self.champion_domain[:4000]
+        if self.margins and self.against:   # the margins of a paired decision: recorded, or which were assumed
+            t["validation_margins"] = self.margins[:4000]
         return t
 
 
@@ -249,12 +252,13 @@ def decide_promotion(suites: list[dict], cfg: PromotionConfig, against: str | No
     recorded, k = (spread or {}).get("suites") or {}, int((spread or {}).get("k") or 0)
     pairs = [suite_delta(s, cfg, recorded.get(s["suite"]), k) for s in suites]
     deltas = [d for d, _ in pairs]
+    margins = margins_note(spread, deltas, cfg)
     notes = ["tokenizers differ: every text suite compared in bits per byte (per-token losses are not comparable)"
-             if tokenizers_match is False else "", margins_note(spread, deltas, cfg)]
+             if tokenizers_match is False else "", margins]
     note = "; ".join(n for n in notes if n)
     if against is None:
         return PromotionVerdict(True, "first champion: no version held the champion alias (the challenger was "
-                                "scored alone)", None, None, deltas, conf, note)
+                                "scored alone)", None, None, deltas, conf, note, margins=margins)
     resolve = {"text": max([d.margin or 0.0 for d in deltas if d.kind == "text" and d.role != "primary"]
                            + [cfg.epsilon]),
                "task": max([d.margin or 0.0 for d in deltas if d.kind == "task"] + [cfg.epsilon_task])}
@@ -263,14 +267,14 @@ def decide_promotion(suites: list[dict], cfg: PromotionConfig, against: str | No
     primary = [d for d in deltas if d.role == "primary"]
     if not primary:
         return PromotionVerdict(False, "no primary suite: nothing must improve, so nothing is promoted",
-                                against, tokenizers_match, deltas, conf, note)
+                                against, tokenizers_match, deltas, conf, note, margins=margins)
     if bad:
         reason = f"not promoted over {against}: " + "; ".join(
             (f"{d.suite} ({d.role}) not {'improved' if d.role == 'primary' else 'non-inferior'}: " + d.line())
             for d in bad)
     else:
         reason = f"promoted over {against}: " + "; ".join(d.line() for d in deltas)
-    return PromotionVerdict(not bad, reason, against, tokenizers_match, deltas, conf, note)
+    return PromotionVerdict(not bad, reason, against, tokenizers_match, deltas, conf, note, margins=margins)
 
 
 def verdict_markdown(v: PromotionVerdict) -> str:

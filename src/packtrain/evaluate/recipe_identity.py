@@ -7,8 +7,9 @@ The register stage tags every version trained in the run (train_result.json pres
                             train.seed (packtrain.evaluate.seed_spread), e.g. 4900e1d16f95baab
     packtrain.train_seed    its train.seed, e.g. 0
 
-The evaluate stage writes the challenger's in suites.json (`challenger.recipe`) and the champion's (its version's
-tags, `against.recipe`). Then:
+The train stage records its own in train_result.json (`recipe`); the evaluate stage writes the challenger's (that
+record beside the model, else its own config's) in suites.json (`challenger.recipe`) and the champion's (its
+version's tags, `against.recipe`). Then:
 
     same config hash, another seed, a start that   → a seed rerun: the recipe is the champion's, only the seed
     cannot move (scratch, a directory, models:/N/3), differs; NOT promoted, whatever the suites say (a seed margin
@@ -25,6 +26,7 @@ draw of that recipe, and its seed spread is the noise the comparison must exceed
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -38,6 +40,22 @@ def recipe_identity(cfg: RunConfig) -> dict:
     from packtrain.evaluate.seed_spread import recipe_hash
 
     return {"config_hash": recipe_hash(cfg), "train_seed": int(cfg.train.seed), "init_from": cfg.model.init_from}
+
+
+def challenger_identity(cfg: RunConfig, model_dir: Path) -> dict:
+    """The recipe of the model in `model_dir`: the one its train stage recorded beside it (<train out>/model →
+    <train out>/train_result.json `recipe`), else this (evaluate) config's — a model trained with
+    `--set train.seed=1` and evaluated by a command without that setting is still seed 1."""
+    import json
+
+    try:
+        recorded = json.loads((Path(model_dir).parent / "train_result.json").read_text(encoding="utf-8")).get("recipe")
+    except (OSError, ValueError, AttributeError):
+        recorded = None
+    if isinstance(recorded, dict) and recorded.get("config_hash") and recorded.get("train_seed") is not None:
+        return {"config_hash": str(recorded["config_hash"]), "train_seed": int(recorded["train_seed"]),
+                "init_from": recorded.get("init_from")}
+    return recipe_identity(cfg)
 
 
 def identity_of_tags(tags: dict | None) -> dict | None:

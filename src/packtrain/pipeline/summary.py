@@ -70,6 +70,7 @@ FIELDS: dict[str, tuple[str, str]] = {
     "reason": ("register", "reason"),
     "existing": ("register", "existing"),   # an earlier version holds these weights: no new version
     "champion_domain": ("register", "version_tags.champion_domain"),   # what measured the champion's domain
+    "margins": ("register", "version_tags.validation_margins"),   # the decision's margins: recorded, or assumed
 }
 for _stage, _key in FIELDS.values():
     stage_spec(_stage)   # a summary field names a stage of the table (KeyError at import otherwise)
@@ -99,7 +100,7 @@ def build_summary(stages: dict) -> dict:
     out["cached"] = [s for s in STAGE_NAMES if (stats.get(s) or {}).get("cache") == "hit"]
     for stage in ("train", "evaluate"):   # this run's output directories: the runner's (run_dag), not a result's
         out[f"{stage}_dir"] = (stats.get(stage) or {}).get("output_dir")
-    out["margins"] = margins_line(out.get("evaluate_dir"), out.get("reason"))
+    out["margins"] = out["margins"] or margins_line(out.get("evaluate_dir"), out.get("reason"))   # older versions
     return out
 
 

@@ -262,9 +262,12 @@ def apply_registration(client, tracking_uri: str, run_id: str, op: dict, model_d
     vtags = dict(mv.tags)
     champion_now = prev_version
     if existing and vtags.get("decision") != decision:   # e.g. kept before, promoted now (allow_unguarded)
-        vtags.update(decision=decision, decision_reason=reason[:4000])
-        client.set_model_version_tag(name, version, "decision", decision)
-        client.set_model_version_tag(name, version, "decision_reason", vtags["decision_reason"])
+        # the verdict that moved it replaces the earlier one: its validation* tags, and this run (its validation/)
+        changed = {"decision": decision, "decision_reason": reason[:4000], REGISTER_RUN_TAG: run_id,
+                   **(validation_tags(promo) if promo else {})}
+        vtags.update(changed)
+        for key, value in changed.items():
+            client.set_model_version_tag(name, version, key, value)
     if mv.tags.get(ALIAS_SET_TAG) and not existing:   # an earlier attempt finished the aliases: never again
         champion_now = alias_version(client, name, CHAMPION)
     elif decision == CHAMPION:

@@ -189,6 +189,8 @@ class TrainResult(StageResult, TrainStats):
     init_eval_loss: float | None = None       # held-out loss of the initial weights (warm start), else None
     init: dict[str, Any] | None = None        # the resolved model.init_from, tokenizer check, step-0 eval
     packing_fill: float | None = None         # train fill of the packs trained on (their pack_result.json)
+    recipe: dict[str, Any] | None = None      # what made these weights: config_hash, train_seed, init_from
+                                              # (packtrain.evaluate.recipe_identity)
 
     @property
     def peak_memory_gib(self) -> float | None:

@@ -227,10 +227,12 @@ def _run_train(cfg: RunConfig, packs_dir: Path, tokens_dir: Path, out_dir: Path,
         result.timings.update(compile_cache.timings())   # compile_cache: hit | miss | partial | off
         if result.timings["compile_cache"] != "off":
             print(compile_cache.line("train"), file=sys.stderr, flush=True)
+        from packtrain.evaluate.recipe_identity import recipe_identity
+
         typed = from_library(TrainResult, result.to_dict(), lineage, TrainResult.FILE,
                              init_eval_loss=step0["eval_loss"] if step0 is not None else None,
                              init={**init.to_dict(), "tokenizer_check": tokenizer_check, "eval": step0},
-                             packing_fill=packing_fill(packs_dir / "train"))
+                             packing_fill=packing_fill(packs_dir / "train"), recipe=recipe_identity(cfg))
         typed.write(out_dir)
         stats = typed.to_dict()
         run.log_finals(summary_metrics(stats))   # the pipeline run's train.* (or this run's, alone) + summary.json
