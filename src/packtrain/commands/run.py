@@ -59,6 +59,9 @@ def run(cfg, args: argparse.Namespace) -> int:
     from packtrain.evaluate.power import check_power
 
     check_power(cfg)   # can each suite decide? (docs/validation.md; strict: a ConfigError before any stage)
+    from packtrain.registry.adapter import check_registrable
+
+    check_registrable(cfg)   # a LoRA run the register stage would refuse after training: refused now
     result = run_local(cfg, runner=args.runner, verbose=args.verbose, use_cache=False if args.no_cache else None,
                        progress_s=PROGRESS_S if args.progress is None else args.progress)
     if args.json_out:

@@ -78,6 +78,9 @@ def detect_data_version(cfg, force: bool = False) -> dict:
         from packtrain.config.preflight import check_suite_packages
 
         check_suite_packages(cfg.evaluate)
+    from packtrain.registry.adapter import check_registrable
+
+    check_registrable(cfg)   # a LoRA recipe the register task would refuse after training: this first task fails
     version, source = data_version(cfg)
     prev = None
     p = state_path(cfg)

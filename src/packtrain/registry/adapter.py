@@ -31,6 +31,19 @@ ADAPTER_ARTIFACT = "adapter"
 """Artifact directory of the register run that holds the adapter files."""
 
 
+def check_registrable(cfg) -> None:
+    """Before a pipeline that ends by registering (`packtrain run`, the scheduled retrain) runs any stage: a LoRA
+    train stage without train.adapter.save_merged writes no merged model, so registration would refuse it
+    (registry_model_dir) only after training. A ConfigError now, naming the setting."""
+    adapter = cfg.train.adapter
+    if adapter.type == "lora" and not adapter.save_merged:
+        raise ConfigError("train.adapter.type=lora without train.adapter.save_merged=true: the pipeline ends by "
+                          "registering the model and the registry holds plain transformers models (the merged "
+                          "model; the adapter is logged beside it) — add --set train.adapter.save_merged=true "
+                          "(recipes/sft-tiny-cpu.yaml does), or run `packtrain train` / `packtrain evaluate` alone "
+                          "to keep the adapter only")
+
+
 def registry_model_dir(model_dir: str | Path) -> Path:
     """The directory to log as the registered model: model_dir itself (a full model) or model_dir/merged
     (a LoRA adapter directory trained with train.adapter.save_merged).
