@@ -150,8 +150,6 @@ def plot_curves(rows: dict[str, dict], names: list[str], path: Path, comparisons
     bottom.set_ylabel("(variant − bf16) / bf16")
     bottom.set_xlabel("optimizer step (same seed, same packs)")
     bottom.legend(fontsize=8, loc="upper right")
-    fig.tight_layout()
-    tmp = path.with_name(f".{path.stem}.tmp.png")
-    fig.savefig(tmp, format="png")
-    tmp.replace(path)
-    return path
+    from packtrain.telemetry.plots import save_figure
+
+    return save_figure(fig, path)

@@ -357,11 +357,9 @@ def plot_frontier(rows: list[dict], goal_tok_s: float, gib: float, path: Path) -
     ax.set_ylabel("tok/s estimate (recompute at the matrix rate)")
     ax.set_title("LoRA r 16 on a Llama-3-8B shape: what each recompute policy keeps and costs")
     ax.legend(fontsize=8, loc="lower right")
-    fig.tight_layout()
-    tmp = path.with_name(f".{path.stem}.tmp.png")
-    fig.savefig(tmp, format="png")
-    tmp.replace(path)
-    return path
+    from packtrain.telemetry.plots import save_figure
+
+    return save_figure(fig, path)
 
 
 def _full_ac_check(args, spec: dict, rows: list[dict]) -> dict | None:

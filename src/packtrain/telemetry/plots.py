@@ -27,7 +27,9 @@ def _figure(n_panels: int, width: float = 8.0, height_per: float = 2.4):
     return fig, list(axes)
 
 
-def _save(fig, path: str | Path) -> Path:
+def save_figure(fig, path: str | Path) -> Path:
+    """`fig` laid out and written as PNG to `path` through a temporary file beside it and a rename: a reader sees
+    the earlier image or the new one, whole. Returns `path`."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.stem}.tmp.png")
@@ -54,7 +56,7 @@ def plot_timeseries(path: str | Path, x: Sequence[float], series: Mapping[str, S
     axes[-1].set_xlabel(xlabel)
     if title:
         axes[0].set_title(title)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_system(samples: Sequence[Mapping], path: str | Path, title: str = "") -> Path:
@@ -110,4 +112,4 @@ def plot_length_histogram(lengths: Sequence[int], fill: float, path: str | Path,
             f"  ·  p99 {int(np.percentile(arr, 99)):,}  ·  max {int(arr.max()):,}")
     ax.set_title(text, fontsize=9)
     ax.grid(alpha=0.3)
-    return _save(fig, path)
+    return save_figure(fig, path)
