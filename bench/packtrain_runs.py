@@ -92,7 +92,8 @@ def observe_train(steady_from: int = 0, skip_save: bool = True, skip_checkpoint:
     skip_save: TrainSession.save_model returns None instead of writing model/ — after the timed steps, so no
     number changes, but a 3B fp32 save (12.8 GB gathered, serialized, written) costs ~20 s of a short lease.
     skip_checkpoint: TrainSession.save_checkpoint does nothing — the resumable checkpoint a run writes after its
-    last step (3B: parameters + Adam states, 40-60 s on the H100 of fp8_bench_3b_h100.json) is not timed either."""
+    last step (3B: parameters + Adam states, 40-60 s on an H100:
+    history/fp8_bench_3b_h100_run1_rows_auto_bf16_fp8nomix.json) is not timed either."""
     import torch
 
     from packtrain.train import loop

@@ -16,6 +16,7 @@ table, ARGs naming files in bench/results:
     {{scaling FILE:CONFIG,... ...}}     scaling records, the named configs of each
     {{lora FILE FILE}}                  the lora suite's two variant files
     {{long-context FILE}} / {{fp8 FILE [LOG]}} / {{fsdp2 FILE}} / {{lora-budget FILE}}   (bench/report_studies.py)
+    {{pipeline FILE...}}                gpu-pipeline records: efficiency and non-step time of each run
     {{goals FILE...}}                   each record's goals: target, met, and for a goal not met its `limits`
 
 Numbers are read from the records, never typed: change a table by re-running its suite.
@@ -208,8 +209,9 @@ def _target(t) -> str:
     return "–" if t is None else f"{t:g}" if isinstance(t, (int, float)) else str(t)
 
 
-TARGET_NAMES = {"speedup": "tok_s_ratio_min"}
-"""goal_met names whose `goals` entry is named otherwise (the fp8 suite's)."""
+TARGET_NAMES = {"speedup": "tok_s_ratio_min", "loss": "loss_rel_diff_last_n_max", "planner": "planner_error_abs_max"}
+"""goal_met names (or their first word: planner_<variant>) whose `goals` entry is named otherwise (the fp8 suite's;
+an older fp8 record without the entry falls back to the first goal starting with the name)."""
 
 
 def goals(*names: str) -> list[str]:
@@ -222,7 +224,8 @@ def goals(*names: str) -> list[str]:
         doc = _load(name)
         targets, limits = doc.get("goals") or doc.get("goal") or {}, doc.get("limits") or {}
         for g, met in doc["goal_met"].items():
-            key = g if g in targets else TARGET_NAMES.get(g) if TARGET_NAMES.get(g) in targets else \
+            named = TARGET_NAMES.get(g, TARGET_NAMES.get(g.split("_", 1)[0]))
+            key = g if g in targets else named if named in targets else \
                 next((k for k in targets if k.startswith(g)), None)
             target = targets.get(key) if key else None
             why = limits.get(g) or {}
@@ -233,11 +236,19 @@ def goals(*names: str) -> list[str]:
     return lines
 
 
+def pipeline(*names: str) -> list[str]:
+    """gpu-pipeline records: every run of each, as the README's pipeline table shows them (bench/headline.py)."""
+    from bench.headline import pipeline_table
+
+    return pipeline_table(tuple((n, k) for n in names for k in range(len(_rows(_load(n))))), links="")[1:]
+
+
 RENDER = {"throughput": throughput, "families": families, "memory": memory, "train-smoke": train_smoke,
           "scaling": scaling, "lora": lora, "long-context": lambda f: studies.long_context(_load(f)),
           "fp8": lambda f, log=None: studies.fp8(_load(f), RESULTS / log if log else None),
           "fsdp2": lambda f: studies.fsdp2(_load(f)), "guard": lambda f: studies.guard(_load(f)),
-          "loss-kernels": loss_kernels, "lora-budget": lambda f: studies.lora_budget(_load(f)), "goals": goals}
+          "loss-kernels": loss_kernels, "lora-budget": lambda f: studies.lora_budget(_load(f)), "goals": goals,
+          "pipeline": pipeline}
 
 
 def render(template: str) -> str:

@@ -16,7 +16,8 @@ count, plus the heaviest kernels by name. Kinds:
                (inductor names it after its ops, e.g. triton_red_fused__to_copy_…_logsumexp_…), softmax /
                log-softmax / cross-entropy / nll kernels, Liger's cross-entropy and gradient-scaling kernels
     gemm       cuBLAS / CUTLASS / nvjet matmuls          attention  flash / fmha kernels
-    norm       RMSNorm kernels (Liger or inductor-named)  optimizer  fused AdamW / multi-tensor apply
+    norm       RMSNorm kernels: Liger's, and inductor's …_mul_pow_sum_… (the fused RMSNorm, named after its ops)
+    optimizer  fused AdamW / multi-tensor apply
     fused      the other inductor (triton_*) kernels      copy       memcpy / memset / copies
     other      everything else
 
@@ -42,7 +43,7 @@ DEVICE = "gpu"
 GEMM = r"gemm|cutlass|nvjet|xmma|cublas|sm90_|matmul|addmm|\bmm\b"
 KINDS = (("attention", r"flash|fmha|attn"),
          ("loss", r"liger_cross|element_mul_kernel|cross_entropy|log_softmax|softmax|logsumexp|nll_loss"),
-         ("norm", r"rms|layer_norm|norm_"), ("optimizer", r"adam|multi_tensor"), ("gemm", GEMM),
+         ("norm", r"rms|layer_norm|norm_|pow_sum"), ("optimizer", r"adam|multi_tensor"), ("gemm", GEMM),
          ("copy", r"memcpy|memset|copy"), ("fused", r"^triton_|triton"))
 HEAD_LOSS_OPS = ("FusedLinearCE", "LigerFusedLinearCrossEntropyFunction")
 """Ranges (autograd Functions: the profiler names a forward by its class, the backward CLASSBackward) whose
@@ -56,6 +57,8 @@ def kind_of(name: str, in_head_loss: bool = False) -> str:
     ('attention', 'gemm', 'fused', 'other')
     >>> kind_of("nvjet_tst_128x256", in_head_loss=True), kind_of("triton_poi_fused_mul_0", in_head_loss=True)
     ('head', 'loss')
+    >>> kind_of("triton_per_fused__to_copy__unsafe_view_add_div_expand_mul_pow_sum_view_9")   # fused RMSNorm
+    'norm'
     """
     low = name.lower()
     if in_head_loss:

@@ -63,3 +63,26 @@ def test_the_results_page_shows_the_limit_of_a_goal_not_met(tmp_path, monkeypatc
     assert report.goals("fp8.json")[2:] == [
         "| fp8.json | speedup | 1.25 | **not met** | an example limit | fp8_nomix; rowwise |",
         "| fp8.json | steps | 200 | met | – | – |"]
+
+
+def test_the_results_page_lists_every_run_of_a_pipeline_record_linked_from_its_folder():
+    name = "gpu_pipeline_350m_h100.json"
+    runs = json.loads((report.RESULTS / name).read_text(encoding="utf-8"))["rows"]
+    body = report.pipeline(name)[2:]
+    assert len(body) == len(runs) and all(line.startswith(f"| {r['steps']:,} steps (")
+                                          for r, line in zip(runs, body, strict=True))
+    assert all(line.endswith(f"[{name}]({name}) |") for line in body)          # GPU_RESULTS.md sits beside it
+    assert headline.pipeline_table(((name, 0),))[-1].endswith(f"[{name}](bench/results/{name}) |")   # README
+
+
+def test_the_fp8_goals_show_their_own_targets(tmp_path, monkeypatch):
+    """loss is judged on loss_rel_diff_last_n_max (not loss_last_n, the window), planner_<variant> on
+    planner_error_abs_max."""
+    rec = Record(suite="fp8", command="python -m bench fp8", machine={"device": "NVIDIA H100 80GB HBM3"},
+                 rows=[{"variant": "bf16", "real_tokens_per_s": 1.0}],
+                 goals={"loss_last_n": 50, "loss_rel_diff_last_n_max": 0.01, "planner_error_abs_max": 0.1},
+                 goal_met={"loss": True, "planner_fp8_nomix": True})
+    write_record(tmp_path / "fp8.json", rec)
+    monkeypatch.setattr(report, "RESULTS", tmp_path)
+    assert report.goals("fp8.json")[2:] == ["| fp8.json | loss | 0.01 | met | – | – |",
+                                            "| fp8.json | planner_fp8_nomix | 0.1 | met | – | – |"]

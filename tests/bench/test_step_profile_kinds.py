@@ -34,6 +34,9 @@ OWN_LOSS = "_fused__to_copy_arange_eq_exp_gather_logsumexp_ne_scalar_tensor_sele
     ("void pytorch_flash::flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel<Flash_bwd_kernel_traits<64, 128", False,
      "attention"),
     ("triton_poi_fused__unsafe_view_mul_silu_silu_backward_view_2", False, "fused"),
+    # inductor's fused RMSNorm (step_profile_qwen2_0.5b_h100.json, where it was still counted as copy)
+    ("triton_per_fused__to_copy__unsafe_view_add_div_expand_mul_pow_sum_view_9", False, "norm"),
+    ("triton_per_fused__to_copy__unsafe_view_add_div_expand_mul_pow_sum_view_3", False, "norm"),
     ("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::native::(anonymous "
      "namespace)::FusedOptimizerTensorListMetadata<4>", False, "optimizer"),
 ])
