@@ -223,6 +223,9 @@ def goals(*names: str) -> list[str]:
     for name in names:
         doc = _load(name)
         targets, limits = doc.get("goals") or doc.get("goal") or {}, doc.get("limits") or {}
+        model = (doc.get("settings") or {}).get("model")
+        if isinstance(model, str) and isinstance(targets.get(model), dict):   # gpu-throughput: goals by model
+            targets = targets[model]
         for g, met in doc["goal_met"].items():
             named = TARGET_NAMES.get(g, TARGET_NAMES.get(g.split("_", 1)[0]))
             key = g if g in targets else named if named in targets else \

@@ -18,8 +18,10 @@ workdir cache: the second run found the first one's graphs in /tmp).
 
 Per run, from the run's own output (`--json`): every stage's wall time (the runner's "success in X s"), and
 
-    train steps     train_result.json timings.train_s − timings.checkpoint_s (the optimizer steps, first one
-                    included; the loop's checkpoint saves are not steps)
+    train steps     train_result.json timings.train_s − timings.checkpoint_s − timings.compile_s (the optimizer
+                    steps; the loop's checkpoint saves are not steps, nor is the compile the first step waits for:
+                    a compile-cache hit shortens the non-step time, it does not lengthen the steps. Records written
+                    before the rows held `compile_s` counted the compile as step time)
     eval steps      evaluate_result.json seconds (the timed held-out epoch) + timings.suites_text_forward_s (the
                     text suites' forwards, both models: evaluation steps as much as the held-out epoch)
     GPU-stage time  train + evaluate + register walls (the GPU is held from the first step to the registered
@@ -158,7 +160,8 @@ def run_row(steps: int, wall: float, walls: dict, stats: dict, stdout: str) -> d
                 "cached_stages": cached, "stale": f"{', '.join(cached)} restored from the stage cache: the "
                 "timings are an earlier run's, nothing was measured", "stdout": stdout.splitlines()[-24:]}
     tr, ev, rg = stats["train"], stats["evaluate"], stats["register"]
-    train_steps = float(tr["timings"]["train_s"]) - float(tr["timings"].get("checkpoint_s") or 0.0)
+    compile_s = float(tr["timings"].get("compile_s") or 0.0)
+    train_steps = float(tr["timings"]["train_s"]) - float(tr["timings"].get("checkpoint_s") or 0.0) - compile_s
     eval_steps = float(ev["seconds"]) + float(ev.get("timings", {}).get("suites_text_forward_s") or 0.0)
     gpu_s = walls["train"] + walls["evaluate"] + walls["register"]
     train_tok_s = float(tr["throughput"].get("real_tokens_per_s") or 0.0)
@@ -173,7 +176,7 @@ def run_row(steps: int, wall: float, walls: dict, stats: dict, stdout: str) -> d
         "eval_over_train_tok_s": round(float(ev["tokens_per_s"]) / train_tok_s, 2) if train_tok_s else None,
         "compile_cache": {"train": tr["timings"].get("compile_cache"),
                           "evaluate": ev.get("timings", {}).get("compile_cache")},
-        "first_step_s": tr["timings"].get("first_step_s"),
+        "first_step_s": tr["timings"].get("first_step_s"), "compile_s": round(compile_s, 3),
         "compile_cache_mib": compile_cache_mib(tr["timings"].get("compile_cache_dir")),
         "train_timings": tr["timings"], "eval_timings": ev.get("timings", {}),
         "cache_key_s": {k: v.get("cache_key_s") for k, v in stats.items() if isinstance(v, dict)},

@@ -49,6 +49,14 @@ def test_a_row_whose_train_stage_was_a_cache_hit_has_no_numbers():
     assert fresh["efficiency"] == round((15.0 + 2.0) / 39.0, 4)
 
 
+def test_the_compile_the_first_step_waits_for_is_non_step_time():
+    stats = _stats({})
+    stats["train"]["timings"] = {"train_s": 20.0, "checkpoint_s": 5.0, "compile_s": 11.0}
+    row = gpu_pipeline.run_row(60, 40.0, WALLS, stats, "done\n")
+    assert (row["train_steps_s"], row["compile_s"], row["train_non_step_s"]) == (4.0, 11.0, 21.0)
+    assert row["efficiency"] == round((4.0 + 2.0) / 39.0, 4)   # a compile-cache hit can only raise it
+
+
 def test_no_goal_is_met_from_a_stale_row(tmp_path, monkeypatch):
     rows = iter([gpu_pipeline.run_row(2, 9.0, WALLS, _stats({}), ""),
                  gpu_pipeline.run_row(3, 9.0, WALLS, _stats({"train": "hit"}), "")])

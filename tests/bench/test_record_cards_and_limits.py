@@ -86,3 +86,16 @@ def test_the_fp8_goals_show_their_own_targets(tmp_path, monkeypatch):
     monkeypatch.setattr(report, "RESULTS", tmp_path)
     assert report.goals("fp8.json")[2:] == ["| fp8.json | loss | 0.01 | met | – | – |",
                                             "| fp8.json | planner_fp8_nomix | 0.1 | met | – | – |"]
+
+
+def test_the_throughput_goals_show_the_targets_of_the_records_model(tmp_path, monkeypatch):
+    """gpu-throughput records hold GOALS for every model; the row takes its own model's."""
+    rec = Record(suite="gpu-throughput", command="python -m bench gpu-throughput --model qwen2-0.5b",
+                 machine={"device": "NVIDIA H100 80GB HBM3"}, settings={"model": "qwen2-0.5b"},
+                 rows=[{"variant": "packtrain", "real_tok_per_s": 1.0}],
+                 goals={"1b": {"useful_mfu": 0.55}, "qwen2-0.5b": {"speedup_vs_hf_packed": 2.2, "useful_mfu": 0.5}},
+                 goal_met={"speedup_vs_hf_packed": True, "useful_mfu": True})
+    write_record(tmp_path / "t.json", rec)
+    monkeypatch.setattr(report, "RESULTS", tmp_path)
+    assert report.goals("t.json")[2:] == ["| t.json | speedup_vs_hf_packed | 2.2 | met | – | – |",
+                                          "| t.json | useful_mfu | 0.5 | met | – | – |"]
