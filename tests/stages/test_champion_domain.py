@@ -274,3 +274,59 @@ def test_rerun_after_kill_during_register_finishes_the_same_version(world, regis
     assert f"{name} v1 → champion (already registered: {name} v1 holds these weights" in out, out
     assert [str(x.version) for x in client.search_model_versions(f"name = '{name}'")] == ["1"]
     assert str(client.get_model_version_by_alias(name, "champion").version) == "1"
+
+
+def test_champion_held_out_documents_planted_in_a_new_corpus_are_dropped(world, registry, tmp_path, capsys):
+    """A champion exists (v1, trained on domain A): three of its held-out documents copied verbatim into a new
+    corpus B are found by the default contamination check as suite champion_domain and dropped (policy drop), so
+    they are neither trained on nor scored as that suite afterwards. The stage cache keys of validate and
+    tokenize hold the champion; a champion whose held-out documents are gone does not fail the check."""
+    from packtrain.cli import main
+    from packtrain.data.tokenize import split_eval
+    from packtrain.pipeline.runtime import config_parts
+    from packtrain.pipeline.summary import build_summary, format_summary
+
+    held = set(np.flatnonzero(split_eval(np.arange(63), 0.1)).tolist())
+    planted = [i for i in range(5, 63, 11) if i not in held][:3]   # training-split positions of corpus B
+    a_held = domain_a(40, 1)   # v1's held-out documents (its eval packs A)
+    docs = [" ".join(str(k) for k in range(s, s + 40)) for s in range(0, 3000, 50)]   # 60, no 13-gram shared
+    for k, i in enumerate(planted):
+        docs.insert(i, a_held[3 + 10 * k])
+    (tmp_path / "b.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
+
+    def sets(name):
+        return ["--set", f"workdir={tmp_path / name}", "--set", "validate.min_rows=10", "--set",
+                "tokenize.eval_fraction=0.1", "--set", "tokenize.vocab_size=300", "--set", "pack.budget=128",
+                "--set", f"tracking.tracking_uri={world['uri']}", "--set", f"register.model_name={name}",
+                "--set", "tracking.system_metrics=false"]
+
+    for name in (NAME, f"{NAME}-gone"):
+        assert main(["ingest", "--source", str(tmp_path / "b.jsonl"), *sets(name)]) == 0
+        assert main(["validate", *sets(name)]) == 0 and main(["tokenize", *sets(name)]) == 0
+    err = capsys.readouterr().err
+    found = json.loads((tmp_path / NAME / "validate" / "validate_result.json").read_text())["contamination"]
+    assert found["policy"] == "drop" and found["dropped"] == planted
+    assert found["suites"] == ["wordorder", "champion_domain"] and found["by_suite"] == {"champion_domain": 3}
+    assert [o["eval_file"] for o in found["overlaps"]] == [str((world["packs"]["a"] / "eval").resolve())] * 3
+    assert found["champion_domain"].startswith("v1's domain: its held-out documents")
+    assert f"3 of {63 - len(held)} training document(s) overlap the eval data" in err
+    assert "of suite champion_domain" in err and "dropped from training" in err
+    tok = json.loads((tmp_path / NAME / "tokenize" / "tokenize_result.json").read_text())
+    assert tok["contamination_dropped"] == planted and tok["documents"] == 60
+    result = json.loads((tmp_path / NAME / "validate" / "validate_result.json").read_text())
+    summary = format_summary("t", build_summary({"validate": result}), 1.0, 7, None)
+    assert f"contamination: 3 of {63 - len(held)} training documents hold an eval document, dropped" in summary
+
+    # the champion's held-out packs are gone: nothing to read them from, the check still runs and says so
+    gone = json.loads((tmp_path / f"{NAME}-gone" / "validate" / "validate_result.json").read_text())["contamination"]
+    assert gone["dropped"] == [] and gone["suites"] == ["wordorder"]
+    assert gone["champion_domain"].startswith("nothing measures the champion's domain: v1's held-out documents")
+    assert "(not checked against)" in err
+
+    # the cache keys: the champion's version and its held-out documents' md5 (none before a champion exists)
+    cfg = load_run_config("tiny-cpu", [f"tracking.tracking_uri={world['uri']}", f"register.model_name={NAME}"])
+    for stage in ("validate", "tokenize"):
+        assert config_parts(stage, cfg)["champion_domain"] == {
+            "champion": f"models:/{NAME}/1", "heldout": registry["v1"].version_tags["heldout.md5"]}
+        assert "champion_domain" not in config_parts(stage, cfg.model_copy(update={"register_": cfg.register_.model_copy(
+            update={"model_name": f"{NAME}-none"})}))

@@ -40,9 +40,10 @@ def check_table(path: Path, cfg: ContaminationConfig, sources: EvalSources | Non
     split, `against`); None → `cfg.against` alone. The held-out split's documents are eval documents, never
     checked themselves. Returns
 
-        {"ngram", "min_ngram", "min_coverage", "policy", "against", "suites", "held_out", "eval_documents",
+        {"ngram", "min_ngram", "min_coverage", "policy", "against", "suites", "held_out", "champion_domain"
+         (what measures the champion's domain: a line, or None without a champion), "eval_documents",
          "eval_ngrams", "eval_too_short", "documents" (checked: the training split), "held_out_documents",
-         "contaminated" (count), "overlaps": [{"doc_id", "source", "suite", "eval_file", "eval_record", "ngram",
+         "contaminated" (count), "by_suite" ({suite: contaminated documents}), "overlaps": [{"doc_id", "source", "suite", "eval_file", "eval_record", "ngram",
          "shared_ngrams", "coverage"}, ...]}   # every contaminated document, in table order
 
     `suite` names the suite (or `against` entry) the eval document belongs to; `source` the document's file:line."""
@@ -78,12 +79,23 @@ def check_table(path: Path, cfg: ContaminationConfig, sources: EvalSources | Non
         overlaps.append({"doc_id": o.doc_id, "source": sources_by_id.get(o.doc_id), "suite": suite,
                          "eval_file": eval_file, "eval_record": record, "ngram": o.ngram,
                          "shared_ngrams": o.shared_ngrams, "coverage": o.coverage})
+    champ = src.champion
+    suites = [sc.name for _, sc in src.suites] + ([champ.suite.name] if champ and champ.suite is not None else [])
     return {"ngram": cfg.ngram, "min_ngram": cfg.min_ngram, "min_coverage": cfg.min_coverage, "policy": cfg.policy,
-            "against": list(src.against), "suites": [sc.name for _, sc in src.suites],
-            "held_out": src.held_out_fraction is not None, "eval_documents": report.eval_documents,
+            "against": list(src.against), "suites": suites, "held_out": src.held_out_fraction is not None,
+            "champion_domain": champ.line if champ else None, "eval_documents": report.eval_documents,
             "eval_ngrams": report.eval_ngrams, "eval_too_short": report.eval_too_short,
             "documents": report.train_documents, "held_out_documents": len(held),
-            "contaminated": len(overlaps), "overlaps": overlaps}
+            "contaminated": len(overlaps), "by_suite": by_suite(overlaps), "overlaps": overlaps}
+
+
+def by_suite(overlaps: list[dict]) -> dict[str, int]:
+    """{suite: contaminated documents}, in order of first appearance: [{"suite": "champion_domain"}, ...] →
+    {"champion_domain": 3}."""
+    out: dict[str, int] = {}
+    for o in overlaps:
+        out[o["suite"]] = out.get(o["suite"], 0) + 1
+    return out
 
 
 def describe(o: dict, with_source: bool = True) -> str:
@@ -162,13 +174,24 @@ def write_without(path: Path, doc_ids: list[int], dst: Path) -> Path:
 
 
 def checked_against(found: dict) -> str:
-    """'suites wordorder, replay; the held-out split (37 documents); against evals/qa.jsonl' (what was read)."""
+    """'suites wordorder, replay, champion_domain; the held-out split (37 documents); against evals/qa.jsonl'
+    (what was read), and the plain line when the champion's held-out documents could not be read."""
     parts = [f"suite(s) {', '.join(found['suites'])}"] if found.get("suites") else []
     if found.get("held_out"):
         parts.append(f"the held-out split ({found['held_out_documents']} documents, not checked themselves)")
     if found.get("against"):
         parts.append(f"against {', '.join(found['against'])}")
+    if unguarded := unguarded_champion(found):
+        parts.append(f"{unguarded} (not checked against)")
     return "; ".join(parts) or "nothing"
+
+
+def unguarded_champion(found: dict) -> str | None:
+    """The check's "nothing measures the champion's domain: …" line (its documents not found: not checked)."""
+    from packtrain.evaluate.champion_domain import UNGUARDED
+
+    line = found.get("champion_domain") or ""
+    return line if line.startswith(UNGUARDED) else None
 
 
 def log_line(found: dict) -> str:

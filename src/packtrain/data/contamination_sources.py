@@ -16,6 +16,14 @@ default everything the run will score:
                                     themselves, only the training split is
     validate.contamination.against  .txt / .jsonl / .parquet records, or a task    the path as given
                                     YAML (.yaml/.yml) read as above
+    the champion's held-out         with a champion (evaluate.against champion):   "champion_domain"
+    documents (evaluate.suites:     the documents the evaluation scores as suite
+    true)                           champion_domain, found as it finds them
+                                    (packtrain.evaluate.champion_domain: version
+                                    tag heldout.path, decoded with the champion's
+                                    tokenizer); not found: not checked, the plain
+                                    line "nothing measures the champion's
+                                    domain: …" in the check's output
 
 wordorder, for example: {"context": "    # skip empty entries and blank lines", "choices": ["for size in
 range(key):", "in size range(key): for"], "label": 0} → "    # skip empty entries and blank lines for size
@@ -35,6 +43,7 @@ from packtrain.errors import InputDataError
 if TYPE_CHECKING:
     from packtrain.config import RunConfig
     from packtrain.config.evaluate import SuiteConfig
+    from packtrain.evaluate.champion_domain import ChampionDomain
 
 HELD_OUT = "recent (held-out split)"
 TASK_SUFFIXES = (".yaml", ".yml")
@@ -44,16 +53,18 @@ EvalDoc = tuple[tuple[str, str, str], str]
 
 @dataclass(frozen=True)
 class EvalSources:
-    """The eval side of one check: `against` paths, (index in evaluate.suites, its SuiteConfig), and the
-    held-out fraction (None: the held-out split is not an eval source)."""
+    """The eval side of one check: `against` paths, (index in evaluate.suites, its SuiteConfig), the
+    held-out fraction (None: the held-out split is not an eval source) and the champion's domain (None: no
+    champion; status unguarded: its documents were not found, only its line is reported)."""
 
     against: tuple[str, ...] = ()
     suites: tuple[tuple[int, SuiteConfig], ...] = ()
     held_out_fraction: float | None = None
+    champion: ChampionDomain | None = None
 
     @property
     def empty(self) -> bool:
-        return not self.against and not self.suites and self.held_out_fraction is None
+        return not self.against and not self.suites and self.held_out_fraction is None and self.champion is None
 
 
 def sources_of(cfg: RunConfig) -> EvalSources:
@@ -66,7 +77,27 @@ def sources_of(cfg: RunConfig) -> EvalSources:
         for i, s in enumerate(cfg.evaluate.suites):
             seen.setdefault(s.path, (i, s.model_copy(update={"perturb": None})))
     held = cfg.tokenize.eval_fraction if c.held_out and cfg.tokenize.eval_fraction > 0 else None
-    return EvalSources(tuple(c.against), tuple(seen.values()), held)
+    return EvalSources(tuple(c.against), tuple(seen.values()), held, champion_documents(cfg) if c.suites else None)
+
+
+def champion_documents(cfg: RunConfig) -> ChampionDomain | None:
+    """The champion's held-out documents as the evaluation finds them (packtrain.evaluate.paired_scores:
+    resolve_against, then measure_champion_domain, with no held-out packs of this run yet: read even when they
+    will be this run's); None without a champion. Never an error: a registry, model or lineage that cannot be
+    read is an unguarded ChampionDomain, whose line the check reports."""
+    from packtrain.errors import PacktrainError
+    from packtrain.evaluate.champion_domain import UNGUARDED, ChampionDomain
+    from packtrain.evaluate.paired_scores import measure_champion_domain, resolve_against
+
+    if cfg.evaluate.against != "champion":
+        return None
+    try:
+        against, note = resolve_against(cfg, "champion")
+        if against is None:   # none yet, tracking off; or the registry cannot be read (that note is said)
+            return ChampionDomain("unguarded", f"{UNGUARDED}: {note}") if "cannot be read" in note else None
+        return measure_champion_domain(cfg.evaluate, against, None)
+    except (PacktrainError, OSError) as e:   # its download or tokenizer: the evaluation says it again
+        return ChampionDomain("unguarded", f"{UNGUARDED}: the champion cannot be read ({str(e)[:200]})")
 
 
 def read_sources(src: EvalSources, text_field: str = "text", base: Path | None = None) -> list[EvalDoc]:
@@ -83,6 +114,9 @@ def read_sources(src: EvalSources, text_field: str = "text", base: Path | None =
             out += [((sc.name, str(f), loc), text) for f, loc, text in task_documents(Path(suite.path), sc.name)]
         else:
             out += [((sc.name, suite.path, f"{Path(suite.path).name}:{d.doc_id}"), _plain(d.pieces)) for d in suite.docs]
+    if src.champion is not None and src.champion.suite is not None:   # decoded packs: doc_id of the champion's table
+        cs = src.champion.suite
+        out += [((cs.name, cs.path, f"{Path(cs.path).name}:{d.doc_id}"), _plain(d.pieces)) for d in cs.docs]
     for value in src.against:
         path = Path(value)
         if path.is_file() and path.suffix.lower() in TASK_SUFFIXES:

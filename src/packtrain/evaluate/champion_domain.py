@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from packtrain.config import RunConfig
     from packtrain.evaluate.suite_types import TextSuite
 
 SUITE = "champion_domain"
@@ -107,6 +108,47 @@ def champion_domain(label: str, tags: dict[str, str], champion_dir: Path, recent
                               f"({str(e)[:200]})", path, md5)
     return ChampionDomain("scored", f"{label}'s domain: its held-out documents {path} scored as suite {SUITE} "
                           f"(regression, {len(suite.docs)} documents)", path, now, suite)
+
+
+def champion_version(cfg: RunConfig) -> tuple[str | None, str | None, dict[str, str]]:
+    """What the stage cache keys hold of the champion (`register.model_name@champion`) without downloading it:
+    ("models:/NAME/V", "V", its version tags); (None, None, {}) with none yet, `evaluate.against` none or tracking
+    off; ("unresolved <ns>", None, {}) when the registry cannot be read: a key that never repeats (a miss, never a
+    stale result)."""
+    import time
+
+    if cfg.evaluate.against != "champion" or not cfg.tracking.enabled:
+        return None, None, {}
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    from packtrain.tracking import resolve_tracking_uri
+    from packtrain.tracking.transport import short_http
+
+    uri = resolve_tracking_uri(cfg)
+    try:
+        with short_http(uri, 10):   # a store that is down answers at once: no MLflow retries (~2 min)
+            mv = MlflowClient(tracking_uri=uri, registry_uri=uri).get_model_version_by_alias(
+                cfg.register_.model_name, "champion")
+    except MlflowException as e:
+        missing = e.error_code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE")
+        return (None if missing else f"unresolved {time.time_ns()}"), None, {}
+    except Exception:   # an unreachable store
+        return f"unresolved {time.time_ns()}", None, {}
+    return f"models:/{cfg.register_.model_name}/{mv.version}", str(mv.version), dict(mv.tags or {})
+
+
+def champion_domain_identity(cfg: RunConfig) -> dict | None:
+    """What the contamination check reads of the champion (packtrain.data.contamination_sources.
+    champion_documents) for the validate and tokenize stage cache keys, without downloading it: its version and the DVC md5 its recorded held-out documents
+    (version tag heldout.path) have now ("missing" when gone); None without a champion."""
+    from packtrain.versioning import data_md5
+
+    champion, _, tags = champion_version(cfg)
+    if champion is None:
+        return None
+    path = Path(tags[PATH_TAG]) if tags.get(PATH_TAG) else None
+    return {"champion": champion, "heldout": (data_md5(path) if path.is_dir() else "missing") if path else None}
 
 
 def unguarded_line(manifest: dict) -> str | None:

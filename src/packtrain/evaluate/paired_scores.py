@@ -29,6 +29,7 @@ from packtrain.errors import ConfigError, InputDataError, MissingDataError
 
 if TYPE_CHECKING:
     from packtrain.config import EvalConfig, RunConfig
+    from packtrain.evaluate.champion_domain import ChampionDomain
     from packtrain.evaluate.loading import Loaded
     from packtrain.evaluate.suite_types import Suite
 
@@ -112,8 +113,8 @@ def resolve_against(cfg: RunConfig, ref: str, challenger: Path | None = None) ->
 
 def evaluate_identity(cfg: RunConfig, model_md5: str | None = None) -> dict:
     """What the evaluate stage's output depends on beyond its inputs and config (the stage cache key): the
-    champion version it is compared with, the md5 of every suite file and the seed-spread record (its margins). An unreadable registry gives a key
-    that never repeats (a miss, never a stale comparison)."""
+    champion version it is compared with, the md5 of every suite file and the seed-spread record (its margins). An unreadable
+    registry gives a key that never repeats (a miss, never a stale comparison: champion_version)."""
     import time
 
     from packtrain.evaluate.suites import suite_path
@@ -123,35 +124,17 @@ def evaluate_identity(cfg: RunConfig, model_md5: str | None = None) -> dict:
     for s in cfg.evaluate.suites:
         p = suite_path(s.path, Path.cwd())
         suites[s.name] = data_md5(p) if p.exists() else "missing"
-    champion: str | None = None
-    champion_hash: tuple[str, str] | None = None   # ("v1", its packtrain.config_hash): its seed-spread record
-    if cfg.evaluate.against == "champion" and cfg.tracking.enabled:
-        from mlflow import MlflowClient
-        from mlflow.exceptions import MlflowException
+    from packtrain.evaluate.champion_domain import champion_version
+    from packtrain.evaluate.recipe_identity import CONFIG_TAG
 
-        from packtrain.tracking import resolve_tracking_uri
-        from packtrain.tracking.transport import short_http
-
-        uri = resolve_tracking_uri(cfg)
-        try:
-            with short_http(uri, 10):   # a store that is down answers at once: no MLflow retries (~2 min)
-                mv = MlflowClient(tracking_uri=uri, registry_uri=uri).get_model_version_by_alias(
-                    cfg.register_.model_name, "champion")
-            champion = f"models:/{cfg.register_.model_name}/{mv.version}"
-            from packtrain.evaluate.recipe_identity import CONFIG_TAG
-
-            if (mv.tags or {}).get(CONFIG_TAG):
-                champion_hash = (f"v{mv.version}", str(mv.tags[CONFIG_TAG]))
-            if model_md5 and (mv.tags or {}).get("model_md5") == model_md5:
-                # the champion is this very model: keyed as with none, so a rerun on unchanged data restores the
-                # first run's evaluation (and its registration) from the cache instead of registering the same
-                # weights again; evaluated afresh (no cache) it is scored once with Δ = 0 (resolve_against)
-                champion, champion_hash = None, None
-        except MlflowException as e:
-            champion = None if e.error_code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE") else \
-                f"unresolved {time.time_ns()}"
-        except Exception:   # an unreachable store
-            champion = f"unresolved {time.time_ns()}"
+    champion, version, tags = champion_version(cfg)
+    # ("v1", its packtrain.config_hash): its seed-spread record
+    champion_hash = (f"v{version}", str(tags[CONFIG_TAG])) if tags.get(CONFIG_TAG) else None
+    if model_md5 and tags.get("model_md5") == model_md5:
+        # the champion is this very model: keyed as with none, so a rerun on unchanged data restores the first
+        # run's evaluation (and its registration) from the cache instead of registering the same weights again;
+        # evaluated afresh (no cache) it is scored once with Δ = 0 (resolve_against)
+        champion, champion_hash = None, None
     from packtrain.evaluate.seed_spread import resolve_seed_spread
 
     try:
@@ -336,9 +319,12 @@ def _champion_recipe(against: Against | None) -> dict | None:
     return identity_of_tags(against.tags) if against is not None and against.version is not None else None
 
 
-def _champion_domain(cfg: EvalConfig, against: Against | None, recent_packs: Path | None):
+def measure_champion_domain(cfg: EvalConfig, against: Against | None, recent_packs: Path | None
+                            ) -> ChampionDomain | None:
     """How the registered version compared with is measured on its own held-out documents
-    (packtrain.evaluate.champion_domain); None for no champion, a model directory or the challenger itself."""
+    (packtrain.evaluate.champion_domain);
+    None for no champion, a model directory or the challenger itself. `recent_packs`: this run's eval packs
+    (None: not scored, so the champion's documents are read even when they are this run's)."""
     if against is None or against.same or against.version is None:
         return None
     from packtrain.evaluate.champion_domain import champion_domain
@@ -378,7 +364,7 @@ def paired_evaluation(cfg: RunConfig, challenger: Path, ref: str, out_dir: Path,
     champ = _champion_recipe(against)
     if champ is not None and not spread.get("path"):   # auto: the record of the champion's own config
         spread = resolve_seed_spread(cfg, champion=(against.label, champ["config_hash"]))  # type: ignore[union-attr]
-    domain = _champion_domain(cfg.evaluate, against, recent_packs)
+    domain = measure_champion_domain(cfg.evaluate, against, recent_packs)
     if domain is not None and domain.suite is not None:
         suites = [*suites, domain.suite]
     rows, metrics, scored = score_suites(models, suites, cfg.evaluate, recent_packs, loaded, timings)

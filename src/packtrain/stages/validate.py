@@ -88,7 +88,7 @@ def _contamination(found: dict | None) -> dict | None:
     documents were found and the policy lets the run go on."""
     import sys
 
-    from packtrain.data.contamination_check import log_line
+    from packtrain.data.contamination_check import log_line, unguarded_champion
 
     if found is None:
         return None
@@ -96,6 +96,8 @@ def _contamination(found: dict | None) -> dict | None:
         found = {**found, "dropped": [o["doc_id"] for o in found["overlaps"]]}
     if found["overlaps"] and found["policy"] != "fail":
         print(log_line(found), file=sys.stderr)
+    elif line := unguarded_champion(found):   # said by log_line when it prints
+        print(f"validate: contamination: {line} (not checked against)", file=sys.stderr)
     return found
 
 
