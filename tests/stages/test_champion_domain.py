@@ -306,7 +306,7 @@ def test_champion_held_out_documents_planted_in_a_new_corpus_are_dropped(world, 
     err = capsys.readouterr().err
     found = json.loads((tmp_path / NAME / "validate" / "validate_result.json").read_text())["contamination"]
     assert found["policy"] == "drop" and found["dropped"] == planted
-    assert found["suites"] == ["wordorder", "champion_domain"] and found["by_suite"] == {"champion_domain": 3}
+    assert found["suites"] == ["wordorder", "champion_domain"] and found["by_suite"] == [["champion_domain", 3]]
     assert [o["eval_file"] for o in found["overlaps"]] == [str((world["packs"]["a"] / "eval").resolve())] * 3
     assert found["champion_domain"].startswith("v1's domain: its held-out documents")
     assert f"3 of {63 - len(held)} training document(s) overlap the eval data" in err
@@ -315,7 +315,8 @@ def test_champion_held_out_documents_planted_in_a_new_corpus_are_dropped(world, 
     assert tok["contamination_dropped"] == planted and tok["documents"] == 60
     result = json.loads((tmp_path / NAME / "validate" / "validate_result.json").read_text())
     summary = format_summary("t", build_summary({"validate": result}), 1.0, 7, None)
-    assert f"contamination: 3 of {63 - len(held)} training documents hold an eval document, dropped" in summary
+    assert (f"contamination: 3 of {63 - len(held)} training documents hold an eval document (champion_domain 3), "
+            "dropped") in summary
 
     # the champion's held-out packs are gone: nothing to read them from, the check still runs and says so
     gone = json.loads((tmp_path / f"{NAME}-gone" / "validate" / "validate_result.json").read_text())["contamination"]

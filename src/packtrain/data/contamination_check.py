@@ -43,7 +43,7 @@ def check_table(path: Path, cfg: ContaminationConfig, sources: EvalSources | Non
         {"ngram", "min_ngram", "min_coverage", "policy", "against", "suites", "held_out", "champion_domain"
          (what measures the champion's domain: a line, or None without a champion), "eval_documents",
          "eval_ngrams", "eval_too_short", "documents" (checked: the training split), "held_out_documents",
-         "contaminated" (count), "by_suite" ({suite: contaminated documents}), "overlaps": [{"doc_id", "source", "suite", "eval_file", "eval_record", "ngram",
+         "contaminated" (count), "by_suite" ([[suite, contaminated documents]]), "overlaps": [{"doc_id", "source", "suite", "eval_file", "eval_record", "ngram",
          "shared_ngrams", "coverage"}, ...]}   # every contaminated document, in table order
 
     `suite` names the suite (or `against` entry) the eval document belongs to; `source` the document's file:line."""
@@ -89,13 +89,14 @@ def check_table(path: Path, cfg: ContaminationConfig, sources: EvalSources | Non
             "contaminated": len(overlaps), "by_suite": by_suite(overlaps), "overlaps": overlaps}
 
 
-def by_suite(overlaps: list[dict]) -> dict[str, int]:
-    """{suite: contaminated documents}, in order of first appearance: [{"suite": "champion_domain"}, ...] →
-    {"champion_domain": 3}."""
+def by_suite(overlaps: list[dict]) -> list[list]:
+    """[[suite, contaminated documents], ...] in order of first appearance (pairs, not a dict: a suite name such as
+    "recent (held-out split)" is no MLflow metric name): [{"suite": "champion_domain"}, ...] →
+    [["champion_domain", 3]]."""
     out: dict[str, int] = {}
     for o in overlaps:
         out[o["suite"]] = out.get(o["suite"], 0) + 1
-    return out
+    return [[k, v] for k, v in out.items()]
 
 
 def describe(o: dict, with_source: bool = True) -> str:

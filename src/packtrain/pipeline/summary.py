@@ -42,6 +42,7 @@ FIELDS: dict[str, tuple[str, str]] = {
     "contaminated": ("validate", "contamination.contaminated"),   # training documents holding an eval document
     "contamination_checked": ("validate", "contamination.documents"),
     "contamination_policy": ("validate", "contamination.policy"),
+    "contamination_by_suite": ("validate", "contamination.by_suite"),   # [[suite, documents]]: champion_domain 3
     "tokens": ("tokenize", "tokens"),
     "tok_p50": ("tokenize", "length_tokens.p50"),
     "tok_p90": ("tokenize", "length_tokens.p90"),
@@ -169,8 +170,10 @@ def _validate(s: dict) -> list[str]:
     line = f"  validate   {ok} ({passed}/{total} expectations{soft})"
     if s.get("contaminated") is not None:   # the contamination check ran (docs/data.md#contamination)
         what = {"drop": "dropped", "warn": "kept (policy warn)", "fail": "refused"}.get(str(s.get("contamination_policy")), "")
+        suites = ", ".join(f"{k} {_fmt(v)}" for k, v in s.get("contamination_by_suite") or [])
         line += (f" · contamination: {_fmt(s['contaminated'])} of {_fmt(s.get('contamination_checked'))} training "
-                 f"documents hold an eval document" + (f", {what}" if s["contaminated"] else ""))
+                 f"documents hold an eval document" + (f" ({suites})" if suites else "")
+                 + (f", {what}" if s["contaminated"] else ""))
     return [line]
 
 
