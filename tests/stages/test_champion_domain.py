@@ -331,3 +331,19 @@ def test_champion_held_out_documents_planted_in_a_new_corpus_are_dropped(world, 
             "champion": f"models:/{NAME}/1", "heldout": registry["v1"].version_tags["heldout.md5"]}
         assert "champion_domain" not in config_parts(stage, cfg.model_copy(update={"register_": cfg.register_.model_copy(
             update={"model_name": f"{NAME}-none"})}))
+
+
+def test_only_a_champion_of_this_data_and_recipe_is_taken_for_this_runs_held_out_split():
+    """Its held-out documents are then this run's held-out split, which the check reads already: nothing is added
+    (and the stage cache keys of a rerun on unchanged data stay the first run's); any other champion is read."""
+    from packtrain.evaluate.champion_domain import same_split
+    from packtrain.evaluate.recipe_identity import CONFIG_TAG
+    from packtrain.evaluate.seed_spread import recipe_hash
+
+    cfg = load_run_config("tiny-cpu")
+    tags = {"dataset_md5": "aa.dir", CONFIG_TAG: recipe_hash(cfg)}
+    assert same_split(tags, cfg, "aa.dir")
+    assert same_split(tags, load_run_config("tiny-cpu", ["train.seed=3"]), "aa.dir")   # the seed splits nothing
+    assert not same_split(tags, cfg, "bb.dir") and not same_split(tags, cfg, None)     # other data / unknown
+    assert not same_split(tags, load_run_config("tiny-cpu", ["tokenize.eval_fraction=0.2"]), "aa.dir")
+    assert not same_split({"dataset_md5": "aa.dir"}, cfg, "aa.dir")                    # registered without a recipe

@@ -67,7 +67,7 @@ class EvalSources:
         return not self.against and not self.suites and self.held_out_fraction is None and self.champion is None
 
 
-def sources_of(cfg: RunConfig) -> EvalSources:
+def sources_of(cfg: RunConfig, data_version: str | None = None) -> EvalSources:
     """The sources `validate.contamination` asks for in this run (module doc): each suite's documents as the
     evaluate stage scores them (its `max_documents`), unperturbed; a suite file listed twice (a perturbed copy
     of a regression suite) is read once, under its first name."""
@@ -77,20 +77,34 @@ def sources_of(cfg: RunConfig) -> EvalSources:
         for i, s in enumerate(cfg.evaluate.suites):
             seen.setdefault(s.path, (i, s.model_copy(update={"perturb": None})))
     held = cfg.tokenize.eval_fraction if c.held_out and cfg.tokenize.eval_fraction > 0 else None
-    return EvalSources(tuple(c.against), tuple(seen.values()), held, champion_documents(cfg) if c.suites else None)
+    return EvalSources(tuple(c.against), tuple(seen.values()), held,
+                       champion_documents(cfg, data_version) if c.suites else None)
 
 
-def champion_documents(cfg: RunConfig) -> ChampionDomain | None:
+def champion_documents(cfg: RunConfig, data_version: str | None = None) -> ChampionDomain | None:
     """The champion's held-out documents as the evaluation finds them (packtrain.evaluate.paired_scores:
-    resolve_against, then measure_champion_domain, with no held-out packs of this run yet: read even when they
-    will be this run's); None without a champion. Never an error: a registry, model or lineage that cannot be
-    read is an unguarded ChampionDomain, whose line the check reports."""
+    resolve_against, then measure_champion_domain, with no held-out packs of this run yet); None without a
+    champion. `data_version`: this chain's source data (lineage data_version): a champion trained on it with
+    this recipe held out this run's own held-out split (champion_domain.same_split), which the check reads
+    already — status recent, nothing downloaded or added. Never an error: a registry, model or lineage that
+    cannot be read is an unguarded ChampionDomain, whose line the check reports."""
     from packtrain.errors import PacktrainError
-    from packtrain.evaluate.champion_domain import UNGUARDED, ChampionDomain
+    from packtrain.evaluate.champion_domain import (
+        MD5_TAG,
+        PATH_TAG,
+        UNGUARDED,
+        ChampionDomain,
+        champion_version,
+        same_split,
+    )
     from packtrain.evaluate.paired_scores import measure_champion_domain, resolve_against
 
     if cfg.evaluate.against != "champion":
         return None
+    _, version, tags = champion_version(cfg)
+    if version is not None and same_split(tags, cfg, data_version):
+        return ChampionDomain("recent", f"v{version}'s domain is this run's held-out split (same data version and "
+                              "recipe): checked as the held-out split", tags.get(PATH_TAG), tags.get(MD5_TAG))
     try:
         against, note = resolve_against(cfg, "champion")
         if against is None:   # none yet, tracking off; or the registry cannot be read (that note is said)

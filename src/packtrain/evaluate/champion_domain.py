@@ -138,14 +138,31 @@ def champion_version(cfg: RunConfig) -> tuple[str | None, str | None, dict[str, 
     return f"models:/{cfg.register_.model_name}/{mv.version}", str(mv.version), dict(mv.tags or {})
 
 
-def champion_domain_identity(cfg: RunConfig) -> dict | None:
+def same_split(tags: dict[str, str], cfg: RunConfig, data_version: str | None) -> bool:
+    """Whether the champion's held-out documents are this run's own held-out split: it was trained on the same
+    source data (version tag `dataset_md5` = this chain's lineage data_version) with the same recipe
+    (`packtrain.config_hash` = recipe_hash of `cfg`: ingest, validate, tokenize, pack, model, train but the
+    seed), so tokenize splits the same documents off, and the contamination check reads them as the held-out
+    split already. A rerun on unchanged data is the case: its stage cache keys stay those of the first run."""
+    if not data_version or tags.get("dataset_md5") != data_version:
+        return False
+    from packtrain.evaluate.recipe_identity import CONFIG_TAG
+    from packtrain.evaluate.seed_spread import recipe_hash
+
+    return tags.get(CONFIG_TAG) == recipe_hash(cfg)
+
+
+def champion_domain_identity(cfg: RunConfig, documents: str | Path | None = None) -> dict | None:
     """What the contamination check reads of the champion (packtrain.data.contamination_sources.
-    champion_documents) for the validate and tokenize stage cache keys, without downloading it: its version and the DVC md5 its recorded held-out documents
-    (version tag heldout.path) have now ("missing" when gone); None without a champion."""
+    champion_documents) for the validate and tokenize stage cache keys, without downloading it: its version
+    and the DVC md5 its recorded held-out documents (version tag heldout.path) have now ("missing" when gone);
+    None without a champion, or when its held-out documents are the held-out split of `documents` (the stage's
+    input, the ingest output: `same_split` with its lineage data_version)."""
+    from packtrain.stages.lineage import documents_data_version
     from packtrain.versioning import data_md5
 
     champion, _, tags = champion_version(cfg)
-    if champion is None:
+    if champion is None or same_split(tags, cfg, documents_data_version(documents)):
         return None
     path = Path(tags[PATH_TAG]) if tags.get(PATH_TAG) else None
     return {"champion": champion, "heldout": (data_md5(path) if path.is_dir() else "missing") if path else None}

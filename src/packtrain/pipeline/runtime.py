@@ -122,7 +122,7 @@ def config_parts(stage: str, cfg, inputs: dict[str, str] | None = None) -> dict[
     if stage in ("validate", "tokenize") and cfg.validate_.contamination.suites:
         from packtrain.evaluate.champion_domain import champion_domain_identity
 
-        if (champion := champion_domain_identity(cfg)) is not None:   # none: the key of a run before this check
+        if (champion := champion_domain_identity(cfg, (inputs or {}).get("documents"))) is not None:
             parts["champion_domain"] = champion
     if stage == "evaluate":   # the champion it is compared with and the suite files' md5 (a new champion: a miss)
         from packtrain.evaluate.paired_scores import evaluate_identity

@@ -71,6 +71,16 @@ def upstream_lineage(path: str | Path) -> Lineage | None:
     return Lineage.from_dict(data["lineage"], str(path))
 
 
+def documents_data_version(docs: str | Path | None) -> str | None:
+    """The source data version (lineage data_version) of the documents at `docs` (an ingest output: its
+    directory or its documents.parquet), from the ingest result beside them; None without one."""
+    if docs is None:
+        return None
+    docs = Path(docs)
+    lin = upstream_lineage((docs if docs.is_dir() else docs.parent) / "ingest_result.json")
+    return lin.data_version if lin is not None else None
+
+
 def read_json_file(path: str | Path) -> Any:
     """The parsed JSON at `path`, None when the file does not exist; invalid JSON is an InputDataError naming it."""
     path = Path(path)

@@ -29,7 +29,7 @@ from pathlib import Path
 from packtrain.config import RunConfig
 from packtrain.paths import RunPaths
 from packtrain.publish import staged_output
-from packtrain.stages.lineage import make_lineage, upstream_lineage
+from packtrain.stages.lineage import documents_data_version, make_lineage, upstream_lineage
 from packtrain.stages.results import IngestResult, TokenizeResult, from_library
 
 STATS_FILE = TokenizeResult.FILE
@@ -59,7 +59,8 @@ def run_tokenize(cfg: RunConfig, docs_dir: str | Path | None = None, out_dir: st
     md5 = data_md5(docs)
     tok_md5 = data_md5(check_tokenizer_dir(cfg.tokenize.tokenizer_dir)) if cfg.tokenize.tokenizer_dir else None
     tok_cfg, init_from = tokenizer_of_init(cfg)
-    dropped = contaminated_ids(docs, cfg.validate_.contamination, sources_of(cfg))   # [] unless drop found some
+    dropped = contaminated_ids(docs, cfg.validate_.contamination,   # [] unless drop found some
+                               sources_of(cfg, documents_data_version(docs)))
     with stage_run("tokenize", cfg, section=cfg.tokenize) as run, \
             staged_output(out, OUTPUTS, "tokenize", required=REQUIRED) as tmp, contextlib.ExitStack() as temp:
         run.set_tags({"dvc.md5.documents": md5, "dvc.md5.tokenizer": tok_md5})
