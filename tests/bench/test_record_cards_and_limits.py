@@ -99,3 +99,20 @@ def test_the_throughput_goals_show_the_targets_of_the_records_model(tmp_path, mo
     monkeypatch.setattr(report, "RESULTS", tmp_path)
     assert report.goals("t.json")[2:] == ["| t.json | speedup_vs_hf_packed | 2.2 | met | – | – |",
                                           "| t.json | useful_mfu | 0.5 | met | – | – |"]
+
+
+def test_the_lora_budget_goals_show_their_own_targets(tmp_path, monkeypatch):
+    """tok_per_s_at_budget and offload_and_recompute_bound are judged on tok_per_s, offload_within_host_link on
+    offload_gbs_max (the host link the record priced the offload against)."""
+    rec = Record(suite="lora-budget", command="python -m bench lora-budget", machine={"device": "cpu"},
+                 rows=[{"policy": "full", "tok_per_s_bound": 1.0}],
+                 goals={"tok_per_s": 16000, "peak_gib_max": 40.0, "offload_gbs_max": 55.0},
+                 goal_met={"tok_per_s_at_budget": False, "offload_within_host_link": True,
+                           "offload_and_recompute_bound": True},
+                 limits={"tok_per_s_at_budget": {"limit": "recompute alone", "tried": ["every policy"]}})
+    write_record(tmp_path / "b.json", rec)
+    monkeypatch.setattr(report, "RESULTS", tmp_path)
+    assert report.goals("b.json")[2:] == [
+        "| b.json | tok_per_s_at_budget | 16000 | **not met** | recompute alone | every policy |",
+        "| b.json | offload_within_host_link | 55 | met | – | – |",
+        "| b.json | offload_and_recompute_bound | 16000 | met | – | – |"]
