@@ -337,8 +337,8 @@ def test_only_a_champion_of_this_data_and_recipe_is_taken_for_this_runs_held_out
     """Its held-out documents are then this run's held-out split, which the check reads already: nothing is added
     (and the stage cache keys of a rerun on unchanged data stay the first run's); any other champion is read."""
     from packtrain.evaluate.champion_domain import same_split
-    from packtrain.evaluate.recipe_identity import CONFIG_TAG
-    from packtrain.evaluate.seed_spread import recipe_hash
+    from packtrain.evaluate.recipe_identity import CONFIG_TAG, SPLIT_TAG
+    from packtrain.evaluate.seed_spread import recipe_hash, split_hash
 
     cfg = load_run_config("tiny-cpu")
     tags = {"dataset_md5": "aa.dir", CONFIG_TAG: recipe_hash(cfg)}
@@ -347,3 +347,7 @@ def test_only_a_champion_of_this_data_and_recipe_is_taken_for_this_runs_held_out
     assert not same_split(tags, cfg, "bb.dir") and not same_split(tags, cfg, None)     # other data / unknown
     assert not same_split(tags, load_run_config("tiny-cpu", ["tokenize.eval_fraction=0.2"]), "aa.dir")
     assert not same_split({"dataset_md5": "aa.dir"}, cfg, "aa.dir")                    # registered without a recipe
+    # a version carrying its split settings: a model or train change keeps the split (no retokenizing for it)
+    split = {"dataset_md5": "aa.dir", SPLIT_TAG: split_hash(cfg), CONFIG_TAG: "another recipe"}
+    assert same_split(split, load_run_config("tiny-cpu", ["train.max_steps=99", "model.hidden_size=48"]), "aa.dir")
+    assert not same_split(split, load_run_config("tiny-cpu", ["tokenize.eval_fraction=0.2"]), "aa.dir")

@@ -34,3 +34,18 @@ def test_without_a_record_the_evaluate_config_is_the_recipe(tmp_path):
     assert challenger_identity(cfg, tmp_path / "model") == recipe_identity(cfg)
     (tmp_path / "train_result.json").write_text(json.dumps({"steps": 30}))   # written before the field existed
     assert challenger_identity(cfg, tmp_path / "model")["train_seed"] == 3
+
+
+def test_the_version_tags_carry_the_split_settings_apart_from_the_recipe():
+    """packtrain.split_hash (ingest, validate, tokenize) stays when only the model or training changes: the
+    contamination check then knows the champion held out this run's split (champion_domain.same_split)."""
+    from packtrain.evaluate.recipe_identity import CONFIG_TAG, SPLIT_TAG, identity_tags
+
+    base, longer = (recipe_identity(load_run_config("tiny-cpu", s)) for s in ([], ["train.max_steps=99"]))
+    other_split = recipe_identity(load_run_config("tiny-cpu", ["tokenize.eval_fraction=0.2"]))
+    assert base["split_hash"] == longer["split_hash"] != other_split["split_hash"]
+    assert base["config_hash"] != longer["config_hash"]
+    tags = identity_tags({"challenger": {"recipe": base}})
+    assert tags[SPLIT_TAG] == base["split_hash"] and tags[CONFIG_TAG] == base["config_hash"]
+    old = {k: v for k, v in base.items() if k != "split_hash"}   # a train record from before the field
+    assert SPLIT_TAG not in identity_tags({"challenger": {"recipe": old}})

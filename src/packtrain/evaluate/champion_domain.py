@@ -140,15 +140,18 @@ def champion_version(cfg: RunConfig) -> tuple[str | None, str | None, dict[str, 
 
 def same_split(tags: dict[str, str], cfg: RunConfig, data_version: str | None) -> bool:
     """Whether the champion's held-out documents are this run's own held-out split: it was trained on the same
-    source data (version tag `dataset_md5` = this chain's lineage data_version) with the same recipe
-    (`packtrain.config_hash` = recipe_hash of `cfg`: ingest, validate, tokenize, pack, model, train but the
-    seed), so tokenize splits the same documents off, and the contamination check reads them as the held-out
-    split already. A rerun on unchanged data is the case: its stage cache keys stay those of the first run."""
+    source data (version tag `dataset_md5` = this chain's lineage data_version) with the same split settings
+    (`packtrain.split_hash` = seed_spread.split_hash of `cfg`: ingest, validate, tokenize; a version registered
+    before that tag: `packtrain.config_hash` = recipe_hash, the whole recipe but the seed), so tokenize splits
+    the same documents off and the contamination check reads them as the held-out split already. A rerun on
+    unchanged data, or a model or train change on it, keeps its validate and tokenize cache keys."""
     if not data_version or tags.get("dataset_md5") != data_version:
         return False
-    from packtrain.evaluate.recipe_identity import CONFIG_TAG
-    from packtrain.evaluate.seed_spread import recipe_hash
+    from packtrain.evaluate.recipe_identity import CONFIG_TAG, SPLIT_TAG
+    from packtrain.evaluate.seed_spread import recipe_hash, split_hash
 
+    if tags.get(SPLIT_TAG):
+        return tags[SPLIT_TAG] == split_hash(cfg)
     return tags.get(CONFIG_TAG) == recipe_hash(cfg)
 
 

@@ -32,14 +32,16 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from packtrain.config import RunConfig
 
-CONFIG_TAG, SEED_TAG = "packtrain.config_hash", "packtrain.train_seed"
+CONFIG_TAG, SEED_TAG, SPLIT_TAG = "packtrain.config_hash", "packtrain.train_seed", "packtrain.split_hash"
 
 
 def recipe_identity(cfg: RunConfig) -> dict:
-    """{"config_hash", "train_seed", "init_from"} of the run config `cfg` (suites.json `challenger.recipe`)."""
-    from packtrain.evaluate.seed_spread import recipe_hash
+    """{"config_hash", "split_hash", "train_seed", "init_from"} of the run config `cfg` (suites.json
+    `challenger.recipe`); split_hash (seed_spread.split_hash) names the held-out split's settings alone."""
+    from packtrain.evaluate.seed_spread import recipe_hash, split_hash
 
-    return {"config_hash": recipe_hash(cfg), "train_seed": int(cfg.train.seed), "init_from": cfg.model.init_from}
+    return {"config_hash": recipe_hash(cfg), "split_hash": split_hash(cfg), "train_seed": int(cfg.train.seed),
+            "init_from": cfg.model.init_from}
 
 
 def challenger_identity(cfg: RunConfig, model_dir: Path) -> dict:
@@ -53,8 +55,8 @@ def challenger_identity(cfg: RunConfig, model_dir: Path) -> dict:
     except (OSError, ValueError, AttributeError):
         recorded = None
     if isinstance(recorded, dict) and recorded.get("config_hash") and recorded.get("train_seed") is not None:
-        return {"config_hash": str(recorded["config_hash"]), "train_seed": int(recorded["train_seed"]),
-                "init_from": recorded.get("init_from")}
+        return {"config_hash": str(recorded["config_hash"]), "split_hash": recorded.get("split_hash"),
+                "train_seed": int(recorded["train_seed"]), "init_from": recorded.get("init_from")}
     return recipe_identity(cfg)
 
 
@@ -78,7 +80,8 @@ def identity_tags(manifest: dict) -> dict[str, str]:
     r = (manifest.get("challenger") or {}).get("recipe") or {}
     if not r.get("config_hash"):
         return {}
-    return {CONFIG_TAG: str(r["config_hash"]), SEED_TAG: str(r["train_seed"])}
+    return {CONFIG_TAG: str(r["config_hash"]), SEED_TAG: str(r["train_seed"]),
+            **({SPLIT_TAG: str(r["split_hash"])} if r.get("split_hash") else {})}
 
 
 def seed_rerun_line(manifest: dict) -> str | None:

@@ -55,17 +55,29 @@ workdir, tracking, telemetry, the evaluate/register settings and the pipeline's.
 UNITS = {"text": "bits/byte", "task": "accuracy"}
 
 
-def recipe_hash(cfg: RunConfig) -> str:
-    """sha256 (first 16 hex) of the resolved config's HASHED_SECTIONS, train.seed removed: two configs that differ
-    only in the seed (or in where they write) hash alike."""
+def recipe_hash(cfg: RunConfig, sections: tuple[str, ...] = HASHED_SECTIONS) -> str:
+    """sha256 (first 16 hex) of the resolved config's `sections` (HASHED_SECTIONS), train.seed removed: two configs
+    that differ only in the seed (or in where they write) hash alike."""
     d = cfg.model_dump(mode="json", by_alias=True)
-    sections = {k: d[k] for k in HASHED_SECTIONS}
-    sections["train"] = {k: v for k, v in sections["train"].items() if k != "seed"}
+    picked = {k: d[k] for k in sections}
+    if "train" in picked:
+        picked["train"] = {k: v for k, v in picked["train"].items() if k != "seed"}
     # the corpus by content, not by where it lies (as the stage cache keys it): `dvc repro` and `packtrain run`
     # read the same documents from different directories and must hash alike
-    sections["ingest"] = {**sections["ingest"], "source": _source_identity(cfg.ingest.source)}
-    blob = json.dumps(sections, sort_keys=True, separators=(",", ":"), default=str)
+    if "ingest" in picked:
+        picked["ingest"] = {**picked["ingest"], "source": _source_identity(cfg.ingest.source)}
+    blob = json.dumps(picked, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:16]
+
+
+SPLIT_SECTIONS = ("ingest", "validate", "tokenize")
+"""The sections that decide which documents tokenize holds out (the held-out split): what is read, what validate
+drops, the split settings; a model or train change leaves the split as it was."""
+
+
+def split_hash(cfg: RunConfig) -> str:
+    """recipe_hash over SPLIT_SECTIONS: equal for two configs that hold out the same documents of one corpus."""
+    return recipe_hash(cfg, SPLIT_SECTIONS)
 
 
 def _source_identity(src: str | None) -> str | None:
