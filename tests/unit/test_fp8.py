@@ -198,3 +198,17 @@ def test_planner_plans_fp8_as_bf16_without_decoder_weight_copies():
     assert {k: v for k, v in fp8.components.items() if k != "weight_casts"} == \
         {k: v for k, v in bf16.components.items() if k != "weight_casts"}
     assert fp8.precision.startswith("fp8")
+
+
+@needs_torchao
+def test_mix_order_reductions_stay_on_unless_turned_off():
+    import torch._inductor.config as inductor_config
+
+    before = inductor_config.triton.mix_order_reduction
+    try:
+        apply_fp8(tiny_llama(), Fp8Options())
+        assert inductor_config.triton.mix_order_reduction is before   # the default leaves inductor as it is
+        apply_fp8(tiny_llama(), Fp8Options(mix_order_reduction=False))
+        assert inductor_config.triton.mix_order_reduction is False
+    finally:
+        inductor_config.triton.mix_order_reduction = before

@@ -93,6 +93,11 @@ class Fp8Options(StrictModel):
     """Scaling granularity of the float8 casts: tensorwise (one scale per tensor; the faster on Hopper: 1.126× bf16
     at 3B in bench/results/fp8_bench_3b.json) or rowwise (one scale per row; more robust to outliers, slower —
     docs/fp8.md)."""
+    mix_order_reduction: bool = True
+    """Inductor's mix-order reductions (torch._inductor.config.triton.mix_order_reduction) while the FP8 model
+    compiles; false turns them off for the training process. Off was the faster at 3B on one H100, the same rows
+    and steps (bench/results/fp8_bench_3b_h100.json: variant fp8_nomix against fp8); on stays the default until
+    an H200 says the same (docs/fp8.md)."""
     lora_base: Literal["torchao", "static"] = "torchao"
     """Under train.adapter.type=lora, how the frozen base linears run FP8. torchao: Float8Linear as for full
     training (casts the weight every call, computes the weight gradient and drops it; train.fp8.recipe). static

@@ -137,6 +137,7 @@ def apply_fp8(model: Any, fp8_cfg: Fp8Options) -> list[str]:
     for fp8_frozen.Fp8FrozenLinear, the rest for torchao `Float8Linear` (`convert_to_float8_training` with
     `Float8LinearConfig.from_recipe_name(fp8_cfg.recipe)`); returns the converted names, in module order.
 
+    `fp8_cfg.mix_order_reduction` false turns inductor's mix-order reductions off for the process.
     Not converted: lm_head, embeddings, linears whose in/out features are not multiples of 16, LoRA adapters
     (module doc says why). Weights keep their dtype, Parameter objects and names (state_dict unchanged).
     A Llama with hidden 64, intermediate 88 (not 16-aligned), 2 layers → the 8 attention projections only:
@@ -168,6 +169,10 @@ def apply_fp8(model: Any, fp8_cfg: Fp8Options) -> list[str]:
 
     convert_to_float8_training(model, module_filter_fn=record,
                                config=Float8LinearConfig.from_recipe_name(fp8_cfg.recipe))
+    if not fp8_cfg.mix_order_reduction:   # read when the model compiles, later in this (training) process
+        import torch._inductor.config as inductor_config
+
+        inductor_config.triton.mix_order_reduction = False
     order = {name: i for i, (name, _) in enumerate(model.named_modules())}
     return sorted(names, key=lambda n: order.get(n, len(order)))   # torchao visits children before parents
 
