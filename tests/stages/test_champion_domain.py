@@ -324,11 +324,13 @@ def test_champion_held_out_documents_planted_in_a_new_corpus_are_dropped(world, 
     assert gone["champion_domain"].startswith("nothing measures the champion's domain: v1's held-out documents")
     assert "(not checked against)" in err
 
-    # the cache keys: the champion's version and its held-out documents' md5 (none before a champion exists)
+    # the cache keys: the champion's version, its held-out documents' md5 and how many are read (none before a
+    # champion exists)
     cfg = load_run_config("tiny-cpu", [f"tracking.tracking_uri={world['uri']}", f"register.model_name={NAME}"])
     for stage in ("validate", "tokenize"):
         assert config_parts(stage, cfg)["champion_domain"] == {
-            "champion": f"models:/{NAME}/1", "heldout": registry["v1"].version_tags["heldout.md5"]}
+            "champion": f"models:/{NAME}/1", "heldout": registry["v1"].version_tags["heldout.md5"],
+            "max_documents": cfg.evaluate.recent_max_documents}   # how many of them the check reads
         assert "champion_domain" not in config_parts(stage, cfg.model_copy(update={"register_": cfg.register_.model_copy(
             update={"model_name": f"{NAME}-none"})}))
 
@@ -351,3 +353,5 @@ def test_only_a_champion_of_this_data_and_recipe_is_taken_for_this_runs_held_out
     split = {"dataset_md5": "aa.dir", SPLIT_TAG: split_hash(cfg), CONFIG_TAG: "another recipe"}
     assert same_split(split, load_run_config("tiny-cpu", ["train.max_steps=99", "model.hidden_size=48"]), "aa.dir")
     assert not same_split(split, load_run_config("tiny-cpu", ["tokenize.eval_fraction=0.2"]), "aa.dir")
+    # ingest's per-document rules read these (with on_bad_record=skip they decide which records get a doc_id)
+    assert not same_split(split, load_run_config("tiny-cpu", ["pack.budget=64"]), "aa.dir")

@@ -88,7 +88,6 @@ def champion_documents(cfg: RunConfig, data_version: str | None = None) -> Champ
     this recipe held out this run's own held-out split (champion_domain.same_split), which the check reads
     already — status recent, nothing downloaded or added. Never an error: a registry, model or lineage that
     cannot be read is an unguarded ChampionDomain, whose line the check reports."""
-    from packtrain.errors import PacktrainError
     from packtrain.evaluate.champion_domain import (
         MD5_TAG,
         PATH_TAG,
@@ -98,20 +97,24 @@ def champion_documents(cfg: RunConfig, data_version: str | None = None) -> Champ
         same_split,
     )
     from packtrain.evaluate.paired_scores import measure_champion_domain, resolve_against
+    from packtrain.secrets import redact_text
 
     if cfg.evaluate.against != "champion":
         return None
     _, version, tags = champion_version(cfg)
-    if version is not None and same_split(tags, cfg, data_version):
+    held_out_read = cfg.validate_.contamination.held_out and cfg.tokenize.eval_fraction > 0
+    if version is not None and held_out_read and same_split(tags, cfg, data_version):
         return ChampionDomain("recent", f"v{version}'s domain is this run's held-out split (same data version and "
-                              "recipe): checked as the held-out split", tags.get(PATH_TAG), tags.get(MD5_TAG))
+                              "split settings): checked as the held-out split", tags.get(PATH_TAG), tags.get(MD5_TAG))
     try:
         against, note = resolve_against(cfg, "champion")
         if against is None:   # none yet, tracking off; or the registry cannot be read (that note is said)
             return ChampionDomain("unguarded", f"{UNGUARDED}: {note}") if "cannot be read" in note else None
         return measure_champion_domain(cfg.evaluate, against, None)
-    except (PacktrainError, OSError) as e:   # its download or tokenizer: the evaluation says it again
-        return ChampionDomain("unguarded", f"{UNGUARDED}: the champion cannot be read ({str(e)[:200]})")
+    except Exception as e:   # noqa: BLE001 - its download (registry, artifact store) or tokenizer: the evaluation
+        # says it again; the check itself never fails for it
+        return ChampionDomain("unguarded", f"{UNGUARDED}: the champion cannot be read ({type(e).__name__}: "
+                              f"{redact_text(str(e))[:200]})")
 
 
 def read_sources(src: EvalSources, text_field: str = "text", base: Path | None = None) -> list[EvalDoc]:

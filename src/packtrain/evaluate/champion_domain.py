@@ -168,7 +168,8 @@ def champion_domain_identity(cfg: RunConfig, documents: str | Path | None = None
     if champion is None or same_split(tags, cfg, documents_data_version(documents)):
         return None
     path = Path(tags[PATH_TAG]) if tags.get(PATH_TAG) else None
-    return {"champion": champion, "heldout": (data_md5(path) if path.is_dir() else "missing") if path else None}
+    return {"champion": champion, "heldout": (data_md5(path) if path.is_dir() else "missing") if path else None,
+            "max_documents": cfg.evaluate.recent_max_documents}   # how many of them the check reads
 
 
 def unguarded_line(manifest: dict) -> str | None:

@@ -72,12 +72,26 @@ def recipe_hash(cfg: RunConfig, sections: tuple[str, ...] = HASHED_SECTIONS) -> 
 
 SPLIT_SECTIONS = ("ingest", "validate", "tokenize")
 """The sections that decide which documents tokenize holds out (the held-out split): what is read, what validate
-drops, the split settings; a model or train change leaves the split as it was."""
+drops, the split settings; a model or train change leaves the split as it was (split_hash adds the few fields
+of other sections that ingest's per-document rules read)."""
 
 
 def split_hash(cfg: RunConfig) -> str:
-    """recipe_hash over SPLIT_SECTIONS: equal for two configs that hold out the same documents of one corpus."""
-    return recipe_hash(cfg, SPLIT_SECTIONS)
+    """sha256 (first 16 hex) of recipe_hash over SPLIT_SECTIONS and the fields outside them that ingest's
+    per-document rules read (stages.table.ROW_RULE_FIELDS: pack.budget, model.init_from, …; with
+    ingest.on_bad_record=skip they decide which records get a doc_id, and the split is drawn by doc_id): equal
+    for two configs that hold out the same documents of one corpus."""
+    from packtrain.stages.table import ROW_RULE_FIELDS
+
+    d = cfg.model_dump(mode="json", by_alias=True)
+    rules = {}
+    for path in ROW_RULE_FIELDS:
+        node = d
+        for part in path.split("."):
+            node = node[part]
+        rules[path] = node
+    blob = json.dumps([recipe_hash(cfg, SPLIT_SECTIONS), rules], sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:16]
 
 
 def _source_identity(src: str | None) -> str | None:

@@ -14,7 +14,7 @@ from pathlib import Path
 from packtrain.config import RunConfig
 from packtrain.paths import RunPaths
 from packtrain.publish import check_replaceable, output_target, publish_dir, staged_output
-from packtrain.stages.lineage import make_lineage, upstream_lineage
+from packtrain.stages.lineage import documents_data_version, make_lineage, upstream_lineage
 from packtrain.stages.results import IngestResult, ValidateResult
 
 STATS_FILE = ValidateResult.FILE
@@ -58,7 +58,7 @@ def run_validate(cfg: RunConfig, docs_dir: str | Path | None = None, out_dir: st
         run.log_dataset(docs, "documents", md5, context="input")
         report = validate_documents(docs, tmp, cfg.validate_, raise_on_failure=False, published_dir=out,
                                     rules=RowRules.of(cfg),   # role order; prompts against pack.budget
-                                    contamination=sources_of(cfg, lineage.data_version))   # every eval source
+                                    contamination=sources_of(cfg, documents_data_version(docs)))   # every eval source
         if not report.success:
             report = write_report(report, tmp, failed)
         dup = next((r for r in report.results if r.name == "duplicate_ratio"), None)
