@@ -355,3 +355,5 @@ def test_only_a_champion_of_this_data_and_recipe_is_taken_for_this_runs_held_out
     assert not same_split(split, load_run_config("tiny-cpu", ["tokenize.eval_fraction=0.2"]), "aa.dir")
     # ingest's per-document rules read these (with on_bad_record=skip they decide which records get a doc_id)
     assert not same_split(split, load_run_config("tiny-cpu", ["pack.budget=64"]), "aa.dir")
+    # a check that does not read the held-out split has not checked them: the champion's documents are read
+    assert not same_split(split, load_run_config("tiny-cpu", ["validate.contamination.held_out=false"]), "aa.dir")

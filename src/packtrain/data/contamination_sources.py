@@ -102,8 +102,7 @@ def champion_documents(cfg: RunConfig, data_version: str | None = None) -> Champ
     if cfg.evaluate.against != "champion":
         return None
     _, version, tags = champion_version(cfg)
-    held_out_read = cfg.validate_.contamination.held_out and cfg.tokenize.eval_fraction > 0
-    if version is not None and held_out_read and same_split(tags, cfg, data_version):
+    if version is not None and same_split(tags, cfg, data_version):
         return ChampionDomain("recent", f"v{version}'s domain is this run's held-out split (same data version and "
                               "split settings): checked as the held-out split", tags.get(PATH_TAG), tags.get(MD5_TAG))
     try:

@@ -143,9 +143,13 @@ def same_split(tags: dict[str, str], cfg: RunConfig, data_version: str | None) -
     source data (version tag `dataset_md5` = this chain's lineage data_version) with the same split settings
     (`packtrain.split_hash` = seed_spread.split_hash of `cfg`: ingest, validate, tokenize; a version registered
     before that tag: `packtrain.config_hash` = recipe_hash, the whole recipe but the seed), so tokenize splits
-    the same documents off and the contamination check reads them as the held-out split already. A rerun on
-    unchanged data, or a model or train change on it, keeps its validate and tokenize cache keys."""
+    the same documents off — and the contamination check reads that split (validate.contamination.held_out,
+    tokenize.eval_fraction > 0), so it checks them already. A rerun on unchanged data, or a model or train change
+    on it, keeps its validate and tokenize cache keys. The one answer for the check
+    (contamination_sources.champion_documents) and its cache key (champion_domain_identity)."""
     if not data_version or tags.get("dataset_md5") != data_version:
+        return False
+    if not (cfg.validate_.contamination.held_out and cfg.tokenize.eval_fraction > 0):
         return False
     from packtrain.evaluate.recipe_identity import CONFIG_TAG, SPLIT_TAG
     from packtrain.evaluate.seed_spread import recipe_hash, split_hash
