@@ -56,10 +56,16 @@ UNITS = {"text": "bits/byte", "task": "accuracy"}
 
 
 def recipe_hash(cfg: RunConfig, sections: tuple[str, ...] = HASHED_SECTIONS) -> str:
-    """sha256 (first 16 hex) of the resolved config's `sections` (HASHED_SECTIONS), train.seed removed: two configs
-    that differ only in the seed (or in where they write) hash alike."""
+    """sha256 (first 16 hex) of the resolved config's `sections` (HASHED_SECTIONS; a dotted path picks one field:
+    "pack.budget"), train.seed removed: two configs that differ only in the seed (or in where they write) hash
+    alike."""
     d = cfg.model_dump(mode="json", by_alias=True)
-    picked = {k: d[k] for k in sections}
+    picked = {}
+    for key in sections:
+        node = d
+        for part in key.split("."):
+            node = node[part]
+        picked[key] = node
     if "train" in picked:
         picked["train"] = {k: v for k, v in picked["train"].items() if k != "seed"}
     # the corpus by content, not by where it lies (as the stage cache keys it): `dvc repro` and `packtrain run`
@@ -77,21 +83,13 @@ of other sections that ingest's per-document rules read)."""
 
 
 def split_hash(cfg: RunConfig) -> str:
-    """sha256 (first 16 hex) of recipe_hash over SPLIT_SECTIONS and the fields outside them that ingest's
+    """recipe_hash over SPLIT_SECTIONS and the fields outside them that ingest's
     per-document rules read (stages.table.ROW_RULE_FIELDS: pack.budget, model.init_from, …; with
     ingest.on_bad_record=skip they decide which records get a doc_id, and the split is drawn by doc_id): equal
     for two configs that hold out the same documents of one corpus."""
     from packtrain.stages.table import ROW_RULE_FIELDS
 
-    d = cfg.model_dump(mode="json", by_alias=True)
-    rules = {}
-    for path in ROW_RULE_FIELDS:
-        node = d
-        for part in path.split("."):
-            node = node[part]
-        rules[path] = node
-    blob = json.dumps([recipe_hash(cfg, SPLIT_SECTIONS), rules], sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:16]
+    return recipe_hash(cfg, SPLIT_SECTIONS + ROW_RULE_FIELDS)
 
 
 def _source_identity(src: str | None) -> str | None:
