@@ -56,11 +56,16 @@ def test_limits_name_goals_not_met_and_say_what_was_tried():
     assert len(no_tried) == 1 and no_tried[0].startswith("limits['speedup']: want")
 
 
-def test_the_results_page_shows_the_limit_of_a_goal_not_met(tmp_path, monkeypatch):
-    write_record(tmp_path / "fp8.json", _record(limits={"speedup": {"limit": "an example limit",
-                                                                    "tried": ["fp8_nomix", "rowwise"]}}))
+def _goal_rows(tmp_path, monkeypatch, name: str, rec) -> list[str]:
+    """The results page's goals table rows (no header) of record `rec`, written as `name` into a folder of its own."""
+    write_record(tmp_path / name, rec)
     monkeypatch.setattr(report, "RESULTS", tmp_path)
-    assert report.goals("fp8.json")[2:] == [
+    return report.goals(name)[2:]
+
+
+def test_the_results_page_shows_the_limit_of_a_goal_not_met(tmp_path, monkeypatch):
+    rec = _record(limits={"speedup": {"limit": "an example limit", "tried": ["fp8_nomix", "rowwise"]}})
+    assert _goal_rows(tmp_path, monkeypatch, "fp8.json", rec) == [
         "| fp8.json | speedup | 1.25 | **not met** | an example limit | fp8_nomix; rowwise |",
         "| fp8.json | steps | 200 | met | – | – |"]
 
@@ -82,10 +87,8 @@ def test_the_fp8_goals_show_their_own_targets(tmp_path, monkeypatch):
                  rows=[{"variant": "bf16", "real_tokens_per_s": 1.0}],
                  goals={"loss_last_n": 50, "loss_rel_diff_last_n_max": 0.01, "planner_error_abs_max": 0.1},
                  goal_met={"loss": True, "planner_fp8_nomix": True})
-    write_record(tmp_path / "fp8.json", rec)
-    monkeypatch.setattr(report, "RESULTS", tmp_path)
-    assert report.goals("fp8.json")[2:] == ["| fp8.json | loss | 0.01 | met | – | – |",
-                                            "| fp8.json | planner_fp8_nomix | 0.1 | met | – | – |"]
+    assert _goal_rows(tmp_path, monkeypatch, "fp8.json", rec) == [
+        "| fp8.json | loss | 0.01 | met | – | – |", "| fp8.json | planner_fp8_nomix | 0.1 | met | – | – |"]
 
 
 def test_the_throughput_goals_show_the_targets_of_the_records_model(tmp_path, monkeypatch):
@@ -95,10 +98,8 @@ def test_the_throughput_goals_show_the_targets_of_the_records_model(tmp_path, mo
                  rows=[{"variant": "packtrain", "real_tok_per_s": 1.0}],
                  goals={"1b": {"useful_mfu": 0.55}, "qwen2-0.5b": {"speedup_vs_hf_packed": 2.2, "useful_mfu": 0.5}},
                  goal_met={"speedup_vs_hf_packed": True, "useful_mfu": True})
-    write_record(tmp_path / "t.json", rec)
-    monkeypatch.setattr(report, "RESULTS", tmp_path)
-    assert report.goals("t.json")[2:] == ["| t.json | speedup_vs_hf_packed | 2.2 | met | – | – |",
-                                          "| t.json | useful_mfu | 0.5 | met | – | – |"]
+    assert _goal_rows(tmp_path, monkeypatch, "t.json", rec) == [
+        "| t.json | speedup_vs_hf_packed | 2.2 | met | – | – |", "| t.json | useful_mfu | 0.5 | met | – | – |"]
 
 
 def test_the_lora_budget_goals_show_their_own_targets(tmp_path, monkeypatch):
@@ -110,9 +111,7 @@ def test_the_lora_budget_goals_show_their_own_targets(tmp_path, monkeypatch):
                  goal_met={"tok_per_s_at_budget": False, "offload_within_host_link": True,
                            "offload_and_recompute_bound": True},
                  limits={"tok_per_s_at_budget": {"limit": "recompute alone", "tried": ["every policy"]}})
-    write_record(tmp_path / "b.json", rec)
-    monkeypatch.setattr(report, "RESULTS", tmp_path)
-    assert report.goals("b.json")[2:] == [
+    assert _goal_rows(tmp_path, monkeypatch, "b.json", rec) == [
         "| b.json | tok_per_s_at_budget | 16000 | **not met** | recompute alone | every policy |",
         "| b.json | offload_within_host_link | 55 | met | – | – |",
         "| b.json | offload_and_recompute_bound | 16000 | met | – | – |"]
