@@ -88,7 +88,9 @@ $(CHROMIUM_STAMP):
 	else echo "make chromium: /usr/bin/chromium missing and no root apt-get: the browser test will skip"; fi
 	@if [ -x /usr/bin/chromium ]; then mkdir -p $(@D) && touch $@; fi
 
-# two workers (one per core of the CI machine), whole files per worker so module fixtures are built once, in
+# two workers (one per core of the CI machine; a third, to fill the time a test waits on its subprocesses or a
+# server, was slower: fresh clone 2026-12-07, `make test` with -n 3: pytest 1,146 s and 1,998 user CPU-s, where -n 2
+# took 1,110 s and 1,559 the session before), whole files per worker so module fixtures are built once, in
 # collection order (tests/conftest.py puts the slowest files first); one torch thread per process
 # (tests/conftest.py sets OMP_NUM_THREADS=1: a second thread per worker only spins on the other worker's core;
 # CPU-seconds of one file alone, 2 threads → 1, back to back on the shared machine, 2026-12-06: test_promotion
