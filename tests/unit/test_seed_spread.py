@@ -141,15 +141,33 @@ def test_power_check_names_a_suite_that_cannot_decide(tmp_path):
     assert check_power(load_run_config("tiny-cpu", [*sets, "register.promotion.power_check=off"])) == []
 
 
-def test_run_refuses_a_record_of_another_recipe_before_any_stage(tmp_path, capsys):
+@pytest.mark.parametrize("power_check", ["warn", "off"])
+def test_run_refuses_a_record_of_another_recipe_before_any_stage(tmp_path, capsys, power_check):
+    """Also with the power check off, which reads no record: not after ingest … train (the evaluate stage)."""
+    from packtrain.cli import main
+    from packtrain.testing.tiny_corpus import tiny_corpus, tiny_settings
+
+    rec = _record(tmp_path / "r.json", load_run_config("retrain-cpu"))
+    work = tmp_path / "work"   # tiny sizes: a regression runs seconds of stages before failing, not minutes
+    sets = [*tiny_settings(work, tiny_corpus(tmp_path / "corpus")), f"register.promotion.seed_spread={rec}",
+            f"register.promotion.power_check={power_check}"]
+    code = main(["run", *(a for s in sets for a in ("--set", s))])
+    err = capsys.readouterr().err
+    assert code == 2 and "measured for recipe 'retrain-cpu', this run is recipe 'tiny-cpu'" in err
+    assert "Traceback" not in err and not list(work.glob("**/ingest"))   # no stage ran (kfp/<run>/ingest)
+
+
+def test_evaluate_refuses_a_record_of_another_recipe_before_reading_the_model(tmp_path, capsys):
+    """`packtrain evaluate` alone (dvc repro, a KFP pod): the record is refused before the model is looked at —
+    here there is none (that would be exit 5), so no held-out loss is computed only to be thrown away."""
     from packtrain.cli import main
 
     rec = _record(tmp_path / "r.json", load_run_config("retrain-cpu"))
-    work = tmp_path / "work"
-    code = main(["run", "--set", f"workdir={work}", "--set", f"register.promotion.seed_spread={rec}"])
+    code = main(["evaluate", "--set", f"workdir={tmp_path / 'work'}", "--set", f"register.promotion.seed_spread={rec}",
+                 "--model", str(tmp_path / "no-model"), "--packs", str(tmp_path / "no-packs")])
     err = capsys.readouterr().err
     assert code == 2 and "measured for recipe 'retrain-cpu', this run is recipe 'tiny-cpu'" in err
-    assert "Traceback" not in err and not (work / "ingest").exists()
+    assert not (tmp_path / "work" / "evaluate").exists()
 
 
 def test_run_summary_says_which_margins_were_assumed(tmp_path):

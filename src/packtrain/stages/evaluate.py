@@ -46,6 +46,9 @@ def run_evaluate(cfg: RunConfig, model_dir: str | Path, packs_dir: str | Path, o
     from packtrain.tracking import stage_run
 
     check_suite_packages(cfg.evaluate)   # a task suite lm-eval is missing for: now, not after the held-out loss
+    from packtrain.evaluate.seed_spread import resolve_seed_spread
+
+    resolve_seed_spread(cfg)   # a seed-spread record of another recipe: before any model is loaded
     begin_stage_memory()   # its peak memory on the CPU: this stage's own, whatever ran before it in the process
     model_dir, packs_dir, out_dir = Path(model_dir), Path(packs_dir), Path(out_dir)
     check_replaceable(out_dir, OUTPUTS, "evaluate")
