@@ -67,6 +67,38 @@ def test_config_parts_hold_only_what_the_stage_reads(tmp_path, monkeypatch):
     assert config_parts("train", cfg)["pack.budget"] == cfg.pack.budget
 
 
+def test_an_eval_file_edited_in_place_moves_the_keys_of_the_stages_that_read_it(tmp_path):
+    """validate and tokenize (the contamination check) read the suites' files and `against`; evaluate the
+    suites. An item appended to a task's data file (its YAML unchanged) or an `against` file rewritten is a miss
+    for exactly those stages, not a restored verdict about the old items (a training document holding the new
+    item was trained on: the check was never run against it)."""
+    import json
+    import shutil
+
+    from packtrain.config import recipe_dir
+
+    task = tmp_path / "task"
+    shutil.copytree(recipe_dir() / "tasks" / "wordorder", task)
+    against = tmp_path / "evals.jsonl"
+    against.write_text('{"text": "one held back eval record of this project"}\n', encoding="utf-8")
+    cfg = load_run_config("tiny-cpu", [f"workdir={tmp_path / 'work'}", f"validate.contamination.against=[{against}]",
+                                       f"evaluate.suites=[{{name: wordorder, role: task, path: {task / 'wordorder.yaml'}}}]"])
+    stages = ("validate", "tokenize", "evaluate")
+
+    def keys():
+        return {s: config_parts(s, cfg) for s in stages}
+
+    before = keys()
+    assert keys() == before   # nothing edited: the same keys (a hit)
+    item = {"context": "    # a new item", "choices": ["return self.value_", "self.value_ return"], "label": 0}
+    with open(task / "wordorder.jsonl", "a", encoding="utf-8") as f:
+        f.write(json.dumps(item) + "\n")
+    edited = keys()
+    assert [s for s in stages if edited[s] != before[s]] == ["validate", "tokenize", "evaluate"]
+    against.write_text('{"text": "another held back eval record"}\n', encoding="utf-8")
+    assert [s for s, parts in keys().items() if parts != edited[s]] == ["validate", "tokenize"]
+
+
 def test_train_key_follows_the_planner_section(tmp_path, monkeypatch):
     """The planner picks the train shape (budget auto): a new plan.target_fraction must rerun train, not
     reuse a train stage planned for another memory target (before the stage table, `plan` was left out)."""

@@ -81,6 +81,25 @@ def sources_of(cfg: RunConfig, data_version: str | None = None) -> EvalSources:
                        champion_documents(cfg, data_version) if c.suites else None)
 
 
+def sources_identity(cfg: RunConfig, documents: str | Path | None = None) -> dict:
+    """What `sources_of` reads, by content, for the validate and tokenize stage cache keys: each suite's files
+    (packtrain.evaluate.suites.suite_identity), each `against` entry's DVC md5 and the champion's held-out
+    documents (champion_domain_identity; `documents`: the stage's input). An eval file edited in place — an item
+    added to a task's data file — is a miss, so the check runs against it instead of restoring a stale verdict."""
+    from packtrain.evaluate.champion_domain import champion_domain_identity
+    from packtrain.evaluate.suites import suite_identity
+    from packtrain.versioning import data_md5
+
+    c, parts = cfg.validate_.contamination, {}
+    if c.suites and cfg.evaluate.suites:
+        parts["suite_files"] = {s.name: suite_identity(s.path, Path.cwd()) for s in cfg.evaluate.suites}
+    if c.suites and (champion := champion_domain_identity(cfg, documents)) is not None:
+        parts["champion_domain"] = champion
+    if c.against:
+        parts["against_files"] = {a: data_md5(Path(a)) if Path(a).exists() else "missing" for a in c.against}
+    return parts
+
+
 def champion_documents(cfg: RunConfig, data_version: str | None = None) -> ChampionDomain | None:
     """The champion's held-out documents as the evaluation finds them (packtrain.evaluate.paired_scores:
     resolve_against, then measure_champion_domain, with no held-out packs of this run yet); None without a

@@ -113,17 +113,13 @@ def resolve_against(cfg: RunConfig, ref: str, challenger: Path | None = None) ->
 
 def evaluate_identity(cfg: RunConfig, model_md5: str | None = None) -> dict:
     """What the evaluate stage's output depends on beyond its inputs and config (the stage cache key): the
-    champion version it is compared with, the md5 of every suite file and the seed-spread record (its margins). An unreadable
+    champion version it is compared with, the md5 of every suite's files and the seed-spread record (its margins). An unreadable
     registry gives a key that never repeats (a miss, never a stale comparison: champion_version)."""
     import time
 
-    from packtrain.evaluate.suites import suite_path
-    from packtrain.versioning import data_md5
+    from packtrain.evaluate.suites import suite_identity
 
-    suites = {}
-    for s in cfg.evaluate.suites:
-        p = suite_path(s.path, Path.cwd())
-        suites[s.name] = data_md5(p) if p.exists() else "missing"
+    suites = {s.name: suite_identity(s.path, Path.cwd()) for s in cfg.evaluate.suites}   # a task: its data files too
     from packtrain.evaluate.champion_domain import champion_version
     from packtrain.evaluate.recipe_identity import CONFIG_TAG
 

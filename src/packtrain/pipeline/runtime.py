@@ -94,11 +94,11 @@ def config_parts(stage: str, cfg, inputs: dict[str, str] | None = None) -> dict[
       (packtrain.registry.source.cache_identity: the init tokenizer's hash; the registered version or
       the directory's fingerprint), so a new champion is a miss and the same one a hit; train then also
       holds its `init_config` (the step-0 evaluation's `evaluate` section);
-    - validate, tokenize with `validate.contamination.suites`: `champion_domain`, the champion version whose
-      held-out documents the contamination check reads and their md5 now
-      (packtrain.evaluate.champion_domain.champion_domain_identity), so a
-      new champion (or a first one) is a miss;
-    - evaluate: `against`, the champion version it scores next to the model and every suite file's md5
+    - validate, tokenize: what the contamination check reads (contamination_sources.sources_identity): the
+      md5 of each suite's files (a task's data files too) and `against` entry, and `champion_domain`, the
+      champion version whose held-out documents it reads and their md5 now, so an edited eval file or a new
+      champion (or a first one) is a miss;
+    - evaluate: `against`, the champion version it scores next to the model and every suite's files' md5
       (packtrain.evaluate.paired_scores.evaluate_identity);
     - register: `tracking.resolved_uri`, where the registry really is (MLFLOW_TRACKING_URI wins), redacted
       because the key parts are written to disk (cache entry.json); a password never changes the registry.
@@ -119,11 +119,10 @@ def config_parts(stage: str, cfg, inputs: dict[str, str] | None = None) -> dict[
         if init is not None:
             parts["init"] = init
             parts.update({path: _at(d, path) for path in spec.init_config})
-    if stage in ("validate", "tokenize") and cfg.validate_.contamination.suites:
-        from packtrain.evaluate.champion_domain import champion_domain_identity
+    if stage in ("validate", "tokenize"):   # what the contamination check reads: eval files, the champion
+        from packtrain.data.contamination_sources import sources_identity
 
-        if (champion := champion_domain_identity(cfg, (inputs or {}).get("documents"))) is not None:
-            parts["champion_domain"] = champion
+        parts.update(sources_identity(cfg, (inputs or {}).get("documents")))
     if stage == "evaluate":   # the champion it is compared with and the suite files' md5 (a new champion: a miss)
         from packtrain.evaluate.paired_scores import evaluate_identity
         from packtrain.versioning import data_md5
