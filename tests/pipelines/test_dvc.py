@@ -1,6 +1,7 @@
 """dvc.yaml (generated from the stage table) + params.yaml (generated from the tiny-cpu recipe) + the committed
 .dvc/config in a fresh git repo (a tmp copy, tiny settings): `dvc repro` runs the chain, a second `dvc repro` does
-nothing, changing plan.target_fraction reruns train (for real) and leaves the stages after it, only them, to rerun
+nothing, an edited eval file (an item added to the task's data) changes validate, tokenize and evaluate,
+changing plan.target_fraction reruns train (for real) and leaves the stages after it, only them, to rerun
 (`dvc repro --dry` on train's new output), and `dvc metrics show` fits in 100 columns. The chain runs the session's `packtrain run` config (`tiny_pipeline`: the same recipe and settings but
 for the paths) and reaches the same weights and the same verdict: the configs its stage runs logged, the suites
 scored and the register decision are the run's."""
@@ -123,6 +124,9 @@ def test_dvc_repro_chain_noop_plan_change_and_metrics(tiny_pipeline, tmp_path):
         shutil.copy(REPO / f, repo / f)
     shutil.copytree(REPO / "src" / "packtrain", repo / "src" / "packtrain",
                     ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    shutil.copytree(REPO / "recipes", repo / "recipes", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    (repo / "bench" / "results").mkdir(parents=True)   # the eval files dvc.yaml lists (eval_file_deps)
+    shutil.copy(REPO / "bench" / "results" / "seed_spread_tiny-cpu.json", repo / "bench" / "results")
     tiny_corpus(repo / "corpus")   # the session pipeline's corpus, byte for byte
     params = _tiny_params(tiny_pipeline["settings"])
     (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
@@ -141,6 +145,17 @@ def test_dvc_repro_chain_noop_plan_change_and_metrics(tiny_pipeline, tmp_path):
 
     out = _repro(repo)
     assert _ran(out) == [] and "Data and pipelines are up to date" in out
+
+    # an item added to the task's data file (its YAML unchanged): DVC sees the stages that read eval files changed
+    # (the contamination check, the evaluation), as the stage cache of `packtrain run` does; restored after
+    items = repo / "recipes" / "tasks" / "wordorder" / "wordorder.jsonl"
+    before = items.read_bytes()
+    items.write_bytes(before + before.splitlines(keepends=True)[0])
+    r = subprocess.run([str(DVC), "status", "--json"], cwd=repo, capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "DVC_NO_ANALYTICS": "1"})
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert sorted(json.loads(r.stdout)) == ["evaluate", "tokenize", "validate"], r.stdout
+    items.write_bytes(before)
 
     # `dvc metrics show`: one short row per stage, readable in 100 columns
     r = subprocess.run([str(DVC), "metrics", "show"], cwd=repo, capture_output=True, text=True, timeout=120,

@@ -17,7 +17,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 CITED = re.compile(r"(?<![\w/.-])((?:src|tests|bench|docs|recipes|pipelines|components|docker|tools|\.ci)/"
-                   r"[\w./-]*[\w-]\.(?:py|md|yaml|yml|json|txt|sh|png|log|npy|toml|cfg))")
+                   r"[\w./-]*[\w-]\.(?:py|md|yaml|yml|jsonl|json|txt|sh|png|log|npy|toml|cfg)(?![\w-]))")
 WRITTEN = re.compile(r"(?:--out|--candidate|\bcp(?: \S+)?|>)\s*$")
 PLACEHOLDER = re.compile(r"/[A-Z][A-Z_]+\.")
 EXAMPLE = {"docs/architecture.md": {"components/dedup.py", "src/packtrain/commands/dedup.py",

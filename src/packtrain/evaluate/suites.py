@@ -101,25 +101,30 @@ def suite_path(value: str, base: Path) -> Path:
     return (base / value).resolve()
 
 
-def suite_identity(value: str, base: Path) -> str:
-    """A suite's files by content, for the stage cache keys of evaluate and of validate / tokenize (their
-    contamination check): the DVC md5 of its file and, for a task YAML, of each data file it names — a task's
-    items live there (editing wordorder.jsonl changes no byte of wordorder.yaml). "missing" for a file that is
-    not there, and a YAML that names no readable data file is its md5 alone: the stage itself refuses both."""
-    from packtrain.versioning import data_md5
-
+def suite_files(value: str, base: Path) -> list[Path]:
+    """The files a suite is read from: its file and, for a task YAML, each data file it names (a task's items live
+    there: editing wordorder.jsonl changes no byte of wordorder.yaml). [] for a file that is not there; a YAML that
+    names no readable data file is itself alone (the stage itself refuses both)."""
     p = suite_path(value, base)
     if not p.exists():
-        return "missing"
-    md5 = [data_md5(p)]
+        return []
+    files = [p]
     if p.suffix.lower() in (".yaml", ".yml"):
         from packtrain.evaluate.tasks import data_files, read_task_yaml
 
         try:
-            md5 += [data_md5(Path(f)) for f in data_files(value, read_task_yaml(value, p), p.parent).values()]
+            files += [Path(f) for f in data_files(value, read_task_yaml(value, p), p.parent).values()]
         except (InputDataError, MissingDataError):
             pass
-    return " ".join(md5)
+    return files
+
+
+def suite_identity(value: str, base: Path) -> str:
+    """A suite's files by content (suite_files: their DVC md5s), for the stage cache keys of evaluate and of
+    validate / tokenize (their contamination check); "missing" for a file that is not there."""
+    from packtrain.versioning import data_md5
+
+    return " ".join(data_md5(f) for f in suite_files(value, base)) or "missing"
 
 
 def read_documents(path: Path, where: str) -> list[SuiteDoc]:

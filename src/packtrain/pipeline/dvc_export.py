@@ -18,7 +18,10 @@ Each stage of the table (packtrain.stages.table) becomes one DVC stage:
 
     cmd      packtrain <stage> --recipe params.yaml <flag> ${workdir}/<upstream>[/sub] ... --out ${workdir}/<stage>
              && packtrain pipeline export <stage> --recipe params.yaml --dir ${workdir}/<stage>
-    deps     the stage's code paths, its input artifacts' directories, the stats file of each `after` stage
+    deps     the stage's code paths, its input artifacts' directories, the stats file of each `after` stage;
+             validate, tokenize and evaluate also the eval files they read (eval_file_deps: the recipe's
+             suite files, a task's data files, `validate.contamination.against`, evaluate's seed-spread
+             record), as their stage cache keys in `packtrain run` hold those files by content
     params   the stage's config sections (StageSpec.config): DVC reruns it when one of them changes in
              params.yaml, exactly as the stage cache of `packtrain run` does
     outs     ${workdir}/<stage>
@@ -42,6 +45,7 @@ import csv
 import io
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -160,8 +164,8 @@ def _artifact_dir(arg: str) -> str:
     return f"${{workdir}}/{ARTIFACTS[name]}" + (f"/{sub}" if sub else "")
 
 
-def render_stage(spec: StageSpec) -> str:
-    """One stage of dvc.yaml (YAML text, 2-space indented under `stages:`)."""
+def render_stage(spec: StageSpec, extra_deps: Sequence[str] = ()) -> str:
+    """One stage of dvc.yaml (YAML text, 2-space indented under `stages:`); `extra_deps`: eval_file_deps'."""
     out = f"${{workdir}}/{spec.name}"
     words = [f"packtrain {spec.name} --recipe params.yaml",
              *(f"{flag} {_artifact_dir(a)}" for flag, a in zip(spec.flags, spec.args, strict=True)), f"--out {out}"]
@@ -176,7 +180,7 @@ def render_stage(spec: StageSpec) -> str:
     lines += ["    cmd: >-", *(f"      {c}" for c in cmd),
              f"      && packtrain pipeline export {spec.name} --recipe params.yaml --dir {out}", "    deps:"]
     deps = [*spec.code, *(f"${{workdir}}/{ARTIFACTS[a]}" for a in spec.inputs),
-            *(f"${{workdir}}/{a}/{stage_spec(a).stats_file}" for a in spec.after)]
+            *(f"${{workdir}}/{a}/{stage_spec(a).stats_file}" for a in spec.after), *extra_deps]
     lines += [f"      - {d}" for d in deps]
     lines += ["    params:", *(f"      - {p}" for p in spec.config)]
     lines += ["    outs:", f"      - {out}"]
@@ -188,9 +192,41 @@ def render_stage(spec: StageSpec) -> str:
     return "\n".join(lines) + "\n"
 
 
-def render_dvc_yaml() -> str:
-    """The whole dvc.yaml text, generated from the stage table (deterministic: the committed file equals it)."""
-    return HEADER + "\n".join(render_stage(s) for s in STAGES)
+def render_dvc_yaml(recipe: str | None = None) -> str:
+    """The whole dvc.yaml text, generated from the stage table and the eval files of recipe `recipe` (default
+    PARAMS_RECIPE, the recipe of params.yaml; deterministic: the committed file equals it)."""
+    deps = eval_file_deps(recipe or PARAMS_RECIPE)
+    return HEADER + "\n".join(render_stage(s, deps.get(s.name, [])) for s in STAGES)
+
+
+def eval_file_deps(recipe: str) -> dict[str, list[str]]:
+    """{stage: the files it reads beyond its inputs} for dvc.yaml, from recipe `recipe`: every suite's files
+    (packtrain.evaluate.suites.suite_files: a task's data files too) for validate, tokenize and evaluate (the first
+    two only with `validate.contamination.suites`), each `validate.contamination.against` entry for validate
+    and tokenize, and the seed-spread record (`register.promotion.seed_spread`: auto's
+    bench/results/seed_spread_<recipe>.json when it exists, or the path given) for evaluate. Paths are relative
+    to the checkout root where dvc.yaml lies (`@recipes/…` is its recipes/), absolute outside it.
+
+    >>> eval_file_deps("tiny-cpu")["validate"]
+    ['recipes/tasks/wordorder/wordorder.yaml', 'recipes/tasks/wordorder/wordorder.jsonl']
+    """
+    from packtrain.config import load_run_config, recipe_dir
+    from packtrain.evaluate.seed_spread import default_record_path
+    from packtrain.evaluate.suites import suite_files
+
+    cfg, root = load_run_config(recipe), recipe_dir().parent
+
+    def rel(p: Path) -> str:
+        p = p.resolve()
+        return str(p.relative_to(root)) if p.is_relative_to(root) else str(p)
+
+    suites = [rel(f) for s in cfg.evaluate.suites for f in suite_files(s.path, root)]
+    contamination = cfg.validate_.contamination
+    checked = (suites if contamination.suites else []) + [rel(root / a) for a in contamination.against]
+    setting = cfg.register_.promotion.seed_spread
+    record = default_record_path(cfg.name) if setting == "auto" else root / setting if setting else None
+    spread = [rel(record)] if record is not None and record.is_file() else []
+    return {"validate": checked, "tokenize": checked, "evaluate": suites + spread}
 
 
 # ---- params.yaml -------------------------------------------------------------------------------------------------
@@ -234,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
     dvc_path = Path(args.dvc_yaml)
     params_path = Path(args.params) if args.params else dvc_path.parent / "params.yaml"
-    files = [(dvc_path, render_dvc_yaml(), f"the stage table ({len(STAGES)} stages)"),
+    files = [(dvc_path, render_dvc_yaml(args.recipe), f"the stage table ({len(STAGES)} stages) and recipe {args.recipe}"),
              (params_path, render_params_yaml(args.recipe), f"recipe {args.recipe}")]
     if args.check:
         stale = [path for path, text, _ in files if not (path.is_file() and path.read_text(encoding="utf-8") == text)]
