@@ -124,3 +124,28 @@ def test_a_cached_register_line_reads_the_registry_as_it_is_now(tmp_path):
                                         "reason": "recent (primary) not improved: Δ +0.01"}})
     assert format_summary("tiny", fresh, 1.0, 1, None).splitlines()[1:3] == [
         "  register   lm v3 → challenger", "             recent (primary) not improved: Δ +0.01"]
+
+
+def test_the_footer_of_a_run_whose_store_went_down_comes_at_once(tmp_path, monkeypatch):
+    """The store answered when the run started and is gone by its summary (a server stopped mid-run): the footer's
+    look-up of the run fails at once and the hint comes without the run's address. With MLflow's default retries
+    (7, exponential backoff) a `packtrain run` sat ~4 min here after its last stage had finished."""
+    import socket
+    import time
+
+    from packtrain.config import load_run_config
+    from packtrain.pipeline.local import _footer
+    from packtrain.tracking.run_lifecycle import _close_clients
+
+    with socket.socket() as s:   # a port nothing listens on: every request is refused
+        s.bind(("127.0.0.1", 0))
+        uri = f"http://127.0.0.1:{s.getsockname()[1]}"
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    cfg = load_run_config("tiny-cpu", [f"workdir={tmp_path}", f"tracking.tracking_uri={uri}"])
+    t0 = time.perf_counter()
+    try:
+        lines = _footer(cfg, uri, "9f" * 16, {"register": {"model_name": "lm", "decision": "deferred"}})
+    finally:
+        _close_clients()
+    assert time.perf_counter() - t0 < 20
+    assert lines[0] == f"  MLflow     open {uri}"

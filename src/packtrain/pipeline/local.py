@@ -372,18 +372,20 @@ def _footer(cfg, tracking_uri: str, parent: str | None, stages: dict[str, dict])
     """The MLflow hint, the run id and the copy-pasteable compare/gate lines (packtrain.tracking.links)."""
     from packtrain.tracking.links import run_footer, store_args
     from packtrain.tracking.run_lifecycle import get_client
+    from packtrain.tracking.transport import short_http
 
     client = get_client(cfg)
     run_id = client.resolve(parent) if parent else None
     exp_id = previous = None
     if run_id and not run_id.startswith("pending-"):
-        try:
-            run = client._client.get_run(run_id)
-            exp_id = run.info.experiment_id
-            prev = client._client.search_runs(
-                [exp_id], filter_string=f"tags.`packtrain.kind` = 'pipeline' and tags.`packtrain.recipe` = "
-                                        f"'{cfg.name}' and attributes.status = 'FINISHED'",
-                order_by=["attributes.start_time DESC"], max_results=2)
+        try:   # a store that went down during the run answers at once, not after MLflow's retries (~4 min)
+            with short_http(client.uri, 10):
+                run = client._client.get_run(run_id)
+                exp_id = run.info.experiment_id
+                prev = client._client.search_runs(
+                    [exp_id], filter_string=f"tags.`packtrain.kind` = 'pipeline' and tags.`packtrain.recipe` = "
+                                            f"'{cfg.name}' and attributes.status = 'FINISHED'",
+                    order_by=["attributes.start_time DESC"], max_results=2)
             previous = next((r.info.run_id for r in prev if r.info.run_id != run_id), None)
         except Exception:  # the store went away after the run: the hint without the run's address
             pass
