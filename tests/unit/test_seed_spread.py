@@ -215,3 +215,29 @@ def test_auto_uses_the_record_of_the_champions_config():
     assert got["note"].endswith(f"measured for v1's config {rec['config_hash']}, this run's config "
                                 f"{recipe_hash(longer)} differs)")
     assert "not used" in resolve_seed_spread(longer, champion=("v1", "0123456789abcdef"))["note"]
+
+
+def test_settings_that_change_how_not_what_leave_the_recipe_hash():
+    """A seed rerun with activation checkpointing, compile, another attention backend or fewer tokenizer workers is
+    still a seed rerun (WEIGHT_NEUTRAL_FIELDS); what changes the data, the optimisation or the numerics is another
+    recipe. Checkpointing keeps loss and gradients bitwise (tests/unit/test_train_techniques.py)."""
+    base = recipe_hash(load_run_config("tiny-cpu"))
+    neutral = ["train.seed=1", "train.activation_checkpointing=full", "train.compile=true", "train.attention=sdpa",
+               "train.loss=chunked", "tokenize.workers=1", "validate.max_offending_ids=3", "train.log_every=5",
+               "train.checkpoint.every_steps=10"]
+    assert recipe_hash(load_run_config("tiny-cpu", neutral)) == base
+    for change in ("train.lr=0.001", "train.precision=bf16", "train.fsdp.reduce_dtype=bf16", "train.rows=8",
+                   "tokenize.vocab_size=2048", "validate.min_rows=50", "pack.strategy=sequential"):
+        assert recipe_hash(load_run_config("tiny-cpu", [change])) != base, change
+
+
+def test_the_shipped_record_is_for_the_shipped_recipe():
+    """`seed_spread: auto` uses bench/results/seed_spread_tiny-cpu.json only while its config_hash is tiny-cpu's: a
+    default or field that changes what the recipe trains leaves the record unused (the run says so) until it is
+    measured again (`python -m bench seed-spread --recipe tiny-cpu --seeds 0 1 2`), so a stale one fails here."""
+    from packtrain.evaluate.seed_spread import default_record_path
+
+    rec = json.loads(default_record_path("tiny-cpu").read_text())
+    got = resolve_seed_spread(load_run_config("tiny-cpu"))
+    assert rec["config_hash"] == recipe_hash(load_run_config("tiny-cpu")), got["note"]
+    assert got["path"] == str(default_record_path("tiny-cpu")) and got["k"] == rec["k"] >= 3

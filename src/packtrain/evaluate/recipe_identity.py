@@ -4,7 +4,7 @@ only in `train.seed` is never promoted, whatever seed-spread record there is.
 The register stage tags every version trained in the run (train_result.json present) with
 
     packtrain.config_hash   recipe_hash of its config: ingest, validate, tokenize, pack, model, train minus
-                            train.seed (packtrain.evaluate.seed_spread), e.g. 4900e1d16f95baab
+                            train.seed and WEIGHT_NEUTRAL_FIELDS (packtrain.evaluate.seed_spread), e.g. 376136144b0aa992
     packtrain.train_seed    its train.seed, e.g. 0
 
 The train stage records its own in train_result.json (`recipe`); the evaluate stage writes the challenger's (that

@@ -41,7 +41,7 @@ import json
 import math
 from pathlib import Path
 from statistics import NormalDist
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from packtrain.errors import ConfigError, InputDataError, MissingDataError
 
@@ -52,14 +52,33 @@ RECORD_PREFIX = "seed_spread_"
 HASHED_SECTIONS = ("ingest", "validate", "tokenize", "pack", "model", "train")
 """The sections whose values make the trained weights (the recipe proper); train.seed is left out, and so are
 workdir, tracking, telemetry, the evaluate/register settings and the pipeline's."""
+WEIGHT_NEUTRAL_FIELDS = (
+    "train.activation_checkpointing", "train.ac_every_k", "train.ac_count",        # recomputes the same values
+    "train.compile", "train.compile_backend", "train.attention", "train.fused_optimizer",   # the same function,
+    "train.loss", "train.loss_kernel", "train.loss_chunk_tokens", "train.fp8.mix_order_reduction",  # other kernels
+    "train.fsdp.reshard_after_forward", "train.deepspeed.overlap_comm", "train.deepspeed.contiguous_gradients",
+    "train.deepspeed.offload_optimizer", "train.deepspeed.offload_params",          # where state lives, not what
+    "train.checkpoint", "train.log_every", "train.expandable_segments", "train.threads",   # saving, logging, host
+    "tokenize.workers", "tokenize.batch_docs", "validate.max_offending_ids")          # speed and reporting only
+"""Settings of the hashed sections that change how a run computes, not what: recipe_hash leaves them out, so a
+seed rerun with activation checkpointing turned on (the same weights to the bit on the CPU) is still a seed rerun
+of the champion, and the seed-spread record of the recipe still applies to it. What changes the data, the model,
+the optimisation or the numeric precision stays in (train.precision, train.fsdp.reduce_dtype, rows, lr, ...)."""
 UNITS = {"text": "bits/byte", "task": "accuracy"}
 
 
 def recipe_hash(cfg: RunConfig, sections: tuple[str, ...] = HASHED_SECTIONS) -> str:
     """sha256 (first 16 hex) of the resolved config's `sections` (HASHED_SECTIONS; a dotted path picks one field:
-    "pack.budget"), train.seed removed: two configs that differ only in the seed (or in where they write) hash
-    alike."""
+    "pack.budget"), train.seed and WEIGHT_NEUTRAL_FIELDS removed: two configs that differ only in the seed (or in
+    where they write, or in how fast they compute the same thing) hash alike."""
     d = cfg.model_dump(mode="json", by_alias=True)
+    for path in WEIGHT_NEUTRAL_FIELDS:
+        *parents, last = path.split(".")
+        node: Any = d
+        for part in parents:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node.pop(last, None)
     picked = {}
     for key in sections:
         node = d
