@@ -139,6 +139,11 @@ def test_power_check_names_a_suite_that_cannot_decide(tmp_path):
     with pytest.raises(ConfigError, match=r"power_check is strict .* recent \(MDE 0\.07"):
         check_power(strict, io.StringIO())
     assert check_power(load_run_config("tiny-cpu", [*sets, "register.promotion.power_check=off"])) == []
+    # no record: recent's n before the data is read is only its cap, and the line says so
+    out = io.StringIO()
+    check_power(load_run_config("tiny-cpu", ["register.promotion.seed_spread=null"]), out)
+    assert "  recent (primary, n ≤ 64): MDE unknown" in out.getvalue()
+    assert "  wordorder (task, n 200): MDE unknown" in out.getvalue()
 
 
 @pytest.mark.parametrize("power_check", ["warn", "off"])

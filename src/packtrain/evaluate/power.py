@@ -44,14 +44,16 @@ class SuitePower(SuiteMargin):
     doc_sd: float | None      # per-document spread of the paired difference (the record)
     need: float               # the margin the MDE must not exceed (primary: at least the regression margin)
     n_needed: int | None      # documents for MDE ≤ need
+    n_is_cap: bool = False    # n is only an upper bound (recent without a record: evaluate.recent_max_documents)
 
     def line(self) -> str:
         unit = "bits/byte" if self.kind == "text" else "accuracy"
+        n = "?" if self.n is None else f"≤ {self.n}" if self.n_is_cap else self.n
         if self.decides is None:
-            return (f"{self.suite} ({self.role}, n {self.n if self.n is not None else '?'}): MDE unknown (no "
+            return (f"{self.suite} ({self.role}, n {n}): MDE unknown (no "
                     f"per-document spread recorded for it), margin {self.need:.4f} {unit}")
         verdict = "can decide" if self.decides else f"CANNOT decide (needs n ≥ {self.n_needed})"
-        return (f"{self.suite} ({self.role}, n {self.n}): MDE {self.mde:.4f} {'≤' if self.decides else '>'} margin "
+        return (f"{self.suite} ({self.role}, n {n}): MDE {self.mde:.4f} {'≤' if self.decides else '>'} margin "
                 f"{self.need:.4f} {unit} ({self.margin_source}): {verdict}")
 
     def to_dict(self) -> dict:
@@ -68,26 +70,27 @@ def _task_rows(data_files: dict[str, str]) -> int | None:
     return None
 
 
-def suite_sizes(cfg: RunConfig, spread: dict) -> list[tuple[str, str, str, int | None]]:
-    """(name, role, kind, n) of every suite the evaluate stage will score (module doc)."""
+def suite_sizes(cfg: RunConfig, spread: dict) -> list[tuple[str, str, str, int | None, bool]]:
+    """(name, role, kind, n, n is only a cap) of every suite the evaluate stage will score (module doc): before
+    the data is read, recent's n without a record is evaluate.recent_max_documents, at most what it scores."""
     from packtrain.evaluate.suite_types import TaskSuite
     from packtrain.evaluate.suites import load_suites
 
     ev, rec = cfg.evaluate, spread.get("suites") or {}
-    out: list[tuple[str, str, str, int | None]] = []
+    out: list[tuple[str, str, str, int | None, bool]] = []
     if ev.recent_role != "off":
         n = ev.recent_max_documents
         if "recent" in rec:
             n = min(n, rec["recent"]["n"]) if n else rec["recent"]["n"]
-        out.append(("recent", ev.recent_role, "text", n))
+        out.append(("recent", ev.recent_role, "text", n, "recent" not in rec))
     for s in load_suites(ev):   # a bad suite fails here, before training, as it would at evaluate
         if isinstance(s, TaskSuite):
             n = rec[s.name]["n"] if s.name in rec else _task_rows(s.data_files)
             if n is not None and s.max_documents:
                 n = min(n, s.max_documents)
-            out.append((s.name, s.role, "task", n))
+            out.append((s.name, s.role, "task", n, False))
         else:
-            out.append((s.name, s.role, "text", len(s.docs)))
+            out.append((s.name, s.role, "text", len(s.docs), False))
     return out
 
 
@@ -98,17 +101,17 @@ def power_table(cfg: RunConfig, spread: dict) -> list[SuitePower]:
     p = cfg.register_.promotion
     sizes = suite_sizes(cfg, spread)
     rec, k, m = spread.get("suites") or {}, int(spread.get("k") or 0), max(len(sizes), 1)
-    margins = {name: suite_margin(role, kind, p, rec.get(name), k) for name, role, kind, _ in sizes}
-    floor = {"text": max([p.epsilon] + [margins[nm][0] for nm, r, kd, _ in sizes if kd == "text" and r != "primary"]),
-             "task": max([p.epsilon_task] + [margins[nm][0] for nm, _, kd, _ in sizes if kd == "task"])}
+    margins = {name: suite_margin(role, kind, p, rec.get(name), k) for name, role, kind, *_ in sizes}
+    floor = {"text": max([p.epsilon] + [margins[nm][0] for nm, r, kd, *_ in sizes if kd == "text" and r != "primary"]),
+             "task": max([p.epsilon_task] + [margins[nm][0] for nm, _, kd, *_ in sizes if kd == "task"])}
     rows = []
-    for name, role, kind, n in sizes:
+    for name, role, kind, n, capped in sizes:
         margin, source = margins[name]
         need = max(margin, floor[kind]) if role == "primary" else margin
         entry = rec.get(name)
         doc_sd = float(entry["doc_sd"]) if entry else None
         row = partial(SuitePower, suite=name, role=role, kind=kind, n=n, margin=margin, margin_source=source,
-                      need=need, doc_sd=doc_sd)
+                      need=need, doc_sd=doc_sd, n_is_cap=capped)
         if doc_sd is None or not n:
             rows.append(row(n_needed=None))
             continue
