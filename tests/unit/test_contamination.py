@@ -28,6 +28,17 @@ def test_normalize_lowercases_and_keeps_code_words_apart():
     assert normalize("Ça «marche»: très_bien") == ["ça", "marche", "très_bien"]
 
 
+def test_an_item_quoted_as_an_escaped_string_is_found():
+    """A code item with its real newlines, quoted in a training document as a string literal (JSON or Python
+    source: `\\n` for each newline), holds the same words; before, `\\n    if` read as the word `n`."""
+    item = "def fit(size):\n    if isinstance(size, str):\n        size = parse(size)\n    return size * 2 + offset"
+    quoted = "cases = " + json.dumps([item]) + "  # fixtures"
+    assert "\\n" in quoted and "\n" not in quoted
+    r = find_contamination([(0, _words(40, "a")), (1, quoted)], [("task", item)], 13, min_coverage=0.5)
+    assert r.doc_ids == [1] and r.overlaps[0].coverage == 1.0
+    assert normalize("C:\\new\\table") == ["c", "ew", "able"]   # a backslash path reads alike on both sides
+
+
 @pytest.mark.parametrize("n", [3, 13])
 def test_a_planted_eval_passage_is_found_and_named(n):
     planted = _words(30, "x") + " " + EVAL.upper().replace(" ", ",  ") + ". " + _words(30, "y")

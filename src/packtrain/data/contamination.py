@@ -46,20 +46,27 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 _WORD = re.compile(r"\w+")
+_ESCAPE = re.compile(r"\\[ntr]")
+"""A newline, tab or carriage return written as an escape (`\\n`): text quoted as a string literal or JSON inside
+a training document holds its items that way, and `\\n    if` must read `if`, not `n if`."""
 _ASCII_SEP = str.maketrans({c: " " for c in map(chr, range(128)) if not (c.isalnum() or c == "_" or c.isspace())})
 """ASCII punctuation → a space: the same words as `_WORD.findall` for ASCII text, 5× faster."""
 _MULT = np.uint64(0x9E3779B97F4A7C15)   # odd: the polynomial hash is a bijection per position
 
 
 def normalize(text: str) -> list[str]:
-    """Lowercase, then the runs of letters, digits and `_` (module doc): punctuation separates words and is
-    not one, so code words stay apart.
+    r"""Lowercase, then the runs of letters, digits and `_` (module doc): punctuation separates words and is
+    not one, so code words stay apart; an escaped newline, tab or return (`\n` in a string literal) separates too.
 
     >>> normalize("Hello,   World! it's  A_B")
     ['hello', 'world', 'it', 's', 'a_b']
     >>> normalize("return self.text[0]  # Ça «marche»")
     ['return', 'self', 'text', '0', 'ça', 'marche']
+    >>> normalize(r'"rely on this\n    if size:"')
+    ['rely', 'on', 'this', 'if', 'size']
     """
+    if "\\" in text:   # escaped newlines/tabs are white space, as the real ones are (_ESCAPE)
+        text = _ESCAPE.sub(" ", text)
     text = text.lower()
     return text.translate(_ASCII_SEP).split() if text.isascii() else _WORD.findall(text)
 
