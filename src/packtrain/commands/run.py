@@ -57,10 +57,10 @@ def run(cfg, args: argparse.Namespace) -> int:
         raise ConfigError(f"--progress {args.progress}: must be a number of seconds ≥ 0")
     assert args.runner in RUNNERS   # argparse's choices are the runners of packtrain.pipeline.local
     from packtrain.evaluate.power import check_power
-    from packtrain.evaluate.seed_spread import resolve_seed_spread
 
-    resolve_seed_spread(cfg)   # another recipe's record (exit 2): now, also with power_check off
-    check_power(cfg)   # can each suite decide? (docs/validation.md; strict: a ConfigError before any stage)
+    # can each suite decide? (docs/validation.md; strict: a ConfigError before any stage); another recipe's
+    # seed-spread record: exit 2 now, whatever power_check
+    check_power(cfg)
     from packtrain.registry.adapter import check_registrable
 
     check_registrable(cfg)   # a LoRA run the register stage would refuse after training: refused now

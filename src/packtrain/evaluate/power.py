@@ -123,14 +123,15 @@ def power_table(cfg: RunConfig, spread: dict) -> list[SuitePower]:
 
 def check_power(cfg: RunConfig, out: TextIO | None = None) -> list[SuitePower]:
     """The preflight (module doc): prints one line per suite to `out` (stderr), warns about a suite that cannot
-    decide; with power_check strict raises ConfigError naming it. power_check off → [] (nothing checked)."""
+    decide; with power_check strict raises ConfigError naming it. power_check off → [] (nothing checked; the
+    seed-spread record is still read, so one of another recipe is refused before any stage whatever the mode)."""
     from packtrain.evaluate.seed_spread import resolve_seed_spread
 
+    spread = resolve_seed_spread(cfg)   # another recipe's record: a ConfigError now (exit 2)
     mode = cfg.register_.promotion.power_check
     if mode == "off":
         return []
     out = sys.stderr if out is None else out
-    spread = resolve_seed_spread(cfg)
     if not spread.get("path") and "this run's config is" in spread.get("note", ""):   # auto, another config
         spread = {**spread, "note": f"{spread['note']}; the evaluation uses it all the same when the champion was "
                                     "trained with the record's config (version tag packtrain.config_hash)"}

@@ -72,27 +72,23 @@ def recipe_hash(cfg: RunConfig, sections: tuple[str, ...] = HASHED_SECTIONS) -> 
     "pack.budget"), train.seed and WEIGHT_NEUTRAL_FIELDS removed: two configs that differ only in the seed (or in
     where they write, or in how fast they compute the same thing) hash alike."""
     d = cfg.model_dump(mode="json", by_alias=True)
-    for path in WEIGHT_NEUTRAL_FIELDS:
-        *parents, last = path.split(".")
-        node: Any = d
-        for part in parents:
-            node = node.get(part) if isinstance(node, dict) else None
-        if isinstance(node, dict):
-            node.pop(last, None)
-    picked = {}
-    for key in sections:
-        node = d
-        for part in key.split("."):
-            node = node[part]
-        picked[key] = node
-    if "train" in picked:
-        picked["train"] = {k: v for k, v in picked["train"].items() if k != "seed"}
+    for path in ("train.seed", *WEIGHT_NEUTRAL_FIELDS):
+        parent, _, last = path.rpartition(".")
+        _at(d, parent).pop(last, None)
+    picked = {key: _at(d, key) for key in sections}
     # the corpus by content, not by where it lies (as the stage cache keys it): `dvc repro` and `packtrain run`
     # read the same documents from different directories and must hash alike
     if "ingest" in picked:
         picked["ingest"] = {**picked["ingest"], "source": _source_identity(cfg.ingest.source)}
     blob = json.dumps(picked, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:16]
+
+
+def _at(d: dict, path: str) -> Any:
+    """The value at dotted `path` of the config dict `d` ("train.fp8" → d["train"]["fp8"])."""
+    for part in path.split("."):
+        d = d[part]
+    return d
 
 
 SPLIT_SECTIONS = ("ingest", "validate", "tokenize")
