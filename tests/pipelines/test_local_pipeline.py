@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from pathlib import Path
 
 import pytest
@@ -105,12 +104,12 @@ def test_rerun_on_unchanged_data_is_cached_and_tracked(tiny_pipeline_copy):
     tiny = tiny_pipeline_copy   # the first run, in a folder of this test's own
     assert tiny["result"].returncode == 0
     wd, root = tiny["workdir"], tiny["root"]
-    t0 = time.perf_counter()
     r = run_main(["run", *as_args(tiny["settings"])], cwd=root)
-    seconds = time.perf_counter() - t0
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    # restored, not recomputed: every stage says so here and in its MLflow run's packtrain.cache tag (below). No
+    # wall-clock ratio against the first run: it failed CI once on the loaded 2-core machine (4.9 s against 9.4 s);
+    # the cached rerun's time is a benchmark's (bench/results/cpu_run_tiny.json)
     assert r.stdout.count("(cached)") == 7, r.stdout
-    assert seconds < tiny["seconds"] / 2, (tiny["seconds"], seconds)
     # the restored register stage reads the registry as it is now, not the decision it recorded
     assert "(7 from cache" in r.stdout and ("register   packtrain-lm v1 (registered by an earlier run, restored from "
                                             "cache) · registry now: champion v1") in r.stdout
