@@ -22,7 +22,12 @@ from packtrain.model.attention import model_inputs
 from packtrain.model.build import build_model
 from packtrain.model.families import FAMILIES, attention_semantics, check_attention, refusal
 from packtrain.packing.batches import build_batch
-from packtrain.testing.tiny_families import FAMILY_NAMES, build_tiny_family_dir, tiny_family_model
+from packtrain.testing.tiny_families import (
+    FAMILY_NAMES,
+    build_tiny_family_dir,
+    tiny_family_config,
+    tiny_family_model,
+)
 
 V = 97
 CPU_BACKENDS = ("sdpa", "eager", "flex")
@@ -85,8 +90,7 @@ def test_family_document_inside_a_pack_equals_alone(family_dirs, docs, family, b
     assert max(sem) <= 1e-5, f"{family}/{backend}: vs transformers eager {max(sem):.3g} per document {sem}"
 
 
-@pytest.mark.parametrize("family", [f for f in FAMILY_NAMES if attention_semantics(
-    tiny_family_model(f).config).sliding])
+@pytest.mark.parametrize("family", [f for f in FAMILY_NAMES if attention_semantics(tiny_family_config(f)).sliding])
 def test_family_sliding_window_changes_the_logits(docs, family):
     """Control: the fixtures' window (4) matters for these documents, so the equality above checks it."""
     _, ds, _ = docs
