@@ -1,0 +1,115 @@
+"""`packtrain ...` in a process of its own that starts from this test process's imports: a fork (multiprocessing's
+"fork" context) that runs `packtrain.cli.main(args)` and exits with its code.
+
+    proc = Forked(["train", ...], env={**os.environ, "PACKTRAIN_FAULT": "checkpoint.manifest"}, log=tmp / "err")
+    proc.wait(timeout=300)    # → -9: the fault SIGKILLed it;  proc.pid, proc.poll(), proc.kill() as on a Popen
+
+A real process, as `subprocess.run([sys.executable, "-m", "packtrain.cli", ...])` starts: its own pid (the locks
+name it, PACKTRAIN_FAULT's kill points SIGKILL it, a test's SIGKILL lands on it alone), its own environment,
+stdout and stderr on file descriptors 1 and 2 (`log`, default /dev/null), exit code or -signal as a Popen's. What
+it skips is the fresh interpreter's ~4-5 CPU-s of importing torch, transformers and MLflow (packtrain.cli's own
+entry: `python -m packtrain.cli` is proved by the tests that start it). The child leaves pytest's capture,
+warning recorder and log handlers for what a fresh interpreter has (warnings printed to stderr, logging's
+last-resort handler), opens its own connections to the sqlite stores this process has open (SQLAlchemy's
+`dispose(close=False)` after a fork), and runs its own atexit handlers, not this process's, before it exits.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from pathlib import Path
+
+
+def _child(args: list[str], env: dict[str, str], log: str) -> None:
+    import atexit
+    import logging
+    import sys
+    import warnings
+
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    sys.stdout = open(1, "w", buffering=1, closefd=False)   # noqa: SIM115 - fds 1/2 live as long as the process
+    sys.stderr = open(2, "w", buffering=1, closefd=False)   # noqa: SIM115
+    os.environ.clear()
+    os.environ.update(env)
+    atexit._clear()                                          # this test process's handlers are not the child's
+    warnings.resetwarnings()
+    warnings.simplefilter("default")
+    warnings._showwarnmsg_impl = lambda msg: sys.stderr.write(warnings._formatwarnmsg(msg))
+    logging.root.handlers.clear()
+    if "sqlalchemy" in sys.modules:   # MLflow's cached sqlite stores: new connections here, the parent's left alone
+        import gc
+
+        from sqlalchemy.engine import Engine
+
+        for engine in [o for o in gc.get_objects() if isinstance(o, Engine)]:
+            engine.dispose(close=False)
+    code = 1
+    try:
+        from packtrain.cli import main
+
+        code = main(args)
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 1
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        atexit._run_exitfuncs()
+        sys.stdout.flush()
+        sys.stderr.flush()
+    sys.exit(code)
+
+
+def preload() -> None:
+    """What every `packtrain train` imports and this process may not have yet (a no-op once imported: every worker of
+    a whole `make test` has): torch and transformers' Llama (~4.5 CPU-s), MLflow (~2). Imported here once, not
+    in each fork."""
+    import mlflow  # noqa: F401
+    from transformers import LlamaForCausalLM  # noqa: F401
+
+
+class Forked:
+    """One forked `packtrain` (module doc); Popen's pid / poll / wait / kill / returncode."""
+
+    def __init__(self, args: list[str], env: dict[str, str] | None = None, log: Path | str = os.devnull):
+        preload()
+        self._p = multiprocessing.get_context("fork").Process(
+            target=_child, args=(list(args), dict(os.environ if env is None else env), str(log)), daemon=False)
+        self._p.start()
+        self.pid = self._p.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self._p.exitcode
+
+    def poll(self) -> int | None:
+        self._p.join(0)
+        return self._p.exitcode
+
+    def wait(self, timeout: float | None = None) -> int:
+        """The exit code (-N: killed by signal N); TimeoutError if still running after `timeout` seconds."""
+        self._p.join(timeout)
+        if self._p.exitcode is None:
+            raise TimeoutError(f"packtrain (pid {self.pid}) still running after {timeout} s")
+        return self._p.exitcode
+
+    def kill(self) -> None:
+        if self._p.exitcode is None:
+            self._p.kill()
+
+
+def run_forked(args: list[str], env: dict[str, str] | None = None, log: Path | str = os.devnull,
+               timeout: float = 600) -> int:
+    """Run to the end (killed after `timeout` s: TimeoutError); the exit code."""
+    proc = Forked(args, env, log)
+    try:
+        return proc.wait(timeout)
+    except TimeoutError:
+        proc.kill()
+        proc.wait()
+        raise
