@@ -21,16 +21,20 @@ import os
 from pathlib import Path
 
 
-def _child(args: list[str], env: dict[str, str], log: str) -> None:
+def _child(args: list[str], env: dict[str, str], log: str, err: str | None, cwd: str | None) -> None:
     import atexit
     import logging
     import sys
     import warnings
 
-    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    os.close(fd)
+    for fds, path in (((1, 2) if err is None else (1,), log), ((2,) if err is not None else (), err)):
+        if fds:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+            for to in fds:
+                os.dup2(fd, to)
+            os.close(fd)
+    if cwd is not None:
+        os.chdir(cwd)
     sys.stdout = open(1, "w", buffering=1, closefd=False)   # noqa: SIM115 - fds 1/2 live as long as the process
     sys.stderr = open(2, "w", buffering=1, closefd=False)   # noqa: SIM115
     os.environ.clear()
@@ -76,10 +80,13 @@ def preload() -> None:
 class Forked:
     """One forked `packtrain` (module doc); Popen's pid / poll / wait / kill / returncode."""
 
-    def __init__(self, args: list[str], env: dict[str, str] | None = None, log: Path | str = os.devnull):
+    def __init__(self, args: list[str], env: dict[str, str] | None = None, log: Path | str = os.devnull,
+                 err: Path | str | None = None, cwd: Path | str | None = None):
+        """stdout to `log`, stderr there too or to `err`; in `cwd` (default: this process's)."""
         preload()
         self._p = multiprocessing.get_context("fork").Process(
-            target=_child, args=(list(args), dict(os.environ if env is None else env), str(log)), daemon=False)
+            target=_child, args=(list(args), dict(os.environ if env is None else env), str(log),
+                                 None if err is None else str(err), None if cwd is None else str(cwd)), daemon=False)
         self._p.start()
         self.pid = self._p.pid
 
@@ -104,9 +111,9 @@ class Forked:
 
 
 def run_forked(args: list[str], env: dict[str, str] | None = None, log: Path | str = os.devnull,
-               timeout: float = 600) -> int:
+               timeout: float = 600, err: Path | str | None = None, cwd: Path | str | None = None) -> int:
     """Run to the end (killed after `timeout` s: TimeoutError); the exit code."""
-    proc = Forked(args, env, log)
+    proc = Forked(args, env, log, err, cwd)
     try:
         return proc.wait(timeout)
     except TimeoutError:
