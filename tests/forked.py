@@ -9,9 +9,10 @@ name it, PACKTRAIN_FAULT's kill points SIGKILL it, a test's SIGKILL lands on it 
 stdout and stderr on file descriptors 1 and 2 (`log`, default /dev/null), exit code or -signal as a Popen's. What
 it skips is the fresh interpreter's ~4-5 CPU-s of importing torch, transformers and MLflow (packtrain.cli's own
 entry: `python -m packtrain.cli` is proved by the tests that start it). The child leaves pytest's capture,
-warning recorder and log handlers for what a fresh interpreter has (warnings printed to stderr, logging's
-last-resort handler), opens its own connections to the sqlite stores this process has open (SQLAlchemy's
-`dispose(close=False)` after a fork), and runs its own atexit handlers, not this process's, before it exits.
+warning recorder and log handlers for what a fresh interpreter has (its default warning filters, printed to
+stderr; logging's last-resort handler), makes its own tracking clients and its own connections to the sqlite
+stores this process has open (SQLAlchemy's `dispose(close=False)` after a fork; MLflow's HTTP sessions are per
+pid already), and runs its own atexit handlers, not this process's, before it exits.
 """
 
 from __future__ import annotations
@@ -40,10 +41,16 @@ def _child(args: list[str], env: dict[str, str], log: str, err: str | None, cwd:
     os.environ.clear()
     os.environ.update(env)
     atexit._clear()                                          # this test process's handlers are not the child's
-    warnings.resetwarnings()
-    warnings.simplefilter("default")
+    warnings.resetwarnings()   # a fresh interpreter's filters (no -W): DeprecationWarning shown in __main__ only
+    for category in (ResourceWarning, ImportWarning, PendingDeprecationWarning, DeprecationWarning):
+        warnings.filterwarnings("ignore", category=category)
+    warnings.filterwarnings("default", category=DeprecationWarning, module="__main__")
     warnings._showwarnmsg_impl = lambda msg: sys.stderr.write(warnings._formatwarnmsg(msg))
     logging.root.handlers.clear()
+    lifecycle = sys.modules.get("packtrain.tracking.run_lifecycle")
+    if lifecycle is not None:   # this process's tracking clients (their buffer files, their threads) are not the child's
+        lifecycle._clients.clear()
+        lifecycle._pipeline_clients.clear()
     if "sqlalchemy" in sys.modules:   # MLflow's cached sqlite stores: new connections here, the parent's left alone
         import gc
 
