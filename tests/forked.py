@@ -19,10 +19,18 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 
-def _child(args: list[str], env: dict[str, str], log: str, err: str | None, cwd: str | None) -> None:
+def _cli(args: list[str]) -> int:
+    from packtrain.cli import main
+
+    return main(args)
+
+
+def _child(args: list[str] | Callable[[], int], env: dict[str, str], log: str, err: str | None,
+           cwd: str | None) -> None:
     import atexit
     import logging
     import sys
@@ -60,9 +68,7 @@ def _child(args: list[str], env: dict[str, str], log: str, err: str | None, cwd:
             engine.dispose(close=False)
     code = 1
     try:
-        from packtrain.cli import main
-
-        code = main(args)
+        code = args() if callable(args) else _cli(args)
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else 1
     except BaseException:
@@ -87,12 +93,13 @@ def preload() -> None:
 class Forked:
     """One forked `packtrain` (module doc); Popen's pid / poll / wait / kill / returncode."""
 
-    def __init__(self, args: list[str], env: dict[str, str] | None = None, log: Path | str = os.devnull,
-                 err: Path | str | None = None, cwd: Path | str | None = None):
-        """stdout to `log`, stderr there too or to `err`; in `cwd` (default: this process's)."""
+    def __init__(self, args: list[str] | Callable[[], int], env: dict[str, str] | None = None,
+                 log: Path | str = os.devnull, err: Path | str | None = None, cwd: Path | str | None = None):
+        """`packtrain ARGS`, or `args()` (a function of the test returning the exit code: a stage that a test runs
+        in another process); stdout to `log`, stderr there too or to `err`; in `cwd` (default: this process's)."""
         preload()
         self._p = multiprocessing.get_context("fork").Process(
-            target=_child, args=(list(args), dict(os.environ if env is None else env), str(log),
+            target=_child, args=(args if callable(args) else list(args), dict(os.environ if env is None else env), str(log),
                                  None if err is None else str(err), None if cwd is None else str(cwd)), daemon=False)
         self._p.start()
         self.pid = self._p.pid
@@ -117,7 +124,7 @@ class Forked:
             self._p.kill()
 
 
-def run_forked(args: list[str], env: dict[str, str] | None = None, log: Path | str = os.devnull,
+def run_forked(args: list[str] | Callable[[], int], env: dict[str, str] | None = None, log: Path | str = os.devnull,
                timeout: float = 600, err: Path | str | None = None, cwd: Path | str | None = None) -> int:
     """Run to the end (killed after `timeout` s: TimeoutError); the exit code."""
     proc = Forked(args, env, log, err, cwd)
