@@ -83,9 +83,9 @@ def _child(args: list[str] | Callable[[], int], env: dict[str, str], log: str, e
 
 
 def preload() -> None:
-    """What every `packtrain train` imports and this process may not have yet (a no-op once imported: every worker of
-    a whole `make test` has): torch and transformers' Llama (~4.5 CPU-s), MLflow (~2). Imported here once, not
-    in each fork."""
+    """What every `packtrain train` imports and this process may not have yet (a no-op once imported: every worker
+    of a whole `make test` has): torch and transformers' Llama (~4.5 CPU-s), MLflow (~2). Imported here once before
+    a `packtrain` fork, not in each fork; a function's fork imports what it needs itself."""
     import mlflow  # noqa: F401
     from transformers import LlamaForCausalLM  # noqa: F401
 
@@ -97,7 +97,8 @@ class Forked:
                  log: Path | str = os.devnull, err: Path | str | None = None, cwd: Path | str | None = None):
         """`packtrain ARGS`, or `args()` (a function of the test returning the exit code: a stage that a test runs
         in another process); stdout to `log`, stderr there too or to `err`; in `cwd` (default: this process's)."""
-        preload()
+        if not callable(args):
+            preload()
         self._p = multiprocessing.get_context("fork").Process(
             target=_child, args=(args if callable(args) else list(args), dict(os.environ if env is None else env), str(log),
                                  None if err is None else str(err), None if cwd is None else str(cwd)), daemon=False)
