@@ -5,6 +5,10 @@ last good checkpoint, retention keeps the last K and the best.
 
 Reference: one uninterrupted 20-step run (`straight`, checkpoints every 5). Every other case must end with the
 same loss curve and the same final weights, to the last bit.
+
+The runs that are killed (or must be another process: the second `packtrain train` into one --out) are processes of
+their own forked from this one (tests/forked.py): a real pid and a real SIGKILL, without a fresh interpreter's
+~4-5 CPU-s of imports each (8 of them: ~40 CPU-s of this file's ~60 before).
 """
 
 from __future__ import annotations
@@ -15,12 +19,11 @@ import os
 import random
 import shutil
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+from forked import Forked, run_forked
 
 from packtrain.cli import main
 
@@ -28,7 +31,6 @@ V = 128
 TINY = ["model.hidden_size=32", "model.intermediate_size=64", "model.num_heads=2", "train.rows=4",
         "train.max_steps=20", "train.warmup_steps=2", "train.checkpoint.every_steps=5",
         "train.checkpoint.keep_last=2", "train.threads=1", "telemetry.interval_s=5", "tracking.enabled=false"]
-PACKTRAIN = [sys.executable, "-m", "packtrain.cli"]
 CKPT_FILES = ["model.safetensors", "optimizer.pt", "rng.pt", "state.json", "manifest.json"]
 
 
@@ -68,6 +70,18 @@ def straight(data, tmp_path_factory):
     out = tmp_path_factory.mktemp("straight") / "train"
     assert main(_args(data, out)) == 0
     return out
+
+
+@pytest.fixture(scope="module")
+def forked_seconds(data, straight, tmp_path_factory) -> float:
+    """The wall seconds of one whole forked run (tests/forked.py), the span a random kill is drawn from; the run
+    itself ends as `straight` did."""
+    out = tmp_path_factory.mktemp("forked") / "train"
+    t0 = time.perf_counter()
+    assert run_forked(_args(data, out), timeout=300) == 0
+    seconds = time.perf_counter() - t0
+    assert _losses(out) == _losses(straight) and _weights_equal(out, straight)
+    return seconds
 
 
 def _copy(straight: Path, tmp_path: Path) -> Path:
@@ -150,9 +164,8 @@ def test_two_trains_into_one_out_the_second_stops_naming_the_first(data, tmp_pat
     """Both started from their own workdir; only --out is shared. The second is refused (exit 7) before it writes
     anything, naming the first, which keeps training undisturbed."""
     out = tmp_path / "shared" / "train"
-    first = subprocess.Popen(PACKTRAIN + _args(data, out, sets=("train.max_steps=100000", f"workdir={tmp_path / 'w1'}",
-                                                               "train.checkpoint.every_steps=0")),
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    first = Forked(_args(data, out, sets=("train.max_steps=100000", f"workdir={tmp_path / 'w1'}",
+                                          "train.checkpoint.every_steps=0")))
     try:
         deadline = time.monotonic() + 300
         while not _steps_logged(out) and first.poll() is None and time.monotonic() < deadline:
@@ -214,19 +227,18 @@ def test_every_checkpoint_broken_keeps_them_all_and_starts_from_zero(data, strai
 
 
 # ------------------------------------------------------------------------------------- kill -9, then --resume
-def _kill_after(cmd: list[str], env: dict, seconds: float) -> int:
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+def _kill_after(args: list[str], seconds: float) -> int:
+    proc = Forked(args)
     try:
         proc.wait(timeout=seconds)
-    except subprocess.TimeoutExpired:
+    except TimeoutError:
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
-    proc.stderr.close()
     return proc.returncode
 
 
 def _resume_and_compare(data, straight, out: Path) -> None:
-    # in-process: the killed run was the subprocess. Killed before it wrote anything (during setup), the run left
+    # in-process: the killed run was the forked process. Killed before it wrote anything (during setup), the run left
     # no directory to resume (--resume there is refused as a typo'd --out would be): it is started again instead
     started = out.is_dir() and any(out.iterdir())
     assert main(_args(data, out, *(["--resume"] if started else []))) == 0
@@ -241,8 +253,8 @@ def _resume_and_compare(data, straight, out: Path) -> None:
 def test_kill_at_each_commit_point_then_resume_is_exact(data, straight, tmp_path, point):
     out = tmp_path / "train"
     env = {**os.environ, "PACKTRAIN_FAULT": point}
-    proc = subprocess.run(PACKTRAIN + _args(data, out), env=env, capture_output=True, timeout=300)
-    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    log = tmp_path / "killed.log"
+    assert run_forked(_args(data, out), env, log, timeout=300) == -signal.SIGKILL, log.read_text()[-2000:]
     ck = out / "checkpoints"
     if point == "checkpoint.payload" or point == "checkpoint.manifest":
         assert list(ck.glob(".tmp-step_000005")) and not list(ck.glob("step_*"))   # the first save, half done
@@ -254,12 +266,11 @@ def test_kill_at_each_commit_point_then_resume_is_exact(data, straight, tmp_path
 
 
 @pytest.mark.parametrize("seed", [11, 23, 37])
-def test_kill_at_a_seeded_random_time_then_resume_is_exact(data, straight, tmp_path, seed):
+def test_kill_at_a_seeded_random_time_then_resume_is_exact(data, straight, forked_seconds, tmp_path, seed):
     """The kill lands anywhere: during setup, a step, a checkpoint save or the final save (seed in the test id)."""
-    t_full = json.loads((straight / "train_result.json").read_text())["timings"]["total_s"]
-    delay = random.Random(seed).uniform(1.0, 2.0 + t_full)   # + interpreter start and imports (~1-2 s)
+    delay = random.Random(seed).uniform(0.0, forked_seconds)   # a fork starts with its imports done
     out = tmp_path / "train"
-    _kill_after(PACKTRAIN + _args(data, out), dict(os.environ), delay)
+    _kill_after(_args(data, out), delay)
     if (out / "train_result.json").exists():                 # the run finished before the kill: compare it
         assert _losses(out) == _losses(straight)
         return

@@ -55,6 +55,25 @@ def run_cli(args: list[str], cwd: Path, env: dict | None = None, timeout: int = 
                           timeout=timeout)
 
 
+def run_forked_cli(args: list[str], cwd: Path, env: dict | None = None,
+                   timeout: int = 600) -> subprocess.CompletedProcess:
+    """`packtrain ARGS` as `run_cli` runs it (a process of its own, in `cwd`, with run_cli's environment; what it
+    returns), forked from this process (tests/forked.py): without a fresh interpreter's ~6 CPU-s of imports."""
+    import tempfile
+
+    from forked import run_forked
+
+    full_env = {**os.environ, "PACKTRAIN_CODE_VERSION": PINNED_CODE}
+    full_env.pop("MLFLOW_TRACKING_URI", None)
+    full_env.pop("PACKTRAIN_PARENT_RUN_ID", None)
+    full_env.update(env or {})
+    with tempfile.TemporaryDirectory(prefix="packtrain-forked-") as d:
+        out, err = Path(d) / "stdout", Path(d) / "stderr"
+        code = run_forked(list(args), full_env, out, timeout=timeout, err=err, cwd=cwd)
+        return subprocess.CompletedProcess(["packtrain", *args], code, out.read_text() if out.exists() else "",
+                                           err.read_text() if err.exists() else "")
+
+
 # the write-once stores of a workdir (the stage cache, the DVC remote, MLflow's artifacts, each run's folder): a new
 # run adds files there and never rewrites one, so a copy may share their files (hard links)
 _LINKED = ("cache", "dvc-remote", "mlartifacts", "kfp")

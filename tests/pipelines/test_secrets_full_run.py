@@ -14,7 +14,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from pipeline_helpers import as_args, run_cli, tiny_corpus, tiny_settings
+from pipeline_helpers import as_args, run_forked_cli, tiny_corpus, tiny_settings
 
 pytestmark = pytest.mark.slow
 
@@ -44,8 +44,9 @@ def test_full_run_with_the_server_down_and_replay_leak_no_secret(tmp_path):
     corpus = tiny_corpus(tmp_path / "corpus", n_docs=40)
     work = tmp_path / "wd"
     settings = [*tiny_settings(work, corpus), "tracking.retry_after_s=60", f"tracking.buffer_dir={tmp_path / 'buf'}"]
-    # a process of its own, as a user runs it: replay skips buffer files whose writer process is still alive
-    run = run_cli(["run", *as_args(settings), "--json", str(tmp_path / "run.json")], cwd=tmp_path, env=env,
+    # a process of its own, as a user runs it: replay skips buffer files whose writer process is still alive (forked
+    # from this one, the replay too: tests/forked.py, a fresh interpreter's imports were ~10 of ~26 CPU-s here)
+    run = run_forked_cli(["run", *as_args(settings), "--json", str(tmp_path / "run.json")], cwd=tmp_path, env=env,
                   timeout=1500)
     assert run.returncode == 0, run.stderr[-3000:]
     result = json.loads((tmp_path / "run.json").read_text())
@@ -61,7 +62,7 @@ def test_full_run_with_the_server_down_and_replay_leak_no_secret(tmp_path):
 
     store = f"sqlite:///{tmp_path / 'store' / 'mlflow.db'}"
     (tmp_path / "store").mkdir()
-    rep = run_cli(["mlflow", "replay", "--buffer", str(tmp_path / "buf"), "--tracking-uri", store,
+    rep = run_forked_cli(["mlflow", "replay", "--buffer", str(tmp_path / "buf"), "--tracking-uri", store,
                    "--set", f"workdir={work}"], cwd=tmp_path, env={"MLFLOW_TRACKING_PASSWORD": token})
     assert rep.returncode == 0, rep.stderr[-3000:]
     assert "alice:***@127.0.0.1" in rep.stderr                 # which store the ops were recorded for

@@ -5,11 +5,10 @@ One server test only: `mlflow server` takes ~10-20 s to start on a loaded 2-core
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 
 import pytest
+from forked import run_forked
 from mlflow import MlflowClient
 from mlflow_server import Server, free_port
 
@@ -19,15 +18,14 @@ from packtrain.tracking.run_lifecycle import _clients, _close_clients
 
 pytestmark = pytest.mark.slow
 
-# a stage in another process (as under kfp.local / Airflow): inherits MLFLOW_TRACKING_URI and the parent id
-CHILD = """
-import sys
-from packtrain.config import load_run_config
-from packtrain.tracking import stage_run
-cfg = load_run_config("tiny-cpu", [f"workdir={sys.argv[1]}", "tracking.system_metrics=false"])
-with stage_run("validate", cfg, section=cfg.validate_) as run:
-    run.log_metrics({"n_failed": 0})
-"""
+
+def _child_stage(workdir: str) -> int:
+    """A stage in another process (as under kfp.local / Airflow: forked, tests/forked.py, with tracking clients of
+    its own): inherits MLFLOW_TRACKING_URI and the parent id."""
+    cfg = load_run_config("tiny-cpu", [f"workdir={workdir}", "tracking.system_metrics=false"])
+    with stage_run("validate", cfg, section=cfg.validate_) as run:
+        run.log_metrics({"n_failed": 0})
+    return 0
 
 
 def test_server_down_mid_run_then_back(tmp_path, monkeypatch):
@@ -57,9 +55,8 @@ def test_server_down_mid_run_then_back(tmp_path, monkeypatch):
             train.set_tags({"packtrain.outage": "yes"})
             assert train.client.down
         # another process logs a whole stage while the server is down and exits: its buffer file stays
-        child = subprocess.run([sys.executable, "-c", CHILD, str(tmp_path / "work")], capture_output=True,
-                               text=True, timeout=120)
-        assert child.returncode == 0, child.stderr
+        log = tmp_path / "child.log"
+        assert run_forked(lambda: _child_stage(str(tmp_path / "work")), log=log, timeout=120) == 0, log.read_text()
         assert len(list((tmp_path / "work" / "mlflow-buffer").glob("*.jsonl"))) == 2  # ours + the child's
         with stage_run("evaluate", cfg, section=cfg.evaluate) as ev:  # created while the server is down
             assert ev.run_id.startswith("pending-")
