@@ -11,6 +11,8 @@ write into the workdir hold its lock (exit 7 when another run holds it; packtrai
 from __future__ import annotations
 
 import argparse
+import atexit
+import gc
 import os
 import sys
 from types import ModuleType
@@ -88,6 +90,13 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("MKL_CBWR", "AUTO")
     # MLflow prints "View run NAME at: <store URI>/#/..." with the URI as given, credentials included
     os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
+    # Leaving, freeze what is alive: the interpreter's teardown then only frees it instead of garbage-collecting
+    # every object torch + transformers + mlflow made (~1.5 CPU-s of each `packtrain <stage>` process: `dvc repro`
+    # starts one per stage); atexit handlers still run (MLflow runs ended, logs flushed). Registered here, not
+    # under `__main__`: the console script calls main() (a test calling main() in process freezes only when its
+    # own process ends); once however often main() runs.
+    atexit.unregister(gc.freeze)
+    atexit.register(gc.freeze)
     from packtrain.errors import PacktrainError
     from packtrain.log_noise import silence_known_noise
 
@@ -122,10 +131,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    code = main()
-    # `python -m packtrain.cli`: skip the interpreter's garbage collection of torch + transformers at teardown
-    # (~1.5 CPU-s a process; as packtrain.stages.train's ranks do); atexit handlers still run
-    import gc
-
-    gc.freeze()
-    sys.exit(code)
+    sys.exit(main())   # main() freezes the heap at exit (see there)
