@@ -148,6 +148,22 @@ def test_watchdog_flags_a_long_step_once_and_ignores_idle_time(tmp_path):
     assert not (tmp_path / "beats").exists()                              # the last rank out removes the folder
 
 
+def test_a_rank_that_ends_first_leaves_the_others_heartbeats_working(tmp_path, capsys):
+    """Rank 1 stops before rank 0 wrote a heartbeat: it removes the empty folder; rank 0 still beats (it printed
+    'guard: watchdog: FileNotFoundError' and lost its heartbeat for the rest of its run)."""
+    beats = tmp_path / "beats"
+    w0 = Watchdog(4, rank=0, heartbeat_dir=beats).start()   # its first heartbeat after a poll of 1 s
+    w0.begin(3, "step")
+    Watchdog(4, rank=1, heartbeat_dir=beats).start().stop()
+    assert not beats.exists()
+    try:
+        time.sleep(1.4)
+        assert json.loads((beats / "rank-0.json").read_text())["step"] == 3
+    finally:
+        w0.stop()
+    assert "watchdog" not in capsys.readouterr().err and not beats.exists()
+
+
 def test_the_stuck_rank_is_named_from_the_heartbeats():
     beats = [{"rank": 0, "step": 13, "phase": "sync", "open_s": 12.0, "done_step": 13},
              {"rank": 1, "step": 13, "phase": "data", "open_s": 12.1, "done_step": 12}]

@@ -156,6 +156,8 @@ class Watchdog:
                "done_step": self._done, "time": time.time()}
         path = self.heartbeat_dir / f"rank-{self.rank}.json"
         tmp = path.with_name(f".{path.name}.tmp")
+        # another rank that finished first removed the folder when it held no heartbeat at that moment
+        self.heartbeat_dir.mkdir(parents=True, exist_ok=True)
         tmp.write_text(json.dumps(rec))
         tmp.replace(path)
 
