@@ -105,4 +105,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    # skip the interpreter's garbage collection of what the suites imported (torch, transformers, mlflow: ~1.5
+    # CPU-s at the end of `all --smoke`), as `python -m packtrain.cli` does; atexit handlers still run
+    import gc
+
+    gc.freeze()
+    sys.exit(code)

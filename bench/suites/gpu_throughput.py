@@ -180,11 +180,13 @@ def write_random_checkpoint(spec: dict, vocab: int, out: Path, seed: int) -> Pat
     import torch
     from transformers import AutoModelForCausalLM
 
+    from packtrain.model.saving import save_pretrained
+
     torch.manual_seed(seed)
     cfg = hf_config(spec, vocab, "sdpa", spec.get("max_position_embeddings", 32768))
     with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
         model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
-    model.save_pretrained(str(out))
+    save_pretrained(model, str(out))   # as packtrain exports: without importing deepspeed to unwrap
     del model
     return out
 

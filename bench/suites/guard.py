@@ -219,4 +219,8 @@ def run(a, out: Path) -> Record:
 
 
 if __name__ == "__main__":
-    sys.exit(child_main())
+    code = child_main()
+    import gc
+
+    gc.freeze()   # no teardown collection of torch + transformers (~1.3 CPU-s), as `python -m packtrain.cli`
+    sys.exit(code)

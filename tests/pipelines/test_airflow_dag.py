@@ -78,6 +78,8 @@ for item in items:   # {"conf": trigger conf, "without": [modules taken away fro
             q = q.filter(TaskInstance.run_id == newest)
         print("RESULT " + json.dumps({ti.task_id: str(ti.state) for ti in q}), flush=True)
     print(f"SECONDS {time.perf_counter() - t0:.1f}", flush=True)
+import gc
+gc.freeze()   # no teardown collection of airflow + torch + transformers + mlflow + GX (~2 CPU-s; packtrain.cli's too)
 '''
 
 

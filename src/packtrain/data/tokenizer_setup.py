@@ -2,6 +2,7 @@
 
     train_tokenizer(texts, 4096, d)   byte-level BPE saved to d: id 0 <|endoftext|> (bos = eos), id 1 <|pad|>
     load_tokenizer(d)                 a local fast tokenizer (never a hub id), else ConfigError naming the field
+    tokenizer_class(d)                the class that loads it: a trained BPE's own (no torch import), else AutoTokenizer
     special_tokens_rule(hf)           Llama-style → ([bos_id], []); Qwen2 / a trained BPE → ([], [])
     _document_ids([1], [], 2, True)   ids [5, 6] → [1, 5, 6, 2]   (prefix + ids + suffix + EOS)
 
@@ -55,13 +56,36 @@ def check_tokenizer_dir(path: str | Path) -> Path:
     return p
 
 
-def load_tokenizer(path: str | Path, field_name: str = "tokenize.tokenizer_dir"):
-    """A local AutoTokenizer directory (never a hub id); must be a fast (tokenizers-backed) tokenizer."""
+BACKEND_CLASSES = frozenset({"TokenizersBackend", "PreTrainedTokenizerFast"})
+"""tokenizer_config.json's `tokenizer_class` of a plain tokenizers-backed tokenizer, what train_tokenizer saves
+(transformers 5 writes TokenizersBackend, 4.x PreTrainedTokenizerFast: one class, PreTrainedTokenizerFast its alias)."""
+
+
+def tokenizer_class(path: str | Path):
+    """The transformers class to load the tokenizer saved in `path` with: a plain tokenizers-backed one (a trained
+    BPE) by that class itself, any other through AutoTokenizer. The same tokenizer either way (AutoTokenizer picks
+    that class for it), but AutoTokenizer imports torch through its config machinery (~2.5 CPU-s) in a process
+    that needs no model: the tokenize stage's own (a KFP pod, `dvc repro`), a validate pod scoring a champion."""
+    import json
+
+    try:
+        name = json.loads((Path(path) / "tokenizer_config.json").read_text(encoding="utf-8")).get("tokenizer_class")
+    except (OSError, ValueError, AttributeError):
+        name = None
+    if name in BACKEND_CLASSES:
+        from transformers import PreTrainedTokenizerFast
+
+        return PreTrainedTokenizerFast
     from transformers import AutoTokenizer
 
+    return AutoTokenizer
+
+
+def load_tokenizer(path: str | Path, field_name: str = "tokenize.tokenizer_dir"):
+    """A local AutoTokenizer directory (never a hub id); must be a fast (tokenizers-backed) tokenizer."""
     p = check_tokenizer_dir(path)
     try:
-        tok = AutoTokenizer.from_pretrained(str(p), local_files_only=True)
+        tok = tokenizer_class(p).from_pretrained(str(p), local_files_only=True)
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise ConfigError(f"{field_name}: cannot load a tokenizer from {p}: {str(e)[:400]}") from None
     if getattr(tok, "backend_tokenizer", None) is None:

@@ -95,12 +95,12 @@ def champion_domain(label: str, tags: dict[str, str], champion_dir: Path, recent
     if recent_md5 is not None and now == recent_md5:
         return ChampionDomain("recent", f"{label}'s domain is this run's held-out split: suite recent measures "
                               "it", path, now)
-    from transformers import AutoTokenizer
-
+    from packtrain.data.tokenizer_setup import tokenizer_class
     from packtrain.errors import InputDataError
     from packtrain.evaluate.suites import recent_suite
 
-    tok = AutoTokenizer.from_pretrained(str(champion_dir))   # the tokenizer that made the champion's packs
+    # the tokenizer that made the champion's packs (a trained BPE: loaded without AutoTokenizer's torch import)
+    tok = tokenizer_class(champion_dir).from_pretrained(str(champion_dir))
     try:
         suite = recent_suite("regression", where, tok, max_documents, name=SUITE)
     except (InputDataError, OSError, ValueError) as e:
