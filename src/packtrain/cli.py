@@ -11,8 +11,6 @@ write into the workdir hold its lock (exit 7 when another run holds it; packtrai
 from __future__ import annotations
 
 import argparse
-import atexit
-import gc
 import os
 import sys
 from types import ModuleType
@@ -32,6 +30,7 @@ from packtrain.commands import (
     validate,
 )
 from packtrain.commands import mlflow as mlflow_command
+from packtrain.process_exit import freeze_heap_at_exit
 from packtrain.stages.table import STAGE_NAMES, STAGES
 
 STAGE_COMMANDS: dict[str, ModuleType] = {"ingest": ingest, "validate": validate, "tokenize": tokenize,
@@ -90,13 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("MKL_CBWR", "AUTO")
     # MLflow prints "View run NAME at: <store URI>/#/..." with the URI as given, credentials included
     os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
-    # Leaving, freeze what is alive: the interpreter's teardown then only frees it instead of garbage-collecting
-    # every object torch + transformers + mlflow made (~1.5 CPU-s of each `packtrain <stage>` process: `dvc repro`
-    # starts one per stage); atexit handlers still run (MLflow runs ended, logs flushed). Registered here, not
-    # under `__main__`: the console script calls main() (a test calling main() in process freezes only when its
-    # own process ends); once however often main() runs.
-    atexit.unregister(gc.freeze)
-    atexit.register(gc.freeze)
+    # registered here, not under `__main__`: the console script calls main()
+    freeze_heap_at_exit()
     from packtrain.errors import PacktrainError
     from packtrain.log_noise import silence_known_noise
 

@@ -241,15 +241,10 @@ def run_stage(stage: str, cfg, inputs: Mapping[str, str | Path], out_dir: str | 
 def run_stage_component(stage: str, config_text: str, inputs: dict[str, str], out_dir: str, *,
                         kfp_run_id: str = "", code_version: str = "", data_version: str = "") -> dict:
     """Run one stage as a pipeline step (see the module docstring); returns the stage's stats dict."""
-    import atexit
-    import gc
-
-    # a pod's process ends after this step: its teardown only frees what is alive then, instead of garbage-
-    # collecting torch + transformers + mlflow (~1.5 CPU-s a step; as packtrain.cli.main does, see there)
-    atexit.unregister(gc.freeze)
-    atexit.register(gc.freeze)
+    from packtrain.process_exit import freeze_heap_at_exit
     from packtrain.registry import install_handlers
 
+    freeze_heap_at_exit()   # a pod's process ends after this step
     install_handlers()   # before the parent run's client: it may replay a buffered registration
     try:
         cfg = config_from_text(config_text)
