@@ -59,6 +59,11 @@ def _child(args: list[str] | Callable[[], int], env: dict[str, str], log: str, e
     if lifecycle is not None:   # this process's tracking clients (their buffer files, their threads) are not the child's
         lifecycle._clients.clear()
         lifecycle._pipeline_clients.clear()
+    publish = sys.modules.get("packtrain.publish")
+    if publish is not None:   # PACKTRAIN_FAULT=publish@N counts this process's publish points from 0, as a fresh one does
+        import itertools
+
+        publish._fault_counter = itertools.count()
     if "sqlalchemy" in sys.modules:   # MLflow's cached sqlite stores: new connections here, the parent's left alone
         import gc
 

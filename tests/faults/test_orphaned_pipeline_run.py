@@ -1,19 +1,21 @@
 """kill -9 of `packtrain run` leaves no run RUNNING: the pipeline run carries owner tags like its stage runs, and
 the next `packtrain run` marks both the killed stage run and the killed pipeline run KILLED when it opens its own
-pipeline run (before, the parent stayed RUNNING forever: no owner tags, the sweep skipped it). Real `packtrain run`
-subprocess killed while ingest publishes (fault point publish@1: SIGKILL, as `kill -9`), real sqlite MLflow; the
+pipeline run (before, the parent stayed RUNNING forever: no owner tags, the sweep skipped it). A real `packtrain run`
+process (forked from this one, tests/forked.py: its own pid, the owner its runs name) killed while ingest publishes (fault point publish@1: SIGKILL, as `kill -9`), real sqlite MLflow; the
 rerun is a `packtrain run` whose validation then fails (min_rows too high: ~3 s instead of a whole pipeline)."""
 
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
+
+from forked import Forked
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "pipelines"))   # any file order: not only after tests/pipelines
 from pipeline_helpers import PINNED_CODE, as_args, run_main, tiny_corpus, tiny_settings  # noqa: E402
 
+from packtrain.cli import main
 from packtrain.tracking import owner
 
 
@@ -30,10 +32,12 @@ def test_a_killed_packtrain_run_leaves_no_pipeline_run_running(tmp_path):
     settings = tiny_settings(wd, corpus)
     env = {**os.environ, "PACKTRAIN_FAULT": "publish@1", "PACKTRAIN_CODE_VERSION": PINNED_CODE}
     env.pop("MLFLOW_TRACKING_URI", None)
-    killed = subprocess.Popen([sys.executable, "-m", "packtrain.cli", "run", *as_args(settings)], cwd=tmp_path,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    _, err = killed.communicate(timeout=300)
-    assert killed.returncode == -9, err[-2000:]
+    env.pop("PACKTRAIN_PARENT_RUN_ID", None)
+    log = tmp_path / "killed.log"
+    # `packtrain run` through the CLI's main, as Forked(["run", ...]) runs it, without its preload of torch and
+    # transformers into this process: a run killed at ingest imports neither
+    killed = Forked(lambda: main(["run", *as_args(settings)]), env, log, cwd=tmp_path)
+    assert killed.wait(timeout=300) == -9, log.read_text()[-2000:]
     before = {r.info.run_name: r for r in _runs(wd / "mlflow.db")}
     parent = next(r for r in before.values() if r.data.tags.get("packtrain.kind") == "pipeline")
     assert parent.info.status == before["ingest"].info.status == "RUNNING"

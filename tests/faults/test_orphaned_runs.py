@@ -1,6 +1,7 @@
 """A stage run whose process died without ending it (SIGKILL) does not stay RUNNING: the next stage run in the
 experiment marks it KILLED with a tag saying why. Runs whose owner lives, or cannot be judged from here, are
-never touched. Real MLflow on sqlite in tmp; the killed process is a real `packtrain train`."""
+never touched. Real MLflow on sqlite in tmp; the killed process is a real `packtrain train` of its own, forked from
+this one (tests/forked.py: its own pid, named by its run's owner tags, SIGKILLed alone)."""
 
 from __future__ import annotations
 
@@ -13,12 +14,13 @@ import time
 from pathlib import Path
 
 import pytest
+from forked import Forked
 
 from packtrain.cli import main
 from packtrain.tracking import owner
 
 TINY = ["model.hidden_size=32", "model.intermediate_size=64", "model.num_heads=2", "train.rows=4",
-        "train.max_steps=40", "train.warmup_steps=2", "train.checkpoint.every_steps=5", "train.threads=1",
+        "train.max_steps=10", "train.warmup_steps=2", "train.checkpoint.every_steps=5", "train.threads=1",
         "telemetry.interval_s=5", "tracking.system_metrics=false", "tracking.experiment=orphans"]
 
 
@@ -63,9 +65,7 @@ def test_a_sigkilled_train_run_is_marked_killed_when_the_next_run_starts(data, e
     _store(empty_store, work)                                   # sqlite:///<workdir>/mlflow.db, the default
     # step 6 stalls (fault point train.slow_step) after checkpoint 5 is written: the kill lands mid-run however fast
     # the machine trains the other steps
-    proc = subprocess.Popen([sys.executable, "-m", "packtrain.cli", *_train(data, work)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            env={**os.environ, "PACKTRAIN_FAULT": "train.slow_step@6=120"})
+    proc = Forked(_train(data, work), env={**os.environ, "PACKTRAIN_FAULT": "train.slow_step@6=120"})
     try:
         deadline = time.monotonic() + 300
         while not (work / "train" / "checkpoints" / "step_000005").is_dir() and time.monotonic() < deadline:

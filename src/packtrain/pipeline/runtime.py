@@ -358,8 +358,11 @@ def _ensure_parent_run(cfg, kfp_run_id: str) -> None:
 
     from packtrain.tracking import resolve_tracking_uri
     from packtrain.tracking.run_lifecycle import set_fluent_tracking_uri
+    from packtrain.tracking.store_creation import ensure_store
 
-    set_fluent_tracking_uri(resolve_tracking_uri(cfg))
+    uri = resolve_tracking_uri(cfg)
+    ensure_store(uri)   # a fresh sqlite store: created by one process at a time, as every stage's client does
+    set_fluent_tracking_uri(uri)
     exp = mlflow.set_experiment(cfg.tracking.experiment)
     client = mlflow.MlflowClient()
     found = client.search_runs([exp.experiment_id],
