@@ -252,9 +252,9 @@ def registered_model(cfg) -> dict:
     import mlflow
 
     from packtrain.tracking import resolve_tracking_uri
-    from packtrain.tracking.run_lifecycle import set_fluent_tracking_uri
+    from packtrain.tracking.run_lifecycle import open_fluent_store
 
-    set_fluent_tracking_uri(resolve_tracking_uri(cfg))
+    open_fluent_store(resolve_tracking_uri(cfg))
     client = mlflow.MlflowClient()
     name = cfg.register_.model_name
     versions = client.search_model_versions(f"name = '{name}'")

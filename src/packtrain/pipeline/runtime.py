@@ -357,12 +357,9 @@ def _ensure_parent_run(cfg, kfp_run_id: str) -> None:
     import mlflow
 
     from packtrain.tracking import resolve_tracking_uri
-    from packtrain.tracking.run_lifecycle import set_fluent_tracking_uri
-    from packtrain.tracking.store_creation import ensure_store
+    from packtrain.tracking.run_lifecycle import open_fluent_store
 
-    uri = resolve_tracking_uri(cfg)
-    ensure_store(uri)   # a fresh sqlite store: created by one process at a time, as every stage's client does
-    set_fluent_tracking_uri(uri)
+    open_fluent_store(resolve_tracking_uri(cfg))
     exp = mlflow.set_experiment(cfg.tracking.experiment)
     client = mlflow.MlflowClient()
     found = client.search_runs([exp.experiment_id],

@@ -50,6 +50,16 @@ _pipeline_clients: dict[str, BufferedClient] = {}
 _stage_runs: dict[str, tuple[BufferedClient, str]] = {}   # stage → (client, run id) of its newest run here
 
 
+def open_fluent_store(uri: str) -> None:
+    """Point the fluent API at a run's store (`set_fluent_tracking_uri`), a fresh sqlite store created first under
+    the store lock (`ensure_store`), as the stage clients do, not migrated by MLflow without a lock. Not for
+    putting back an earlier URI: MLflow's default is a `mlflow.db` in the working directory."""
+    from packtrain.tracking.store_creation import ensure_store
+
+    ensure_store(uri)
+    set_fluent_tracking_uri(uri)
+
+
 def set_fluent_tracking_uri(uri: str) -> None:
     """mlflow.set_tracking_uri for the fluent API without its side effect on os.environ: MLflow 3 also writes
     MLFLOW_TRACKING_URI, which `resolve_tracking_uri` honours first — so the first stage's store would stick
