@@ -31,7 +31,8 @@ def _mask(line: str) -> str:
     """Also ids/md5s → <id> and numbers → # (what differs between two real runs); what the contamination check
     found is data too (the default corpus has near-duplicates of its held-out files, the fixture's has none)."""
     line = re.sub(r"; \d+ non-blocking\)", ")", line)
-    line = re.sub(r"(hold an eval document), (dropped|kept \(policy warn\)|refused)$", r"\1", line)
+    line = re.sub(r"(hold an eval document)(?: \((?:[^()]|\([^()]*\))*\))?, (dropped|kept \(policy warn\)|refused)$",
+                  r"\1", line)   # and the count per suite
     line = re.sub(r"\b[0-9a-f]{8,32}\b", "<id>", _paths(line))
     return re.sub(r"\d[\d,]*(?:\.\d+)?", "#", line)
 
