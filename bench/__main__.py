@@ -105,10 +105,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    code = main()
-    # skip the interpreter's garbage collection of what the suites imported (torch, transformers, mlflow: ~1.5
-    # CPU-s at the end of `all --smoke`), as `python -m packtrain.cli` does; atexit handlers still run
-    import gc
+    from packtrain.process_exit import freeze_heap_at_exit
 
-    gc.freeze()
-    sys.exit(code)
+    freeze_heap_at_exit()   # no teardown collection of what the suites imported (~1.5 CPU-s after `all --smoke`)
+    sys.exit(main())

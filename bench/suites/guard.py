@@ -219,8 +219,7 @@ def run(a, out: Path) -> Record:
 
 
 if __name__ == "__main__":
-    code = child_main()
-    import gc
+    from packtrain.process_exit import freeze_heap_at_exit
 
-    gc.freeze()   # no teardown collection of torch + transformers (~1.3 CPU-s), as `python -m packtrain.cli`
-    sys.exit(code)
+    freeze_heap_at_exit()   # no teardown collection of torch + transformers (~1.3 CPU-s)
+    sys.exit(child_main())
