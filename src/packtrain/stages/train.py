@@ -328,11 +328,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    code = main()
-    # The interpreter's teardown garbage-collects every object torch + transformers made (~1.5 CPU-s a rank;
-    # 2-6 s of wall on a loaded 2-core machine, which its peers and torchrun wait out): freeze them, so teardown
-    # only frees (atexit handlers still run: MLflow clients closed, logs flushed).
-    import gc
+    from packtrain.process_exit import freeze_heap_at_exit
 
-    gc.freeze()
-    sys.exit(code)
+    # a rank's teardown garbage-collection is 2-6 s of wall on a loaded 2-core machine, which its peers and
+    # torchrun wait out
+    freeze_heap_at_exit()
+    sys.exit(main())
