@@ -36,12 +36,15 @@ def _child(args: list[str] | Callable[[], int], env: dict[str, str], log: str, e
     import sys
     import warnings
 
-    for fds, path in (((1, 2) if err is None else (1,), log), ((2,) if err is not None else (), err)):
-        if fds:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
-            for to in fds:
-                os.dup2(fd, to)
-            os.close(fd)
+    def redirect(path: str, fds: tuple[int, ...]) -> None:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+        for to in fds:
+            os.dup2(fd, to)
+        os.close(fd)
+
+    redirect(log, (1, 2) if err is None else (1,))
+    if err is not None:
+        redirect(err, (2,))
     if cwd is not None:
         os.chdir(cwd)
     sys.stdout = open(1, "w", buffering=1, closefd=False)   # noqa: SIM115 - fds 1/2 live as long as the process
