@@ -175,6 +175,27 @@ def test_evaluate_refuses_a_record_of_another_recipe_before_reading_the_model(tm
     assert not (tmp_path / "work" / "evaluate").exists()
 
 
+@pytest.mark.parametrize("action", ["compile", "submit"])
+def test_a_cluster_pipeline_refuses_a_record_of_another_recipe_before_it_is_compiled_or_submitted(
+        tmp_path, capsys, action):
+    """Submitted, the pipeline would train on the cluster and fail at its evaluate step; refused here instead,
+    before the host (an unreachable one: exit 1 were it contacted) or the output file. A record this machine
+    lacks is the cluster's to read: compiling does not refuse it."""
+    from packtrain.cli import main
+
+    rec = _record(tmp_path / "r.json", load_run_config("retrain-cpu"))
+    out = tmp_path / "p.yaml"
+    where = ["--out", str(out)] if action == "compile" else ["--host", "http://127.0.0.1:1"]
+    code = main(["pipeline", action, *where, "--set", f"register.promotion.seed_spread={rec}"])
+    err = capsys.readouterr().err
+    assert code == 2 and "measured for recipe 'retrain-cpu', this run is recipe 'tiny-cpu'" in err, err
+    assert "Traceback" not in err and not out.exists()
+    if action == "compile":
+        code = main(["pipeline", "compile", "--out", str(out), "--set",
+                     f"register.promotion.seed_spread={tmp_path / 'only-on-the-cluster.json'}"])
+        assert code == 0 and out.is_file()
+
+
 def test_run_summary_says_which_margins_were_assumed(tmp_path):
     from packtrain.pipeline.summary import _register, margins_line
 
