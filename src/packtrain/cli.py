@@ -92,9 +92,10 @@ def main(argv: list[str] | None = None) -> int:
     # registered here, not under `__main__`: the console script calls main()
     freeze_heap_at_exit()
     from packtrain.errors import PacktrainError
-    from packtrain.log_noise import silence_known_noise
+    from packtrain.log_noise import plain_own_warnings, silence_known_noise
 
     silence_known_noise()   # torchao's CPU-build and lm-eval's expected warnings (packtrain.log_noise)
+    plain_own_warnings()    # `warning: <message>` for packtrain's own, not <file>:<line> and the source line
     parser = build_parser()
     args = parser.parse_args(argv)
     if not args.command:

@@ -14,12 +14,18 @@ these reached every standalone command. Each filter sits on the one logger that 
 its text: anything else those loggers say still shows, and on a host with CUDA torchao's load failures show
 (there they matter). The third source of noise, lm-eval's `git describe` ("fatal: not a git repository"), is a
 subprocess, not a log record: packtrain.evaluate.tasks runs it quietly.
+
+`plain_own_warnings()`: a warning packtrain's own code raises (a telemetry threshold crossed, a checkpoint
+quarantined) prints as one line, `warning: <message>`, not as Python's `<file>:<line>: <Category>: <message>`
+followed by the source line that raised it; other packages' warnings keep Python's format.
 """
 
 from __future__ import annotations
 
 import logging
 import sys
+import warnings
+from pathlib import Path
 
 _DROPPED = {
     "torchao": ("Failed to load ",),
@@ -51,3 +57,21 @@ def silence_known_noise() -> None:
         lg = logging.getLogger(name)
         if not any(isinstance(f, _Known) for f in lg.filters):
             lg.addFilter(_Known(name, needles))
+
+
+_PACKAGE = str(Path(__file__).resolve().parent)
+
+
+def plain_own_warnings() -> None:
+    """Install the one-line format for warnings raised in packtrain's own files (module doc)."""
+    python_format = warnings.formatwarning
+    if getattr(python_format, "packtrain_plain", False):
+        return
+
+    def one_line(message, category, filename, lineno, line=None):
+        if str(Path(filename).resolve()).startswith(_PACKAGE):
+            return f"warning: {message}\n"
+        return python_format(message, category, filename, lineno, line)
+
+    one_line.packtrain_plain = True   # type: ignore[attr-defined]
+    warnings.formatwarning = one_line

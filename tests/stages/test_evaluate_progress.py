@@ -94,3 +94,21 @@ def test_known_library_noise_is_dropped_at_its_logger_and_nothing_else(caplog):
         logging.getLogger("lm_eval.evaluator").warning("Overwriting default num_fewshot of t from None to 0")
         logging.getLogger("lm_eval.evaluator").warning("task t: 3 documents dropped")
     assert [r.getMessage() for r in caplog.records] == ["Float8Linear: a real problem", "task t: 3 documents dropped"]
+
+
+def test_packtrains_own_warnings_print_as_one_line_and_others_keep_pythons_format(monkeypatch):
+    """A telemetry threshold crossed, seen by a user of `packtrain train`: `warning: <message>`, not the file, line
+    and source line that raised it; a warning of another package keeps Python's format (it names its source)."""
+    import warnings
+
+    from packtrain import log_noise
+    from packtrain.telemetry import thresholds
+
+    monkeypatch.setattr(warnings, "formatwarning", warnings.formatwarning)   # put back after the test
+    log_noise.plain_own_warnings()
+    log_noise.plain_own_warnings()   # installed once: a second call wraps nothing
+    own = warnings.formatwarning(thresholds.TelemetryWarning("telemetry threshold violated: utilization: 0.4 < 0.9"),
+                                 thresholds.TelemetryWarning, thresholds.__file__, 48)
+    assert own == "warning: telemetry threshold violated: utilization: 0.4 < 0.9\n"
+    other = warnings.formatwarning(UserWarning("x is deprecated"), UserWarning, warnings.__file__, 1, "line one")
+    assert other == f"{warnings.__file__}:1: UserWarning: x is deprecated\n  line one\n"
