@@ -196,6 +196,21 @@ def test_a_cluster_pipeline_refuses_a_record_of_another_recipe_before_it_is_comp
         assert code == 0 and out.is_file()
 
 
+@pytest.mark.parametrize("mode", ["local", "cluster"])
+def test_the_scheduled_retrain_refuses_a_record_of_another_recipe_in_its_first_task(tmp_path, mode):
+    """The Airflow DAG's first task (detect_data_version), before the data is read, ingested or trained on: a
+    source that does not exist shows that it was not."""
+    from packtrain.pipeline.retrain import detect_data_version
+
+    rec = _record(tmp_path / "r.json", load_run_config("retrain-cpu"))
+    cfg = load_run_config("tiny-cpu", [f"workdir={tmp_path / 'work'}", f"pipeline.mode={mode}",
+                                       f"ingest.source={tmp_path / 'no-corpus'}",
+                                       f"register.promotion.seed_spread={rec}"])
+    with pytest.raises(ConfigError, match="measured for recipe 'retrain-cpu', this run is recipe 'tiny-cpu'"):
+        detect_data_version(cfg)
+    assert not (tmp_path / "work").exists()
+
+
 def test_run_summary_says_which_margins_were_assumed(tmp_path):
     from packtrain.pipeline.summary import _register, margins_line
 

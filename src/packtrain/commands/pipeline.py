@@ -60,27 +60,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         nested_common(p)
 
 
-def refuse_before_the_cluster_trains(cfg) -> None:
-    """What `packtrain run` refuses before any stage, refused before a cluster pipeline is compiled or submitted
-    (there it would surface only after training): a LoRA run the register step cannot register, and a seed-spread
-    record readable here that another recipe or config measured. A record this machine lacks is left to the
-    cluster's evaluate step, which reads it where the pipeline runs."""
-    from packtrain.errors import MissingDataError
-    from packtrain.evaluate.seed_spread import resolve_seed_spread
-    from packtrain.registry.adapter import check_registrable
-
-    check_registrable(cfg)
-    try:
-        resolve_seed_spread(cfg)
-    except MissingDataError:
-        pass
-
-
 def run(cfg, args: argparse.Namespace) -> int:
     from packtrain.errors import ConfigError
 
-    if args.action in ("compile", "submit"):
-        refuse_before_the_cluster_trains(cfg)
+    if args.action in ("compile", "submit"):   # what would fail on the cluster only after training
+        from packtrain.pipeline.preflight import refuse_before_stages
+
+        refuse_before_stages(cfg, here=False)
     if args.action == "compile":
         from pathlib import Path
 

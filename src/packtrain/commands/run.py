@@ -56,14 +56,6 @@ def run(cfg, args: argparse.Namespace) -> int:
     if args.progress is not None and not args.progress >= 0:
         raise ConfigError(f"--progress {args.progress}: must be a number of seconds ≥ 0")
     assert args.runner in RUNNERS   # argparse's choices are the runners of packtrain.pipeline.local
-    from packtrain.evaluate.power import check_power
-
-    # can each suite decide? (docs/validation.md; strict: a ConfigError before any stage); another recipe's
-    # seed-spread record: exit 2 now, whatever power_check
-    check_power(cfg)
-    from packtrain.registry.adapter import check_registrable
-
-    check_registrable(cfg)   # a LoRA run the register stage would refuse after training: refused now
     result = run_local(cfg, runner=args.runner, verbose=args.verbose, use_cache=False if args.no_cache else None,
                        progress_s=PROGRESS_S if args.progress is None else args.progress)
     if args.json_out:

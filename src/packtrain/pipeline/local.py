@@ -202,7 +202,6 @@ def run_local(cfg, *, runner: Runner = "in-process", verbose: bool = False, use_
               → run_stage             pipeline/runtime.py     stage cache (a hit is logged here) or the runner
                 → run_<stage>         stages/<stage>.py       the stage: its MLflow run, its output directory
     """
-    from packtrain.config.preflight import check_suite_packages
     from packtrain.pipeline.dag import Tee, run_dag, terminal
     from packtrain.pipeline.early_imports import early_imports, start_early_imports, worth_importing_early
     from packtrain.pipeline.lock import workdir_lock
@@ -213,7 +212,9 @@ def run_local(cfg, *, runner: Runner = "in-process", verbose: bool = False, use_
         from packtrain.errors import ConfigError
 
         raise ConfigError(f"runner {runner!r}: must be one of {', '.join(RUNNERS)}")
-    check_suite_packages(cfg.evaluate)   # a suite this environment cannot score fails now, not after training
+    from packtrain.pipeline.preflight import refuse_before_stages
+
+    refuse_before_stages(cfg, here=True)   # what would fail only after training fails now (packtrain.pipeline.preflight)
     out = out or sys.stdout
     with workdir_lock(cfg.workdir, "run"), contextlib.ExitStack() as stack:
         t_start = time.perf_counter()

@@ -71,16 +71,13 @@ def data_version(cfg) -> tuple[str, str]:
 
 
 def detect_data_version(cfg, force: bool = False) -> dict:
-    """Compare the source's DVC md5 with the last version trained on. In local mode first the preflight of the
-    suites' packages (packtrain.config.preflight.check_suite_packages): a worker that cannot score a suite fails
-    this first task, before ingest or training (in cluster mode the images score them)."""
-    if cfg.pipeline.mode == "local":
-        from packtrain.config.preflight import check_suite_packages
+    """Compare the source's DVC md5 with the last version trained on. First the preflight of the scheduled config
+    (packtrain.pipeline.preflight; `here` in local mode, where this worker scores the suites): what would fail
+    only after training — a suite this worker cannot score, another recipe's seed-spread record, a LoRA recipe
+    the register task would refuse — fails this first task, before ingest."""
+    from packtrain.pipeline.preflight import refuse_before_stages
 
-        check_suite_packages(cfg.evaluate)
-    from packtrain.registry.adapter import check_registrable
-
-    check_registrable(cfg)   # a LoRA recipe the register task would refuse after training: this first task fails
+    refuse_before_stages(scheduled(cfg), here=cfg.pipeline.mode == "local")
     version, source = data_version(cfg)
     prev = None
     p = state_path(cfg)
