@@ -18,7 +18,8 @@ Each of these would otherwise fail only after ingest … train had run (minutes 
                                                                       is checked all the same, one missing here
                                                                       is the cluster's to read
 
-All raise ConfigError (exit 2) naming the setting; none reads data or imports torch.
+All raise ConfigError (exit 2) naming the setting; none reads the training data or imports torch (the power
+check counts the eval suites' items).
 """
 
 from __future__ import annotations
