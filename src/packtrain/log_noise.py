@@ -59,7 +59,7 @@ def silence_known_noise() -> None:
             lg.addFilter(_Known(name, needles))
 
 
-_PACKAGE = str(Path(__file__).resolve().parent)
+_PACKAGE = Path(__file__).resolve().parent
 
 
 def plain_own_warnings() -> None:
@@ -69,7 +69,7 @@ def plain_own_warnings() -> None:
         return
 
     def one_line(message, category, filename, lineno, line=None):
-        if str(Path(filename).resolve()).startswith(_PACKAGE):
+        if Path(filename).resolve().is_relative_to(_PACKAGE):   # not a sibling such as …/packtrain_plugins
             return f"warning: {message}\n"
         return python_format(message, category, filename, lineno, line)
 

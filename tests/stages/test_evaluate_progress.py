@@ -112,3 +112,5 @@ def test_packtrains_own_warnings_print_as_one_line_and_others_keep_pythons_forma
     assert own == "warning: telemetry threshold violated: utilization: 0.4 < 0.9\n"
     other = warnings.formatwarning(UserWarning("x is deprecated"), UserWarning, warnings.__file__, 1, "line one")
     assert other == f"{warnings.__file__}:1: UserWarning: x is deprecated\n  line one\n"
+    sibling = str(log_noise._PACKAGE) + "_plugins/x.py"   # a package beside packtrain's whose name starts with it
+    assert warnings.formatwarning(UserWarning("y"), UserWarning, sibling, 2, "") == f"{sibling}:2: UserWarning: y\n"
