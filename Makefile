@@ -102,6 +102,7 @@ $(CHROMIUM_STAMP):
 # (`make test-reverse` shows it). `make test` itself runs the files in the reverse of a plain `pytest tests`'s order
 # (PACKTRAIN_TEST_ORDER=reverse: the slow group still first, itself reversed, so the check costs ~nothing): CI sees one order, developers
 # the other. The session fails when a test left a file in the checkout (tests/conftest.py).
+# The whole target from a clean clone on the 2-core machine: bench/results/make_test_fresh_clone.log.
 # mypy runs beside pytest (one process, ~16 CPU-s from a fresh clone, in the time the workers wait on their
 # subprocesses and servers: pytest keeps ~1.7 of the 2 cores busy) and fails the target after pytest when it fails.
 test: $(STAMP) $(AF_STAMP) $(CHROMIUM_STAMP)
